@@ -1,0 +1,187 @@
+"""Grade a file of rows with one rubric: every input row gets exactly one output row, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from judge import Judge, Rubric, Verdict
+
+from ._io import InputError, RowError, RowWriter, csv_header, read_rows
+
+RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
+
+
+class RunSummary(BaseModel):
+    """What a batch run did, for the terminal and for --json."""
+
+    rows: int = 0
+    ok: int = 0
+    errors: int = 0
+    mean_score: float | None = None
+    label_counts: dict[str, int] = Field(default_factory=dict)
+    parse_failure_rate: float = 0.0
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    error_examples: list[str] = Field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_hits: int = 0
+    requests: int = 0
+    wall_s: float = 0.0
+    judgements_per_s: float = 0.0
+
+
+def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
+    """``VAR=COLUMN`` pairs -> {variable: column}; unmapped variables read the column of their own name."""
+    mapping = {var: var for var in rubric.variables}
+    for pair in pairs:
+        var, sep, column = pair.partition("=")
+        if not sep or not var or not column:
+            raise InputError(f"--map {pair!r}: expected VAR=COLUMN")
+        if var not in rubric.variables:
+            raise InputError(f"--map {pair!r}: rubric {rubric.name!r} has no variable {var!r} (it has: {', '.join(rubric.variables)})")
+        mapping[var] = column
+    return mapping
+
+
+def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str]) -> None:
+    """Fail before any request when a CSV header lacks a column the rubric needs."""
+    header = csv_header(path)
+    if header is None:
+        return
+    for var, column in mapping.items():
+        if rubric.variables[var].required and column not in header:
+            raise InputError(
+                f"{path}: column {column!r} (variable {var!r} of rubric {rubric.name!r}) is not in the header; "
+                f"columns are {', '.join(header) or '(none)'}; map another with --map {var}=COLUMN"
+            )
+
+
+def _variables(row: Mapping[str, Any], rubric: Rubric, mapping: Mapping[str, str], number: int) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for var, column in mapping.items():
+        if column in row and row[column] is not None:
+            values[var] = row[column]
+        elif rubric.variables[var].required:
+            raise RowError(f"row {number}: field {column!r} (variable {var!r} of rubric {rubric.name!r}) is missing")
+    return values
+
+
+def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+    return {
+        **row,
+        "score": verdict.score,
+        "label": verdict.label,
+        "status": verdict.status,
+        "error_kind": verdict.error_kind,
+        "error": verdict.error,
+        "rationale": verdict.rationale,
+        "prompt_tokens": verdict.prompt_tokens,
+        "completion_tokens": verdict.completion_tokens,
+        "cached": verdict.cached,
+    }
+
+
+async def grade_file(
+    judge: Judge,
+    rubric: Rubric,
+    source: Path,
+    destination: Path,
+    mapping: Mapping[str, str],
+    on_row: Callable[[Verdict], None] | None = None,
+) -> RunSummary:
+    """Stream ``source`` through the judge into ``destination``, keeping input order.
+
+    Workers pull rows from the reader, so memory is bounded by the concurrency, not the file;
+    finished rows wait in a small reorder buffer until every earlier row is written.
+    """
+    check_columns(source, rubric, mapping)
+    header = csv_header(source)
+    writer = RowWriter(destination, columns=header + RESULT_COLUMNS if header is not None else None)
+    tally = _Tally()
+    rows = enumerate(read_rows(source), start=1)
+    pending: dict[int, dict[str, Any]] = {}
+    next_to_write = 1
+    started = time.perf_counter()
+
+    def flush() -> None:
+        nonlocal next_to_write
+        while next_to_write in pending:
+            writer.write(pending.pop(next_to_write))
+            next_to_write += 1
+
+    async def worker() -> None:
+        for number, row in rows:  # a shared iterator: each row goes to exactly one worker
+            if isinstance(row, RowError):
+                verdict = Verdict(status="error", error_kind="input", error=str(row))
+                out_row: dict[str, Any] = {}
+            else:
+                out_row = row
+                try:
+                    verdict = await judge.judge(rubric, _variables(row, rubric, mapping, number))
+                except RowError as e:
+                    verdict = Verdict(status="error", error_kind="input", error=str(e))
+                if verdict.status == "error" and verdict.error and f"row {number}" not in verdict.error:
+                    verdict.error = f"row {number}: {verdict.error}"
+            tally.add(verdict)
+            pending[number] = result_row(out_row, verdict)
+            flush()
+            if on_row is not None:
+                on_row(verdict)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(judge.limiter.concurrency + 2)))
+    finally:
+        flush()
+        writer.close()
+    return tally.summary(time.perf_counter() - started)
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.verdicts = 0
+        self.ok = 0
+        self.score_sum = 0.0
+        self.labels: Counter[str] = Counter()
+        self.kinds: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = 0
+
+    def add(self, verdict: Verdict) -> None:
+        self.verdicts += 1
+        self.prompt_tokens += verdict.prompt_tokens
+        self.completion_tokens += verdict.completion_tokens
+        self.requests += verdict.attempts
+        self.cache_hits += verdict.cached
+        if verdict.status == "ok":
+            self.ok += 1
+            self.score_sum += verdict.score or 0.0
+            self.labels[verdict.label or ""] += 1
+        else:
+            self.kinds[verdict.error_kind or "unknown"] += 1
+            if len(self.examples) < 5:
+                self.examples.append(f"{verdict.error_kind}: {verdict.error}")
+
+    def summary(self, wall: float) -> RunSummary:
+        return RunSummary(
+            rows=self.verdicts,
+            ok=self.ok,
+            errors=self.verdicts - self.ok,
+            mean_score=self.score_sum / self.ok if self.ok else None,
+            label_counts=dict(self.labels.most_common()),
+            parse_failure_rate=self.kinds["parse_failure"] / self.verdicts if self.verdicts else 0.0,
+            errors_by_kind=dict(self.kinds.most_common()),
+            error_examples=self.examples,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cache_hits=self.cache_hits,
+            requests=self.requests,
+            wall_s=wall,
+            judgements_per_s=self.verdicts / wall if wall > 0 else 0.0,
+        )

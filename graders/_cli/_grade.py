@@ -1,0 +1,114 @@
+"""`gradekit grade`: one rubric over a CSV/JSONL file, one output row per input row."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from judge import Judge, JudgeCache, Limiter, RubricError, load_rubric
+
+from .._batch import RunSummary, grade_file, resolve_mapping
+from .._cassette import cassette
+from .._io import InputError, count_rows, file_format
+from ._common import fail, print_json
+
+
+def grade(
+    input: Path = typer.Argument(..., help="CSV or JSONL file of rows to grade."),
+    rubric: str = typer.Option(..., "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv or .jsonl decides the format."),
+    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
+    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
+    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
+    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
+    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
+    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    cache_path: Path = typer.Option(None, "--cache", envvar="GRADEKIT_CACHE", help="SQLite response cache [default: the user cache dir]."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from column COLUMN (repeatable)."),
+    record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
+    replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON (with a version field)."),
+) -> None:
+    """Grade every row of INPUT with a rubric and write OUTPUT with score, label, status and error columns.
+
+    Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
+    one row per input row), 2 when the run could not start (bad file, rubric or option).
+    """
+    if record and replay:
+        raise fail("--record and --replay exclude each other")
+    if cache_path and no_cache:
+        raise fail("--cache and --no-cache exclude each other")
+    try:
+        spec = load_rubric(rubric)
+        variables = resolve_mapping(spec, mapping)
+        file_format(input)
+        file_format(output)
+        if not input.exists():
+            raise InputError(f"{input}: no such file")
+        if output.resolve() == input.resolve():
+            raise InputError(f"{output}: the output would overwrite the input")
+    except (RubricError, InputError) as e:
+        raise fail(str(e)) from e
+    if replay and not replay.exists():
+        raise fail(f"{replay}: no such cassette to replay")
+
+    # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
+    cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
+    limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
+    try:
+        judge = Judge(model, base_url=base_url, api_key=api_key or ("replay" if replay else None),
+                      timeout=timeout, limiter=limiter, cache=cache)
+    except ValueError as e:
+        raise fail(str(e)) from e
+
+    traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
+    err = Console(stderr=True)
+    show_progress = sys.stderr.isatty() and not json_output
+    try:
+        with traffic:
+            summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err))
+    except InputError as e:
+        raise fail(str(e)) from e
+    finally:
+        if cache is not None:
+            cache.close()
+    if json_output:
+        print_json({"output": str(output), "rubric": spec.name, "model": judge.model, **summary.model_dump()})
+    else:
+        _print_summary(summary, output, Console())
+    raise typer.Exit(1 if summary.errors else 0)
+
+
+async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console) -> RunSummary:
+    async with judge:
+        if not show_progress:
+            return await grade_file(judge, spec, source, destination, variables)
+        total = count_rows(source)
+        columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("grade", total=total)
+            return await grade_file(judge, spec, source, destination, variables, on_row=lambda _: progress.advance(task))
+
+
+def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("rows", f"{s.rows} ({s.ok} judged, {s.errors} errors) -> {output}")
+    table.add_row("mean score", "n/a" if s.mean_score is None else f"{s.mean_score:.4f}")
+    table.add_row("labels", ", ".join(f"{k}: {v}" for k, v in s.label_counts.items()) or "-")
+    table.add_row("parse failures", f"{s.parse_failure_rate:.1%}")
+    table.add_row("errors by kind", ", ".join(f"{k}: {v}" for k, v in s.errors_by_kind.items()) or "-")
+    table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion")
+    table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
+    table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
+    console.print(table)
+    for example in s.error_examples:
+        console.print(f"  [red]{example}[/red]", markup=True, highlight=False)

@@ -1,0 +1,44 @@
+"""gradekit's judge core: rubric -> render -> judge model -> parse -> Verdict.
+
+It knows nothing about datasets, trajectories or platforms; graders/ builds on it.
+"""
+
+from ._cache import JudgeCache, cache_key, default_cache_path
+from ._client import Judge, build_request
+from ._limiter import Limiter, configure_limiter, estimate_tokens, process_limiter
+from ._normalize import normalize_label
+from ._parse import ParseFailure, Parsed, match_label, parse_reply
+from ._retry import RetryPolicy, is_transient, retry_after_seconds
+from ._rubric import AskMode, Rubric, RubricError, RubricInputError, list_rubrics, load_rubric
+from ._sync import SyncRunner
+from ._verdict import ErrorKind, Verdict, clamp
+
+__all__ = [
+    "AskMode",
+    "ErrorKind",
+    "Judge",
+    "JudgeCache",
+    "Limiter",
+    "ParseFailure",
+    "Parsed",
+    "RetryPolicy",
+    "Rubric",
+    "RubricError",
+    "RubricInputError",
+    "SyncRunner",
+    "Verdict",
+    "build_request",
+    "cache_key",
+    "clamp",
+    "configure_limiter",
+    "default_cache_path",
+    "estimate_tokens",
+    "is_transient",
+    "list_rubrics",
+    "load_rubric",
+    "match_label",
+    "normalize_label",
+    "parse_reply",
+    "process_limiter",
+    "retry_after_seconds",
+]

@@ -1,0 +1,280 @@
+"""The judge client: cache -> limiter -> retry -> OpenAI-compatible API -> parse -> Verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+from tenacity import RetryCallState
+
+from ._cache import JudgeCache, cache_key
+from ._limiter import Limiter, estimate_tokens, process_limiter
+from ._parse import ParseFailure, parse_reply
+from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
+from ._rubric import AskMode, Rubric, RubricInputError
+from ._verdict import ErrorKind, Verdict
+
+TOOL_NAME = "submit_verdict"
+DEFAULT_MODEL = "gpt-4o-mini"
+_COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
+
+
+class _Failed(Exception):
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode, model: str, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat.completions arguments for one ask mode. Everything here is part of the cache key."""
+    request: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0.0}
+    request.update(rubric.sampling)
+    request.update(sampling)
+    schema = rubric.output.json_schema
+    if mode == "json_schema":
+        request["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": _schema_name(rubric.name), "schema": schema, "strict": True},
+        }
+    elif mode == "tool":
+        request["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": TOOL_NAME, "description": "Record the verdict.", "parameters": schema},
+            }
+        ]
+        request["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
+    elif mode == "json_object":
+        request["response_format"] = {"type": "json_object"}
+    return request
+
+
+def _schema_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
+    return cleaned[:64] or "verdict"
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    hint = {
+        401: "authentication failed: check OPENAI_API_KEY or --api-key",
+        403: "permission denied for this key or model",
+        404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
+    }.get(exc.status_code)
+    detail = getattr(exc, "message", None) or str(exc)
+    return f"HTTP {exc.status_code}: {hint + ' — ' if hint else ''}{detail}"
+
+
+def _error_of(exc: BaseException) -> _Failed:
+    if is_not_recorded(exc):
+        return _Failed("not_recorded", "the cassette has no recorded reply for this request")
+    if isinstance(exc, openai.RateLimitError):
+        return _Failed("rate_limited", f"rate limited until the retry budget ran out: {exc}")
+    if isinstance(exc, openai.APITimeoutError):
+        return _Failed("timeout", "the judge did not answer within the timeout")
+    if isinstance(exc, openai.APIStatusError):
+        kind: ErrorKind = "server_error" if exc.status_code >= 500 else "bad_request"
+        return _Failed(kind, _status_message(exc))
+    if isinstance(exc, openai.APIConnectionError):
+        return _Failed("server_error", f"connection failed: {exc}")
+    return _Failed("server_error", f"{type(exc).__name__}: {exc}")
+
+
+class Judge:
+    """Asks an OpenAI-compatible model to apply a rubric and returns a Verdict, never an exception.
+
+    Args:
+        model: model name; defaults to $GRADEKIT_MODEL, else gpt-4o-mini.
+        base_url: API root; defaults to $OPENAI_BASE_URL, else OpenAI.
+        api_key: defaults to $OPENAI_API_KEY; local servers that need none get a placeholder.
+        timeout: seconds per request.
+        limiter: defaults to the process-wide limiter every judge shares.
+        cache: a JudgeCache, or None for no caching.
+        retry: backoff and re-ask policy.
+        sampling: extra chat.completions arguments (max_tokens, seed, ...); temperature is 0 by default.
+        sleep: how retries wait; tests pass a recorder instead of asyncio.sleep.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        limiter: Limiter | None = None,
+        cache: JudgeCache | None = None,
+        retry: RetryPolicy | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        sleep: Callable[[float], Awaitable[Any]] | None = None,
+    ) -> None:
+        self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not api_key:
+            if "api.openai.com" in self.base_url:
+                raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
+            api_key = "not-needed"
+        # max_retries=0: tenacity is the one owner of retries (ARCHITECTURE invariant); the SDK's
+        # own retries would multiply attempts and bypass the shared limiter.
+        self._client = AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout)
+        self.limiter = limiter if limiter is not None else process_limiter()
+        self.cache = cache
+        self.retry = retry or RetryPolicy()
+        self.sampling = dict(sampling or {})
+        self._sleep = sleep
+        self._modes: dict[str, AskMode] = {}
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url.rstrip('/')}|{self.model}"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> Judge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _start_mode(self, rubric: Rubric) -> int:
+        chain = rubric.ask_modes
+        if len(chain) == 1:
+            return 0
+        mode = self._modes.get(self.endpoint)
+        if mode is None and self.cache is not None:
+            mode = self.cache.get_mode(self.endpoint)  # type: ignore[assignment]
+            if mode is not None:
+                self._modes[self.endpoint] = mode
+        return chain.index(mode) if mode in chain else 0
+
+    def _remember(self, rubric: Rubric, mode: AskMode) -> None:
+        if len(rubric.ask_modes) == 1 or self._modes.get(self.endpoint) == mode:
+            return
+        self._modes[self.endpoint] = mode
+        if self.cache is not None:
+            self.cache.set_mode(self.endpoint, mode)
+
+    async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
+        """Judge one row. Every outcome, including bad input, comes back as a Verdict."""
+        started = time.perf_counter()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+
+        def finish(**fields: Any) -> Verdict:
+            return Verdict(latency_s=time.perf_counter() - started, **usage, **fields)
+
+        chain = rubric.ask_modes
+        first_bad_request: _Failed | None = None
+        for mode in chain[self._start_mode(rubric):]:
+            try:
+                messages = rubric.render(row, mode)
+            except RubricInputError as e:
+                return finish(status="error", error_kind="input", error=str(e), mode=mode)
+            request = build_request(rubric, messages, mode, self.model, self.sampling)
+            key = cache_key(self.base_url, request)
+            if self.cache is not None and (stored := self.cache.get(key)) is not None:
+                try:
+                    parsed = self._read(rubric, stored, mode)
+                except (ParseFailure, _Failed):
+                    pass  # stale entry from an older parser: ask again
+                else:
+                    self._remember(rubric, mode)
+                    return finish(status="ok", cached=True, mode=mode, label=parsed.label, score=parsed.score,
+                                  rationale=parsed.rationale, raw=_raw_text(stored))
+            try:
+                return await self._ask(rubric, request, key, mode, usage, finish)
+            except _Failed as failure:
+                structured = mode != chain[-1]
+                if failure.kind == "bad_request" and structured:
+                    first_bad_request = first_bad_request or failure
+                    continue  # this server may not support the mode: try the next one
+                if first_bad_request is not None and failure.kind == "bad_request":
+                    failure = first_bad_request
+                return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
+        assert first_bad_request is not None
+        return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1])
+
+    async def _ask(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
+                   usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+        last: ParseFailure | None = None
+        raw: str | None = None
+        for _ in range(1 + self.retry.parse_retries):
+            completion = await self._send(request, usage)
+            try:
+                parsed = self._read(rubric, completion, mode)
+            except _Failed as refusal:  # refusals are deterministic: no re-ask
+                return finish(status="error", error_kind=refusal.kind, error=str(refusal), mode=mode, raw=_raw_text(completion))
+            except ParseFailure as failure:
+                last = failure
+                raw = _raw_text(completion)
+                continue
+            if self.cache is not None:
+                self.cache.put(key, completion)
+            self._remember(rubric, mode)
+            return finish(status="ok", mode=mode, label=parsed.label, score=parsed.score,
+                          rationale=parsed.rationale, raw=_raw_text(completion))
+        assert last is not None
+        kind: ErrorKind = "truncated" if getattr(last, "kind", "") == "truncated" else "parse_failure"
+        return finish(status="error", error_kind=kind, error=str(last), mode=mode, raw=raw)
+
+    def _read(self, rubric: Rubric, completion: dict[str, Any], mode: AskMode):  # -> Parsed
+        choice = (completion.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        finish_reason = choice.get("finish_reason")
+        if message.get("refusal"):
+            raise _Failed("refusal", f"the judge refused: {message['refusal']}")
+        if finish_reason == "content_filter":
+            raise _Failed("refusal", "the judge's reply was withheld by a content filter")
+        tool_args = None
+        if mode == "tool":
+            calls = message.get("tool_calls") or []
+            tool_args = calls[0]["function"]["arguments"] if calls else None
+        try:
+            return parse_reply(rubric, message.get("content"), mode, tool_args)
+        except ParseFailure as failure:
+            if finish_reason == "length":
+                truncated = ParseFailure(f"reply cut off at max_tokens (finish_reason=length): {failure}")
+                truncated.kind = "truncated"
+                raise truncated from failure
+            raise
+
+    async def _send(self, request: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
+        estimate = sum(estimate_tokens(m["content"]) for m in request["messages"])
+        estimate += int(request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+
+        def before_sleep(state: RetryCallState) -> None:
+            wait = retry_after_seconds(state.outcome.exception() if state.outcome else None)
+            if wait:
+                self.limiter.hold(wait)
+
+        try:
+            async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
+                with attempt:
+                    usage["attempts"] += 1
+                    async with self.limiter.slot(estimate):
+                        response = await self._client.chat.completions.create(**request)
+                    completion = response.model_dump(mode="json", exclude_unset=True)
+                    spent = completion.get("usage") or {}
+                    usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
+                    usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
+                    await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
+                    if not completion.get("choices"):
+                        raise ValueError("completion has no choices")  # a malformed 200: transient
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every other failure becomes a Verdict error via _Failed
+            raise _error_of(exc) from exc
+        return completion
+
+
+def _raw_text(completion: dict[str, Any]) -> str | None:
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    if message.get("tool_calls"):
+        return message["tool_calls"][0]["function"]["arguments"]
+    return message.get("content")

@@ -1,0 +1,94 @@
+"""One limiter per process: requests per second, tokens per minute and a concurrency cap."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiolimiter import AsyncLimiter
+
+_CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap upper-ish estimate: one token per CJK character, one per four other characters."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+class Limiter:
+    """Paces every judge request of a process.
+
+    aiolimiter's leaky bucket does the pacing; its state is rebuilt when a new event loop uses
+    the limiter (the sync façade runs its own loop), because aiolimiter futures belong to one loop.
+    A Retry-After from the server pauses every request, not only the one that got the 429.
+    """
+
+    def __init__(self, rps: float | None = None, tpm: float | None = None, concurrency: int = 16) -> None:
+        if rps is not None and rps <= 0:
+            raise ValueError("rps must be positive")
+        if tpm is not None and tpm <= 0:
+            raise ValueError("tpm must be positive")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.rps, self.tpm, self.concurrency = rps, tpm, concurrency
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resume_at = 0.0
+        self.held_seconds = 0.0
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        self._loop = loop
+        self._semaphore = asyncio.Semaphore(self.concurrency)
+        # A bucket of at least one request, so rps < 1 still admits whole requests.
+        self._requests = AsyncLimiter(max(1.0, self.rps), max(1.0, self.rps) / self.rps) if self.rps else None
+        self._tokens = AsyncLimiter(self.tpm, 60) if self.tpm else None
+
+    def hold(self, seconds: float) -> None:
+        """Pause all new requests for ``seconds`` (the server's Retry-After)."""
+        self._resume_at = max(self._resume_at, time.monotonic() + seconds)
+
+    @asynccontextmanager
+    async def slot(self, estimated_tokens: int = 0) -> AsyncIterator[None]:
+        """Hold one request slot for the duration of the request."""
+        self._bind()
+        async with self._semaphore:
+            while (delay := self._resume_at - time.monotonic()) > 0:
+                self.held_seconds += delay
+                await asyncio.sleep(delay)
+            if self._requests is not None:
+                await self._requests.acquire()
+            if self._tokens is not None and estimated_tokens:
+                await self._tokens.acquire(min(float(estimated_tokens), self._tokens.max_rate))
+            yield
+
+    async def settle(self, estimated_tokens: int, actual_tokens: int) -> None:
+        """Charge what the server's usage says the request really cost beyond the estimate."""
+        if self._tokens is None or actual_tokens <= estimated_tokens:
+            return
+        self._bind()
+        await self._tokens.acquire(min(float(actual_tokens - estimated_tokens), self._tokens.max_rate))
+
+
+_process_limiter: Limiter | None = None
+
+
+def configure_limiter(rps: float | None = None, tpm: float | None = None, concurrency: int = 16) -> Limiter:
+    """Set the process-wide limiter that every Judge without an explicit one shares."""
+    global _process_limiter
+    _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
+    return _process_limiter
+
+
+def process_limiter() -> Limiter:
+    """The process-wide limiter (ARCHITECTURE: every request of a process passes one limiter)."""
+    global _process_limiter
+    if _process_limiter is None:
+        _process_limiter = Limiter()
+    return _process_limiter

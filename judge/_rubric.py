@@ -1,0 +1,238 @@
+"""Rubrics are data: a YAML spec plus a Jinja template, found through prompts/index.yaml."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jinja2 import FileSystemLoader, StrictUndefined, TemplateError, UndefinedError
+from jinja2.sandbox import SandboxedEnvironment
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+OutputMode = Literal["json_schema", "tags", "regex", "text"]
+# How a request asks for the verdict. A json_schema rubric can fall back along this chain;
+# the other rubrics are always asked in plain text.
+AskMode = Literal["json_schema", "tool", "json_object", "tags", "text"]
+JSON_FALLBACK_CHAIN: tuple[AskMode, ...] = ("json_schema", "tool", "json_object", "tags")
+
+
+class RubricError(ValueError):
+    """A rubric spec or template is wrong; the message names the rubric and the field."""
+
+
+class RubricInputError(ValueError):
+    """A row does not give a rubric what it needs; the message names the variable."""
+
+    def __init__(self, message: str, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+class VariableSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["str", "list"] = "str"
+    description: str = ""
+    required: bool = True
+
+
+class OutputSpec(BaseModel):
+    """Where the label is in the judge's reply."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    mode: OutputMode
+    field: str | None = None  # json_schema: the key holding the label (also the tag name on fallback)
+    rationale_field: str | None = "rationale"
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    tag: str | None = None  # tags: <tag>label</tag>, the last one counts
+    pattern: str | None = None  # regex: group "label", else group 1, else the whole match; the last match counts
+
+    @model_validator(mode="after")
+    def _needs(self) -> OutputSpec:
+        need = {"json_schema": ("field", "json_schema"), "tags": ("tag",), "regex": ("pattern",), "text": ()}
+        missing = [k for k in need[self.mode] if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"output mode {self.mode!r} needs {', '.join(m.replace('json_', '') for m in missing)}")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                raise ValueError(f"pattern {self.pattern!r} is not a valid regex: {e}") from e
+        return self
+
+
+class Rubric(BaseModel):
+    """What to ask the judge and how to read its answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    language: str = "en"
+    template: str
+    variables: dict[str, VariableSpec]
+    output: OutputSpec
+    labels: dict[str, float]
+    # Score for an extracted answer that is not an offered label (Vertex's wrongAnswerReward);
+    # "error" makes it a parse failure instead.
+    unmatched: float | Literal["error"] = "error"
+    sampling: dict[str, Any] = Field(default_factory=dict)  # e.g. max_tokens; temperature stays 0 unless set
+    directory: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("labels")
+    @classmethod
+    def _scores_in_range(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("labels must name at least one label")
+        bad = {k: s for k, s in v.items() if not -1.0 <= s <= 1.0}
+        if bad:
+            raise ValueError(f"label scores must lie in [-1, 1]: {bad}")
+        return v
+
+    @field_validator("unmatched")
+    @classmethod
+    def _unmatched_in_range(cls, v: float | str) -> float | str:
+        if isinstance(v, float) and not -1.0 <= v <= 1.0:
+            raise ValueError(f"unmatched score must lie in [-1, 1], got {v}")
+        return v
+
+    @property
+    def ask_modes(self) -> tuple[AskMode, ...]:
+        return JSON_FALLBACK_CHAIN if self.output.mode == "json_schema" else ("text",)
+
+    @property
+    def verdict_tag(self) -> str:
+        """The tag a reply in tags mode carries its label in."""
+        return self.output.tag or self.output.field or "answer"
+
+    def prepare(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate and coerce a row's values into the rubric's variables."""
+        values: dict[str, Any] = {}
+        for var, spec in self.variables.items():
+            value = row.get(var)
+            if value is None or (isinstance(value, float) and value != value):  # None or NaN
+                if spec.required:
+                    raise RubricInputError(f"rubric {self.name!r} needs variable {var!r}, which is missing", var)
+                value = [] if spec.type == "list" else ""
+            values[var] = _coerce(value, spec.type, self.name, var)
+        return values
+
+    def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None) -> list[dict[str, str]]:
+        """Render chat messages. Row values are only ever template variables, never template source."""
+        mode = ask_mode or self.ask_modes[0]
+        context = {
+            **self.prepare(row),
+            "output_mode": mode,
+            "offered_labels": list(self.labels),
+            "verdict_tag": self.verdict_tag,
+            "rationale_field": self.output.rationale_field,
+        }
+        template = _environment(self.directory).get_template(self.template)
+        messages = []
+        try:
+            for role in ("system", "user"):
+                block = template.blocks.get(role)
+                if block is None:
+                    continue
+                text = "".join(block(template.new_context(context))).strip()
+                if text:
+                    messages.append({"role": role, "content": text})
+        except UndefinedError as e:
+            raise RubricInputError(f"rubric {self.name!r}: template uses an undefined variable: {e.message}") from e
+        except TemplateError as e:
+            raise RubricError(f"rubric {self.name!r}: template {self.template!r} failed: {e}") from e
+        if not messages or messages[-1]["role"] != "user":
+            raise RubricError(f"rubric {self.name!r}: template {self.template!r} must define a non-empty user block")
+        return messages
+
+
+def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
+    if kind == "str":
+        if isinstance(value, (list, dict)):
+            return json.dumps(value, ensure_ascii=False)
+        return str(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):  # a CSV cell holding a JSON list
+            try:
+                parsed = json.loads(text)
+            except json.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, list):
+                return [str(x) for x in parsed]
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [str(x) for x in value]
+    if hasattr(value, "tolist"):  # numpy / pyarrow arrays from pandas
+        return [str(x) for x in value.tolist()]
+    raise RubricInputError(f"rubric {rubric!r}: variable {var!r} must be a list or a string, got {type(value).__name__}", var)
+
+
+def _guard(value: Any, tag: str) -> str:
+    """Neutralise a closing delimiter inside data so a graded answer cannot end its own fence."""
+    text = str(value)
+    return re.sub(rf"<(/?)\s*{re.escape(tag)}\s*>", rf"<\\\1{tag}>", text, flags=re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=64)
+def _environment(directory: Path) -> SandboxedEnvironment:
+    env = SandboxedEnvironment(
+        loader=FileSystemLoader(str(directory)),
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["guard"] = _guard
+    env.filters["tojson_u"] = lambda v: json.dumps(v, ensure_ascii=False)
+    return env
+
+
+def _packaged_prompts() -> Path:
+    return Path(str(resources.files("judge.prompts")))
+
+
+def _index() -> dict[str, str]:
+    index_path = _packaged_prompts() / "index.yaml"
+    data = yaml.safe_load(index_path.read_text(encoding="utf-8")) or {}
+    return dict(data.get("rubrics", {}))
+
+
+def list_rubrics() -> list[Rubric]:
+    """Every rubric shipped with gradekit, in index order."""
+    return [load_rubric(name) for name in _index()]
+
+
+def load_rubric(name_or_path: str | Path) -> Rubric:
+    """Load a shipped rubric by name, or a user's rubric from the path of its YAML spec."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        spec_path = path
+    else:
+        index = _index()
+        if str(name_or_path) not in index:
+            known = ", ".join(index)
+            raise RubricError(f"unknown rubric {str(name_or_path)!r}; shipped rubrics: {known} (or give a path to a .yaml spec)")
+        spec_path = _packaged_prompts() / index[str(name_or_path)]
+    try:
+        data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise RubricError(f"{spec_path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise RubricError(f"{spec_path}: a rubric spec must be a mapping")
+    try:
+        rubric = Rubric.model_validate({**data, "directory": spec_path.parent.resolve()})
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise RubricError(f"rubric {data.get('name', spec_path.stem)!r} ({spec_path}): {where}") from e
+    if not (rubric.directory / rubric.template).exists():
+        raise RubricError(f"rubric {rubric.name!r}: template {rubric.template!r} not found beside {spec_path}")
+    return rubric

@@ -1,0 +1,46 @@
+"""The Verdict: what one judgement produced, including the ways it can fail."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+ErrorKind = Literal[
+    "parse_failure",  # the judge answered, but no offered label could be read from it
+    "refusal",  # the judge declined (message.refusal or a content filter)
+    "truncated",  # finish_reason "length" and nothing parseable
+    "server_error",  # 5xx, malformed body, connection dropped — after retries
+    "timeout",  # the request timed out — after retries
+    "rate_limited",  # 429 until the retry budget ran out
+    "bad_request",  # 400/401/403/404/422: fix the request, model name or key
+    "not_recorded",  # --replay: the cassette has no reply for this request
+    "input",  # the row lacks a variable the rubric needs
+]
+
+
+def clamp(score: float) -> float:
+    """Keep a score inside the reward range every platform accepts."""
+    return max(-1.0, min(1.0, float(score)))
+
+
+class Verdict(BaseModel):
+    """One judgement. ``status == "error"`` always has ``score is None``: a failure is never a number."""
+
+    status: Literal["ok", "error"]
+    score: float | None = None
+    label: str | None = None
+    rationale: str | None = None
+    raw: str | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: int = 0
+    latency_s: float = 0.0
+    cached: bool = False
+    mode: str | None = Field(default=None, description="output mode the judge was asked in")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
