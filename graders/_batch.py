@@ -73,9 +73,21 @@ def _variables(row: Mapping[str, Any], rubric: Rubric, mapping: Mapping[str, str
     return values
 
 
+def _keep_input(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Input columns, with any that a result column would overwrite kept as ``input_<name>``.
+
+    Labelled sets often carry a human ``label``; calibration needs it beside the judge's.
+    """
+    return {(f"input_{k}" if k in RESULT_COLUMNS else k): v for k, v in row.items()}
+
+
+def output_columns(header: list[str]) -> list[str]:
+    return list(_keep_input(dict.fromkeys(header))) + RESULT_COLUMNS
+
+
 def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
     return {
-        **row,
+        **_keep_input(row),
         "score": verdict.score,
         "label": verdict.label,
         "status": verdict.status,
@@ -103,7 +115,7 @@ async def grade_file(
     """
     check_columns(source, rubric, mapping)
     header = csv_header(source)
-    writer = RowWriter(destination, columns=header + RESULT_COLUMNS if header is not None else None)
+    writer = RowWriter(destination, columns=output_columns(header) if header is not None else None)
     tally = _Tally()
     rows = enumerate(read_rows(source), start=1)
     pending: dict[int, dict[str, Any]] = {}

@@ -6,8 +6,9 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from aiolimiter import AsyncLimiter
 
@@ -28,14 +29,24 @@ class Limiter:
     A Retry-After from the server pauses every request, not only the one that got the 429.
     """
 
-    def __init__(self, rps: float | None = None, tpm: float | None = None, concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        rps: float | None = None,
+        tpm: float | None = None,
+        concurrency: int = 16,
+        burst: float = 1.0,
+        sleep: Callable[[float], Awaitable[Any]] | None = None,
+    ) -> None:
+        if burst < 1:
+            raise ValueError("burst must be at least one request")
         if rps is not None and rps <= 0:
             raise ValueError("rps must be positive")
         if tpm is not None and tpm <= 0:
             raise ValueError("tpm must be positive")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.rps, self.tpm, self.concurrency = rps, tpm, concurrency
+        self.rps, self.tpm, self.concurrency, self.burst = rps, tpm, concurrency, burst
+        self._sleep = sleep if sleep is not None else asyncio.sleep  # tests record Retry-After holds instead of waiting
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume_at = 0.0
         self.held_seconds = 0.0
@@ -46,8 +57,9 @@ class Limiter:
             return
         self._loop = loop
         self._semaphore = asyncio.Semaphore(self.concurrency)
-        # A bucket of at least one request, so rps < 1 still admits whole requests.
-        self._requests = AsyncLimiter(max(1.0, self.rps), max(1.0, self.rps) / self.rps) if self.rps else None
+        # Steady pacing by default (a bucket of one request): a provider's own bucket then absorbs
+        # network jitter, where a client burst as large as the provider's would meet 429s at its edge.
+        self._requests = AsyncLimiter(self.burst, self.burst / self.rps) if self.rps else None
         self._tokens = AsyncLimiter(self.tpm, 60) if self.tpm else None
 
     def hold(self, seconds: float) -> None:
@@ -59,9 +71,9 @@ class Limiter:
         """Hold one request slot for the duration of the request."""
         self._bind()
         async with self._semaphore:
-            while (delay := self._resume_at - time.monotonic()) > 0:
+            if (delay := self._resume_at - time.monotonic()) > 0:
                 self.held_seconds += delay
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
             if self._requests is not None:
                 await self._requests.acquire()
             if self._tokens is not None and estimated_tokens:

@@ -1,0 +1,83 @@
+"""Shared fixtures: a loopback fake provider per test, and judges pointed at it with no real waits."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from judge import Judge, JudgeCache, Limiter, RetryPolicy
+from judge.testing import FakeProvider, Reply
+
+
+class Waits(list):
+    """Records what retries would have slept, so backoff is tested without wall-clock waits."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No test may reach a real provider or the user's cache, whatever the developer's shell holds.
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "GRADEKIT_MODEL", "GRADEKIT_CACHE", "GRADEKIT_RPS",
+                "GRADEKIT_TPM", "GRADEKIT_CONCURRENCY", "GRADEKIT_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture
+def waits() -> Waits:
+    return Waits()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with FakeProvider() as provider:
+        yield provider
+
+
+@pytest.fixture
+async def make_judge(fake: FakeProvider, waits: Waits, tmp_path: Path):
+    """Build a Judge against the fake with its own limiter; ``cache=True`` gives it a fresh SQLite cache."""
+    made: list[Judge] = []
+
+    def build(*, cache: bool | JudgeCache = False, limiter: Limiter | None = None, retry: RetryPolicy | None = None,
+              timeout: float = 5.0, base_url: str | None = None, **kwargs) -> Judge:
+        store = cache if isinstance(cache, JudgeCache) else (JudgeCache(tmp_path / "cache.sqlite3") if cache else None)
+        judge = Judge("fake-judge", base_url=base_url or fake.base_url, api_key="test-key", timeout=timeout,
+                      limiter=limiter or Limiter(concurrency=8, sleep=Waits()), cache=store,
+                      retry=retry or RetryPolicy(max_attempts=4), sleep=waits, **kwargs)
+        made.append(judge)
+        return judge
+
+    yield build
+    for judge in made:
+        await judge.aclose()
+
+
+def verdict_json(label: str, rationale: str = "because") -> Reply:
+    return Reply(content=json.dumps({"rationale": rationale, "judgement": label}, ensure_ascii=False))
+
+
+def reference_judge(body: dict) -> Reply:
+    """A deterministic stand-in judge: correct iff one reference appears inside the prediction.
+
+    It reads the rendered prompt like a model would, so the whole render -> request -> parse path runs.
+    """
+    user = body["messages"][-1]["content"]
+    prediction = re.search(r"<prediction>\n(.*?)\n</prediction>", user, re.S).group(1)
+    references = re.findall(r"^- (.*)$", re.search(r"<references>\n(.*?)</references>", user, re.S).group(1), re.M)
+    hit = any(r and r in prediction for r in references)
+    zh = "判断" in user
+    label = ("正确" if hit else "错误") if zh else ("correct" if hit else "incorrect")
+    payload = json.dumps({"rationale": "reference found" if hit else "reference absent", "judgement": label}, ensure_ascii=False)
+    fmt = (body.get("response_format") or {}).get("type")
+    if body.get("tools"):
+        return Reply(tool_call={"name": "submit_verdict", "arguments": payload})
+    if fmt in ("json_schema", "json_object"):
+        return Reply(content=payload)
+    return Reply(content=f"<rationale>x</rationale><judgement>{label}</judgement>")
