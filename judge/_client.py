@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -257,8 +258,12 @@ class Judge:
                 with attempt:
                     usage["attempts"] += 1
                     async with self.limiter.slot(estimate):
-                        response = await self._client.chat.completions.create(**request)
-                    completion = response.model_dump(mode="json", exclude_unset=True)
+                        # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
+                        # and skipping model construction halves the client's CPU per judgement.
+                        raw = await self._client.chat.completions.with_raw_response.create(**request)
+                    completion = json.loads(raw.content)
+                    if not isinstance(completion, dict):
+                        raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
                     spent = completion.get("usage") or {}
                     usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
                     usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+@functools.lru_cache(maxsize=128)
 def _verdict_model(field: str, rationale_field: str | None) -> type[BaseModel]:
     fields: dict[str, Any] = {field: (str, ...)}
     if rationale_field and rationale_field != field:

@@ -1,0 +1,11 @@
+"""Test seam for code that calls an LLM judge: a loopback OpenAI-compatible fake provider.
+
+Use :class:`FakeProvider` in your own tests the way you would use ``httpx.MockTransport``:
+point a real ``openai`` client at ``fake.base_url`` and script what the "model" answers,
+including rate limits, server errors, broken bodies and dropped connections.
+``python -m judge.testing`` serves the same fake as a separate process.
+"""
+
+from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
+
+__all__ = ["FakeProvider", "RecordedRequest", "Reply", "auto_reply"]

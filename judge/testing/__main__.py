@@ -1,0 +1,64 @@
+"""``python -m judge.testing``: serve the fake provider in the foreground.
+
+Prints the base URL as the first line of stdout, then serves until SIGTERM/SIGINT. Benchmarks
+run it as a subprocess so that the fake's CPU time is not counted as the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from judge.testing._fake_provider import FakeProvider, Reply
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m judge.testing", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    parser.add_argument("--rps", type=float, default=None, help="server-side rate limit (requests/s)")
+    parser.add_argument("--burst", type=float, default=None, help="token-bucket capacity (default: rps)")
+    parser.add_argument("--model", default="fake-judge")
+    parser.add_argument("--reject-json-schema", action="store_true")
+    parser.add_argument("--reject-json-object", action="store_true")
+    parser.add_argument("--reject-tools", action="store_true")
+    parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code."""
+    args = _parse(argv)
+    script = []
+    if args.script is not None:
+        lines = args.script.read_text(encoding="utf-8").splitlines()
+        script = [Reply.model_validate_json(line) for line in lines if line.strip()]
+    fake = FakeProvider(script=script, latency=args.latency, rate_limit_rps=args.rps,
+                        rate_limit_burst=args.burst, reject_json_schema=args.reject_json_schema,
+                        reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
+                        model=args.model, host=args.host, port=args.port)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    fake.start()
+    print(fake.base_url, flush=True)
+    try:
+        while not stop.wait(0.2):
+            pass
+    finally:
+        fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

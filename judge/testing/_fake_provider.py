@@ -1,0 +1,490 @@
+"""A loopback, OpenAI-compatible fake chat-completions provider for tests and benchmarks.
+
+Parts, top to bottom:
+
+1. ``Reply`` / ``RecordedRequest`` -- what a test scripts and what it can assert on afterwards.
+2. ``auto_reply`` -- the deterministic, schema-valid answer used when nothing is scripted.
+3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion, error, raw, dropped).
+4. ``FakeProvider`` -- the server: recording, token-bucket rate limit, capability rejections,
+   script/responder/auto dispatch, and its lifecycle on a uvicorn thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import ipaddress
+import itertools
+import json
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+# --------------------------------------------------------------------------------------------
+# 1. What a test scripts, and what it gets recorded
+# --------------------------------------------------------------------------------------------
+
+
+class Reply(BaseModel):
+    """One scripted answer to one chat-completions request.
+
+    A ``Reply`` describes everything a real provider can do to a client -- a normal answer,
+    a tool call, a refusal, a truncated generation, an HTTP error with retry headers, a slow
+    answer, a corrupt body, or a connection that dies mid-response -- so graders can be tested
+    against each of those paths without a network or an API key.
+
+    Attributes:
+        content: Assistant message content.
+        tool_call: ``{"name": str, "arguments": str}``; becomes ``message.tool_calls[0]`` and
+            finish_reason ``"tool_calls"`` unless ``finish_reason`` is set explicitly.
+        finish_reason: ``"stop"``, ``"length"``, ``"content_filter"`` or ``"tool_calls"``.
+        refusal: ``message.refusal`` (structured-output refusal); content stays as given (None).
+        logprobs: Passed through as ``choices[0].logprobs = {"content": logprobs}``.
+        status: Non-200 answers carry an OpenAI-style ``{"error": {...}}`` body.
+        error_message: Message for that error body.
+        headers: Extra response headers, e.g. ``{"Retry-After": "1"}``.
+        delay: Extra seconds before answering (non-blocking; other requests proceed).
+        raw_body: Send exactly this text as the body (``application/json``), e.g. broken JSON.
+        drop: Break the connection without completing the HTTP response.
+        usage: Override the token usage object.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None = None
+    tool_call: dict[str, Any] | None = None
+    finish_reason: str = "stop"
+    refusal: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    status: int = 200
+    error_message: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    delay: float = 0.0
+    raw_body: str | None = None
+    drop: bool = False
+    usage: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass
+class RecordedRequest:
+    """One request as the fake saw it, so tests can assert on what a client actually sent.
+
+    Attributes:
+        time: ``time.monotonic()`` at arrival (compare gaps to check client-side pacing).
+        path: URL path, e.g. ``/v1/chat/completions``.
+        body: Parsed JSON body, or None if the body was not JSON.
+        headers: Request headers (lower-case names).
+        status: Status the fake answered with; 0 while still pending or when the reply was
+            ``drop`` (no complete response was sent).
+    """
+
+    time: float
+    path: str
+    body: dict[str, Any] | None
+    headers: dict[str, str]
+    status: int = 0
+
+
+Responder = Callable[[dict[str, Any]], "Reply | None | Awaitable[Reply | None]"]
+
+# --------------------------------------------------------------------------------------------
+# 2. The default answer: deterministic and valid against whatever the client asked for
+# --------------------------------------------------------------------------------------------
+
+AUTO_TEXT = "auto reply"
+
+
+def auto_reply(body: dict[str, Any]) -> Reply:
+    """Build the default answer for a chat-completions request body.
+
+    A forced tool call (``tool_choice`` naming a function, or ``"required"``) gets that tool's
+    parameters filled in; a ``json_schema`` response format gets its schema filled in (enum ->
+    first value, string -> "auto reply", number/integer -> 0 clamped into its bounds,
+    boolean -> true); ``json_object`` gets ``{"rationale": "auto reply"}``; anything else gets
+    the plain content ``"auto reply"``.
+    """
+    tool = _forced_tool(body)
+    if tool is not None:
+        name = tool.get("name", "")
+        args = _fill(tool.get("parameters") or {"type": "object"})
+        return Reply(tool_call={"name": name, "arguments": json.dumps(args)}, finish_reason="tool_calls")
+    rf = body.get("response_format") or {}
+    if rf.get("type") == "json_schema":
+        schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return Reply(content=json.dumps(_fill(schema)))
+    if rf.get("type") == "json_object":
+        return Reply(content=json.dumps({"rationale": AUTO_TEXT}))
+    return Reply(content=AUTO_TEXT)
+
+
+def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``function`` object of the tool the request forces, if any."""
+    tools = [t.get("function") or {} for t in body.get("tools") or []]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return next((t for t in tools if t.get("name") == name), {"name": name})
+    if choice == "required" and tools:
+        return tools[0]
+    return None
+
+
+def _fill(schema: dict[str, Any], root: dict[str, Any] | None = None) -> Any:
+    """A deterministic value valid against a (pydantic-style) JSON schema."""
+    root = schema if root is None else root
+    if "$ref" in schema:  # local refs only: "#/$defs/Name" or "#/definitions/Name"
+        target: Any = root
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        return _fill(target, root)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            options = [s for s in schema[key] if s.get("type") != "null"] or schema[key]
+            return _fill(options[0], root)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        return {k: _fill(v, root) for k, v in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        items = schema.get("items")
+        if not items:
+            return []
+        count = min(max(schema.get("minItems", 1), 1), schema.get("maxItems", math.inf))
+        return [_fill(items, root) for _ in range(int(count))]
+    if kind in ("number", "integer"):
+        return _clamp(schema, integer=kind == "integer")
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return AUTO_TEXT
+
+
+def _clamp(schema: dict[str, Any], *, integer: bool) -> int | float:
+    """0, moved into the schema's [minimum, maximum] range when 0 is outside it."""
+    value: int | float = 0
+    step = 1 if integer else 0.5
+    if "minimum" in schema and value < schema["minimum"]:
+        value = schema["minimum"]
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        value = schema["exclusiveMinimum"] + step
+    if "maximum" in schema and value > schema["maximum"]:
+        value = schema["maximum"]
+    if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+        value = schema["exclusiveMaximum"] - step
+    return math.ceil(value) if integer else value
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Wire format: Reply -> HTTP response
+# --------------------------------------------------------------------------------------------
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 429: "rate_limit_exceeded"}
+
+
+def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(payload, status_code=status, headers=headers)
+
+
+class _DroppedResponse(Response):
+    """Promises a 1 KiB body, sends a few bytes, then returns: uvicorn closes the socket."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"1024")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"id": "chatcmpl-', "more_body": True})
+
+
+def _text_len(messages: Any) -> int:
+    """Characters of text across all messages (string or content-part lists)."""
+    total = 0
+    for msg in messages if isinstance(messages, list) else []:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return total
+
+
+def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model: str) -> dict[str, Any]:
+    """The ``chat.completion`` object for a 200 ``reply`` (``number`` makes ids unique)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": reply.refusal}
+    finish_reason = reply.finish_reason
+    generated = reply.content or reply.refusal or ""
+    if reply.tool_call is not None:
+        function = {"name": reply.tool_call.get("name", ""), "arguments": reply.tool_call.get("arguments", "{}")}
+        message["tool_calls"] = [{"id": f"call_{number}", "type": "function", "function": function}]
+        if "finish_reason" not in reply.model_fields_set:
+            finish_reason = "tool_calls"
+        generated += function["arguments"]
+    prompt_tokens = max(1, _text_len(body.get("messages")) // 4)
+    completion_tokens = max(1, len(generated) // 4)
+    usage = reply.usage or {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason,
+              "logprobs": {"content": reply.logprobs} if reply.logprobs is not None else None}
+    return {"id": f"chatcmpl-fake-{number}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model") or model, "choices": [choice], "usage": usage}
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The server
+# --------------------------------------------------------------------------------------------
+
+
+class FakeProvider:
+    """A real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions API.
+
+    It is the seam for testing code that calls an LLM judge -- ours and users' own -- the way
+    ``httpx.MockTransport`` is for HTTP clients, but one level lower: the real ``openai`` SDK,
+    its retries, timeouts and connection pool all run unmodified against it, so tests exercise
+    the same error paths production hits (429 with ``Retry-After``, 5xx, unsupported
+    ``response_format``, truncated bodies, dropped connections, slow answers).
+
+    Each ``POST /v1/chat/completions`` is recorded, then rate limited (token bucket, if
+    ``rate_limit_rps``), then checked against the ``reject_*`` capability flags, and finally
+    answered with the next scripted :class:`Reply`, else ``responder(body)``, else
+    :func:`auto_reply`. Requests answered 429/400 by those checks do not consume the script.
+
+    Example:
+        >>> with FakeProvider(script=[Reply(content='{"score": 1}')]) as fake:
+        ...     client = AsyncOpenAI(base_url=fake.base_url, api_key="x")
+    """
+
+    def __init__(
+        self,
+        *,
+        script: Iterable[Reply] = (),
+        responder: Responder | None = None,
+        latency: float = 0.0,
+        rate_limit_rps: float | None = None,
+        rate_limit_burst: float | None = None,
+        reject_json_schema: bool = False,
+        reject_tools: bool = False,
+        reject_json_object: bool = False,
+        model: str = "fake-judge",
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"FakeProvider only binds loopback addresses, not {host!r}")
+        self.latency = latency
+        self.rate_limit_rps = rate_limit_rps
+        self.reject_json_schema = reject_json_schema
+        self.reject_tools = reject_tools
+        self.reject_json_object = reject_json_object
+        self.model = model
+        self.host = host
+        self.port = port
+        self.base_url = ""
+        self._lock = threading.Lock()
+        self._script: deque[Reply] = deque(script)
+        self._responder = responder
+        self._requests: list[RecordedRequest] = []
+        self._counter = itertools.count(1)
+        self._capacity = max(1.0, rate_limit_burst if rate_limit_burst is not None else (rate_limit_rps or 1.0))
+        self._tokens = self._capacity
+        self._refilled = time.monotonic()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # ---- test-facing controls --------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot (copies) of every request received so far, in arrival order."""
+        with self._lock:
+            return [dataclasses.replace(r) for r in self._requests]
+
+    def chat_requests(self) -> list[RecordedRequest]:
+        """Only the ``POST .../chat/completions`` requests."""
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def push(self, *replies: Reply) -> None:
+        """Append replies to the FIFO script."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def set_responder(self, fn: Responder | None) -> None:
+        """Answer unscripted requests with ``fn(body)`` (returning None falls back to auto)."""
+        with self._lock:
+            self._responder = fn
+
+    def reset(self) -> None:
+        """Forget recorded requests and any remaining script."""
+        with self._lock:
+            self._requests.clear()
+            self._script.clear()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> FakeProvider:
+        """Serve on a daemon thread; returns once the port is bound and ``base_url`` is set."""
+        if self._thread is not None:
+            return self
+        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST"])])
+        # log_config=None: leave the host process's logging setup alone (records still propagate).
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", log_config=None,
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._stopping = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="judge-fake-provider", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                self._thread = self._server = None
+                raise RuntimeError(f"FakeProvider could not start on {self.host}:{self.port}")
+            time.sleep(0.005)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.base_url = f"http://{host}:{port}/v1"
+        return self
+
+    def _run(self) -> None:
+        assert self._server is not None
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._server.serve())
+        finally:
+            self._loop.close()
+
+    def stop(self) -> None:
+        """Wake pending delays, shut the server down and join its thread (idempotent)."""
+        thread, server, loop = self._thread, self._server, self._loop
+        if thread is None or server is None:
+            return
+        if loop is not None and self._stopping is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:  # loop closed between the check and the call
+                pass
+        server.should_exit = True
+        thread.join(timeout=5)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(timeout=5)
+        self._thread = self._server = self._loop = None
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # ---- request handling ------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        record = RecordedRequest(time=time.monotonic(), path=request.url.path,
+                                 body=body if isinstance(body, dict) else None, headers=dict(request.headers))
+        with self._lock:
+            self._requests.append(record)
+        response = await self._dispatch(request.method, record)
+        with self._lock:
+            record.status = 0 if isinstance(response, _DroppedResponse) else response.status_code
+        return response
+
+    async def _dispatch(self, method: str, record: RecordedRequest) -> Response:
+        if method == "GET" and record.path in ("/v1/models", "/models"):
+            return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
+                                                             "created": 0, "owned_by": "judge.testing"}]})
+        if method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions"):
+            return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")
+        if record.body is None:
+            return error_response(400, "Request body must be a JSON object.")
+        return (self._rate_limited() or self._rejected(record.body)
+                or await self._answer(record.body))
+
+    def _rate_limited(self) -> Response | None:
+        """Token bucket: capacity ``rate_limit_burst``, refilled at ``rate_limit_rps``/s."""
+        rps = self.rate_limit_rps
+        if not rps:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self._capacity, self._tokens + (now - self._refilled) * rps)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return None
+            wait = (1 - self._tokens) / rps
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))}
+        return error_response(429, f"Rate limit reached: {rps:g} requests per second. Please retry after {wait:.3f}s.",
+                              code="rate_limit_exceeded", headers=headers)
+
+    def _rejected(self, body: dict[str, Any]) -> Response | None:
+        """400s for features the simulated model does not support."""
+        kind = (body.get("response_format") or {}).get("type")
+        if self.reject_json_schema and kind == "json_schema":
+            return error_response(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+                                  "supported with this model.", param="response_format")
+        if self.reject_json_object and kind == "json_object":
+            return error_response(400, "Invalid parameter: 'response_format' of type 'json_object' is not "
+                                  "supported with this model.", param="response_format")
+        if self.reject_tools and body.get("tools"):
+            return error_response(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
+        return None
+
+    async def _answer(self, body: dict[str, Any]) -> Response:
+        with self._lock:
+            reply = self._script.popleft() if self._script else None
+            responder = self._responder
+        try:
+            if reply is None and responder is not None:
+                result = responder(body)
+                reply = await result if inspect.isawaitable(result) else result
+        except Exception as exc:  # surface responder bugs to the client instead of a bare 500
+            return error_response(500, f"FakeProvider responder raised {type(exc).__name__}: {exc}")
+        if reply is None:
+            reply = auto_reply(body)
+        await self._pause(self.latency + reply.delay)
+        if reply.drop:
+            return _DroppedResponse()
+        if reply.raw_body is not None:
+            return Response(reply.raw_body, status_code=reply.status, headers=reply.headers,
+                            media_type="application/json")
+        if reply.status != 200:
+            return error_response(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}",
+                                  headers=reply.headers)
+        payload = completion_payload(reply, body, number=next(self._counter), model=self.model)
+        return JSONResponse(payload, headers=reply.headers)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep without blocking other requests; cut short when the server is stopping."""
+        if seconds <= 0 or self._stopping is None:
+            return
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
