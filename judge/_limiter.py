@@ -34,7 +34,7 @@ class Limiter:
         rps: float | None = None,
         tpm: float | None = None,
         concurrency: int = 16,
-        burst: float = 1.0,
+        burst: float = 2.0,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
         if burst < 1:
@@ -57,8 +57,9 @@ class Limiter:
             return
         self._loop = loop
         self._semaphore = asyncio.Semaphore(self.concurrency)
-        # Steady pacing by default (a bucket of one request): a provider's own bucket then absorbs
-        # network jitter, where a client burst as large as the provider's would meet 429s at its edge.
+        # Near-steady pacing: a bucket of two requests absorbs the event loop's wake-up delays (with
+        # one, each delay is lost and the pace falls ~4% short), while staying far below a provider's
+        # own burst, so network jitter does not meet 429s at the edge of a burst as large as its.
         self._requests = AsyncLimiter(self.burst, self.burst / self.rps) if self.rps else None
         self._tokens = AsyncLimiter(self.tpm, 60) if self.tpm else None
 

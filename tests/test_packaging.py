@@ -1,0 +1,44 @@
+"""A plain `pip install .` (not only -e) ships the rubrics, and the public surface is deliberate."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import judge
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_every_rubric(tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is needed to copy the tracked tree")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    wheel = next(tmp_path.glob("gradekit-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    index = (ROOT / "prompts" / "index.yaml").read_text(encoding="utf-8")
+    for spec in sorted((ROOT / "prompts").glob("*.yaml")):
+        assert f"judge/prompts/{spec.name}" in names
+        assert spec.name in index or spec.name == "index.yaml", f"{spec.name} is not in prompts/index.yaml"
+    for template in sorted((ROOT / "prompts").glob("*.j2")):
+        assert f"judge/prompts/{template.name}" in names
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_judge_public_names() -> None:
+    assert judge.__all__ == sorted(judge.__all__)
+    assert judge.__all__ == [
+        "AskMode", "ErrorKind", "Judge", "JudgeCache", "Limiter", "ParseFailure", "Parsed", "RetryPolicy", "Rubric",
+        "RubricError", "RubricInputError", "SyncRunner", "Verdict", "build_request", "cache_key", "clamp",
+        "configure_limiter", "default_cache_path", "estimate_tokens", "is_transient", "list_rubrics", "load_rubric",
+        "match_label", "normalize_label", "parse_reply", "process_limiter", "retry_after_seconds",
+    ]
+    for name in judge.__all__:
+        assert hasattr(judge, name)
