@@ -54,23 +54,26 @@ async def run_gradekit(base_url: str, data: list[dict], concurrency: int, rps: f
 
 
 async def run_bare(base_url: str, data: list[dict], concurrency: int) -> tuple[int, int]:
-    """What a user writes by hand: format the prompt, call, json.loads the verdict."""
+    """What a user writes by hand: send the prompt, json.loads the verdict.
+
+    It sends the very messages gradekit sends, rendered before the clock starts, so the two put
+    the same load on the server and the comparison charges gradekit for its rendering too.
+    """
     client = AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)
     semaphore = asyncio.Semaphore(concurrency)
     schema = {"type": "json_schema", "json_schema": {"name": "v", "schema": RUBRIC.output.json_schema, "strict": True}}
 
-    async def one(row: dict) -> bool:
-        prompt = f"问题：{row['question']}\n参考答案：{row['references']}\n预测答案：{row['prediction']}\n请判断。"
+    async def one(messages: list[dict]) -> bool:
         async with semaphore:
             try:
                 reply = await client.chat.completions.create(model="fake-judge", temperature=0, response_format=schema,
-                                                             messages=[{"role": "user", "content": prompt}])
+                                                             messages=messages)
                 return json.loads(reply.choices[0].message.content)["judgement"] in ("正确", "错误")
             except Exception:
                 return False
 
     async with client:
-        results = await asyncio.gather(*(one(row) for row in data))
+        results = await asyncio.gather(*(one(messages) for messages in data))
     return sum(results), sum(not r for r in results)
 
 
@@ -87,12 +90,13 @@ def main() -> None:
     args = parser.parse_args()
     n, c = args.n, args.concurrency
     data = rows(n)
+    rendered = [RUBRIC.render(row) for row in data]
     print(f"N={n} judgements per run, concurrency {c}\n")
 
     with fake_provider("--latency", "0.2") as url:
-        measure(lambda: run_bare(url, data[:20], c))  # warm up imports and the server
+        measure(lambda: run_bare(url, rendered[:20], c))  # warm up imports and the server
         g_wall, _, (g_ok, g_bad) = measure(lambda: run_gradekit(url, data, c, None))
-        b_wall, _, (b_ok, b_bad) = measure(lambda: run_bare(url, data, c))
+        b_wall, _, (b_ok, b_bad) = measure(lambda: run_bare(url, rendered, c))
     print("(a) 200 ms latency, no limit")
     print(f"    gradekit {n / g_wall:7.1f} judgements/s  failed {g_bad}")
     print(f"    bare     {n / b_wall:7.1f} judgements/s  failed {b_bad}")
@@ -101,7 +105,7 @@ def main() -> None:
     limit = 20.0
     with fake_provider("--latency", "0.2", "--rps", str(limit)) as url:
         g_wall, _, (g_ok, g_bad) = measure(lambda: run_gradekit(url, data, c, limit))
-        b_wall, _, (b_ok, b_bad) = measure(lambda: run_bare(url, data, c))
+        b_wall, _, (b_ok, b_bad) = measure(lambda: run_bare(url, rendered, c))
     g_rate = n / g_wall  # plain judgements per wall second, start-up and the last reply's latency included
     print(f"(b) 200 ms latency, server limit {limit:g} req/s, gradekit --rps {limit:g}")
     print(f"    gradekit {g_rate:7.2f} judgements/s = {g_rate / limit:.3f} of the limit  failed {g_bad}  (target >= 0.97, 0 failed)")
@@ -110,7 +114,7 @@ def main() -> None:
     with fake_provider("--latency", "0") as url:
         measure(lambda: run_gradekit(url, data[:20], c, None))
         cpu_g = min(measure(lambda: run_gradekit(url, data, c, None))[1] for _ in range(3)) / n
-        cpu_b = min(measure(lambda: run_bare(url, data, c))[1] for _ in range(3)) / n
+        cpu_b = min(measure(lambda: run_bare(url, rendered, c))[1] for _ in range(3)) / n
     print("(c) 0 ms latency, client CPU per judgement (best of 3)")
     print(f"    gradekit {cpu_g * 1e3:6.3f} ms   bare {cpu_b * 1e3:6.3f} ms   ratio = {cpu_g / cpu_b:.3f} (target <= 1.25)")
 
