@@ -197,7 +197,11 @@ def _environment(directory: Path) -> SandboxedEnvironment:
 
 
 def _packaged_prompts() -> Path:
-    return Path(str(resources.files("judge.prompts")))
+    """prompts/ as installed (judge/prompts in the wheel), or at the top of a source checkout."""
+    try:
+        return Path(str(resources.files("judge.prompts")))
+    except ModuleNotFoundError:  # running from a checkout whose judge/ shadows the installed package
+        return Path(__file__).resolve().parent.parent / "prompts"
 
 
 def _index() -> dict[str, str]:
