@@ -1,0 +1,163 @@
+"""`gradekit validate`: grade one example and one response, and show how the reward came about.
+
+The local equivalent of Vertex's ValidateReinforcementTuningReward and OpenAI's graders/run:
+run it before a tuning job to catch parse errors, unhandled cases and broken snippets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from judge import Judge
+
+from .._config import GraderConfigError, load_grader
+from .._sample import Grade, Message, Sample, aclose_grader, sample_from_row, vertex_content_messages
+from ._common import fail, print_json
+
+
+class _InputError(ValueError):
+    pass
+
+
+def read_example(path: Path) -> Sample:
+    """A Vertex-style row (contents, systemInstruction, references) or a gradekit sample (JSON or JSONL)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise _InputError(f"{path}: {e.strerror or e}") from e
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        text = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(row, dict):
+        raise _InputError(f"{path}: the example must be a JSON object, got {type(row).__name__}")
+    try:
+        return sample_from_row(row)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise _InputError(f"{path}: not a Vertex row or a gradekit sample: {e}") from e
+
+
+def read_response(path: Path) -> list[Message] | str:
+    """A Vertex Content, an OpenAI message (or completion, or list of messages), or plain text."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise _InputError(f"{path}: {e.strerror or e}") from e
+    if path.suffix.lower() in (".txt", ".md"):
+        return text
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as e:
+        if path.suffix.lower() == ".json":
+            raise _InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); use a .txt file for plain text") from e
+        return text
+    try:
+        if isinstance(data, dict) and "candidates" in data:  # a whole GenerateContentResponse
+            data = (data["candidates"] or [{}])[0].get("content") or {}
+        if isinstance(data, dict) and "choices" in data:  # a whole chat.completion
+            data = (data["choices"] or [{}])[0].get("message") or {}
+        if isinstance(data, dict) and "parts" in data:
+            return vertex_content_messages(data)
+        if isinstance(data, dict) and "role" in data:
+            return [Message.model_validate(data)]
+        if isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data):
+            return [Message.model_validate(m) for m in data]
+    except (ValueError, AttributeError, TypeError) as e:
+        raise _InputError(f"{path}: not a Vertex Content or an OpenAI message: {e}") from e
+    if isinstance(data, str):
+        return data
+    return text  # a bare number or other JSON: the model's text as written
+
+
+def flatten_parts(grade: Grade, prefix: str = "") -> dict[str, Grade]:
+    """Every part of a composite, nested ones as ``outer/inner``."""
+    flat: dict[str, Grade] = {}
+    for name, part in grade.parts.items():
+        key = f"{prefix}{name}"
+        flat[key] = part
+        flat.update(flatten_parts(part, f"{key}/"))
+    return flat
+
+
+def report(grade: Grade) -> dict[str, Any]:
+    parts = flatten_parts(grade)
+    errors = [f"{name}: {part.error}" for name, part in parts.items() if part.error and not part.parts]
+    if grade.error and not errors:
+        errors.append(grade.error)
+    logs = [line for part in parts.values() if not part.parts for line in part.debug] + grade.debug
+    return {
+        "reward": grade.score,
+        "status": grade.status,
+        "parts": {name: {"reward": part.score, "error": part.error} for name, part in parts.items()},
+        "errors": errors,
+        "logs": logs,
+    }
+
+
+async def _grade(config: Path, sample: Sample, judge_factory: Any) -> Grade:
+    grader = load_grader(config, judge=judge_factory)
+    try:
+        return await grader(sample)
+    finally:
+        await aclose_grader(grader)
+
+
+def validate(
+    grader: Path = typer.Option(..., "--grader", help="Grader config (YAML/JSON), or a Vertex reinforcementTuningSpec JSON."),
+    example: Path = typer.Option(..., "--example", help="A Vertex-style row (contents, systemInstruction, references) or a gradekit sample, as JSON."),
+    response: Path = typer.Option(..., "--response", help="The model's response: a Vertex Content, an OpenAI message, or plain text (.txt)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
+    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model for LLM rewards [default: gpt-4o-mini]."),
+    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root for LLM rewards."),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
+    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+) -> None:
+    """Grade one EXAMPLE + RESPONSE with a grader and print the reward, each part's reward and error, and the debug lines.
+
+    Exit status: 0 when the reward was computed, 1 when the grade is invalid or an error
+    (the output says why), 2 when the files cannot be read or the grader config is wrong.
+    """
+    try:
+        sample = read_example(example).with_response(read_response(response))
+    except _InputError as e:
+        raise fail(str(e)) from e
+
+    def judge_factory() -> Judge:
+        return Judge(model, base_url=base_url, api_key=api_key, timeout=timeout)
+
+    try:
+        grade = asyncio.run(_grade(grader, sample, judge_factory))
+    except GraderConfigError as e:
+        raise fail(str(e)) from e
+    result = report(grade)
+    if json_output:
+        print_json(result)
+    else:
+        _print(result)
+    raise typer.Exit(0 if grade.ok else 1)
+
+
+def _print(result: dict[str, Any]) -> None:
+    reward = result["reward"]
+    typer.echo(f"reward: {reward:g}" if reward is not None else f"reward: none ({result['status']})")
+    if result["parts"]:
+        typer.echo("parts:")
+        width = max(len(name) for name in result["parts"])
+        for name, part in result["parts"].items():
+            shown = f"{part['reward']:g}" if part["reward"] is not None else "none"
+            typer.echo(f"  {name:<{width}}  {shown}" + (f"  error: {part['error']}" if part["error"] else ""))
+    if result["errors"]:
+        typer.echo("errors:")
+        for error in result["errors"]:
+            typer.echo(f"  {error}")
+    if result["logs"]:
+        typer.echo("logs:")
+        for line in result["logs"]:
+            typer.echo(f"  {line}")

@@ -1,0 +1,410 @@
+"""Build any grader from a YAML or JSON file (or a dict).
+
+Every grader node is a mapping with a ``type`` key and an optional ``name``; paths inside a file
+(``file``, ``rubric`` ending in .yaml, ``prompt_file``) are relative to that file. ``parse`` is
+``{type: IDENTITY}`` (the default) or ``{type: REGEX_EXTRACT, regex: "<answer>(.*?)</answer>"}``
+(the last match counts). ``expression`` and ``prompt`` take ``{{references.key}}``,
+``{{prompt}}``, ``{{response}}``, ``{{system_instruction}}`` and ``{{metadata.key}}``.
+
+.. code-block:: yaml
+
+    type: string_match          # Vertex stringMatchRewardScorer
+    expression: "{{references.answer}}"
+    operation: EXACT_MATCH      # or PARTIAL_MATCH, REGEX_CONTAINS
+    parse: {type: REGEX_EXTRACT, regex: "<answer>(.*?)</answer>"}
+    correct: 1                  # default 1
+    wrong: -1                   # default -1
+
+    type: json_match            # Vertex jsonMatchExpression
+    key: answer                 # dots go into nested objects
+    expression: "{{references.answer}}"
+
+    type: normalized_match      # case, whitespace, punctuation, full-width and number spellings folded
+    expression: "{{references.answer}}"
+    normalization: {case: true, whitespace: true, punctuation: true, width: true, numbers: true}
+
+    type: numeric_match
+    expression: "{{references.answer}}"
+    abs_tol: 0.01
+    rel_tol: 0
+
+    type: string_check          # OpenAI string_check: 1 or 0
+    input: "{{ sample.output_text }}"
+    reference: "{{ item.answer }}"
+    operation: ilike            # eq, ne, like, ilike
+
+    type: llm                   # any rubric: a shipped name or a path to a .yaml spec
+    rubric: semantic_equivalence_zh
+    map: {question: prompt, references: references.answer, prediction: response}
+
+    type: autorater             # Vertex autoraterScorer
+    prompt: "Is this polite? {{response}} End with <answer>Yes</answer> or <answer>No</answer>."
+    parse: {type: REGEX_EXTRACT, regex: "<answer>(.*?)</answer>"}
+    expression: "Yes"           # exact match -> correct / wrong; omit to read the reply as a number
+    correct: 1
+    wrong: -1
+
+    type: python                # a file defining evaluate(example, response) or grade(sample, item)
+    file: reward.py             # or source: "def grade(sample, item): ..."
+    timeout: 100                # seconds per call
+    memory_mb: 1024
+    workers: 2
+    env: {MY_SETTING: "x"}      # the only variables the child sees beyond PATH, locale and TZ
+
+    type: weighted              # Vertex composite: sum(w * r) / sum(w), up to 16 parts
+    parts:
+      exact: {weight: 0.7, type: string_match, expression: "{{references.answer}}"}
+      tone: {weight: 0.3, type: llm, rubric: tone}
+
+    type: formula               # OpenAI multi grader (also accepted: type: multi, calculate_output:)
+    formula: "0.5 * exact + 0.5 * max(tone, 0)"
+    graders:
+      exact: {type: string_match, expression: "{{references.answer}}"}
+      tone: {type: llm, rubric: tone}
+
+    type: vertex                # a reinforcementTuningSpec, inline (spec:) or in a JSON file (file:)
+    file: reward_spec.json
+
+A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRewardConfig`` or
+``compositeRewardConfig``) loads as ``type: vertex`` unchanged. The top level may also carry
+``judge: {model: ..., base_url: ..., timeout: ...}`` for its LLM nodes; the API key only ever
+comes from the environment (OPENAI_API_KEY), never from the file.
+
+The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
+(TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
+a number), ``on_invalid:`` and ``pass_threshold:``; load it with :func:`load_group_grader`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from judge import Judge, RubricError
+
+from ._composite import FormulaError, formula_grader, weighted_grader
+from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
+from ._llm import autorater_grader, llm_grader
+from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._sample import Grade, Grader, Sample, aclose_grader
+from ._string_match import (
+    MatchOperation,
+    Normalization,
+    ParseConfig,
+    json_match_grader,
+    normalized_match_grader,
+    numeric_match_grader,
+    string_check_grader,
+    string_match_grader,
+)
+from ._vertex import is_vertex_spec, parse_vertex_spec, vertex_grader
+
+
+class GraderConfigError(ValueError):
+    """A grader config is wrong; the message names the file and the field at fault."""
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    name: str | None = None
+
+
+class _Rewards(_Node):
+    parse: ParseConfig = ParseConfig()
+    correct: float = 1.0
+    wrong: float = -1.0
+
+
+class StringMatchNode(_Rewards):
+    expression: str
+    operation: MatchOperation = "EXACT_MATCH"
+
+
+class JsonMatchNode(_Rewards):
+    key: str
+    expression: str
+    operation: MatchOperation = "EXACT_MATCH"
+
+
+class NormalizedMatchNode(_Rewards):
+    expression: str
+    operation: Literal["EXACT_MATCH", "PARTIAL_MATCH"] = "EXACT_MATCH"
+    normalization: Normalization = Normalization()
+
+
+class NumericMatchNode(_Rewards):
+    expression: str
+    abs_tol: float = 0.0
+    rel_tol: float = 1e-9
+
+
+class StringCheckNode(_Node):
+    input: str
+    reference: str
+    operation: Literal["eq", "ne", "like", "ilike"] = "eq"
+
+
+class LlmNode(_Node):
+    rubric: str
+    map: dict[str, str] = Field(default_factory=dict)
+
+
+class AutoraterNode(_Node):
+    prompt: str | None = None
+    prompt_file: str | None = None
+    parse: ParseConfig = ParseConfig()
+    response_parse: ParseConfig = ParseConfig()
+    expression: str | None = None
+    correct: float = 1.0
+    wrong: float = -1.0
+
+
+class PythonNode(_Node):
+    file: str | None = None
+    source: str | None = None
+    flavour: Literal["vertex", "openai"] | None = None
+    entry: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    memory_mb: int | None = DEFAULT_MEMORY_MB
+    workers: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    image_tag: str | None = None  # OpenAI's field, accepted so its grader JSON loads; unused
+    pass_threshold: float | None = None  # OpenAI's field; unused by the grade itself
+
+
+class WeightedNode(_Node):
+    parts: dict[str, dict[str, Any]]
+
+
+class FormulaNode(_Node):
+    formula: str | None = None
+    calculate_output: str | None = None  # OpenAI multi grader's name for the formula
+    graders: dict[str, dict[str, Any]]
+
+
+class VertexNode(_Node):
+    spec: dict[str, Any] | None = None
+    file: str | None = None
+
+
+class GroupNode(_Node):
+    grader: dict[str, Any]
+    checks: TrajectoryChecks = TrajectoryChecks()
+    sample_checks: SampleChecks = SampleChecks()
+    on_judge_error: Policy = "RETRY"
+    on_invalid: Policy = "DISCARD"
+    pass_threshold: float = 0.5
+
+
+class JudgeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    base_url: str | None = None
+    timeout: float = 60.0
+
+
+NODES: dict[str, type[_Node]] = {
+    "string_match": StringMatchNode,
+    "json_match": JsonMatchNode,
+    "normalized_match": NormalizedMatchNode,
+    "numeric_match": NumericMatchNode,
+    "string_check": StringCheckNode,
+    "llm": LlmNode,
+    "autorater": AutoraterNode,
+    "python": PythonNode,
+    "weighted": WeightedNode,
+    "formula": FormulaNode,
+    "multi": FormulaNode,
+    "vertex": VertexNode,
+}
+
+
+class _Builder:
+    """Walks a config tree; builds the judge once, on first need, for all LLM nodes."""
+
+    def __init__(self, source: str, base: Path, judge: Judge | Callable[[], Judge] | None, settings: JudgeSettings) -> None:
+        self.source, self.base, self._judge, self.settings = source, base, judge, settings
+        self.made_judge: Judge | None = None
+
+    def judge(self) -> Judge:
+        if isinstance(self._judge, Judge):
+            return self._judge
+        if self.made_judge is None:
+            try:
+                if self._judge is not None:
+                    self.made_judge = self._judge()
+                else:
+                    s = self.settings
+                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout)
+            except ValueError as e:
+                raise GraderConfigError(f"{self.source}: an LLM grader needs a judge: {e}") from e
+        return self.made_judge
+
+    def fail(self, where: str, message: str) -> GraderConfigError:
+        return GraderConfigError(f"{self.source}: {where}: {message}" if where else f"{self.source}: {message}")
+
+    def path(self, value: str) -> Path:
+        path = Path(value)
+        return path if path.is_absolute() else self.base / path
+
+    def node(self, data: Any, where: str, default_name: str | None = None) -> Grader:
+        if not isinstance(data, Mapping):
+            raise self.fail(where, f"a grader must be a mapping with a 'type', got {type(data).__name__}")
+        if is_vertex_spec(data):
+            data = {"type": "vertex", "spec": dict(data)}
+        kind = data.get("type")
+        model = NODES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise self.fail(where, f"unknown grader type {kind!r}; known types: {', '.join(NODES)}")
+        try:
+            node = model.model_validate(data)
+        except ValidationError as e:
+            prefix = f"{where}." if where else ""
+            problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise GraderConfigError(f"{self.source}: {problems}") from None
+        name = node.name or default_name or kind
+        try:
+            if isinstance(node, LlmNode):  # named after its rubric unless the config names it
+                rubric: str | Path = self.path(node.rubric) if node.rubric.endswith((".yaml", ".yml")) else node.rubric
+                return llm_grader(self.judge(), rubric, node.map, name=node.name or default_name)
+            return self._build(node, where, name)
+        except GraderConfigError:
+            raise
+        except (ValueError, RubricError, FormulaError, OSError) as e:
+            message = str(e)
+            if message.startswith(f"{self.source}: "):  # already names the file and the field
+                raise GraderConfigError(message) from e
+            raise self.fail(where or name, message) from e
+
+    def _build(self, node: _Node, where: str, name: str) -> Grader:
+        dot = f"{where}." if where else ""
+        if isinstance(node, JsonMatchNode):
+            return json_match_grader(node.key, node.expression, node.operation, parse=node.parse, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, StringMatchNode):
+            return string_match_grader(node.expression, node.operation, parse=node.parse, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, NormalizedMatchNode):
+            return normalized_match_grader(node.expression, operation=node.operation, parse=node.parse, normalization=node.normalization,
+                                           correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, NumericMatchNode):
+            return numeric_match_grader(node.expression, abs_tol=node.abs_tol, rel_tol=node.rel_tol, parse=node.parse,
+                                        correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, StringCheckNode):
+            return string_check_grader(node.input, node.reference, node.operation, name=name)
+        if isinstance(node, AutoraterNode):
+            if (node.prompt is None) == (node.prompt_file is None):
+                raise self.fail(where or name, "give exactly one of prompt and prompt_file")
+            prompt = node.prompt if node.prompt is not None else self.path(node.prompt_file or "").read_text(encoding="utf-8")
+            return autorater_grader(self.judge(), prompt, parse=node.parse, response_parse=node.response_parse,
+                                    expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, PythonNode):
+            if (node.file is None) == (node.source is None):
+                raise self.fail(where or name, "give exactly one of file and source")
+            return python_grader(node.source, file=self.path(node.file) if node.file else None, flavour=node.flavour, entry=node.entry,
+                                 timeout=node.timeout, memory_mb=node.memory_mb, workers=node.workers, env=node.env, name=name)
+        if isinstance(node, WeightedNode):
+            parts = []
+            for part_name, part in node.parts.items():
+                part = dict(part)
+                if "weight" not in part:
+                    raise self.fail(f"{dot}parts.{part_name}", "needs a weight")
+                weight = part.pop("weight")
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                    raise self.fail(f"{dot}parts.{part_name}.weight", f"must be a number, got {weight!r}")
+                parts.append((part_name, self.node(part, f"{dot}parts.{part_name}", part_name), float(weight)))
+            return weighted_grader(parts, name=name)
+        if isinstance(node, FormulaNode):
+            formula = node.formula or node.calculate_output
+            if formula is None or (node.formula is not None and node.calculate_output is not None):
+                raise self.fail(where or name, "give exactly one of formula and calculate_output")
+            graders = {k: self.node(v, f"{dot}graders.{k}", k) for k, v in node.graders.items()}
+            return formula_grader(graders, formula, name=name)
+        if isinstance(node, VertexNode):
+            if (node.spec is None) == (node.file is None):
+                raise self.fail(where or name, "give exactly one of spec and file")
+            if node.spec is not None:
+                spec = parse_vertex_spec(node.spec, source=self.source, path_prefix=f"{dot}spec")
+            else:
+                spec = parse_vertex_spec(self.path(node.file or ""))
+            return vertex_grader(spec, judge=self.judge)
+        raise AssertionError(node)
+
+
+def _read(source: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str, Path]:
+    if isinstance(source, Mapping):
+        return dict(source), "grader config", Path.cwd()
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise GraderConfigError(f"{path}: {e.strerror or e}") from e
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise GraderConfigError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {e}") from e
+    if not isinstance(data, dict):
+        raise GraderConfigError(f"{path}: a grader config must be a mapping")
+    return data, str(path), path.parent
+
+
+class ConfiguredGrader:
+    """A grader built from a config; closing it closes its parts and the judge it made."""
+
+    def __init__(self, grader: Grader, builder: _Builder) -> None:
+        self.grader = grader
+        self._builder = builder
+        self.__name__ = getattr(grader, "__name__", "grader")
+
+    async def __call__(self, sample: Sample) -> Grade:
+        return await self.grader(sample)
+
+    async def aclose(self) -> None:
+        await aclose_grader(self.grader)
+        if self._builder.made_judge is not None:
+            await self._builder.made_judge.aclose()
+
+
+def _builder(data: dict[str, Any], source: str, base: Path, judge: Judge | Callable[[], Judge] | None) -> _Builder:
+    settings = data.pop("judge", None) or {}
+    try:
+        parsed = JudgeSettings.model_validate(settings)
+    except ValidationError as e:
+        problems = "; ".join(f"judge.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{source}: {problems}") from None
+    return _Builder(source, base, judge, parsed)
+
+
+def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> ConfiguredGrader:
+    """Build a grader from a YAML/JSON file or a dict (schema in this module's docstring).
+
+    Args:
+        source: the file, or the config itself.
+        judge: the Judge for LLM nodes (or a function making one on first need); by default
+            one is built from the file's ``judge:`` block and the environment.
+    """
+    data, where, base = _read(source)
+    builder = _builder(data, where, base, judge)
+    return ConfiguredGrader(builder.node(data, ""), builder)
+
+
+def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> GroupGrader:
+    """Build a group grader from a ``type: group`` config."""
+    data, where, base = _read(source)
+    builder = _builder(data, where, base, judge)
+    if data.get("type") != "group":
+        raise GraderConfigError(f"{where}: a group grader config needs type: group")
+    try:
+        node = GroupNode.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{where}: {problems}") from None
+    inner = builder.node(node.grader, "grader")
+    return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
+                        on_invalid=node.on_invalid, pass_threshold=node.pass_threshold)

@@ -1,0 +1,204 @@
+"""LLM graders: a rubric from prompts/ applied by a Judge, and Vertex's autorater form.
+
+Both turn a judge Verdict into a Grade one way: ``ok`` keeps the verdict's score; a row that lacks
+a rubric variable is ``invalid`` (the sample cannot be graded this way); every other verdict
+error (unreachable judge, refusal, unparseable reply, ...) is ``error`` with its kind and
+reason. A failed verdict never becomes a number here; the group grader's policy decides.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import math
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from judge import Judge, Rubric, Verdict, load_rubric
+
+from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
+from ._string_match import IDENTITY, ParseConfig, parse_response
+
+# Rubric variables that read a sample field when no mapping names them.
+DEFAULT_PATHS = {
+    "question": "prompt",
+    "prompt": "prompt",
+    "query": "prompt",
+    "instruction": "prompt",
+    "prediction": "response",
+    "response": "response",
+    "output": "response",
+    "system": "system_instruction",
+    "system_instruction": "system_instruction",
+}
+
+
+def rubric_row(rubric: Rubric, sample: Sample, mapping: Mapping[str, str]) -> dict[str, Any]:
+    """The rubric's variables read from the sample; a variable that cannot be read is left out,
+    so the rubric itself reports it missing, by name."""
+    row: dict[str, Any] = {}
+    for var in rubric.variables:
+        path = mapping.get(var) or DEFAULT_PATHS.get(var)
+        if path is None:
+            if var in sample.references:
+                path = f"references.{var}"
+            elif var in sample.metadata:
+                path = f"metadata.{var}"
+            elif var == "references" and "answer" in sample.references:  # Ark's extra.answer
+                path = "references.answer"
+            else:
+                continue
+        try:
+            row[var] = resolve_path(sample, path)
+        except PlaceholderError:
+            continue
+    return row
+
+
+def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None) -> Grade:
+    metrics = {
+        "judge_prompt_tokens": float(verdict.prompt_tokens),
+        "judge_completion_tokens": float(verdict.completion_tokens),
+        "judge_attempts": float(verdict.attempts),
+        "judge_latency_s": verdict.latency_s,
+        "judge_cached": float(verdict.cached),
+    }
+    lines = list(debug or [])
+    if verdict.status != "ok":
+        status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"
+        if verdict.raw:
+            lines.append(f"{name}: judge reply {verdict.raw[:300]!r}")
+        return Grade.failed(status, f"grader {name!r}: {verdict.error_kind}: {verdict.error}", error_kind=verdict.error_kind,
+                            metrics=metrics, debug=lines)
+    value = verdict.score if score is None else score
+    assert value is not None
+    lines.append(f"{name}: judge label {verdict.label!r} -> {value:g}" + (" (cached)" if verdict.cached else ""))
+    if verdict.rationale:
+        lines.append(f"{name}: rationale: {verdict.rationale[:500]}")
+    return Grade.scored(value, metrics=metrics, debug=lines)
+
+
+def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, str] | None = None, *, name: str | None = None) -> Grader:
+    """Grade with any rubric (a shipped name, a path to a .yaml spec, or a Rubric).
+
+    Args:
+        judge: the Judge client (it carries the shared limiter, cache and retry policy).
+        rubric: which rubric to apply.
+        mapping: rubric variable -> sample path (``prompt``, ``response``, ``system_instruction``,
+            ``references.<key>``, ``metadata.<key>``). Unmapped variables read the usual field:
+            question/prompt -> prompt, prediction/response -> response, else a reference or
+            metadata key of the same name (``references`` falls back to Ark's ``answer``).
+    """
+    spec = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
+    paths = dict(mapping or {})
+    unknown = [v for v in paths if v not in spec.variables]
+    if unknown:
+        raise ValueError(f"mapping names {', '.join(map(repr, unknown))}, which rubric {spec.name!r} does not have "
+                         f"(its variables: {', '.join(spec.variables)})")
+    label = name or spec.name
+
+    async def grade(sample: Sample) -> Grade:
+        verdict = await judge.judge(spec, rubric_row(spec, sample, paths))
+        return grade_from_verdict(verdict, label)
+
+    grade.__name__ = label
+    return grade
+
+
+# ---- Vertex's autorater ---------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _passthrough_dir() -> Path:
+    """A directory holding the one-line template an autorater rubric renders through.
+
+    The autorater prompt is the user's configuration, already filled; the rubric machinery
+    (render, request, cache, limiter, retry, parse) needs a template file to run it through, and
+    judge/ loads templates from directories only. The file holds no wording, only the variable.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="gradekit-autorater-"))
+    (directory / "autorater.j2").write_text("{% block user %}{{ autorater_prompt }}{% endblock %}\n", encoding="utf-8")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
+
+
+# The label a numeric autorater rubric offers only because a rubric must offer one; every reply
+# falls to ``unmatched`` and its text is converted to a number here.
+_NUMERIC_LABEL = "\u0000numeric"
+
+
+def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float], unmatched: float) -> Rubric:
+    output: dict[str, Any] = {"mode": "regex", "pattern": parse.regex} if parse.type == "REGEX_EXTRACT" else {"mode": "text"}
+    return Rubric.model_validate({
+        "name": name,
+        "description": "Vertex autorater",
+        "template": "autorater.j2",
+        "variables": {"autorater_prompt": {"type": "str"}},
+        "output": {**output, "rationale_field": None},
+        "labels": labels,
+        "unmatched": unmatched,
+        "directory": _passthrough_dir(),
+    })
+
+
+def autorater_grader(
+    judge: Judge,
+    prompt: str,
+    *,
+    parse: ParseConfig = IDENTITY,
+    expression: str | None = None,
+    correct: float = 1.0,
+    wrong: float = -1.0,
+    response_parse: ParseConfig = IDENTITY,
+    name: str = "autorater",
+) -> Grader:
+    """Vertex's autoraterScorer.
+
+    Args:
+        judge: the Judge that plays the autorater.
+        prompt: the autorater prompt with ``{{prompt}}``, ``{{response}}``,
+            ``{{system_instruction}}`` and ``{{references.key}}`` placeholders.
+        parse: how to read the autorater's reply (``REGEX_EXTRACT`` keeps the last match).
+        expression: exactMatchScorer: the expected parsed reply (may hold ``{{references.key}}``);
+            ``correct`` if it matches, ``wrong`` otherwise. None: parsedResponseConversionScorer,
+            the parsed reply is the score itself (a non-number is an error).
+        response_parse: the reward config's parseResponseConfig, applied to the graded response
+            before it fills ``{{response}}``.
+    """
+    for reward in (correct, wrong):
+        if math.isnan(reward):
+            raise ValueError(f"autorater {name!r}: rewards must be numbers")
+    clamped = (max(-1.0, min(1.0, correct)), max(-1.0, min(1.0, wrong)))
+    if expression is not None and re.search(r"\{\{\s*response\s*\}\}", expression):
+        raise ValueError(f"autorater {name!r}: the expected expression cannot use {{{{response}}}}")
+    fixed = None
+    if expression is not None and "{{" not in expression:
+        fixed = _autorater_rubric(name, parse, {expression: clamped[0]}, clamped[1])
+    numeric = _autorater_rubric(name, parse, {_NUMERIC_LABEL: 0.0}, 0.0) if expression is None else None
+
+    async def grade(sample: Sample) -> Grade:
+        response = parse_response(sample.response_text, response_parse)
+        try:
+            text = fill_placeholders(prompt, sample, response=response or "")
+            rubric = fixed or numeric or _autorater_rubric(name, parse, {fill_placeholders(expression or "", sample): clamped[0]}, clamped[1])
+        except PlaceholderError as e:
+            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+        verdict = await judge.judge(rubric, {"autorater_prompt": text})
+        if expression is not None or verdict.status != "ok":
+            return grade_from_verdict(verdict, name)
+        try:
+            value = float((verdict.label or "").strip())
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure",
+                                                "error": f"the autorater's parsed reply {verdict.label!r} is not a number"})
+            return grade_from_verdict(failed, name)
+        return grade_from_verdict(verdict, name, score=value)
+
+    grade.__name__ = name
+    return grade

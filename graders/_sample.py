@@ -1,0 +1,455 @@
+"""What graders read and return: a Sample in OpenAI chat form, its Trajectories, and a Grade.
+
+A Sample is the prompt messages, the graded response (text, or assistant messages with tool
+calls), ``references`` (Vertex's ``references``, Ark's ``extra``, OpenAI's ``item``) and metadata.
+The converters at the bottom turn it into the shapes user code expects on each platform
+(Vertex's example/Content, OpenAI's sample/item) and back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from judge import SyncRunner, clamp
+
+GradeStatus = Literal["ok", "invalid", "error"]
+
+
+# ---- messages ---------------------------------------------------------------------------------
+
+
+class FunctionCall(BaseModel):
+    """A tool call's function: its name and its arguments as the JSON text the model wrote."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = ""
+    arguments: str = ""
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _arguments_text(cls, v: Any) -> str:
+        # Some SDKs hand over parsed arguments; keep the text form the model produced.
+        if v is None:
+            return ""
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """One chat message; ``content`` is a string or a list of content parts."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The text of the content; list content (Ark 1.6, multimodal) is flattened to its text parts."""
+        return content_text(self.content)
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for part in content:
+            if isinstance(part, str):
+                pieces.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                pieces.append(part["text"])
+        return "".join(pieces)
+    return str(content)
+
+
+def _messages(value: Any, default_role: str) -> Any:
+    """Accept a string, one message, or a list of messages/strings wherever messages are expected."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Message)) or (isinstance(value, Mapping) and "role" in value):
+        value = [value]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [{"role": default_role, "content": m} if isinstance(m, str) else m for m in value]
+    return value
+
+
+class Trajectory(BaseModel):
+    """One rollout of a sample: the generated messages (Ark's ``Trajectory``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[Message] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _coerce(cls, v: Any) -> Any:
+        return _messages(v, "assistant")
+
+    @field_validator("usage", mode="before")
+    @classmethod
+    def _no_usage(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+class Sample(BaseModel):
+    """One thing to grade: prompt messages, the response, references and metadata.
+
+    ``response`` takes plain text or assistant messages (with tool calls, for agent rollouts).
+    ``tools`` are the tool definitions the model was offered (Ark's ``sample.tools``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message] = Field(default_factory=list)
+    response: list[Message] = Field(default_factory=list)
+    references: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        return _messages(v, "user")
+
+    @field_validator("response", mode="before")
+    @classmethod
+    def _response(cls, v: Any) -> Any:
+        return _messages(v, "assistant")
+
+    @field_validator("references", "metadata", mode="before")
+    @classmethod
+    def _no_dict(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @property
+    def prompt_text(self) -> str:
+        """The last user message: the question being answered."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return message.text
+        return ""
+
+    @property
+    def system_text(self) -> str:
+        return "\n".join(m.text for m in self.messages if m.role in ("system", "developer"))
+
+    @property
+    def final_message(self) -> Message | None:
+        return self.response[-1] if self.response else None
+
+    @property
+    def response_text(self) -> str:
+        """The final answer: the content of the last response message."""
+        final = self.final_message
+        return final.text if final is not None else ""
+
+    def with_response(self, response: Any) -> Sample:
+        return self.model_copy(update={"response": Sample(response=response).response})
+
+
+# ---- the grade --------------------------------------------------------------------------------
+
+
+class Grade(BaseModel):
+    """What a grader says about one sample.
+
+    ``status``: ``ok`` (``score`` is set, clamped to [-1, 1]); ``invalid`` (the sample or the
+    response cannot be graded this way: a missing reference, a python grader that raised, timed
+    out or returned a non-number); ``error`` (a transient failure such as an unreachable judge).
+    Neither failure carries a score: could-not-judge is a state, not a number.
+    """
+
+    score: float | None = None
+    status: GradeStatus = "ok"
+    error: str | None = None
+    error_kind: str | None = None  # the judge's ErrorKind, "timeout", "memory", "exception", ...
+    parts: dict[str, Grade] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    debug: list[str] = Field(default_factory=list)
+
+    @field_validator("score")
+    @classmethod
+    def _clamp(cls, v: float | None) -> float | None:
+        if v is None:
+            return None
+        if math.isnan(v):
+            raise ValueError("a score cannot be NaN")
+        return clamp(v)
+
+    @model_validator(mode="after")
+    def _state(self) -> Grade:
+        if self.status == "ok" and self.score is None:
+            raise ValueError("an ok grade needs a score")
+        if self.status != "ok" and self.score is not None:
+            raise ValueError(f"a grade with status {self.status!r} carries no score")
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def scored(cls, score: float, **fields: Any) -> Grade:
+        return cls(score=score, status="ok", **fields)
+
+    @classmethod
+    def failed(cls, status: Literal["invalid", "error"], error: str, **fields: Any) -> Grade:
+        return cls(status=status, error=error, **fields)
+
+
+@runtime_checkable
+class Grader(Protocol):
+    """Anything awaitable as ``await grader(sample) -> Grade``."""
+
+    async def __call__(self, sample: Sample) -> Grade: ...
+
+
+async def aclose_grader(grader: Any) -> None:
+    """Release what a grader holds (python workers, a judge it built); a no-op for plain functions."""
+    close = getattr(grader, "aclose", None)
+    if close is not None:
+        await close()
+
+
+class SyncGrader:
+    """The sync façade: ``SyncGrader(grader)(sample) -> Grade`` from scripts or Jupyter.
+
+    It runs on judge's SyncRunner (one private loop in a thread) so a judge's connection pool
+    stays valid between calls.
+    """
+
+    def __init__(self, grader: Grader) -> None:
+        self.grader = grader
+        self._runner = SyncRunner()
+
+    def __call__(self, sample: Sample | Mapping[str, Any]) -> Grade:
+        if not isinstance(sample, Sample):
+            sample = Sample.model_validate(sample)
+        return self._runner.run(self.grader(sample))
+
+    def close(self) -> None:
+        self._runner.run(aclose_grader(self.grader))
+        self._runner.close()
+
+    def __enter__(self) -> SyncGrader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- placeholders: {{references.key}}, {{response}}, ... ---------------------------------------
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w.\-]*)\s*\}\}")
+
+
+class PlaceholderError(KeyError):
+    """A ``{{...}}`` placeholder names something the sample does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def resolve_path(sample: Sample, path: str) -> Any:
+    """The sample value a path names.
+
+    Paths: ``prompt`` (last user message), ``response`` (final answer text), ``system_instruction``,
+    ``references.<key>`` (also ``item.<key>``, OpenAI's name), ``metadata.<key>``,
+    ``sample.output_text``. Dots go into nested dicts.
+    """
+    head, _, rest = path.partition(".")
+    if path in ("prompt", "question"):
+        return sample.prompt_text
+    if path in ("response", "sample.output_text", "output_text"):
+        return sample.response_text
+    if path in ("system_instruction", "system"):
+        return sample.system_text
+    if head in ("references", "item", "metadata") and rest:
+        value: Any = sample.metadata if head == "metadata" else sample.references
+        for key in rest.split("."):
+            if not isinstance(value, Mapping) or key not in value:
+                where = "metadata" if head == "metadata" else "references"
+                raise PlaceholderError(f"{path!r}: the sample has no {where} key {rest!r}")
+            value = value[key]
+        return value
+    raise PlaceholderError(
+        f"unknown placeholder {path!r}; use prompt, response, system_instruction, references.<key> or metadata.<key>"
+    )
+
+
+def value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def fill_placeholders(template: str, sample: Sample, *, escape: Any = None, response: str | None = None) -> str:
+    """Replace every ``{{path}}`` in a config string with the sample's value, in one pass.
+
+    One pass over the template only: a response that contains ``{{references.answer}}`` is
+    inserted as text, never expanded. ``escape`` (e.g. ``re.escape``) is applied to each value.
+    """
+
+    def sub(match: re.Match[str]) -> str:
+        path = match.group(1)
+        if response is not None and path in ("response", "sample.output_text", "output_text"):
+            text = response
+        else:
+            text = value_text(resolve_path(sample, path))
+        return escape(text) if escape is not None else text
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def placeholders(template: str) -> list[str]:
+    return _PLACEHOLDER.findall(template)
+
+
+# ---- platform shapes ----------------------------------------------------------------------------
+
+
+def _vertex_parts(message: Message) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    if message.role == "tool":
+        try:
+            payload = json.loads(message.text)
+        except json.JSONDecodeError:
+            payload = {"content": message.text}
+        if not isinstance(payload, dict):
+            payload = {"content": payload}
+        return [{"functionResponse": {"name": message.name or "", "response": payload}}]
+    if message.text:
+        parts.append({"text": message.text})
+    for call in message.tool_calls or []:
+        try:
+            args = json.loads(call.function.arguments or "{}")
+        except json.JSONDecodeError:
+            args = {"_raw": call.function.arguments}
+        parts.append({"functionCall": {"name": call.function.name, "args": args}})
+    return parts
+
+
+def to_vertex_content(messages: Sequence[Message], role: str = "model") -> dict[str, Any]:
+    """Messages as one Vertex ``Content`` (``{"role", "parts": [...]}``)."""
+    return {"role": role, "parts": [part for m in messages for part in _vertex_parts(m)]}
+
+
+def to_vertex_example(sample: Sample) -> dict[str, Any]:
+    """The sample as a Vertex ReinforcementTuningExample (camelCase ProtoJSON)."""
+    example: dict[str, Any] = {}
+    system = [m for m in sample.messages if m.role in ("system", "developer")]
+    if system:
+        example["systemInstruction"] = {"parts": [{"text": m.text} for m in system]}
+    example["contents"] = [
+        {"role": "model" if m.role == "assistant" else "user", "parts": _vertex_parts(m)}
+        for m in sample.messages
+        if m.role not in ("system", "developer")
+    ]
+    if sample.references:
+        example["references"] = dict(sample.references)
+    return example
+
+
+def _from_vertex_content(content: Mapping[str, Any]) -> list[Message]:
+    role = {"model": "assistant", "assistant": "assistant", "system": "system"}.get(str(content.get("role", "user")), "user")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    out: list[Message] = []
+    for part in content.get("parts") or []:
+        if not isinstance(part, Mapping):
+            continue
+        if isinstance(part.get("text"), str) and not part.get("thought"):
+            texts.append(part["text"])
+        elif "functionCall" in part:
+            call = part["functionCall"] or {}
+            calls.append(ToolCall(id=call.get("id"), function=FunctionCall(name=call.get("name", ""), arguments=call.get("args", {}))))
+        elif "functionResponse" in part:
+            resp = part["functionResponse"] or {}
+            out.append(Message(role="tool", name=resp.get("name"), content=value_text(resp.get("response"))))
+    if texts or calls or not out:
+        out.insert(0, Message(role=role, content="".join(texts), tool_calls=calls or None))
+    return out
+
+
+def vertex_content_messages(content: Mapping[str, Any]) -> list[Message]:
+    """A Vertex ``Content`` as chat messages (``model`` -> ``assistant``, functionCall -> tool call)."""
+    return _from_vertex_content(content)
+
+
+def sample_from_vertex(example: Mapping[str, Any], response: Mapping[str, Any] | None = None) -> Sample:
+    """A Vertex dataset row (``contents``, ``systemInstruction``, ``references``) as a Sample."""
+    messages: list[Message] = []
+    system = example.get("systemInstruction") or example.get("system_instruction")
+    if system:
+        messages.append(Message(role="system", content=content_text((system or {}).get("parts"))))
+    for content in example.get("contents") or []:
+        messages.extend(_from_vertex_content(content))
+    references = example.get("references") or {}
+    if not isinstance(references, Mapping):
+        raise ValueError(f"example references must be an object, got {type(references).__name__}")
+    known = {"contents", "systemInstruction", "system_instruction", "references"}
+    metadata = {k: v for k, v in example.items() if k not in known}
+    sample = Sample(messages=messages, references=dict(references), metadata=metadata)
+    return sample.with_response(vertex_content_messages(response)) if response is not None else sample
+
+
+def to_openai_sample(sample: Sample) -> dict[str, Any]:
+    """OpenAI's grader ``sample``: choices, output_text, output_json (when the text is JSON), output_tools."""
+    final = sample.final_message
+    message = final.model_dump(exclude_none=True) if final is not None else {"role": "assistant", "content": ""}
+    text = sample.response_text
+    try:
+        output_json = json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        output_json = None
+    tools = [c.model_dump(exclude_none=True) for c in (final.tool_calls or [])] if final is not None else []
+    return {
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tools else "stop"}],
+        "output_text": text,
+        "output_json": output_json if isinstance(output_json, (dict, list)) else None,
+        "output_tools": tools,
+    }
+
+
+def to_openai_item(sample: Sample) -> dict[str, Any]:
+    """OpenAI's grader ``item``: the dataset row's keys, which gradekit keeps in ``references``."""
+    return dict(sample.references)
+
+
+def sample_from_row(row: Mapping[str, Any]) -> Sample:
+    """A Vertex-style row or a gradekit sample, whichever the keys say it is."""
+    if "contents" in row or "systemInstruction" in row:
+        return sample_from_vertex(row)
+    if "extra" in row and "references" not in row:  # an Ark ChatCompletionSample line
+        known = {"messages", "extra", "tools"}
+        return Sample.model_validate({"messages": row.get("messages"), "references": row.get("extra") or {}, "tools": row.get("tools"),
+                                      "metadata": {k: v for k, v in row.items() if k not in known}})
+    # A dataset row carries ids and other columns: they go to metadata rather than failing.
+    known = set(Sample.model_fields)
+    extra = {k: v for k, v in row.items() if k not in known}
+    fields = {k: v for k, v in row.items() if k in known}
+    if extra:
+        fields["metadata"] = {**extra, **(fields.get("metadata") or {})}
+    return Sample.model_validate(fields)
