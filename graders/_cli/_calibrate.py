@@ -1,0 +1,142 @@
+"""`gradekit calibrate`: how well a graded file's verdicts agree with human labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .._calibration import FileCalibration, Interval, calibrate_rows, plot_confusion, plot_position_bias, plot_scores
+from .._io import InputError, read_rows
+from ._common import fail, print_json
+
+
+def _load(path: Path, what: str) -> list[dict]:
+    rows = []
+    for row in read_rows(path):
+        if isinstance(row, Exception):
+            raise InputError(f"{what} {row}")
+        rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: no rows")
+    return rows
+
+
+def calibrate(
+    graded: Path = typer.Argument(..., help="A file written by `gradekit grade` (CSV or JSONL)."),
+    labels: Path = typer.Option(None, "--labels", help="CSV/JSONL with the human labels; joined to GRADED on --on."),
+    on: str = typer.Option(None, "--on", help="Column both files share, e.g. id (needed with --labels)."),
+    human_column: str = typer.Option("label", "--human-column", help="Column holding the human label."),
+    judge_column: str = typer.Option(None, "--judge-column", help="Column holding the judge's verdict [default: winner for pairwise files, else label]."),
+    ordinal: bool = typer.Option(False, "--ordinal", help="Labels are ordered: weighted (quadratic) kappa."),
+    order: str = typer.Option(None, "--label-order", help="Comma-separated label order for the confusion matrix and ordinal weights."),
+    group: str = typer.Option(None, "--group", help="Column to average correlations within (G-Eval's per-document average)."),
+    convention: str = typer.Option("llmbar", "--convention", help="Pairwise Acc/Agr: llmbar (a failed order counts wrong) or skip."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples for the 95% intervals (0: none)."),
+    plots: Path = typer.Option(None, "--plots", help="Write PNG plots into this folder."),
+    disagreements: int = typer.Option(10, "--show", help="Disagreements to list (the JSON has all)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (with a version field)."),
+) -> None:
+    """Accuracy, per-label precision/recall/F1, confusion, kappa, correlations and bootstrap intervals of a
+    graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias."""
+    if convention not in ("llmbar", "skip"):
+        raise fail(f"--convention must be llmbar or skip, not {convention!r}")
+    try:
+        graded_rows = _load(graded, "graded file")
+        label_rows = _load(labels, "labels file") if labels is not None else None
+        result = calibrate_rows(
+            graded_rows, label_rows, on=on, human_column=human_column, judge_column=judge_column,
+            source=str(graded), labels_source=str(labels), ordinal=ordinal,
+            labels=[x.strip() for x in order.split(",")] if order else None, group_column=group,
+            convention=convention, bootstrap=bootstrap,  # type: ignore[arg-type]
+        )
+    except (InputError, ValueError) as e:
+        raise fail(str(e)) from e
+    written = _plots(result, plots) if plots is not None else []
+    if json_output:
+        print_json({"graded": str(graded), "labels": str(labels) if labels else None, "plots": written,
+                    **result.model_dump()})
+        return
+    _print(result, Console(), disagreements)
+    for path in written:
+        Console().print(f"plot: {path}", highlight=False)
+
+
+def _plots(result: FileCalibration, folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / "confusion.png"]
+    plot_confusion(result.classification, written[0])
+    pairs = [(h, j) for h, j in zip(result.human_scores, result.judge_scores) if h is not None and j is not None]
+    if pairs:
+        written.append(folder / "scores.png")
+        plot_scores([h for h, _ in pairs], [j for _, j in pairs], written[-1])
+    if result.pairwise is not None:
+        written.append(folder / "position_bias.png")
+        plot_position_bias({"judge": result.pairwise}, written[-1])
+    return [str(p) for p in written]
+
+
+def _pct(value: float | None, ci: Interval | None = None) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.1%}"
+    if ci is not None and ci.low is not None and ci.high is not None:
+        text += f"  [{ci.low:.1%}, {ci.high:.1%}]"
+    return text
+
+
+def _num(value: float | None, ci: Interval | None = None) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.3f}"
+    if ci is not None and ci.low is not None and ci.high is not None:
+        text += f"  [{ci.low:.3f}, {ci.high:.3f}]"
+    return text
+
+
+def _print(result: FileCalibration, console: Console, show: int) -> None:
+    c = result.classification
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("items", f"{c.n} labelled ({c.unlabelled} without a human label), {c.judged} judged, {c.failures} judge failures")
+    if result.labels_without_graded_row:
+        table.add_row("", f"{result.labels_without_graded_row} human labels have no graded row")
+    table.add_row("accuracy", _pct(c.accuracy, c.accuracy_ci))
+    table.add_row("kappa" + (f" ({c.kappa_weights})" if c.kappa_weights else ""), _num(c.kappa, c.kappa_ci))
+    table.add_row("macro F1", _num(c.macro_f1))
+    table.add_row("failures", f"{c.failure_rate:.1%} (parse failures {c.parse_failure_rate:.1%})"
+                  + (f": {', '.join(f'{k} {v}' for k, v in c.failures_by_kind.items())}" if c.failures_by_kind else ""))
+    table.add_row("base rates", "human " + ", ".join(f"{k} {v:.0%}" for k, v in c.base_rates.get("human", {}).items())
+                  + " | judge " + ", ".join(f"{k} {v:.0%}" for k, v in c.base_rates.get("judge", {}).items()))
+    if c.correlation is not None and c.correlation.spearman is not None:
+        r = c.correlation
+        line = f"Spearman {_num(r.spearman, r.spearman_ci)}, Kendall {_num(r.kendall, r.kendall_ci)}"
+        if r.groups:
+            line += f"; per-group mean Spearman {_num(r.spearman_group_mean)}, Kendall {_num(r.kendall_group_mean)} ({r.groups} groups)"
+        table.add_row("correlation", line)
+    p = result.pairwise
+    if p is not None:
+        table.add_row("pairwise", f"Acc {_pct(p.acc, p.acc_ci)} (order ab {_pct(p.acc_ab)}, ba {_pct(p.acc_ba)}), "
+                                  f"Agr {_pct(p.agr)} [{p.convention}]")
+        table.add_row("position bias", f"first-shown output wins {_pct(p.first_position_win_rate)} of "
+                                       f"{p.decisive_verdicts} verdicts (p={p.position_bias_p:.3g})" if p.position_bias_p is not None
+                      else "n/a")
+        table.add_row("conflicts", f"{p.conflicts} of {p.both_judged} pairs ({_pct(p.conflict_rate)})")
+    console.print(table)
+
+    labels = Table(title="per label; confusion: rows human, columns j:<judge label>")
+    labels.add_column("label")
+    for heading in ("prec", "recall", "F1", "n", *[f"j:{x}" for x in c.labels]):
+        labels.add_column(heading, justify="right")
+    for k, lab in enumerate(c.labels):
+        stats = c.per_label.get(lab)
+        cells = [f"{stats.precision:.3f}", f"{stats.recall:.3f}", f"{stats.f1:.3f}", str(stats.support)] if stats else ["-"] * 4
+        row = c.confusion[k] if k < len(c.confusion) else [0] * len(c.labels)
+        labels.add_row(lab, *cells, *[str(x) for x in row])
+    console.print(labels)
+    if c.disagreements and show > 0:
+        console.print(f"disagreements ({len(c.disagreements)}; first {min(show, len(c.disagreements))}):")
+        for d in c.disagreements[:show]:
+            judge = d.judge if d.judge is not None else f"<{d.error_kind or 'error'}>"
+            console.print(f"  {result.key or 'row'}={d.id}: human {d.human!r}, judge {judge!r}", highlight=False, markup=False)

@@ -1,0 +1,298 @@
+"""Pairwise grading: ask a judge which of two outputs is better, in both orders, and settle conflicts.
+
+A pairwise rubric (``pairwise: {first, second}`` in its spec) scores a label from the side of the
+output shown first. Asked again with the two outputs swapped, the verdict is mapped back to the
+input's numbering, so each pair carries two comparable verdicts. When they disagree the judge
+has shown position bias on that pair, and a configured rule decides the final verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from judge import Judge, Rubric, Verdict
+
+from ._batch import _variables, check_columns
+from ._calibration import PairwiseReport, Winner, as_label, pairwise_report
+from ._io import RowError, RowWriter, csv_header, read_rows
+
+ConflictRule = Literal["tie", "first", "third"]
+Decision = Literal["agree", "single", "tie", "first", "third"]
+
+PAIRWISE_COLUMNS = [
+    "winner", "score", "status", "error_kind", "error", "decided_by", "agree",
+    "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba", "rationale_ab", "rationale_ba",
+    "prompt_tokens", "completion_tokens", "cached",
+]
+
+
+class PairVerdict(BaseModel):
+    """Both orders of one pair and the final verdict.
+
+    ``ab`` shows the outputs in input order, ``ba`` swapped. Winners and scores are in the input's
+    numbering: winner "1" means output_1 (the rubric's ``first`` variable) is better, and a score
+    > 0 favours output_1. ``status == "error"`` always has ``score is None``.
+    """
+
+    ab: Verdict
+    ba: Verdict | None = None
+    third: Verdict | None = None
+    winner_ab: Winner | None = None
+    winner_ba: Winner | None = None
+    score_ab: float | None = None
+    score_ba: float | None = None
+    agree: bool | None = None
+    winner: Winner | None = None
+    score: float | None = None
+    decided_by: Decision | None = None
+    status: Literal["ok", "error"] = "ok"
+    error_kind: str | None = None
+    error: str | None = None
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [v for v in (self.ab, self.ba, self.third) if v is not None]
+
+
+def _winner(score: float) -> Winner:
+    return "1" if score > 0 else "2" if score < 0 else "tie"
+
+
+def swapped(rubric: Rubric, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The same row with the rubric's two compared variables traded."""
+    pair = _pair_spec(rubric)
+    out = dict(values)
+    out[pair.first], out[pair.second] = values.get(pair.second), values.get(pair.first)
+    return out
+
+
+def _pair_spec(rubric: Rubric):  # -> PairwiseSpec
+    if rubric.pairwise is None:
+        raise ValueError(f"rubric {rubric.name!r} is not pairwise: its spec has no 'pairwise: {{first, second}}'")
+    return rubric.pairwise
+
+
+def pairwise_grader(
+    judge: Judge,
+    rubric: Rubric,
+    *,
+    swap: bool = True,
+    on_conflict: ConflictRule = "tie",
+    tiebreak: Judge | None = None,
+) -> Callable[[Mapping[str, Any]], Awaitable[PairVerdict]]:
+    """Build ``async def grade(row) -> PairVerdict`` for a pairwise rubric.
+
+    Args:
+        judge: the judge asked in both orders (the two requests run concurrently).
+        rubric: a rubric with a ``pairwise`` spec.
+        swap: ask the swapped order too (default). Without it the single verdict is final.
+        on_conflict: when the two orders name different winners: ``"tie"`` (winner "tie",
+            score 0), ``"first"`` (keep the input-order verdict) or ``"third"`` (ask
+            ``tiebreak`` once more in input order and keep its verdict).
+        tiebreak: the judge for ``"third"``, typically a stronger model. It must be given:
+            the same judge at temperature 0 would answer from its cache with the first verdict.
+    """
+    _pair_spec(rubric)
+    if on_conflict == "third" and tiebreak is None:
+        raise ValueError("on_conflict='third' needs a tiebreak judge (asking the same judge again repeats its first answer)")
+
+    async def grade(row: Mapping[str, Any]) -> PairVerdict:
+        if swap:
+            ab, ba = await asyncio.gather(judge.judge(rubric, row), judge.judge(rubric, swapped(rubric, row)))
+        else:
+            ab, ba = await judge.judge(rubric, row), None
+        result = PairVerdict(ab=ab, ba=ba)
+        if ab.ok:
+            result.score_ab = ab.score
+            result.winner_ab = _winner(ab.score or 0.0)
+        if ba is not None and ba.ok:
+            result.score_ba = -(ba.score or 0.0)  # the swapped order favours output_2 when positive
+            result.winner_ba = _winner(result.score_ba)
+        failed = [(name, v) for name, v in (("ab (input order)", ab), ("ba (swapped order)", ba)) if v is not None and not v.ok]
+        if failed:
+            name, verdict = failed[0]
+            result.status, result.error_kind = "error", verdict.error_kind
+            result.error = "; ".join(f"order {n}: {v.error_kind}: {v.error}" for n, v in failed)
+            return result
+        if ba is None:
+            result.winner, result.score, result.decided_by = result.winner_ab, result.score_ab, "single"
+            return result
+        assert result.score_ab is not None and result.score_ba is not None
+        result.agree = result.winner_ab == result.winner_ba
+        if result.agree:
+            # Mean of the two: Arena-Hard-style strengths (A>>B vs A>B) average rather than pick one.
+            result.winner, result.score, result.decided_by = result.winner_ab, (result.score_ab + result.score_ba) / 2, "agree"
+        elif on_conflict == "tie":
+            result.winner, result.score, result.decided_by = "tie", 0.0, "tie"
+        elif on_conflict == "first":
+            result.winner, result.score, result.decided_by = result.winner_ab, result.score_ab, "first"
+        else:
+            assert tiebreak is not None
+            third = await tiebreak.judge(rubric, row)
+            result.third, result.decided_by = third, "third"
+            if not third.ok:
+                result.status, result.error_kind = "error", third.error_kind
+                result.error = f"orders disagree and the tiebreak failed: {third.error_kind}: {third.error}"
+            else:
+                result.score = third.score
+                result.winner = _winner(third.score or 0.0)
+        return result
+
+    return grade
+
+
+class PairwiseRunSummary(BaseModel):
+    """What a pairwise batch run did; ``report`` holds Acc/Agr when the input has gold labels."""
+
+    rows: int = 0
+    ok: int = 0
+    errors: int = 0
+    winners: dict[str, int] = Field(default_factory=dict)
+    agreement: float | None = None  # share of fully judged pairs whose orders agree
+    decided_by: dict[str, int] = Field(default_factory=dict)
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    error_examples: list[str] = Field(default_factory=list)
+    parse_failure_rate: float = 0.0  # over all verdicts asked
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_hits: int = 0
+    requests: int = 0
+    wall_s: float = 0.0
+    label_column: str | None = None
+    report: PairwiseReport | None = None
+
+
+def _keep_input(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Input columns; one a result column would overwrite is kept as ``input_<name>``, as grade_file does."""
+    return {(f"input_{k}" if k in PAIRWISE_COLUMNS else k): v for k, v in row.items()}
+
+
+def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
+    """The output row: the input's columns (a gold ``label`` stays as it is), the final verdict, both orders."""
+    ab, ba = pair.ab, pair.ba
+    return {
+        **_keep_input(row),
+        "winner": pair.winner,
+        "score": pair.score,
+        "status": pair.status,
+        "error_kind": pair.error_kind,
+        "error": pair.error,
+        "decided_by": pair.decided_by,
+        "agree": pair.agree,
+        "winner_ab": pair.winner_ab,
+        "winner_ba": pair.winner_ba,
+        "label_ab": ab.label,
+        "label_ba": ba.label if ba is not None else None,
+        "score_ab": pair.score_ab,
+        "score_ba": pair.score_ba,
+        "rationale_ab": ab.rationale,
+        "rationale_ba": ba.rationale if ba is not None else None,
+        "prompt_tokens": sum(v.prompt_tokens for v in pair.verdicts),
+        "completion_tokens": sum(v.completion_tokens for v in pair.verdicts),
+        "cached": all(v.cached for v in pair.verdicts),
+    }
+
+
+async def grade_pairwise_file(
+    judge: Judge,
+    rubric: Rubric,
+    source: Path,
+    destination: Path,
+    mapping: Mapping[str, str],
+    *,
+    swap: bool = True,
+    on_conflict: ConflictRule = "tie",
+    tiebreak: Judge | None = None,
+    label_column: str | None = "label",
+    convention: Literal["llmbar", "skip"] = "llmbar",
+    on_row: Callable[[PairVerdict], None] | None = None,
+) -> PairwiseRunSummary:
+    """Grade every pair in ``source`` into ``destination``: one output row per input row, in order.
+
+    When the rows carry ``label_column`` (the gold winner, 1 or 2), the summary's ``report`` has
+    LLMBar's Acc and Agr and the position-bias figures, computed with :func:`pairwise_report`.
+    """
+    grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
+    check_columns(source, rubric, mapping)
+    header = csv_header(source)
+    columns = list(_keep_input(dict.fromkeys(header))) + PAIRWISE_COLUMNS if header is not None else None
+    writer = RowWriter(destination, columns=columns)
+    rows = enumerate(read_rows(source), start=1)
+    pending: dict[int, dict[str, Any]] = {}
+    outcomes: dict[int, tuple[Any, PairVerdict | None]] = {}
+    next_to_write = 1
+    started = time.perf_counter()
+
+    def flush() -> None:
+        nonlocal next_to_write
+        while next_to_write in pending:
+            writer.write(pending.pop(next_to_write))
+            next_to_write += 1
+
+    async def worker() -> None:
+        for number, row in rows:  # a shared iterator: each row goes to exactly one worker
+            if isinstance(row, RowError):
+                failed = Verdict(status="error", error_kind="input", error=str(row))
+                pair, out_row, label = PairVerdict(ab=failed, status="error", error_kind="input", error=str(row)), {}, None
+            else:
+                out_row, label = row, row.get(label_column) if label_column else None
+                try:
+                    pair = await grade(_variables(row, rubric, mapping, number))
+                except RowError as e:
+                    failed = Verdict(status="error", error_kind="input", error=str(e))
+                    pair = PairVerdict(ab=failed, status="error", error_kind="input", error=str(e))
+                if pair.status == "error" and pair.error and f"row {number}" not in pair.error:
+                    pair.error = f"row {number}: {pair.error}"
+            outcomes[number] = (label, pair)
+            pending[number] = pair_row(out_row, pair)
+            flush()
+            if on_row is not None:
+                on_row(pair)
+
+    # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
+    workers = max(1, judge.limiter.concurrency // (2 if swap else 1)) + 2
+    try:
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    finally:
+        flush()
+        writer.close()
+    # Acc / Agr need both orders: without the swap there is nothing to compare.
+    return _summarise([outcomes[k] for k in sorted(outcomes)], label_column if swap else None, convention,
+                      time.perf_counter() - started)
+
+
+def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None, convention: Literal["llmbar", "skip"],
+               wall: float) -> PairwiseRunSummary:
+    pairs = [p for _, p in outcomes]
+    verdicts = [v for p in pairs for v in p.verdicts]
+    kinds = Counter(p.error_kind or "unknown" for p in pairs if p.status == "error")
+    judged = [p for p in pairs if p.agree is not None]
+    summary = PairwiseRunSummary(
+        rows=len(pairs),
+        ok=sum(p.status == "ok" for p in pairs),
+        errors=sum(p.status == "error" for p in pairs),
+        winners=dict(Counter(p.winner for p in pairs if p.winner is not None).most_common()),
+        agreement=sum(bool(p.agree) for p in judged) / len(judged) if judged else None,
+        decided_by=dict(Counter(p.decided_by for p in pairs if p.decided_by is not None).most_common()),
+        errors_by_kind=dict(kinds.most_common()),
+        error_examples=[f"{p.error_kind}: {p.error}" for p in pairs if p.status == "error"][:5],
+        parse_failure_rate=sum(v.error_kind == "parse_failure" for v in verdicts) / len(verdicts) if verdicts else 0.0,
+        prompt_tokens=sum(v.prompt_tokens for v in verdicts),
+        completion_tokens=sum(v.completion_tokens for v in verdicts),
+        cache_hits=sum(v.cached for v in verdicts),
+        requests=sum(v.attempts for v in verdicts),
+        wall_s=wall,
+    )
+    labels = [as_label(label) for label, _ in outcomes]
+    if label_column and pairs and all(label is not None for label in labels):
+        summary.label_column = label_column
+        summary.report = pairwise_report([p.winner_ab for p in pairs], [p.winner_ba for p in pairs], labels,
+                                         convention=convention)
+    return summary
