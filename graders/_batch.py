@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -14,6 +15,7 @@ from pydantic import BaseModel, Field
 from judge import Judge, Rubric, Verdict
 
 from ._io import InputError, RowError, RowWriter, csv_header, read_rows
+from ._spread import SpreadReport, SpreadTally
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
 
@@ -35,6 +37,7 @@ class RunSummary(BaseModel):
     requests: int = 0
     wall_s: float = 0.0
     judgements_per_s: float = 0.0
+    spread: SpreadReport | None = None  # with --group-by: does the reward vary within and across groups
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -107,6 +110,7 @@ async def grade_file(
     destination: Path,
     mapping: Mapping[str, str],
     on_row: Callable[[Verdict], None] | None = None,
+    group_by: str | None = None,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
@@ -115,6 +119,9 @@ async def grade_file(
     """
     check_columns(source, rubric, mapping)
     header = csv_header(source)
+    if group_by is not None and header is not None and group_by not in header:
+        raise InputError(f"{source}: --group-by column {group_by!r} is not in the header; columns are {', '.join(header)}")
+    spread = SpreadTally() if group_by is not None else None
     writer = RowWriter(destination, columns=output_columns(header) if header is not None else None)
     tally = _Tally()
     rows = enumerate(read_rows(source), start=1)
@@ -142,6 +149,8 @@ async def grade_file(
                 if verdict.status == "error" and verdict.error and f"row {number}" not in verdict.error:
                     verdict.error = f"row {number}: {verdict.error}"
             tally.add(verdict)
+            if spread is not None and verdict.status == "ok" and out_row.get(group_by) is not None:
+                spread.add(group_key(out_row[group_by]), verdict.score)  # type: ignore[arg-type]
             pending[number] = result_row(out_row, verdict)
             flush()
             if on_row is not None:
@@ -152,7 +161,14 @@ async def grade_file(
     finally:
         flush()
         writer.close()
-    return tally.summary(time.perf_counter() - started)
+    summary = tally.summary(time.perf_counter() - started)
+    summary.spread = spread.report() if spread is not None else None
+    return summary
+
+
+def group_key(value: Any) -> Any:
+    """A hashable key for a --group-by cell (JSONL cells may be lists or objects)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False) if isinstance(value, (list, dict)) else value
 
 
 class _Tally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,7 +19,7 @@ from ._limiter import Limiter, estimate_tokens, process_limiter
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError
-from ._verdict import ErrorKind, Verdict
+from ._verdict import ErrorKind, Verdict, clamp
 
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -98,6 +99,9 @@ class Judge:
         retry: backoff and re-ask policy.
         sampling: extra chat.completions arguments (max_tokens, seed, ...); temperature is 0 by default.
         sleep: how retries wait; tests pass a recorder instead of asyncio.sleep.
+        logprobs: ask for this many top logprobs per token (1-20) and score G-Eval style: the
+            probability-weighted mean of the label scores at the verdict token. The Verdict's
+            ``score_source`` says per judgement whether that happened or the plain label was used.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Judge:
         retry: RetryPolicy | None = None,
         sampling: Mapping[str, Any] | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
+        logprobs: int | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
@@ -127,6 +132,12 @@ class Judge:
         self.cache = cache
         self.retry = retry or RetryPolicy()
         self.sampling = dict(sampling or {})
+        if logprobs is not None:
+            if not 1 <= logprobs <= 20:
+                raise ValueError(f"logprobs must be between 1 and 20 (top logprobs per token), got {logprobs}")
+            # In sampling, so the cache key covers it: a reply without logprobs is not reused.
+            self.sampling.update(logprobs=True, top_logprobs=logprobs)
+        self.logprobs = logprobs
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
 
@@ -177,7 +188,7 @@ class Judge:
             except RubricInputError as e:
                 return finish(status="error", error_kind="input", error=str(e), mode=mode)
             request = build_request(rubric, messages, mode, self.model, self.sampling)
-            key = cache_key(self.base_url, request)
+            key = cache_key(self.base_url, request) if self.cache is not None else ""
             if self.cache is not None and (stored := self.cache.get(key)) is not None:
                 try:
                     parsed = self._read(rubric, stored, mode)
@@ -185,7 +196,7 @@ class Judge:
                     pass  # stale entry from an older parser: ask again
                 else:
                     self._remember(rubric, mode)
-                    return finish(status="ok", cached=True, mode=mode, label=parsed.label, score=parsed.score,
+                    return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
                                   rationale=parsed.rationale, raw=_raw_text(stored))
             try:
                 return await self._ask(rubric, request, key, mode, usage, finish)
@@ -217,7 +228,7 @@ class Judge:
             if self.cache is not None:
                 self.cache.put(key, completion)
             self._remember(rubric, mode)
-            return finish(status="ok", mode=mode, label=parsed.label, score=parsed.score,
+            return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
                           rationale=parsed.rationale, raw=_raw_text(completion))
         assert last is not None
         kind: ErrorKind = "truncated" if getattr(last, "kind", "") == "truncated" else "parse_failure"
@@ -275,6 +286,74 @@ class Judge:
         except Exception as exc:  # every other failure becomes a Verdict error via _Failed
             raise _error_of(exc) from exc
         return completion
+
+
+    def _score(self, rubric: Rubric, completion: dict[str, Any], parsed: Any) -> dict[str, Any]:
+        if self.logprobs is None:
+            return {"score": parsed.score}
+        score, source = logprob_score(rubric, completion, parsed.label)
+        return {"score": parsed.score if score is None else score, "score_source": source}
+
+
+_MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement
+
+
+def logprob_score(rubric: Rubric, completion: dict[str, Any], label: str) -> tuple[float | None, str]:
+    """G-Eval-style score: the probability-weighted mean of label scores at the verdict token.
+
+    The verdict is the last occurrence of the parsed label in the reply (searching from the end,
+    so a label word in earlier reasoning is never taken); its verdict token is the first token
+    of that occurrence after which only one offered label is still possible ("a" in
+    "Output (a)"). Alternatives there at or above 1% that name exactly one label carry that
+    label's probability mass; the score is the mass-weighted mean of the label scores.
+    """
+    choice = (completion.get("choices") or [{}])[0]
+    tokens = ((choice.get("logprobs") or {}).get("content")) or []
+    if not tokens:
+        return None, "label_no_logprobs"
+    texts = [str(t.get("token") or "").lower() for t in tokens]
+    full = "".join(texts)
+    target = label.lower()
+    begin = full.rfind(target)
+    if begin < 0:
+        return None, "label_no_verdict_token"
+    offered = {name: name.lower() for name in rubric.labels}
+    position = 0
+    for token, text in zip(tokens, texts):
+        start, position = position, position + len(text)
+        if position <= begin:
+            continue
+        if start >= begin + len(target):
+            break
+        written = full[begin:start] if start > begin else ""  # the label's characters before this token
+        lead = full[start:begin] if start < begin else ""  # e.g. the space or quote in ' "correct'
+        if sum(v.startswith(written) for v in offered.values()) < 2:
+            break  # the label was decided by an earlier token that did not name it alone
+        if _names(offered, written, lead, text) != label:
+            continue
+        mass: dict[str, float] = {}
+        for alt in token.get("top_logprobs") or [token]:
+            p = math.exp(float(alt.get("logprob", -math.inf)))
+            named = _names(offered, written, lead, str(alt.get("token") or "").lower())
+            if named is not None and p >= _MIN_PROB:
+                mass[named] = mass.get(named, 0.0) + p
+        total = sum(mass.values())
+        if total <= 0:  # even the chosen token was below 1%: no distribution worth weighting
+            break
+        return clamp(sum(p * rubric.labels[name] for name, p in mass.items()) / total), "logprobs"
+    return None, "label_no_verdict_token"
+
+
+def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> str | None:
+    """The one label that ``written`` + this token's text spells (fully or as a unique start)."""
+    if lead:
+        text = text[len(lead):] if text.startswith(lead) else text.lstrip(" \t\n\"'*`:")
+    if not text:
+        return None
+    spelled = written + text
+    # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
+    named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
+    return named[0] if len(named) == 1 else None
 
 
 def _raw_text(completion: dict[str, Any]) -> str | None:

@@ -68,6 +68,19 @@ class OutputSpec(BaseModel):
         return self
 
 
+class PairwiseSpec(BaseModel):
+    """A pairwise rubric shows two outputs; these two variables trade places when the order is swapped.
+
+    Label scores read from the side of the output shown first: > 0 it wins, < 0 the second one
+    wins, 0 is a tie. That one convention lets a swapped verdict be mapped back without a table.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    first: str
+    second: str
+
+
 class Rubric(BaseModel):
     """What to ask the judge and how to read its answer."""
 
@@ -84,6 +97,7 @@ class Rubric(BaseModel):
     # "error" makes it a parse failure instead.
     unmatched: float | Literal["error"] = "error"
     sampling: dict[str, Any] = Field(default_factory=dict)  # e.g. max_tokens; temperature stays 0 unless set
+    pairwise: PairwiseSpec | None = None  # set for "which of two outputs is better" rubrics
     directory: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("labels")
@@ -102,6 +116,19 @@ class Rubric(BaseModel):
         if isinstance(v, float) and not -1.0 <= v <= 1.0:
             raise ValueError(f"unmatched score must lie in [-1, 1], got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _pairwise_variables(self) -> Rubric:
+        if self.pairwise is None:
+            return self
+        pair = self.pairwise
+        missing = [v for v in (pair.first, pair.second) if v not in self.variables]
+        if missing or pair.first == pair.second:
+            raise ValueError(f"pairwise: first and second must be two distinct variables of the rubric, got {pair.first!r}, {pair.second!r}")
+        scores = self.labels.values()
+        if not (any(s > 0 for s in scores) and any(s < 0 for s in scores)):
+            raise ValueError("pairwise: labels need a positive score (first output wins) and a negative one (second wins)")
+        return self
 
     @property
     def ask_modes(self) -> tuple[AskMode, ...]:

@@ -40,6 +40,10 @@ class Verdict(BaseModel):
     latency_s: float = 0.0
     cached: bool = False
     mode: str | None = Field(default=None, description="output mode the judge was asked in")
+    # With Judge(logprobs=N): "logprobs" when the score is the probability-weighted mean over the
+    # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
+    # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
+    score_source: Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"] = "label"
 
     @property
     def ok(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import _grade, _render, _rubrics
+from . import _calibrate, _grade, _llmbar, _render, _rubrics, _validate
 
 app = typer.Typer(
     name="gradekit",
@@ -16,6 +16,9 @@ app = typer.Typer(
 app.command("grade")(_grade.grade)
 app.command("rubrics")(_rubrics.rubrics)
 app.command("render")(_render.render)
+app.command("calibrate")(_calibrate.calibrate)
+app.command("llmbar")(_llmbar.llmbar)
+app.command("validate")(_validate.validate)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from rich.table import Table
 from judge import Judge, JudgeCache, Limiter, RubricError, load_rubric
 
 from .._batch import RunSummary, grade_file, resolve_mapping
+from .._pairwise import PairwiseRunSummary, grade_pairwise_file
 from .._cassette import cassette
 from .._io import InputError, count_rows, file_format
 from ._common import fail, print_json
@@ -37,6 +38,10 @@ def grade(
     record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
     replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON (with a version field)."),
+    no_swap: bool = typer.Option(False, "--no-swap", help="Pairwise rubrics: ask only the input order, not the swapped one too."),
+    on_conflict: str = typer.Option("tie", "--on-conflict", help="Pairwise rubrics: when the two orders disagree: tie, first, or third (needs --tiebreak-model)."),
+    tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="Pairwise rubrics: the model asked a third time when the orders disagree."),
+    group_by: str = typer.Option(None, "--group-by", help="COLUMN whose rows are one prompt's responses: report the reward spread (all-equal groups, mean, variance, too easy / too hard)."),
 ) -> None:
     """Grade every row of INPUT with a rubric and write OUTPUT with score, label, status and error columns.
 
@@ -58,6 +63,8 @@ def grade(
             raise InputError(f"{output}: the output would overwrite the input")
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
+    if on_conflict not in ("tie", "first", "third") or (on_conflict == "third") != bool(tiebreak_model):
+        raise fail("--on-conflict is tie, first, or third together with --tiebreak-model")
     if replay and not replay.exists():
         raise fail(f"{replay}: no such cassette to replay")
 
@@ -67,6 +74,8 @@ def grade(
     try:
         judge = Judge(model, base_url=base_url, api_key=api_key or ("replay" if replay else None),
                       timeout=timeout, limiter=limiter, cache=cache)
+        tiebreak = Judge(tiebreak_model, base_url=base_url, api_key=api_key or ("replay" if replay else None),
+                         timeout=timeout, limiter=limiter, cache=cache) if tiebreak_model else None
     except ValueError as e:
         raise fail(str(e)) from e
 
@@ -75,7 +84,10 @@ def grade(
     show_progress = sys.stderr.isatty() and not json_output
     try:
         with traffic:
-            summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err))
+            if spec.pairwise is not None:
+                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak))
+            else:
+                summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err, group_by))
     except InputError as e:
         raise fail(str(e)) from e
     finally:
@@ -83,20 +95,49 @@ def grade(
             cache.close()
     if json_output:
         print_json({"output": str(output), "rubric": spec.name, "model": judge.model, **summary.model_dump()})
+    elif isinstance(summary, PairwiseRunSummary):
+        _print_pairwise(summary, output, Console(highlight=False))
     else:
         _print_summary(summary, output, Console())
     raise typer.Exit(1 if summary.errors else 0)
 
 
-async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console) -> RunSummary:
+async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console,
+               group_by: str | None = None) -> RunSummary:
     async with judge:
         if not show_progress:
-            return await grade_file(judge, spec, source, destination, variables)
+            return await grade_file(judge, spec, source, destination, variables, group_by=group_by)
         total = count_rows(source)
         columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=err, transient=True) as progress:
             task = progress.add_task("grade", total=total)
-            return await grade_file(judge, spec, source, destination, variables, on_row=lambda _: progress.advance(task))
+            return await grade_file(judge, spec, source, destination, variables, on_row=lambda _: progress.advance(task), group_by=group_by)
+
+
+async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
+                        on_conflict: str, tiebreak: Judge | None) -> PairwiseRunSummary:
+    async with judge:
+        try:
+            return await grade_pairwise_file(judge, spec, source, destination, variables, swap=swap,
+                                             on_conflict=on_conflict, tiebreak=tiebreak)  # type: ignore[arg-type]
+        finally:
+            if tiebreak is not None:
+                await tiebreak.aclose()
+
+
+def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> None:
+    console.print(f"pairs {s.rows} ({s.ok} judged, {s.errors} errors) -> {output}")
+    console.print("winners " + (", ".join(f"{k}: {v}" for k, v in s.winners.items()) or "-")
+                  + "; decided by " + (", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-"))
+    if s.agreement is not None:
+        console.print(f"orders agree on {s.agreement:.1%} of pairs")
+    r = s.report
+    if r is not None and r.acc is not None and r.agr is not None:
+        console.print(f"Acc {r.acc * 100:.1f} / Agr {r.agr * 100:.1f}  (against column {s.label_column!r}, LLMBar's convention)")
+    console.print(f"parse failures {s.parse_failure_rate:.1%}; requests {s.requests} sent, {s.cache_hits} cache hits; "
+                  f"tokens {s.prompt_tokens} prompt + {s.completion_tokens} completion; {s.wall_s:.2f} s")
+    for example in s.error_examples:
+        console.print(f"  {example}", style="red", markup=False)
 
 
 def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
@@ -109,6 +150,13 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion")
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
     table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
+    if s.spread is not None and s.spread.rewards:
+        sp = s.spread
+        equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
+        table.add_row("reward spread", f"{sp.groups} groups; all-equal {equal} ({sp.all_equal_groups}); mean {sp.mean:.4f}, "
+                      f"variance {sp.variance:.4f}; pass rate {sp.pass_rate:.1%}")
+        for advice in sp.advice:
+            table.add_row("", f"[yellow]{advice}[/yellow]")
     console.print(table)
     for example in s.error_examples:
         console.print(f"  [red]{example}[/red]", markup=True, highlight=False)
