@@ -6,9 +6,9 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -76,21 +76,21 @@ def _variables(row: Mapping[str, Any], rubric: Rubric, mapping: Mapping[str, str
     return values
 
 
-def _keep_input(row: Mapping[str, Any]) -> dict[str, Any]:
+def keep_input(row: Mapping[str, Any], result_columns: list[str] = RESULT_COLUMNS) -> dict[str, Any]:
     """Input columns, with any that a result column would overwrite kept as ``input_<name>``.
 
     Labelled sets often carry a human ``label``; calibration needs it beside the judge's.
     """
-    return {(f"input_{k}" if k in RESULT_COLUMNS else k): v for k, v in row.items()}
+    return {(f"input_{k}" if k in result_columns else k): v for k, v in row.items()}
 
 
-def output_columns(header: list[str]) -> list[str]:
-    return list(_keep_input(dict.fromkeys(header))) + RESULT_COLUMNS
+def output_columns(header: list[str], result_columns: list[str] = RESULT_COLUMNS) -> list[str]:
+    return list(keep_input(dict.fromkeys(header), result_columns)) + result_columns
 
 
 def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
     return {
-        **_keep_input(row),
+        **keep_input(row),
         "score": verdict.score,
         "label": verdict.label,
         "status": verdict.status,
@@ -124,10 +124,54 @@ async def grade_file(
     spread = SpreadTally() if group_by is not None else None
     writer = RowWriter(destination, columns=output_columns(header) if header is not None else None)
     tally = _Tally()
+    started = time.perf_counter()
+
+    def emit(number: int, out_row: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+        tally.add(verdict)
+        if spread is not None and verdict.status == "ok" and out_row.get(group_by) is not None:
+            spread.add(group_key(out_row[group_by]), verdict.score)  # type: ignore[arg-type]
+        if on_row is not None:
+            on_row(verdict)
+        return result_row(out_row, verdict)
+
+    await stream_in_order(
+        source, rubric, mapping, writer, judge.limiter.concurrency + 2,
+        judge_row=lambda values: judge.judge(rubric, values),
+        input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
+        emit=emit,
+    )
+    summary = tally.summary(time.perf_counter() - started)
+    summary.spread = spread.report() if spread is not None else None
+    return summary
+
+
+class _Outcome(Protocol):
+    status: str
+    error: str | None
+
+
+O = TypeVar("O", bound=_Outcome)
+
+
+async def stream_in_order(
+    source: Path,
+    rubric: Rubric,
+    mapping: Mapping[str, str],
+    writer: RowWriter,
+    workers: int,
+    judge_row: Callable[[dict[str, Any]], Awaitable[O]],
+    input_error: Callable[[str], O],
+    emit: Callable[[int, dict[str, Any], O], dict[str, Any]],
+) -> None:
+    """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
+
+    Workers pull rows from one shared reader, so memory is bounded by the concurrency, not the
+    file; finished rows wait in a small reorder buffer until every earlier row is written. A row
+    that cannot be read or lacks a variable still gets its row, from ``input_error``.
+    """
     rows = enumerate(read_rows(source), start=1)
     pending: dict[int, dict[str, Any]] = {}
     next_to_write = 1
-    started = time.perf_counter()
 
     def flush() -> None:
         nonlocal next_to_write
@@ -137,33 +181,25 @@ async def grade_file(
 
     async def worker() -> None:
         for number, row in rows:  # a shared iterator: each row goes to exactly one worker
+            out_row: dict[str, Any] = {}
             if isinstance(row, RowError):
-                verdict = Verdict(status="error", error_kind="input", error=str(row))
-                out_row: dict[str, Any] = {}
+                outcome = input_error(str(row))
             else:
                 out_row = row
                 try:
-                    verdict = await judge.judge(rubric, _variables(row, rubric, mapping, number))
+                    outcome = await judge_row(_variables(row, rubric, mapping, number))
                 except RowError as e:
-                    verdict = Verdict(status="error", error_kind="input", error=str(e))
-                if verdict.status == "error" and verdict.error and f"row {number}" not in verdict.error:
-                    verdict.error = f"row {number}: {verdict.error}"
-            tally.add(verdict)
-            if spread is not None and verdict.status == "ok" and out_row.get(group_by) is not None:
-                spread.add(group_key(out_row[group_by]), verdict.score)  # type: ignore[arg-type]
-            pending[number] = result_row(out_row, verdict)
+                    outcome = input_error(str(e))
+                if outcome.status == "error" and outcome.error and f"row {number}" not in outcome.error:
+                    outcome.error = f"row {number}: {outcome.error}"
+            pending[number] = emit(number, out_row, outcome)
             flush()
-            if on_row is not None:
-                on_row(verdict)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(judge.limiter.concurrency + 2)))
+        await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
         flush()
         writer.close()
-    summary = tally.summary(time.perf_counter() - started)
-    summary.spread = spread.report() if spread is not None else None
-    return summary
 
 
 def group_key(value: Any) -> Any:

@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ._batch import _variables, check_columns
+from ._batch import check_columns, keep_input, output_columns, stream_in_order
 from ._calibration import PairwiseReport, Winner, as_label, pairwise_report
-from ._io import RowError, RowWriter, csv_header, read_rows
+from ._io import RowWriter, csv_header
 
 ConflictRule = Literal["tie", "first", "third"]
 Decision = Literal["agree", "single", "tie", "first", "third"]
@@ -169,16 +169,11 @@ class PairwiseRunSummary(BaseModel):
     report: PairwiseReport | None = None
 
 
-def _keep_input(row: Mapping[str, Any]) -> dict[str, Any]:
-    """Input columns; one a result column would overwrite is kept as ``input_<name>``, as grade_file does."""
-    return {(f"input_{k}" if k in PAIRWISE_COLUMNS else k): v for k, v in row.items()}
-
-
 def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
     """The output row: the input's columns (a gold ``label`` stays as it is), the final verdict, both orders."""
     ab, ba = pair.ab, pair.ba
     return {
-        **_keep_input(row),
+        **keep_input(row, PAIRWISE_COLUMNS),
         "winner": pair.winner,
         "score": pair.score,
         "status": pair.status,
@@ -222,47 +217,24 @@ async def grade_pairwise_file(
     grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
     check_columns(source, rubric, mapping)
     header = csv_header(source)
-    columns = list(_keep_input(dict.fromkeys(header))) + PAIRWISE_COLUMNS if header is not None else None
+    columns = output_columns(header, PAIRWISE_COLUMNS) if header is not None else None
     writer = RowWriter(destination, columns=columns)
-    rows = enumerate(read_rows(source), start=1)
-    pending: dict[int, dict[str, Any]] = {}
     outcomes: dict[int, tuple[Any, PairVerdict | None]] = {}
-    next_to_write = 1
     started = time.perf_counter()
 
-    def flush() -> None:
-        nonlocal next_to_write
-        while next_to_write in pending:
-            writer.write(pending.pop(next_to_write))
-            next_to_write += 1
+    def input_error(message: str) -> PairVerdict:
+        failed = Verdict(status="error", error_kind="input", error=message)
+        return PairVerdict(ab=failed, status="error", error_kind="input", error=message)
 
-    async def worker() -> None:
-        for number, row in rows:  # a shared iterator: each row goes to exactly one worker
-            if isinstance(row, RowError):
-                failed = Verdict(status="error", error_kind="input", error=str(row))
-                pair, out_row, label = PairVerdict(ab=failed, status="error", error_kind="input", error=str(row)), {}, None
-            else:
-                out_row, label = row, row.get(label_column) if label_column else None
-                try:
-                    pair = await grade(_variables(row, rubric, mapping, number))
-                except RowError as e:
-                    failed = Verdict(status="error", error_kind="input", error=str(e))
-                    pair = PairVerdict(ab=failed, status="error", error_kind="input", error=str(e))
-                if pair.status == "error" and pair.error and f"row {number}" not in pair.error:
-                    pair.error = f"row {number}: {pair.error}"
-            outcomes[number] = (label, pair)
-            pending[number] = pair_row(out_row, pair)
-            flush()
-            if on_row is not None:
-                on_row(pair)
+    def emit(number: int, out_row: dict[str, Any], pair: PairVerdict) -> dict[str, Any]:
+        outcomes[number] = (out_row.get(label_column) if label_column else None, pair)
+        if on_row is not None:
+            on_row(pair)
+        return pair_row(out_row, pair)
 
     # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
     workers = max(1, judge.limiter.concurrency // (2 if swap else 1)) + 2
-    try:
-        await asyncio.gather(*(worker() for _ in range(workers)))
-    finally:
-        flush()
-        writer.close()
+    await stream_in_order(source, rubric, mapping, writer, workers, judge_row=grade, input_error=input_error, emit=emit)
     # Acc / Agr need both orders: without the swap there is nothing to compare.
     return _summarise([outcomes[k] for k in sorted(outcomes)], label_column if swap else None, convention,
                       time.perf_counter() - started)
