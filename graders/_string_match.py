@@ -85,6 +85,19 @@ def _missing(name: str, e: PlaceholderError) -> Grade:
     return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
 
 
+def _prepare(sample: Sample, name: str, expression: str, operation: str, parse: ParseConfig,
+             correct: float, wrong: float) -> tuple[str, str] | Grade:
+    """The expected text and the parsed response, or the Grade that ends grading early."""
+    try:
+        expected = _expected(sample, expression, operation)
+    except PlaceholderError as e:
+        return _missing(name, e)
+    parsed = parse_response(sample.response_text, parse)
+    if parsed is None:
+        return _result(name, False, correct, wrong, [f"{name}: parse regex {parse.regex!r} found nothing in the response"])
+    return expected, parsed
+
+
 def _result(name: str, right: bool, correct: float, wrong: float, debug: list[str]) -> Grade:
     debug.append(f"{name}: {'match' if right else 'no match'} -> {correct if right else wrong:g}")
     return Grade.scored(correct if right else wrong, debug=debug)
@@ -111,13 +124,10 @@ def string_match_grader(
     _check_regex(expression, operation)
 
     async def grade(sample: Sample) -> Grade:
-        try:
-            expected = _expected(sample, expression, operation)
-        except PlaceholderError as e:
-            return _missing(name, e)
-        parsed = parse_response(sample.response_text, parse)
-        if parsed is None:
-            return _result(name, False, correct, wrong, [f"{name}: parse regex {parse.regex!r} found nothing in the response"])
+        prepared = _prepare(sample, name, expression, operation, parse, correct, wrong)
+        if isinstance(prepared, Grade):
+            return prepared
+        expected, parsed = prepared
         return _result(name, match(parsed, expected, operation), correct, wrong, [f"{name}: parsed {parsed[:200]!r} vs {expected[:200]!r} ({operation})"])
 
     grade.__name__ = name
@@ -160,13 +170,10 @@ def json_match_grader(
     _check_regex(expression, operation)
 
     async def grade(sample: Sample) -> Grade:
-        try:
-            expected = _expected(sample, expression, operation)
-        except PlaceholderError as e:
-            return _missing(name, e)
-        parsed = parse_response(sample.response_text, parse)
-        if parsed is None:
-            return _result(name, False, correct, wrong, [f"{name}: parse regex {parse.regex!r} found nothing in the response"])
+        prepared = _prepare(sample, name, expression, operation, parse, correct, wrong)
+        if isinstance(prepared, Grade):
+            return prepared
+        expected, parsed = prepared
         try:
             value: Any = _json_value(parsed)
             for part in key.split("."):

@@ -78,22 +78,21 @@ def _plots(result: FileCalibration, folder: Path) -> list[str]:
     return [str(p) for p in written]
 
 
-def _pct(value: float | None, ci: Interval | None = None) -> str:
+def _fmt(value: float | None, ci: Interval | None, spec: str) -> str:
     if value is None:
         return "n/a"
-    text = f"{value:.1%}"
+    text = format(value, spec)
     if ci is not None and ci.low is not None and ci.high is not None:
-        text += f"  [{ci.low:.1%}, {ci.high:.1%}]"
+        text += f"  [{format(ci.low, spec)}, {format(ci.high, spec)}]"
     return text
+
+
+def _pct(value: float | None, ci: Interval | None = None) -> str:
+    return _fmt(value, ci, ".1%")
 
 
 def _num(value: float | None, ci: Interval | None = None) -> str:
-    if value is None:
-        return "n/a"
-    text = f"{value:.3f}"
-    if ci is not None and ci.low is not None and ci.high is not None:
-        text += f"  [{ci.low:.3f}, {ci.high:.3f}]"
-    return text
+    return _fmt(value, ci, ".3f")
 
 
 def _print(result: FileCalibration, console: Console, show: int) -> None:
