@@ -15,6 +15,7 @@ import platformdirs
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS modes (endpoint TEXT PRIMARY KEY, mode TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS row_keys (row_key TEXT PRIMARY KEY, key TEXT NOT NULL);
 """
 
 
@@ -55,12 +56,29 @@ class JudgeCache:
         self.hits += 1
         return json.loads(row[0])
 
-    def put(self, key: str, response: dict[str, Any]) -> None:
+    def get_by_row(self, row_key: str) -> dict[str, Any] | None:
+        """The reply stored for a row-values key (see Judge._row_key): a hit without rendering."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT r.response FROM row_keys k JOIN responses r ON r.key = k.key WHERE k.row_key = ?", (row_key,)
+            ).fetchone()
+        if row is None:
+            return None
+        self.hits += 1
+        return json.loads(row[0])
+
+    def put(self, key: str, response: dict[str, Any], row_key: str | None = None) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO responses (key, response, created) VALUES (?, ?, ?)",
                 (key, json.dumps(response, ensure_ascii=False), time.time()),
             )
+            if row_key is not None:
+                self._db.execute("INSERT OR REPLACE INTO row_keys (row_key, key) VALUES (?, ?)", (row_key, key))
+
+    def link(self, row_key: str, key: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO row_keys (row_key, key) VALUES (?, ?)", (row_key, key))
 
     def get_mode(self, endpoint: str) -> str | None:
         with self._lock:

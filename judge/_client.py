@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from ._cache import JudgeCache, cache_key
 from ._limiter import Limiter, estimate_tokens, process_limiter
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
-from ._rubric import AskMode, Rubric, RubricInputError
+from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict, clamp
 
 TOOL_NAME = "submit_verdict"
@@ -140,6 +141,7 @@ class Judge:
         self.logprobs = logprobs
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
+        self._shells: dict[tuple[int, str], tuple[Rubric, str]] = {}
 
     @property
     def endpoint(self) -> str:
@@ -183,6 +185,10 @@ class Judge:
         chain = rubric.ask_modes
         first_bad_request: _Failed | None = None
         for mode in chain[self._start_mode(rubric):]:
+            shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
+            if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
+                if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+                    return hit
             try:
                 messages = rubric.render(row, mode)
             except RubricInputError as e:
@@ -190,14 +196,12 @@ class Judge:
             request = build_request(rubric, messages, mode, self.model, self.sampling)
             key = cache_key(self.base_url, request) if self.cache is not None else ""
             if self.cache is not None and (stored := self.cache.get(key)) is not None:
-                try:
-                    parsed = self._read(rubric, stored, mode)
-                except (ParseFailure, _Failed):
-                    pass  # stale entry from an older parser: ask again
-                else:
-                    self._remember(rubric, mode)
-                    return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
-                                  rationale=parsed.rationale, raw=_raw_text(stored))
+                if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+                    if shortcut is not None:
+                        self.cache.link(shortcut, key)
+                    return hit
+            if shortcut is not None:
+                key = f"{key}|{shortcut}"  # _ask stores the reply under both
             try:
                 return await self._ask(rubric, request, key, mode, usage, finish)
             except _Failed as failure:
@@ -210,6 +214,34 @@ class Judge:
                 return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
         assert first_bad_request is not None
         return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1])
+
+    def _row_key(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode) -> str | None:
+        """A cache key from the row's values instead of the rendered prompt.
+
+        Rendering is most of the cost of a cache hit; the messages are a pure function of the
+        rubric's spec and template, the ask mode and the prepared values, so hashing those finds
+        the same stored reply without rendering. None when the row would not render anyway.
+        """
+        try:
+            values = rubric.prepare(row)
+        except RubricInputError:
+            return None
+        shell = self._shells.get((id(rubric), mode))
+        if shell is None or shell[0] is not rubric:
+            request = build_request(rubric, [], mode, self.model, self.sampling)
+            shell = (rubric, cache_key(self.base_url, {**request, "rubric": rubric_fingerprint(rubric)}))
+            self._shells[(id(rubric), mode)] = shell
+        canonical = json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+        return hashlib.sha256(f"{shell[1]}|{canonical}".encode()).hexdigest()
+
+    def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
+        try:
+            parsed = self._read(rubric, stored, mode)
+        except (ParseFailure, _Failed):
+            return None  # stale entry from an older parser: ask again
+        self._remember(rubric, mode)
+        return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
+                      rationale=parsed.rationale, raw=_raw_text(stored))
 
     async def _ask(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
                    usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -226,7 +258,8 @@ class Judge:
                 raw = _raw_text(completion)
                 continue
             if self.cache is not None:
-                self.cache.put(key, completion)
+                full_key, _, shortcut = key.partition("|")
+                self.cache.put(full_key, completion, row_key=shortcut or None)
             self._remember(rubric, mode)
             return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
                           rationale=parsed.rationale, raw=_raw_text(completion))

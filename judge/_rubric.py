@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -178,6 +179,14 @@ class Rubric(BaseModel):
         if not messages or messages[-1]["role"] != "user":
             raise RubricError(f"rubric {self.name!r}: template {self.template!r} must define a non-empty user block")
         return messages
+
+
+def rubric_fingerprint(rubric: Rubric) -> str:
+    """A hash of everything that decides a rubric's messages: its spec and its template's source."""
+    template = rubric.directory / rubric.template
+    source = template.read_text(encoding="utf-8") if template.exists() else ""
+    spec = rubric.model_dump_json(exclude={"directory"})
+    return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
 
 def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
