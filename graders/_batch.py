@@ -1,9 +1,16 @@
-"""Grade a file of rows with one rubric: every input row gets exactly one output row, in order."""
+"""Grade a file of rows: every input row gets exactly one output row, in order, resumably.
+
+A checkpoint beside the output (``<output>.checkpoint.json``) records how many rows are final;
+a killed run started again with the same command truncates the output to that point, skips
+those rows and goes on. Rows judged but not yet written when it died come back from the judge
+cache, so no request is sent twice.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -13,8 +20,9 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
+from judge._rubric import rubric_fingerprint
 
-from ._io import InputError, RowError, RowWriter, csv_header, read_rows
+from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows
 from ._spread import SpreadReport, SpreadTally
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
@@ -26,6 +34,9 @@ class RunSummary(BaseModel):
     rows: int = 0
     ok: int = 0
     errors: int = 0
+    skipped: int = 0  # not judged because the budget ran out (error_kind "budget")
+    resumed_from: int = 0  # rows already in the output from an earlier, interrupted run
+    already_complete: bool = False  # the output was finished before: nothing was done
     mean_score: float | None = None
     label_counts: dict[str, int] = Field(default_factory=dict)
     parse_failure_rate: float = 0.0
@@ -54,14 +65,14 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
 
 
 def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str]) -> None:
-    """Fail before any request when a CSV header lacks a column the rubric needs."""
-    header = csv_header(path)
+    """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs."""
+    header = input_columns(path)
     if header is None:
         return
     for var, column in mapping.items():
         if rubric.variables[var].required and column not in header:
             raise InputError(
-                f"{path}: column {column!r} (variable {var!r} of rubric {rubric.name!r}) is not in the header; "
+                f"{path}: column {column!r} (variable {var!r} of rubric {rubric.name!r}) is not in the file; "
                 f"columns are {', '.join(header) or '(none)'}; map another with --map {var}=COLUMN"
             )
 
@@ -103,6 +114,71 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
     }
 
 
+RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
+                "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool"}
+
+
+def column_types(source: Path, destination: Path, result_types: Mapping[str, str], result_columns: list[str]) -> dict[str, Any]:
+    """Arrow types for a Parquet output: the input's own schema, and fixed types for the results."""
+    if file_format(destination) != "parquet":
+        return {}
+    import pyarrow as pa
+
+    types: dict[str, Any] = {name: pa.type_for_alias(alias) for name, alias in result_types.items()}
+    kind = file_format(source)
+    if kind == "parquet":
+        for field in parquet_schema(source):
+            types[f"input_{field.name}" if field.name in result_columns else field.name] = field.type
+    elif kind == "csv":
+        for name in input_columns(source) or []:
+            types.setdefault(f"input_{name}" if name in result_columns else name, pa.string())
+    return types
+
+
+class Checkpoint:
+    """``<output>.checkpoint.json``: which input file and settings, and how much output is final.
+
+    Written atomically (temp file + rename) after the output is flushed, so it never claims rows
+    the output lacks; a killed process leaves at most some unclaimed rows, which a resume drops.
+    """
+
+    def __init__(self, source: Path, destination: Path, settings: Mapping[str, Any]) -> None:
+        self.path = destination.with_name(destination.name + ".checkpoint.json")
+        self.destination = destination
+        self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved state, if it belongs to this input, these settings and an output still there."""
+        try:
+            state = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(state, dict) or state.get("identity") != self.identity:
+            return None
+        mark = state.get("mark") or {}
+        parts = self.destination.with_name(self.destination.name + ".parts")
+        if not (self.destination.exists() or (mark.get("parts") and parts.is_dir())):
+            return None  # the output (or a Parquet run's parts) is gone: start over
+        if "offset" in mark and self.destination.stat().st_size < int(mark["offset"]):
+            return None  # the output was cut shorter than the checkpoint says: start over
+        return state
+
+    def save(self, mark: Mapping[str, Any], tally: Mapping[str, Any], complete: bool = False) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps({"identity": self.identity, "mark": dict(mark), "tally": dict(tally), "complete": complete}),
+                             encoding="utf-8")
+        os.replace(temporary, self.path)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **extra: Any) -> dict[str, Any]:
+    """What decides a rubric run's output rows: a checkpoint from other settings is not resumed."""
+    return {"rubric": rubric_fingerprint(rubric), "model": judge.model, "base_url": judge.base_url, "sampling": judge.sampling,
+            "logprobs": judge.logprobs, "mapping": dict(mapping), **extra}
+
+
 async def grade_file(
     judge: Judge,
     rubric: Rubric,
@@ -111,36 +187,80 @@ async def grade_file(
     mapping: Mapping[str, str],
     on_row: Callable[[Verdict], None] | None = None,
     group_by: str | None = None,
+    *,
+    resume: bool = True,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
     Workers pull rows from the reader, so memory is bounded by the concurrency, not the file;
-    finished rows wait in a small reorder buffer until every earlier row is written.
+    finished rows wait in a small reorder buffer until every earlier row is written. With
+    ``resume`` (the default) an interrupted run of the same command continues where it stopped
+    and a finished one is not redone; ``resume=False`` starts over.
     """
     check_columns(source, rubric, mapping)
-    header = csv_header(source)
-    if group_by is not None and header is not None and group_by not in header:
-        raise InputError(f"{source}: --group-by column {group_by!r} is not in the header; columns are {', '.join(header)}")
-    spread = SpreadTally() if group_by is not None else None
-    writer = RowWriter(destination, columns=output_columns(header) if header is not None else None)
-    tally = _Tally()
-    started = time.perf_counter()
-
-    def emit(number: int, out_row: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
-        tally.add(verdict)
-        if spread is not None and verdict.status == "ok" and out_row.get(group_by) is not None:
-            spread.add(group_key(out_row[group_by]), verdict.score)  # type: ignore[arg-type]
-        if on_row is not None:
-            on_row(verdict)
-        return result_row(out_row, verdict)
-
-    await stream_in_order(
-        source, rubric, mapping, writer, judge.limiter.concurrency + 2,
+    return await run_file(
+        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping), judge.limiter.concurrency + 2,
+        prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        emit=emit,
+        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume,
     )
+
+
+async def run_file(
+    source: Path,
+    destination: Path,
+    result_columns: list[str],
+    result_types: Mapping[str, str],
+    settings: Mapping[str, Any],
+    workers: int,
+    *,
+    prepare: Callable[[dict[str, Any], int], Any],
+    judge_row: Callable[[Any], Awaitable[O]],
+    input_error: Callable[[str], O],
+    to_row: Callable[[dict[str, Any], O], dict[str, Any]],
+    on_row: Callable[[O], None] | None = None,
+    group_by: str | None = None,
+    resume: bool = True,
+) -> RunSummary:
+    """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row."""
+    header = input_columns(source)
+    if group_by is not None and header is not None and group_by not in header:
+        raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
+    checkpoint = Checkpoint(source, destination, settings)
+    state = checkpoint.load() if resume else None
+    if state is not None and state.get("complete"):
+        summary = _Tally.restore(state["tally"]).summary(0.0)
+        summary.already_complete = True
+        summary.resumed_from = summary.rows
+        return summary
+    spread = SpreadTally() if group_by is not None else None
+    tally = _Tally.restore(state["tally"]) if state else _Tally()
+    mark = state["mark"] if state else None
+    writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
+                       types=column_types(source, destination, result_types, result_columns), resume=mark)
+    done = writer.rows
+    started = time.perf_counter()
+
+    def emit(number: int, out_row: dict[str, Any], outcome: O) -> dict[str, Any]:
+        tally.add(outcome)
+        if spread is not None and outcome.status == "ok" and out_row.get(group_by) is not None:
+            spread.add(group_key(out_row[group_by]), outcome.score)  # type: ignore[attr-defined]
+        if on_row is not None:
+            on_row(outcome)
+        return to_row(out_row, outcome)
+
+    finished = False
+    try:
+        await stream_in_order(source, None, {}, writer, workers, judge_row, input_error, emit, prepare=prepare, skip=done,
+                              on_mark=lambda at: checkpoint.save(at, tally.state()), close=False)
+        finished = True
+    finally:
+        writer.close(complete=finished)
+        if finished:
+            checkpoint.save(writer.mark_after_close(), tally.state(), complete=True)
     summary = tally.summary(time.perf_counter() - started)
+    summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
     return summary
 
@@ -152,32 +272,49 @@ class _Outcome(Protocol):
 
 O = TypeVar("O", bound=_Outcome)
 
+MARK_EVERY_S = 0.25  # how often a checkpoint is written while rows flow (a flush and a small JSON file)
+
 
 async def stream_in_order(
     source: Path,
-    rubric: Rubric,
+    rubric: Rubric | None,
     mapping: Mapping[str, str],
     writer: RowWriter,
     workers: int,
-    judge_row: Callable[[dict[str, Any]], Awaitable[O]],
+    judge_row: Callable[[Any], Awaitable[O]],
     input_error: Callable[[str], O],
     emit: Callable[[int, dict[str, Any], O], dict[str, Any]],
+    *,
+    prepare: Callable[[dict[str, Any], int], Any] | None = None,
+    skip: int = 0,
+    on_mark: Callable[[dict[str, Any]], None] | None = None,
+    close: bool = True,
 ) -> None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
     Workers pull rows from one shared reader, so memory is bounded by the concurrency, not the
     file; finished rows wait in a small reorder buffer until every earlier row is written. A row
-    that cannot be read or lacks a variable still gets its row, from ``input_error``.
+    that cannot be read or lacks a variable still gets its row, from ``input_error``. ``prepare``
+    turns a row into what ``judge_row`` takes (a rubric's variables by default); the first
+    ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
+    ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
     """
-    rows = enumerate(read_rows(source), start=1)
+    if prepare is None:
+        assert rubric is not None
+        prepare = lambda row, number: _variables(row, rubric, mapping, number)  # noqa: E731
+    rows = enumerate(read_rows(source, skip=skip), start=skip + 1)
     pending: dict[int, dict[str, Any]] = {}
-    next_to_write = 1
+    next_to_write = skip + 1
+    last_mark = time.monotonic()
 
     def flush() -> None:
-        nonlocal next_to_write
+        nonlocal next_to_write, last_mark
         while next_to_write in pending:
             writer.write(pending.pop(next_to_write))
             next_to_write += 1
+        if on_mark is not None and writer.due(last_mark, MARK_EVERY_S):
+            on_mark(writer.mark())
+            last_mark = time.monotonic()
 
     async def worker() -> None:
         for number, row in rows:  # a shared iterator: each row goes to exactly one worker
@@ -187,7 +324,7 @@ async def stream_in_order(
             else:
                 out_row = row
                 try:
-                    outcome = await judge_row(_variables(row, rubric, mapping, number))
+                    outcome = await judge_row(prepare(row, number))
                 except RowError as e:
                     outcome = input_error(str(e))
                 if outcome.status == "error" and outcome.error and f"row {number}" not in outcome.error:
@@ -198,8 +335,11 @@ async def stream_in_order(
     try:
         await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
-        flush()
-        writer.close()
+        while next_to_write in pending:
+            writer.write(pending.pop(next_to_write))
+            next_to_write += 1
+        if close:
+            writer.close()
 
 
 def group_key(value: Any) -> Any:
@@ -215,28 +355,46 @@ class _Tally:
         self.labels: Counter[str] = Counter()
         self.kinds: Counter[str] = Counter()
         self.examples: list[str] = []
-        self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = 0
+        self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = self.skipped = 0
 
-    def add(self, verdict: Verdict) -> None:
+    def add(self, verdict: Any) -> None:
+        """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
-        self.prompt_tokens += verdict.prompt_tokens
-        self.completion_tokens += verdict.completion_tokens
-        self.requests += verdict.attempts
-        self.cache_hits += verdict.cached
+        self.prompt_tokens += getattr(verdict, "prompt_tokens", 0)
+        self.completion_tokens += getattr(verdict, "completion_tokens", 0)
+        self.requests += getattr(verdict, "attempts", 0)
+        self.cache_hits += bool(getattr(verdict, "cached", False))
         if verdict.status == "ok":
             self.ok += 1
             self.score_sum += verdict.score or 0.0
-            self.labels[verdict.label or ""] += 1
+            label = getattr(verdict, "label", None)
+            if label is not None:
+                self.labels[label] += 1
         else:
-            self.kinds[verdict.error_kind or "unknown"] += 1
-            if len(self.examples) < 5:
-                self.examples.append(f"{verdict.error_kind}: {verdict.error}")
+            kind = verdict.error_kind or (verdict.status if verdict.status != "error" else "unknown")
+            self.kinds[kind] += 1
+            self.skipped += verdict.status == "skipped"
+            if len(self.examples) < 5 and verdict.status != "skipped":
+                self.examples.append(f"{kind}: {verdict.error}")
+
+    def state(self) -> dict[str, Any]:
+        """The counts, for a checkpoint: a resumed run's summary covers the whole output."""
+        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds")},
+                "labels": dict(self.labels), "kinds": dict(self.kinds)}
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> _Tally:
+        tally = cls()
+        for key, value in state.items():
+            setattr(tally, key, Counter(value) if key in ("labels", "kinds") else value)
+        return tally
 
     def summary(self, wall: float) -> RunSummary:
         return RunSummary(
             rows=self.verdicts,
             ok=self.ok,
-            errors=self.verdicts - self.ok,
+            errors=self.verdicts - self.ok - self.skipped,
+            skipped=self.skipped,
             mean_score=self.score_sum / self.ok if self.ok else None,
             label_counts=dict(self.labels.most_common()),
             parse_failure_rate=self.kinds["parse_failure"] / self.verdicts if self.verdicts else 0.0,

@@ -21,7 +21,7 @@ from judge import Judge, Rubric, Verdict
 
 from ._batch import check_columns, keep_input, output_columns, stream_in_order
 from ._calibration import PairwiseReport, Winner, as_label, pairwise_report
-from ._io import RowWriter, csv_header
+from ._io import RowWriter, input_columns
 
 ConflictRule = Literal["tie", "first", "third"]
 Decision = Literal["agree", "single", "tie", "first", "third"]
@@ -216,7 +216,7 @@ async def grade_pairwise_file(
     """
     grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
     check_columns(source, rubric, mapping)
-    header = csv_header(source)
+    header = input_columns(source)
     columns = output_columns(header, PAIRWISE_COLUMNS) if header is not None else None
     writer = RowWriter(destination, columns=columns)
     outcomes: dict[int, tuple[Any, PairVerdict | None]] = {}
