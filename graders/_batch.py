@@ -22,6 +22,8 @@ from pydantic import BaseModel, Field
 from judge import Judge, Rubric, Verdict
 from judge._rubric import rubric_fingerprint
 
+from ._rows import RowMapping
+from ._sample import Grade, Grader, Sample
 from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows
 from ._spread import SpreadReport, SpreadTally
 
@@ -207,6 +209,61 @@ async def grade_file(
     )
 
 
+GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics"]
+GRADER_TYPES = {"score": "float64", "status": "string", "error_kind": "string", "error": "string", "parts": "string", "metrics": "string"}
+
+
+def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
+    """A grader's output row. Parts and metrics are one JSON column each, so every file has the
+    same columns whatever a row's grader produced (a CSV header is written before the first grade)."""
+    return {
+        **keep_input(row, GRADER_COLUMNS),
+        "score": grade.score,
+        "status": grade.status,
+        "error_kind": grade.error_kind,
+        "error": grade.error,
+        "parts": {name: part.score for name, part in grade.parts.items()} or None,
+        "metrics": dict(grade.metrics) or None,
+    }
+
+
+async def grade_file_with(
+    grader: Grader,
+    source: Path,
+    destination: Path,
+    mapping: Mapping[str, str] | None = None,
+    *,
+    concurrency: int = 16,
+    settings: Mapping[str, Any] | None = None,
+    on_row: Callable[[Grade], None] | None = None,
+    group_by: str | None = None,
+    resume: bool = True,
+) -> RunSummary:
+    """Grade every row of ``source`` with any grader (a config file's, a composite, a python one).
+
+    ``mapping`` is {sample path: column} as for :func:`grade_frame`; unmapped columns become
+    references under their own names. ``settings`` identify the grader for the checkpoint (the
+    CLI passes the config file's hash): a checkpoint from other settings is not resumed.
+    """
+    rows = RowMapping.build(mapping, input_columns(source))
+
+    async def run(sample: Sample) -> Grade:
+        try:
+            return await grader(sample)
+        except Exception as e:  # a grader bug is that row's error, not the end of the run
+            return Grade.failed("error", f"the grader raised {type(e).__name__}: {e}", error_kind="exception")
+
+    return await run_file(
+        source, destination, GRADER_COLUMNS, GRADER_TYPES,
+        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {})},
+        concurrency,
+        prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
+        judge_row=run,
+        input_error=lambda message: Grade.failed("error", message, error_kind="input"),
+        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume,
+    )
+
+
 async def run_file(
     source: Path,
     destination: Path,
@@ -327,7 +384,7 @@ async def stream_in_order(
                     outcome = await judge_row(prepare(row, number))
                 except RowError as e:
                     outcome = input_error(str(e))
-                if outcome.status == "error" and outcome.error and f"row {number}" not in outcome.error:
+                if outcome.status in ("error", "invalid") and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
             pending[number] = emit(number, out_row, outcome)
             flush()
