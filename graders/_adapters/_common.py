@@ -1,0 +1,72 @@
+"""What the in-process adapters share: the grader they wrap, the failure policies and plain values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from .._config import load_grader
+from .._sample import Grade, Grader
+
+GraderSource = Grader | str | Path | Mapping[str, Any]
+RaisePolicy = Literal["raise"]
+
+
+class GradingError(RuntimeError):
+    """A sample could not be graded and the adapter's policy says to raise rather than score it.
+
+    ``grade`` is the failed Grade (status ``invalid`` or ``error``, with the reason).
+    """
+
+    def __init__(self, message: str, grade: Grade) -> None:
+        super().__init__(message)
+        self.grade = grade
+
+
+def resolve_grader(grader: GraderSource) -> Grader:
+    """A grader object as is; a path or a config mapping built with :func:`load_grader`."""
+    if isinstance(grader, (str, Path, Mapping)):
+        return load_grader(grader)
+    if not callable(grader):
+        raise TypeError(f"expected a grader (an async callable), a config file or a config mapping, got {type(grader).__name__}")
+    return grader
+
+
+def grader_name(grader: Any, default: str = "gradekit") -> str:
+    name = getattr(grader, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else default
+
+
+def check_fixed(value: Any, what: str) -> None:
+    """A fixed-score policy must be a number in [-1, 1]; anything else is a configuration mistake."""
+    if value is None or value == "raise":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1.0 <= float(value) <= 1.0:
+        raise ValueError(f"{what} must be 'raise' or a score in [-1, 1], got {value!r}")
+
+
+def plain(value: Any) -> Any:
+    """Numpy scalars and arrays (verl's non_tensor_batch, dataset columns) as plain Python values."""
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return value
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def as_row(value: Any, what: str) -> dict[str, Any]:
+    """A platform object (a pydantic model from the platform's SDK) or a mapping, as a plain dict."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    dump = getattr(value, "model_dump", None) or getattr(value, "dict", None)
+    if callable(dump):
+        dumped = dump()
+        if isinstance(dumped, Mapping):
+            return dict(dumped)
+    raise TypeError(f"{what} must be a mapping or a pydantic model, got {type(value).__name__}")

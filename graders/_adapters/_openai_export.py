@@ -1,0 +1,282 @@
+"""OpenAI reinforcement fine-tuning: a grader config as OpenAI grader JSON.
+
+Which OpenAI grader each gradekit grader becomes:
+
+- ``string_check`` -> ``string_check`` (it is OpenAI's own grader; templates are rewritten to
+  ``{{ sample.output_text }}`` and ``{{ item.<key> }}``).
+- string/JSON/normalised/numeric match, python graders -> ``python``: the exported
+  ``grade(sample, item)``, which runs gradekit's own parse and match code. (No native grader
+  matches exactly: ``string_check`` cannot extract with a regex, strip whitespace, fold numbers.)
+- a Vertex-style autorater that replies with a number -> ``score_model`` with ``range`` [-1, 1].
+- ``weighted`` and ``formula`` -> ``multi`` with ``calculate_output`` (weights become the formula);
+  nested weighted composites are flattened; other nested composites become one ``python`` part.
+
+Score range: OpenAI means rewards to lie in 0..1; gradekit scores lie in [-1, 1]. By default the
+reward is the gradekit score unchanged, and a grader that can score below 0 (a ``wrong: -1``, an
+autorater's [-1, 1]) is refused with the reason. ``rescale=True`` maps every score as
+``(score + 1) / 2`` instead (in the python source, or as ``calculate_output``), so -1 -> 0, 0 -> 0.5,
+1 -> 1. Python graders' own ranges cannot be known statically: their scores pass through
+(clamped to [-1, 1], as in gradekit).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from judge._client import DEFAULT_MODEL
+
+from ._nodes import ExportError, Node, read_tree
+from ._standalone import DETERMINISTIC, expressible, standalone_source
+
+TARGET = "an OpenAI grader"
+IMAGE_TAG = "2025-05-08"
+MAX_SOURCE_BYTES = 256 * 1024
+_FUNCTIONS = {"min", "max", "abs", "floor", "ceil", "exp", "sqrt", "log"}
+ConfigSource = str | Path | Mapping[str, Any]
+
+
+# ---- the documented shapes (fine_tuning/alpha/graders) --------------------------------------------
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StringCheckGrader(_Shape):
+    type: Literal["string_check"] = "string_check"
+    name: str
+    input: str
+    reference: str
+    operation: Literal["eq", "ne", "like", "ilike"]
+
+
+class PythonSourceGrader(_Shape):
+    type: Literal["python"] = "python"
+    name: str
+    source: str
+    image_tag: str = IMAGE_TAG
+
+
+class ScoreModelMessage(_Shape):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class ScoreModelGrader(_Shape):
+    type: Literal["score_model"] = "score_model"
+    name: str
+    model: str
+    input: list[ScoreModelMessage]
+    range: tuple[float, float] = (0.0, 1.0)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+
+
+LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader
+
+
+class MultiGrader(_Shape):
+    type: Literal["multi"] = "multi"
+    name: str
+    graders: dict[str, LeafGrader]
+    calculate_output: str
+
+
+# ---- export -------------------------------------------------------------------------------------
+
+
+def export_openai_grader(config: ConfigSource, *, rescale: bool = False, model: str | None = None,
+                         on_invalid: float | None = None) -> dict[str, Any]:
+    """A grader config as an OpenAI RFT grader (``string_check``, ``python``, ``score_model`` or ``multi``).
+
+    Args:
+        config: a grader config file or mapping.
+        rescale: map gradekit's [-1, 1] onto OpenAI's 0..1 as ``(score + 1) / 2``; without it
+            the score is passed through and a grader that can score below 0 is refused.
+        model: the ``score_model`` model; default: the config's ``judge.model``, else gradekit's default.
+        on_invalid: in python graders, the gradekit score to give a sample that cannot be graded;
+            None raises, and OpenAI marks the sample invalid (scored 0).
+
+    Raises:
+        ExportError: with one reason per part that has no OpenAI form.
+    """
+    tree = read_tree(config, TARGET)
+    exporter = _Exporter(model or tree.judge_model or DEFAULT_MODEL, on_invalid, rescale)
+    root = tree.root
+    if root.kind in ("weighted", "formula"):
+        graders, formula = exporter.composite(root)
+        if rescale:
+            formula = f"(({formula}) + 1) / 2"
+        result: BaseModel = MultiGrader(name=root.name, graders=graders, calculate_output=formula)
+    else:
+        leaf = exporter.leaf(root, top=True)
+        if rescale and not isinstance(leaf, PythonSourceGrader):  # python maps inside its source
+            key = _identifier(root.name)
+            result = MultiGrader(name=root.name, graders={key: leaf}, calculate_output=f"({key} + 1) / 2")
+        else:
+            result = leaf
+    if not rescale:
+        exporter.check_range(root)
+    if exporter.reasons:
+        raise ExportError(TARGET, exporter.reasons)
+    return result.model_dump(mode="json", exclude_none=True)
+
+
+def _identifier(name: str) -> str:
+    key = re.sub(r"\W", "_", name)
+    return key if key.isidentifier() and key not in _FUNCTIONS else f"g_{key}"
+
+
+class _Exporter:
+    def __init__(self, model: str, on_invalid: float | None, rescale: bool) -> None:
+        self.model, self.on_invalid, self.rescale = model, on_invalid, rescale
+        self.reasons: list[str] = []
+
+    # A stand-in leaf where a reason was recorded, so the walk goes on and reports every part.
+    def _refuse(self, node: Node, reason: str) -> LeafGrader:
+        self.reasons.append(f"{node.where}: {reason}")
+        return PythonSourceGrader(name=node.name, source="")
+
+    def leaf(self, node: Node, *, top: bool = False) -> LeafGrader:
+        cfg: Any = node.cfg
+        if node.kind == "string_check":
+            return StringCheckGrader(name=node.name, input=self.template(node, cfg.input), reference=self.template(node, cfg.reference),
+                                     operation=cfg.operation)
+        if node.kind == "autorater":
+            prompt = self.template(node, cfg.prompt)
+            if cfg.expression is not None:
+                return self._refuse(node, "an autorater that matches the judge's reply against an expression has no RFT form "
+                                          "(score_model reads a number; label_model is for evals only)")
+            if cfg.parse.type != "IDENTITY" or cfg.response_parse.type != "IDENTITY":
+                return self._refuse(node, "score_model cannot extract with a regex (from the judge's reply or the response)")
+            return ScoreModelGrader(name=node.name, model=self.model, input=[ScoreModelMessage(role="user", content=prompt)],
+                                    range=(-1.0, 1.0), sampling_params={"temperature": 0})
+        if node.kind == "llm":
+            return self._refuse(node, "a gradekit rubric maps the judge's label to a score; score_model reads a number, and label_model "
+                                      "is for evals only")
+        if node.kind == "cloud_run":
+            return self._refuse(node, "a Cloud Run reward is an HTTP call; OpenAI's python grader has no network")
+        if node.kind in DETERMINISTIC:
+            gaps = expressible(node, "grade")
+            if gaps:
+                self.reasons.extend(gaps)
+                return PythonSourceGrader(name=node.name, source="")
+            source = standalone_source(node, entry="grade", target=TARGET, on_invalid=self.on_invalid, rescale=self.rescale and top,
+                                       title=f"OpenAI python grader: {node.name} (exported by gradekit).")
+            if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
+                return self._refuse(node, f"the python source is {len(source.encode('utf-8'))} bytes; OpenAI allows under 256 kB")
+            return PythonSourceGrader(name=node.name, source=source)
+        return self._refuse(node, "no OpenAI form")
+
+    def template(self, node: Node, text: str) -> str:
+        """gradekit placeholders as OpenAI's: the response -> sample.output_text, references -> item."""
+
+        def sub(found: re.Match[str]) -> str:
+            path = found.group(1)
+            head, _, rest = path.partition(".")
+            if path in ("response", "sample.output_text", "output_text"):
+                return "{{ sample.output_text }}"
+            if head in ("references", "item") and rest:
+                return "{{ item." + rest + " }}"
+            self.reasons.append(f"{node.where}: uses {{{{{path}}}}}, but OpenAI's templates see only the sample and the item "
+                                "(the dataset row without its messages)")
+            return found.group(0)
+
+        return re.sub(r"\{\{\s*([A-Za-z_][\w.\-]*)\s*\}\}", sub, text)
+
+    def composite(self, node: Node) -> tuple[dict[str, LeafGrader], str]:
+        """A multi grader's parts and formula: weights become ``(w1 * a + w2 * b) / W``."""
+        graders: dict[str, LeafGrader] = {}
+        if node.kind == "weighted":
+            terms = []
+            total = 0.0
+            for name, weight, part in _flatten(node):
+                key = self._key(name, graders, node)
+                graders[key] = self._part(part)
+                terms.append(f"{weight!r} * {key}")
+                total += weight
+            return graders, f"({' + '.join(terms)}) / {total!r}"
+        keys = {}
+        for name, _, part in node.parts:
+            keys[name] = self._key(name, graders, node)
+            graders[keys[name]] = self._part(part)
+        return graders, openai_formula(node.formula or "", keys)
+
+    def _key(self, name: str, taken: Mapping[str, Any], node: Node) -> str:
+        key = _identifier(name)
+        if key in taken:
+            self.reasons.append(f"{node.where}: two parts are both named {key!r} in the multi grader")
+        return key
+
+    def _part(self, part: Node) -> LeafGrader:
+        # A multi grader cannot hold another multi grader: a nested composite is one python part.
+        if part.kind in ("weighted", "formula") and expressible(part, "grade"):
+            return self._refuse(part, "a composite inside a composite must be one python grader on OpenAI (a multi grader "
+                                      "cannot contain another), and this one has a part that cannot run in python")
+        return self.leaf(part)
+
+    def check_range(self, root: Node) -> None:
+        """Without rescale, every part whose scores can go below 0 is named, with the fix."""
+        for node in _outside_formulas(root):
+            low = _lowest(node)
+            if low is not None and low < 0:
+                self.reasons.append(f"{node.where}: can score {low:g}, below OpenAI's 0..1; set its wrong score to 0 or export "
+                                    "with rescale (--rescale) to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2")
+
+
+def _flatten(node: Node, scale: float = 1.0, prefix: str = "") -> list[tuple[str, float, Node]]:
+    total = sum(w or 0.0 for _, w, _ in node.parts)
+    out: list[tuple[str, float, Node]] = []
+    for name, weight, part in node.parts:
+        share = scale * (weight or 0.0) / total if prefix else (weight or 0.0)
+        label = f"{prefix}_{name}" if prefix else name
+        out.extend(_flatten(part, share, label) if part.kind == "weighted" else [(label, share, part)])
+    return out
+
+
+def _outside_formulas(node: Node) -> list[Node]:
+    """Leaves whose score reaches the reward linearly (a formula may legitimately clip a negative part)."""
+    if node.kind == "formula":
+        return []
+    if node.kind == "weighted":
+        return [leaf for _, _, part in node.parts for leaf in _outside_formulas(part)]
+    return [node]
+
+
+def _lowest(node: Node) -> float | None:
+    """The lowest score a leaf can give, when its config says (None: only known at run time)."""
+    cfg: Any = node.cfg
+    if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match"):
+        return max(-1.0, min(float(cfg.correct), float(cfg.wrong)))
+    if node.kind == "string_check":
+        return 0.0
+    if node.kind == "autorater":
+        return -1.0 if cfg.expression is None else max(-1.0, min(float(cfg.correct), float(cfg.wrong)))
+    return None
+
+
+def openai_formula(formula: str, keys: Mapping[str, str]) -> str:
+    """A gradekit formula in OpenAI's calculate_output syntax, fully parenthesised (``^`` for power)."""
+    tree = ast.parse(formula.replace("^", "**").strip(), mode="eval")
+    symbols = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "^"}
+
+    def emit(node: ast.AST) -> str:
+        if isinstance(node, ast.Constant):
+            return repr(float(node.value))
+        if isinstance(node, ast.Name):
+            return keys[node.id]
+        if isinstance(node, ast.BinOp):
+            return f"({emit(node.left)} {symbols[type(node.op)]} {emit(node.right)})"
+        if isinstance(node, ast.UnaryOp):
+            return f"(0 - {emit(node.operand)})" if isinstance(node.op, ast.USub) else emit(node.operand)
+        if isinstance(node, ast.Call):
+            assert isinstance(node.func, ast.Name)
+            return f"{node.func.id}({', '.join(emit(a) for a in node.args)})"
+        raise AssertionError(ast.dump(node))
+
+    return emit(tree.body)

@@ -1,0 +1,507 @@
+"""A deterministic grader as one self-contained Python file: standard library only, no gradekit.
+
+The file has three layers:
+
+1. gradekit's own parse and match functions (``parse_response``, ``match``, ``normalize_text``,
+   ``to_number``, ...), copied from ``graders/_string_match.py`` by ``inspect.getsource`` with
+   their annotations stripped, so the exported code compares exactly as the grader does;
+2. a small interpreter (``_RUNTIME`` below) mirroring each grader type, the placeholders, the
+   Vertex/OpenAI input shapes and the composites;
+3. the grader itself as data (``GRADER``), the python graders' sources, and each formula
+   compiled to a plain function.
+
+Entry points: Vertex's ``evaluate(example, response)`` and OpenAI's ``grade(sample, item)``.
+A sample the grader calls ``invalid`` raises ``ValueError`` (Vertex drops the call's reward,
+OpenAI marks the sample invalid) unless ``ON_INVALID`` names a score.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pprint
+import re
+import textwrap
+from collections.abc import Callable
+from typing import Any, Literal
+
+from .. import _string_match as sm
+from .._composite import compile_formula
+from .._sample import placeholders
+from ._nodes import ExportError, Node
+
+Entry = Literal["evaluate", "grade"]
+DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "weighted", "formula")
+_COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
+                                           sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers)
+_PROMPT_PATHS = ("prompt", "question", "system_instruction", "system")
+
+
+def _without_annotations(fn: Callable[..., Any]) -> str:
+    """A function's source with annotations removed: they name gradekit types the file does not have."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if arg is not None:
+                    arg.annotation = None
+    return ast.unparse(tree)
+
+
+def copied_source() -> str:
+    constants = (f"_NUMBER = re.compile({sm._NUMBER.pattern!r})\n"
+                 f"_MINUS = {sm._MINUS!r}\n"
+                 "DEFAULT_NORMALIZATION = _Config(case=True, whitespace=True, punctuation=True, width=True, numbers=True)\n")
+    return constants + "\n\n" + "\n\n\n".join(_without_annotations(fn) for fn in _COPIED) + "\n"
+
+
+_RUNTIME = r'''
+class _Invalid(Exception):
+    """The example cannot be graded this way (gradekit's "invalid"): a missing reference, a python grader that failed."""
+
+
+class _Config(object):
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w.\-]*)\s*\}\}")
+_ROLES = {"model": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _clamp(value):
+    return max(-1.0, min(1.0, float(value)))
+
+
+def _value_text(value):
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _content_text(content):
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p if isinstance(p, str) else p["text"] for p in content
+                       if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("text"), str)))
+    return str(content)
+
+
+# ---- the two input shapes ---------------------------------------------------------------------
+
+class _Message(object):
+    def __init__(self, role, text, calls=(), name=None):
+        self.role, self.text, self.calls, self.name = role, text, list(calls), name
+
+
+def _vertex_messages(content):
+    """A Vertex Content as messages: text parts joined (thoughts skipped), function calls kept."""
+    role = _ROLES.get(str(content.get("role", "user")), "user")
+    texts, calls, out = [], [], []
+    for part in content.get("parts") or []:
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("text"), str) and not part.get("thought"):
+            texts.append(part["text"])
+        elif "functionCall" in part:
+            calls.append(part["functionCall"] or {})
+        elif "functionResponse" in part:
+            answer = part["functionResponse"] or {}
+            out.append(_Message("tool", _value_text(answer.get("response")), (), answer.get("name")))
+    if texts or calls or not out:
+        out.insert(0, _Message(role, "".join(texts), calls))
+    return out
+
+
+def _arguments(args):
+    if args is None:
+        return ""
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+
+
+class _Context(object):
+    """What a grader reads: the response text, prompt, system text, references and metadata."""
+
+    def __init__(self, response, prompt, system, references, metadata, final=None, example=None, content=None, sample=None, item=None):
+        self.response, self.prompt, self.system = response, prompt, system
+        self.references, self.metadata, self.final = references, metadata, final
+        self._example, self._content, self._sample, self._item = example, content, sample, item
+
+    def vertex_arguments(self):
+        if self._example is None:  # built from OpenAI's sample: the example has no prompt here
+            example = {"contents": []}
+            if self.references:
+                example["references"] = dict(self.references)
+            parts = [{"text": self.response}] if self.response else []
+            for call in (self._sample or {}).get("output_tools") or []:
+                function = call.get("function") or {}
+                try:
+                    args = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    args = {"_raw": function.get("arguments")}
+                parts.append({"functionCall": {"name": function.get("name", ""), "args": args}})
+            return example, {"role": "model", "parts": parts}
+        return self._example, self._content
+
+    def openai_arguments(self):
+        if self._sample is None:  # built from Vertex's example and response
+            final = self.final
+            message = {"role": final.role, "content": final.text}
+            tools = []
+            for call in final.calls:
+                dumped = {"type": "function", "function": {"name": call.get("name", ""), "arguments": _arguments(call.get("args", {}))}}
+                if call.get("id") is not None:
+                    dumped = dict([("id", call["id"])] + list(dumped.items()))
+                tools.append(dumped)
+            if tools:
+                message["tool_calls"] = tools
+            if final.name is not None:
+                message["name"] = final.name
+            try:
+                output_json = json.loads(self.response)
+            except ValueError:
+                output_json = None
+            sample = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tools else "stop"}],
+                      "output_text": self.response,
+                      "output_json": output_json if isinstance(output_json, (dict, list)) else None,
+                      "output_tools": tools}
+            return sample, dict(self.references)
+        return self._sample, self._item
+
+
+def _vertex_context(example, response):
+    messages = []
+    system = example.get("systemInstruction") or example.get("system_instruction")
+    if system:
+        messages.append(_Message("system", _content_text((system or {}).get("parts"))))
+    for content in example.get("contents") or []:
+        messages.extend(_vertex_messages(content))
+    references = example.get("references") or {}
+    if not isinstance(references, dict):
+        raise ValueError("example references must be an object, got %s" % type(references).__name__)
+    known = ("contents", "systemInstruction", "system_instruction", "references")
+    metadata = dict((k, v) for k, v in example.items() if k not in known)
+    answer = _vertex_messages(response if response is not None else {})
+    prompt = next((m.text for m in reversed(messages) if m.role == "user"), "")
+    system_text = "\n".join(m.text for m in messages if m.role in ("system", "developer"))
+    return _Context(answer[-1].text, prompt, system_text, references, metadata, final=answer[-1], example=example, content=response)
+
+
+def _openai_context(sample, item):
+    text = sample.get("output_text")
+    if not isinstance(text, str):
+        text = _content_text((((sample.get("choices") or [{}])[0]).get("message") or {}).get("content"))
+    return _Context(text, None, None, dict(item or {}), {}, sample=sample, item=item)
+
+
+# ---- the graders --------------------------------------------------------------------------------
+
+def _resolve(ctx, path):
+    head, _, rest = path.partition(".")
+    if path in ("prompt", "question"):
+        return ctx.prompt
+    if path in ("response", "sample.output_text", "output_text"):
+        return ctx.response
+    if path in ("system_instruction", "system"):
+        return ctx.system
+    if head in ("references", "item", "metadata") and rest:
+        value = ctx.metadata if head == "metadata" else ctx.references
+        for key in rest.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise _Invalid("%r: the example has no %s key %r" % (path, "metadata" if head == "metadata" else "references", rest))
+            value = value[key]
+        return value
+    raise _Invalid("unknown placeholder %r" % path)
+
+
+def _fill(template, ctx, escape=None):
+    def sub(found):
+        text = _value_text(_resolve(ctx, found.group(1)))
+        return escape(text) if escape is not None else text
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def _parsed(node, ctx):
+    return parse_response(ctx.response, _Config(**node["parse"]))
+
+
+def _string_match(node, ctx):
+    expected = _fill(node["expression"], ctx, re.escape if node["operation"] == "REGEX_CONTAINS" else None)
+    parsed = _parsed(node, ctx)
+    if parsed is None:
+        return node["wrong"]
+    return node["correct"] if match(parsed, expected, node["operation"]) else node["wrong"]
+
+
+def _json_match(node, ctx):
+    expected = _fill(node["expression"], ctx, re.escape if node["operation"] == "REGEX_CONTAINS" else None)
+    parsed = _parsed(node, ctx)
+    if parsed is None:
+        return node["wrong"]
+    try:
+        value = _json_value(parsed)
+        for part in node["key"].split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError("no key")
+            value = value[part]
+    except ValueError:
+        return node["wrong"]
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return node["correct"] if match(text, expected, node["operation"]) else node["wrong"]
+
+
+def _normalized_match(node, ctx):
+    how = _Config(**node["normalization"])
+    expected = normalize_text(_fill(node["expression"], ctx), how)
+    parsed = _parsed(node, ctx)
+    if parsed is None:
+        return node["wrong"]
+    got = normalize_text(parsed, how)
+    right = got == expected if node["operation"] == "EXACT_MATCH" else bool(expected) and _contains_words(got, expected)
+    return node["correct"] if right else node["wrong"]
+
+
+def _numeric_match(node, ctx):
+    raw = _fill(node["expression"], ctx)
+    expected = to_number(raw)
+    if expected is None:
+        raise _Invalid("grader %r: expected value %r is not a number" % (node["name"], raw[:80]))
+    numbers = _numbers(_parsed(node, ctx) or "")
+    if not numbers:
+        return node["wrong"]
+    limit = max(node["abs_tol"], node["rel_tol"] * abs(float(expected)))
+    return node["correct"] if abs(float(numbers[-1] - expected)) <= limit else node["wrong"]
+
+
+def _string_check(node, ctx):
+    got, want = _fill(node["input"], ctx), _fill(node["reference"], ctx)
+    holds = {"eq": got == want, "ne": got != want, "like": want in got, "ilike": want.casefold() in got.casefold()}[node["operation"]]
+    return 1.0 if holds else 0.0
+
+
+_LOADED = {}
+
+
+def _python(node, ctx):
+    key = node["source"]
+    fn = _LOADED.get(key)
+    try:
+        if fn is None:
+            namespace = {"__name__": "__gradekit_grader__"}
+            exec(compile(SOURCES[key], "<%s>" % key, "exec"), namespace)
+            fn = namespace.get(node["entry"])
+            if not callable(fn):
+                raise _Invalid("python grader %r defines no function %r" % (node["name"], node["entry"]))
+            _LOADED[key] = fn
+        args = ctx.vertex_arguments() if node["flavour"] == "vertex" else ctx.openai_arguments()
+        value = fn(*args)
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
+    except _Invalid:
+        raise
+    except Exception as e:
+        raise _Invalid("python grader %r raised %s: %s" % (node["name"], type(e).__name__, e))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise _Invalid("python grader %r returned %r, not a finite number" % (node["name"], value))
+    return value
+
+
+def _weighted(node, ctx):
+    scores = [(weight, _score(part, ctx)) for _, weight, part in node["parts"]]
+    return sum(w * s for w, s in scores) / sum(w for w, _ in scores)
+
+
+def _formula(node, ctx):
+    scores = dict((name, _score(part, ctx)) for name, part in node["parts"])
+    try:
+        total = globals()[node["function"]](scores)
+    except (ArithmeticError, ValueError) as e:
+        raise _Invalid("grader %r: the formula cannot be computed: %s" % (node["name"], e))
+    if math.isnan(total):
+        raise _Invalid("grader %r: the formula is not a number" % node["name"])
+    return total
+
+
+_FN = {"min": lambda *a: min(a), "max": lambda *a: max(a), "abs": abs, "floor": lambda x: float(math.floor(x)),
+       "ceil": lambda x: float(math.ceil(x)), "exp": math.exp, "sqrt": math.sqrt, "log": math.log}
+_pow = math.pow
+_KINDS = {"string_match": _string_match, "json_match": _json_match, "normalized_match": _normalized_match,
+          "numeric_match": _numeric_match, "string_check": _string_check, "python": _python, "weighted": _weighted,
+          "formula": _formula}
+
+
+def _score(node, ctx):
+    """A grader's score, clamped to [-1, 1] as every gradekit Grade is."""
+    return _clamp(_KINDS[node["type"]](node, ctx))
+
+
+def _run(make_context):
+    try:
+        score = _score(GRADER, make_context())
+    except _Invalid as e:
+        if ON_INVALID is None:
+            raise ValueError("cannot grade this example: %s" % e) from None
+        score = ON_INVALID
+    return float(score)
+'''
+
+_ENTRIES = {
+    "evaluate": '''
+
+def evaluate(example, response):
+    """Vertex code-execution reward: the grader's score in [-1, 1]."""
+    return _run(lambda: _vertex_context(example, response))
+''',
+    "grade": '''
+
+def grade(sample, item):
+    """OpenAI python grader: the grader's score, mapped to OpenAI's range as RESCALE says."""
+    score = _run(lambda: _openai_context(sample, item))
+    return (score + 1.0) / 2.0 if RESCALE else score
+''',
+}
+
+
+# ---- the grader as data -----------------------------------------------------------------------
+
+
+def expressible(root: Node, entry: Entry) -> list[str]:
+    """Why ``root`` cannot run inside a standalone file for ``entry`` (an empty list: it can)."""
+    reasons = []
+    for node in root.walk():
+        if node.kind in ("llm", "autorater"):
+            reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
+        elif node.kind == "cloud_run":
+            reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
+        elif entry == "grade":
+            reasons.extend(_openai_gaps(node))
+    return reasons
+
+
+def _openai_gaps(node: Node) -> list[str]:
+    """What OpenAI's ``grade(sample, item)`` does not receive: the prompt, the system text, metadata."""
+    templates = [getattr(node.cfg, f, None) for f in ("expression", "input", "reference")]
+    used = [p for t in templates if isinstance(t, str) for p in placeholders(t)]
+    missing = sorted({p for p in used if p in _PROMPT_PATHS or p.startswith("metadata.")})
+    reasons = [f"{node.where}: uses {{{{{p}}}}}, but OpenAI's grader sees only the sample and the item (the dataset row "
+               "without its messages)" for p in missing]
+    if node.kind == "python" and node.flavour == "vertex" and re.search(r"contents|systemInstruction|system_instruction", node.source or ""):
+        reasons.append(f"{node.where}: evaluate() reads the example's contents or system instruction, which OpenAI's grader "
+                       "does not receive")
+    return reasons
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}
+        self.functions: list[str] = []
+
+    def node(self, node: Node) -> dict[str, Any]:
+        cfg = node.cfg
+        data: dict[str, Any] = {"type": node.kind, "name": node.name}
+        if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match"):
+            assert cfg is not None
+            parse = cfg.parse  # type: ignore[attr-defined]
+            data.update(expression=cfg.expression, parse={"type": parse.type, "regex": parse.regex},  # type: ignore[attr-defined]
+                        correct=float(cfg.correct), wrong=float(cfg.wrong))  # type: ignore[attr-defined]
+            if node.kind != "numeric_match":
+                data["operation"] = cfg.operation  # type: ignore[attr-defined]
+            if node.kind == "json_match":
+                data["key"] = cfg.key  # type: ignore[attr-defined]
+            if node.kind == "normalized_match":
+                data["normalization"] = cfg.normalization.model_dump()  # type: ignore[attr-defined]
+            if node.kind == "numeric_match":
+                data.update(abs_tol=float(cfg.abs_tol), rel_tol=float(cfg.rel_tol))  # type: ignore[attr-defined]
+        elif node.kind == "string_check":
+            data.update(input=cfg.input, reference=cfg.reference, operation=cfg.operation)  # type: ignore[union-attr]
+        elif node.kind == "python":
+            key = node.name
+            while key in self.sources:
+                key += "_"
+            self.sources[key] = node.source or ""
+            data.update(source=key, flavour=node.flavour, entry=node.entry)
+        elif node.kind == "weighted":
+            data["parts"] = [[name, float(weight or 0.0), self.node(part)] for name, weight, part in node.parts]
+        elif node.kind == "formula":
+            function = f"_formula_{len(self.functions) + 1}"
+            self.functions.append(formula_function(function, node.formula or "", [n for n, _, _ in node.parts]))
+            data.update(function=function, parts=[[name, self.node(part)] for name, _, part in node.parts])
+        else:  # expressible() reports these before emitting
+            raise AssertionError(node.kind)
+        return data
+
+
+def formula_function(name: str, formula: str, names: list[str]) -> str:
+    """A gradekit/OpenAI formula as a plain Python function of the part scores, as the composite computes it."""
+    compile_formula(formula, names)  # the whitelist check; raises FormulaError
+    tree = ast.parse(formula.replace("^", "**").strip(), mode="eval")
+    symbols = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+    def emit(node: ast.AST) -> str:
+        if isinstance(node, ast.Constant):
+            return repr(float(node.value))
+        if isinstance(node, ast.Name):
+            return f"_s[{node.id!r}]"
+        if isinstance(node, ast.BinOp):
+            left, right = emit(node.left), emit(node.right)
+            # math.pow, as the composite: floats only, an overflow raises instead of building a huge int.
+            return f"_pow({left}, {right})" if isinstance(node.op, ast.Pow) else f"({left} {symbols[type(node.op)]} {right})"
+        if isinstance(node, ast.UnaryOp):
+            return f"(-{emit(node.operand)})" if isinstance(node.op, ast.USub) else emit(node.operand)
+        if isinstance(node, ast.Call):
+            assert isinstance(node.func, ast.Name)
+            return f"float(_FN[{node.func.id!r}]({', '.join(emit(a) for a in node.args)}))"
+        raise AssertionError(ast.dump(node))
+
+    return f"def {name}(_s):\n    # {formula.strip()}\n    return {emit(tree.body)}\n"
+
+
+def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_invalid: float | None = None,
+                      rescale: bool = False) -> str:
+    """The whole file for ``root``; ExportError when a node cannot run in a sandbox."""
+    reasons = expressible(root, entry)
+    if reasons:
+        raise ExportError(target, reasons)
+    if on_invalid is not None and not -1.0 <= on_invalid <= 1.0:
+        raise ValueError(f"on_invalid must be a score in [-1, 1], got {on_invalid}")
+    emitter = _Emitter()
+    grader = emitter.node(root)
+    signature = "evaluate(example, response)" if entry == "evaluate" else "grade(sample, item)"
+    mapping = ("Scores lie in [-1, 1], as gradekit's." if entry == "evaluate" else
+               "OpenAI reward = (score + 1) / 2: gradekit's [-1, 1] mapped onto OpenAI's 0..1." if rescale else
+               "OpenAI reward = gradekit score, unchanged (clamped to [-1, 1]).")
+    lines = [
+        f'"""{title}',
+        "",
+        f"Exported by gradekit: {signature}, standard library only. {mapping}",
+        "An example the grader cannot grade (a missing reference, a python grader that failed) raises",
+        "ValueError, unless ON_INVALID is a score to return instead.",
+        '"""',
+        "",
+        "import asyncio",
+        "import inspect",
+        "import json",
+        "import math",
+        "import numbers",
+        "import re",
+        "import unicodedata",
+        "from decimal import Decimal",
+        "from fractions import Fraction",
+        "",
+        f"ON_INVALID = {on_invalid!r}",
+    ]
+    if entry == "grade":
+        lines.append(f"RESCALE = {rescale!r}")
+    text = "\n".join(lines) + "\n"
+    text += _RUNTIME + "\n\n# ---- copied from gradekit's graders/_string_match.py " + "-" * 40 + "\n\n" + copied_source()
+    text += "\n\n# ---- the grader " + "-" * 78 + "\n\n"
+    text += "SOURCES = " + pprint.pformat(emitter.sources, width=120, sort_dicts=False) + "\n\n"
+    for function in emitter.functions:
+        text += "\n" + function + "\n"
+    text += "\nGRADER = " + pprint.pformat(grader, width=120, sort_dicts=False) + "\n"
+    text += _ENTRIES[entry]
+    return text
