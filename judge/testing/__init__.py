@@ -6,6 +6,7 @@ including rate limits, server errors, broken bodies and dropped connections.
 ``python -m judge.testing`` serves the same fake as a separate process.
 """
 
+from judge.testing._fake_batch import BatchFault
 from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
 
-__all__ = ["FakeProvider", "RecordedRequest", "Reply", "auto_reply"]
+__all__ = ["BatchFault", "FakeProvider", "RecordedRequest", "Reply", "auto_reply"]

@@ -7,6 +7,9 @@ Parts, top to bottom:
 3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion, error, raw, dropped).
 4. ``FakeProvider`` -- the server: recording, token-bucket rate limit, capability rejections,
    script/responder/auto dispatch, and its lifecycle on a uvicorn thread.
+
+The Files and Batch API live in ``_fake_batch.py``; the provider routes ``/v1/files`` and
+``/v1/batches`` there and answers each batch line with its own dispatch.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+from ._fake_batch import BatchAPI, BatchFault
 
 # --------------------------------------------------------------------------------------------
 # 1. What a test scripts, and what it gets recorded
@@ -89,6 +94,8 @@ class RecordedRequest:
         headers: Request headers (lower-case names).
         status: Status the fake answered with; 0 while still pending or when the reply was
             ``drop`` (no complete response was sent).
+        batch_id: For a line answered inside a batch, the batch's id (path and body are the
+            line's ``url`` and ``body``, headers empty); None for a live HTTP request.
     """
 
     time: float
@@ -96,6 +103,7 @@ class RecordedRequest:
     body: dict[str, Any] | None
     headers: dict[str, str]
     status: int = 0
+    batch_id: str | None = None
 
 
 Responder = Callable[[dict[str, Any]], "Reply | None | Awaitable[Reply | None]"]
@@ -265,6 +273,13 @@ class FakeProvider:
     the same error paths production hits (429 with ``Retry-After``, 5xx, unsupported
     ``response_format``, truncated bodies, dropped connections, slow answers).
 
+    The Files and Batch API (``/v1/files``, ``/v1/batches``) run uploaded request files through
+    the same dispatch as live requests; see :mod:`judge.testing._fake_batch` and the batch
+    controls (``hold_batches``, ``push_batch_fault``, ``batches_created``, ...). A batch
+    finishes at its ``batch_polls_until_done``-th poll unless held (``hold_batches``) or
+    scripted to fail, expire or be cancelled (``batch_faults``); ``shuffle_batch_output``
+    returns result lines out of input order, as a real provider may.
+
     Each ``POST /v1/chat/completions`` is recorded, then rate limited (token bucket, if
     ``rate_limit_rps``), then checked against the ``reject_*`` capability flags, and finally
     answered with the next scripted :class:`Reply`, else ``responder(body)``, else
@@ -286,6 +301,10 @@ class FakeProvider:
         reject_json_schema: bool = False,
         reject_tools: bool = False,
         reject_json_object: bool = False,
+        batch_polls_until_done: int = 1,
+        hold_batches: bool = False,
+        batch_faults: Iterable[BatchFault] = (),
+        shuffle_batch_output: bool = False,
         model: str = "fake-judge",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -313,6 +332,8 @@ class FakeProvider:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        self._batch_api = BatchAPI(self, polls_until_done=batch_polls_until_done, hold=hold_batches,
+                                   faults=list(batch_faults), shuffle_output=shuffle_batch_output)
 
     # ---- test-facing controls --------------------------------------------------------------
 
@@ -323,7 +344,7 @@ class FakeProvider:
             return [dataclasses.replace(r) for r in self._requests]
 
     def chat_requests(self) -> list[RecordedRequest]:
-        """Only the ``POST .../chat/completions`` requests."""
+        """Only the ``POST .../chat/completions`` requests, batch lines included (``batch_id`` set)."""
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
     def push(self, *replies: Reply) -> None:
@@ -337,10 +358,53 @@ class FakeProvider:
             self._responder = fn
 
     def reset(self) -> None:
-        """Forget recorded requests and any remaining script."""
+        """Forget recorded requests, any remaining script and batch faults; zero the batch counters."""
         with self._lock:
             self._requests.clear()
             self._script.clear()
+        self._batch_api.reset()
+
+    # ---- Files and Batch API controls (see judge.testing._fake_batch) ----------------------
+
+    @property
+    def files_uploaded(self) -> int:
+        """``POST /v1/files`` uploads accepted."""
+        return self._batch_api.files_uploaded
+
+    @property
+    def batches_created(self) -> int:
+        """``POST /v1/batches`` batches created."""
+        return self._batch_api.batches_created
+
+    @property
+    def batch_polls(self) -> int:
+        """``GET /v1/batches/{id}`` polls answered."""
+        return self._batch_api.batch_polls
+
+    @property
+    def file_downloads(self) -> int:
+        """``GET /v1/files/{id}/content`` downloads answered."""
+        return self._batch_api.file_downloads
+
+    def batch_requests(self) -> list[RecordedRequest]:
+        """Only the lines answered inside batches."""
+        return [r for r in self.requests if r.batch_id is not None]
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        """The batch object as a poll would show it now (without counting as a poll)."""
+        return self._batch_api.batches[batch_id].payload()
+
+    def hold_batches(self, hold: bool = True) -> None:
+        """While held, every batch stays ``in_progress`` however often it is polled."""
+        self._batch_api.held = hold
+
+    def release_batches(self) -> None:
+        """Let held batches finish at their next poll."""
+        self._batch_api.held = False
+
+    def push_batch_fault(self, *faults: BatchFault) -> None:
+        """The next created batches end as these faults say (FIFO), instead of completing."""
+        self._batch_api.faults.extend(faults)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -410,7 +474,8 @@ class FakeProvider:
                                  body=body if isinstance(body, dict) else None, headers=dict(request.headers))
         with self._lock:
             self._requests.append(record)
-        response = await self._dispatch(request.method, record)
+        response = (await self._batch_api.handle(request.method, record.path, raw, request.headers.get("content-type", ""))
+                    or await self._dispatch(request.method, record))
         with self._lock:
             record.status = 0 if isinstance(response, _DroppedResponse) else response.status_code
         return response
