@@ -7,8 +7,8 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
@@ -19,6 +19,19 @@ def estimate_tokens(text: str) -> int:
     """A cheap upper-ish estimate: one token per CJK character, one per four other characters."""
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+class RequestLimiter(Protocol):
+    """What a Judge needs from a limiter: the in-process Limiter and the Redis-backed SharedLimiter."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    def slot(self, estimated_tokens: int = 0) -> AbstractAsyncContextManager[None]: ...
+
+    async def settle(self, estimated_tokens: int, actual_tokens: int) -> None: ...
+
+    def hold(self, seconds: float) -> None: ...
 
 
 class Limiter:
@@ -72,14 +85,21 @@ class Limiter:
         """Hold one request slot for the duration of the request."""
         self._bind()
         async with self._semaphore:
-            if (delay := self._resume_at - time.monotonic()) > 0:
-                self.held_seconds += delay
-                await self._sleep(delay)
+            seen = await self._wait_out_hold(None)
             if self._requests is not None:
                 await self._requests.acquire()
             if self._tokens is not None and estimated_tokens:
                 await self._tokens.acquire(min(float(estimated_tokens), self._tokens.max_rate))
+            await self._wait_out_hold(seen)  # a 429 may have paused the process while this one waited to be paced
             yield
+
+    async def _wait_out_hold(self, waited_for: float | None) -> float:
+        """Sleep until a Retry-After hold ends, unless it is the hold this request already waited out."""
+        resume = self._resume_at
+        if resume != waited_for and (delay := resume - time.monotonic()) > 0:
+            self.held_seconds += delay
+            await self._sleep(delay)
+        return resume
 
     async def settle(self, estimated_tokens: int, actual_tokens: int) -> None:
         """Charge what the server's usage says the request really cost beyond the estimate."""

@@ -24,7 +24,8 @@ class Waits(list):
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may reach a real provider or the user's cache, whatever the developer's shell holds.
     for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "GRADEKIT_MODEL", "GRADEKIT_CACHE", "GRADEKIT_RPS",
-                "GRADEKIT_TPM", "GRADEKIT_CONCURRENCY", "GRADEKIT_TIMEOUT"):
+                "GRADEKIT_TPM", "GRADEKIT_CONCURRENCY", "GRADEKIT_TIMEOUT", "GRADEKIT_LIMITER", "GRADEKIT_LIMITER_KEY",
+                "GRADEKIT_PRICES", "GRADEKIT_PARQUET_PART_ROWS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -230,3 +231,20 @@ async def test_tokens_per_minute_paces_requests() -> None:
         await asyncio.gather(*pending, return_exceptions=True)
         await judge.aclose()
     assert len(done) == 2 and len(fake.chat_requests()) == 2
+
+
+async def test_a_hold_also_stops_requests_already_waiting_in_the_pacer() -> None:
+    """A 429's Retry-After pauses requests queued behind the rate pacer too, not only new ones."""
+    limiter = Limiter(rps=20, burst=1)
+    entered: list[float] = []
+
+    async def request(first: bool) -> None:
+        async with limiter.slot():
+            entered.append(time.monotonic())
+            if first:
+                await asyncio.sleep(0.01)  # the others are now queued in the pacer
+                limiter.hold(0.3)  # the server said Retry-After while they were being paced
+
+    await asyncio.gather(request(True), *(request(False) for _ in range(3)))
+    resume = entered[0] + 0.3
+    assert len(entered) == 4 and all(t >= resume - 0.01 for t in entered[1:])
