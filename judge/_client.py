@@ -13,10 +13,12 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 from tenacity import RetryCallState
 
+from ._budget import Budget
 from ._cache import JudgeCache, cache_key
-from ._limiter import Limiter, estimate_tokens, process_limiter
+from ._limiter import RequestLimiter, estimate_tokens, process_limiter
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
@@ -63,13 +65,23 @@ def _schema_name(name: str) -> str:
 
 
 def _status_message(exc: openai.APIStatusError) -> str:
+    return _status_text(exc.status_code, getattr(exc, "message", None) or str(exc))
+
+
+def _status_text(status: int, detail: str) -> str:
     hint = {
         401: "authentication failed: check OPENAI_API_KEY or --api-key",
         403: "permission denied for this key or model",
         404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
-    }.get(exc.status_code)
-    detail = getattr(exc, "message", None) or str(exc)
-    return f"HTTP {exc.status_code}: {hint + ' — ' if hint else ''}{detail}"
+    }.get(status)
+    return f"HTTP {status}: {hint + ' — ' if hint else ''}{detail}"
+
+
+def status_error_kind(status: int) -> ErrorKind:
+    """The ErrorKind of an HTTP error status, live or inside a batch result line."""
+    if status == 429:
+        return "rate_limited"
+    return "server_error" if status >= 500 else "bad_request"
 
 
 def _error_of(exc: BaseException) -> _Failed:
@@ -80,8 +92,7 @@ def _error_of(exc: BaseException) -> _Failed:
     if isinstance(exc, openai.APITimeoutError):
         return _Failed("timeout", "the judge did not answer within the timeout")
     if isinstance(exc, openai.APIStatusError):
-        kind: ErrorKind = "server_error" if exc.status_code >= 500 else "bad_request"
-        return _Failed(kind, _status_message(exc))
+        return _Failed(status_error_kind(exc.status_code), _status_message(exc))
     if isinstance(exc, openai.APIConnectionError):
         return _Failed("server_error", f"connection failed: {exc}")
     return _Failed("server_error", f"{type(exc).__name__}: {exc}")
@@ -103,6 +114,8 @@ class Judge:
         logprobs: ask for this many top logprobs per token (1-20) and score G-Eval style: the
             probability-weighted mean of the label scores at the verdict token. The Verdict's
             ``score_source`` says per judgement whether that happened or the plain label was used.
+        budget: a spend cap (share one between the judges of a run). Past it, a row that misses
+            the cache is not sent: its Verdict is ``skipped`` with ``error_kind="budget"``.
     """
 
     def __init__(
@@ -112,14 +125,18 @@ class Judge:
         base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 60.0,
-        limiter: Limiter | None = None,
+        limiter: RequestLimiter | None = None,
         cache: JudgeCache | None = None,
         retry: RetryPolicy | None = None,
         sampling: Mapping[str, Any] | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         logprobs: int | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
+        self.budget = budget
+        if budget is not None:
+            budget.check_model(self.model)  # an unpriced model under a cost cap fails here, not mid-run
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
         if not api_key:
@@ -146,6 +163,14 @@ class Judge:
     @property
     def endpoint(self) -> str:
         return f"{self.base_url.rstrip('/')}|{self.model}"
+
+    @property
+    def client(self) -> AsyncOpenAI:
+        """The SDK client this judge sends with, for control-plane calls (files, batches).
+
+        Calls made through it bypass the cache, the limiter and the retry policy.
+        """
+        return self._client
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -203,7 +228,7 @@ class Judge:
             if shortcut is not None:
                 key = f"{key}|{shortcut}"  # _ask stores the reply under both
             try:
-                return await self._ask(rubric, request, key, mode, usage, finish)
+                return await self._ask_within_budget(rubric, request, key, mode, usage, finish)
             except _Failed as failure:
                 structured = mode != chain[-1]
                 if failure.kind == "bad_request" and structured:
@@ -240,8 +265,29 @@ class Judge:
         except (ParseFailure, _Failed):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
+        saved = stored.get("usage") or {}
+        saved_prompt, saved_completion = int(saved.get("prompt_tokens") or 0), int(saved.get("completion_tokens") or 0)
+        if self.budget is not None:
+            self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
         return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
-                      rationale=parsed.rationale, raw=_raw_text(stored))
+                      rationale=parsed.rationale, raw=_raw_text(stored), saved_prompt_tokens=saved_prompt,
+                      saved_completion_tokens=saved_completion)
+
+    async def _ask_within_budget(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
+                                 usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+        """``_ask`` once the budget admits the request (one reservation covers its retries and re-asks)."""
+        if self.budget is None:
+            return await self._ask(rubric, request, key, mode, usage, finish)
+        prompt = sum(estimate_tokens(m["content"]) for m in request["messages"])
+        reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+        reservation = await self.budget.start(prompt, reply, model=self.model)
+        if reservation is None:
+            return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
+        before = usage["prompt_tokens"], usage["completion_tokens"]
+        try:
+            return await self._ask(rubric, request, key, mode, usage, finish)
+        finally:
+            self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1])
 
     async def _ask(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
                    usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -326,6 +372,92 @@ class Judge:
             return {"score": parsed.score}
         score, source = logprob_score(rubric, completion, parsed.label)
         return {"score": parsed.score if score is None else score, "score_source": source}
+
+    # ---- requests built here, sent elsewhere (the provider's Batch API) ---------------------
+
+    def prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode | None = None) -> Prepared | Verdict:
+        """Build the request ``judge`` would send first for this row, without sending it.
+
+        For front doors that deliver requests another way (graders' ``--batch``): the request,
+        cache key and ask mode are the live path's own, so both paths share one cache. A cache
+        hit or a row that does not render comes back as the Verdict ``judge`` would return, so
+        such a row is never sent. ``mode`` overrides the mode ``judge`` would start with (the
+        next mode of the fallback chain after a bad_request).
+        """
+        mode = mode or rubric.ask_modes[self._start_mode(rubric)]
+        shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
+        if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
+            if (hit := self._cache_hit(rubric, stored, mode, Verdict)) is not None:
+                return hit
+        try:
+            messages = rubric.render(row, mode)
+        except RubricInputError as e:
+            return Verdict(status="error", error_kind="input", error=str(e), mode=mode)
+        request = build_request(rubric, messages, mode, self.model, self.sampling)
+        key = cache_key(self.base_url, request)
+        if self.cache is not None and (stored := self.cache.get(key)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, Verdict)) is not None:
+                if shortcut is not None:
+                    self.cache.link(shortcut, key)
+                return hit
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request)
+
+    def verdict_from_completion(self, rubric: Rubric, completion: Mapping[str, Any], *, mode: AskMode, key: str = "",
+                                row_key: str | None = None, attempts: int = 1) -> Verdict:
+        """Read a completion obtained elsewhere for a :meth:`prepare` d request, as ``judge`` would.
+
+        ``mode``, ``key`` and ``row_key`` are the Prepared's. A success is cached under its keys and
+        its mode remembered; a parse failure is not re-asked here (re-asking is the sender's call).
+        """
+        completion = dict(completion)
+        spent = completion.get("usage") or {}
+        fields: dict[str, Any] = {"mode": mode, "attempts": attempts, "prompt_tokens": int(spent.get("prompt_tokens") or 0),
+                                  "completion_tokens": int(spent.get("completion_tokens") or 0)}
+        if not completion.get("choices"):
+            return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
+        try:
+            parsed = self._read(rubric, completion, mode)
+        except _Failed as refusal:
+            return Verdict(status="error", error_kind=refusal.kind, error=str(refusal), raw=_raw_text(completion), **fields)
+        except ParseFailure as failure:
+            kind: ErrorKind = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
+            return Verdict(status="error", error_kind=kind, error=str(failure), raw=_raw_text(completion), **fields)
+        if self.cache is not None and key:
+            self.cache.put(key, completion, row_key=row_key)
+        self._remember(rubric, mode)
+        return Verdict(status="ok", label=parsed.label, **self._score(rubric, completion, parsed),
+                       rationale=parsed.rationale, raw=_raw_text(completion), **fields)
+
+    @staticmethod
+    def verdict_from_error(*, mode: AskMode, status_code: int | None = None, body: Any = None, code: str | None = None,
+                           message: str | None = None, attempts: int = 1) -> Verdict:
+        """The error Verdict of a request that failed elsewhere, with the kinds ``judge`` uses.
+
+        Either an HTTP status with its body (a batch line's ``response``), or a provider error
+        ``code`` and ``message`` (a batch line's ``error``: request_timeout, batch_expired,
+        batch_cancelled, ...).
+        """
+        if status_code is not None and status_code != 200:
+            error = body.get("error", body) if isinstance(body, dict) else None
+            said = error.get("message") if isinstance(error, dict) else None
+            # Worded as the SDK words a live APIStatusError, so a batch row reads like the live one.
+            detail = f"Error code: {status_code}" + (f" - {said}" if isinstance(said, str) and said else "")
+            return Verdict(status="error", error_kind=status_error_kind(status_code), error=_status_text(status_code, detail),
+                           mode=mode, attempts=attempts)
+        kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
+        text = f"{code}: {message}" if code else (message or "the request failed without an error message")
+        return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
+
+
+class Prepared(BaseModel):
+    """A judge request built by :meth:`Judge.prepare` but not sent: the same request, cache key and
+    ask mode the live path would use. Hand ``mode``/``key``/``row_key`` back to
+    :meth:`Judge.verdict_from_completion` with the completion."""
+
+    key: str  # cache_key(base_url, request)
+    row_key: str | None = None  # the row-values shortcut, linked to ``key`` when the reply is cached
+    mode: AskMode
+    request: dict[str, Any]
 
 
 _MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement

@@ -16,6 +16,7 @@ ErrorKind = Literal[
     "bad_request",  # 400/401/403/404/422: fix the request, model name or key
     "not_recorded",  # --replay: the cassette has no reply for this request
     "input",  # the row lacks a variable the rubric needs
+    "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
 ]
 
 
@@ -25,9 +26,14 @@ def clamp(score: float) -> float:
 
 
 class Verdict(BaseModel):
-    """One judgement. ``status == "error"`` always has ``score is None``: a failure is never a number."""
+    """One judgement. ``status != "ok"`` always has ``score is None``: a failure is never a number.
 
-    status: Literal["ok", "error"]
+    ``skipped`` means the judge was not asked (the budget was reached; ``error_kind`` says why):
+    nothing failed, and a later run with room in the budget judges it. Token counts are the tokens
+    billed in this run; a cache hit bills none and reports what it saved in ``saved_*_tokens``.
+    """
+
+    status: Literal["ok", "error", "skipped"]
     score: float | None = None
     label: str | None = None
     rationale: str | None = None
@@ -36,6 +42,8 @@ class Verdict(BaseModel):
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    saved_prompt_tokens: int = 0  # a cache hit: the stored reply's usage, which this run did not pay for
+    saved_completion_tokens: int = 0
     attempts: int = 0
     latency_s: float = 0.0
     cached: bool = False
