@@ -51,6 +51,11 @@ class RunSummary(BaseModel):
     wall_s: float = 0.0
     judgements_per_s: float = 0.0
     spread: SpreadReport | None = None  # with --group-by: does the reward vary within and across groups
+    # Money, filled by the CLI from the price table (None: the model has no price).
+    cost_usd: float | None = None  # the tokens above at the table's prices
+    saved_tokens: int = 0  # tokens of the replies this run took from the cache
+    saved_usd: float | None = None
+    budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -314,7 +319,9 @@ async def run_file(
         finished = True
     finally:
         writer.close(complete=finished)
-        if finished:
+        if finished and tally.skipped:
+            checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
+        elif finished:
             checkpoint.save(writer.mark_after_close(), tally.state(), complete=True)
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
@@ -384,7 +391,7 @@ async def stream_in_order(
                     outcome = await judge_row(prepare(row, number))
                 except RowError as e:
                     outcome = input_error(str(e))
-                if outcome.status in ("error", "invalid") and outcome.error and f"row {number}" not in outcome.error:
+                if outcome.status != "ok" and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
             pending[number] = emit(number, out_row, outcome)
             flush()
@@ -417,6 +424,12 @@ class _Tally:
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
+        if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
+            for name, value in verdict.metrics.items():
+                if name.endswith("judge_prompt_tokens"):
+                    self.prompt_tokens += int(value)
+                elif name.endswith("judge_completion_tokens"):
+                    self.completion_tokens += int(value)
         self.prompt_tokens += getattr(verdict, "prompt_tokens", 0)
         self.completion_tokens += getattr(verdict, "completion_tokens", 0)
         self.requests += getattr(verdict, "attempts", 0)

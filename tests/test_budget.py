@@ -213,3 +213,33 @@ def test_grade_frame_under_a_budget_keeps_every_row(billed: FakeProvider) -> Non
     assert out["error_kind"].tolist()[2:] == ["budget"] * 3 and out["score"].isna().tolist()[2:] == [True] * 3
     assert all(e.endswith("budget reached: spent 2200 of 2200 tokens (max tokens)") for e in out["error"].tolist()[2:])
     assert len(billed.chat_requests()) == 2
+
+
+def test_cli_budget_skips_then_a_larger_cap_finishes_from_the_cache(tmp_path) -> None:
+    """gradekit grade --max-cost: skipped rows, what was spent; the same command with more money grades the rest."""
+    from typer.testing import CliRunner
+
+    from graders._cli import app
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps({"question": f"q{i}", "references": ["a"], "prediction": f"p{i}"}) + "\n" for i in range(12)))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("judge-x: {input: 1000, output: 1000}\n")  # $0.001 a token: each reply here costs cents
+    with FakeProvider(script=[Reply(content=json.dumps({"rationale": "r", "judgement": "correct"}),
+                                    usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100})] * 12) as fake:
+        env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k", "GRADEKIT_CACHE": str(tmp_path / "c.sqlite3")}
+        args = ["grade", str(source), "-r", "semantic_equivalence_en", "-o", str(output), "--model", "judge-x", "--prices", str(prices),
+                "--concurrency", "1", "--json"]
+        capped = CliRunner().invoke(app, [*args, "--max-cost", "0.4"], env=env)
+        summary = json.loads(capped.output)
+        assert capped.exit_code == 1 and len(fake.chat_requests()) == 4  # 4 x $0.1 reaches $0.4
+        assert (summary["ok"], summary["skipped"], summary["errors"]) == (4, 8, 0)
+        assert abs(summary["cost_usd"] - 0.4) < 1e-9 and "spent $0.4000 of $0.4" in summary["budget"]
+        rows = [json.loads(line) for line in output.read_text().splitlines()]
+        statuses = [r["status"] for r in rows]
+        assert statuses.count("ok") == 4 and statuses.count("skipped") == 8  # which rows waited longest is up to the workers
+        assert all(r["error_kind"] == "budget" and r["score"] is None for r in rows if r["status"] == "skipped")
+        more = CliRunner().invoke(app, [*args, "--max-cost", "5"], env=env)
+        summary = json.loads(more.output)
+        assert more.exit_code == 0 and len(fake.chat_requests()) == 12  # only the 8 skipped rows were sent
+        assert summary["cache_hits"] == 4 and summary["saved_tokens"] == 400 and abs(summary["saved_usd"] - 0.4) < 1e-9

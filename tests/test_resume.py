@@ -1,0 +1,181 @@
+"""Crash-safe resume: a real `gradekit grade` killed with SIGKILL finishes on the second run, sending no request twice."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from graders._cli import app
+
+from judge.testing import FakeProvider
+
+from .conftest import reference_judge
+
+ROWS = 120
+
+
+def _write_input(path: Path, n: int = ROWS) -> None:
+    rows = [{"id": i, "question": f"question {i}?", "references": [f"answer {i}"],
+             "prediction": f"answer {i}" if i % 3 else f"something else {i}"} for i in range(n)]
+    if path.suffix == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows({**r, "references": json.dumps(r["references"])} for r in rows)
+    elif path.suffix == ".parquet":
+        import pyarrow as pa
+
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=50)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def _output_ids(path: Path) -> list[int]:
+    if path.suffix == ".parquet":
+        return [int(i) for i in pq.read_table(path).column("id").to_pylist()]
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return [int(r["id"]) for r in csv.DictReader(f)]
+    return [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _output_scores(path: Path) -> list[float]:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).column("score").to_pylist()
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return [float(r["score"]) for r in csv.DictReader(f)]
+    return [json.loads(line)["score"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _command(source: Path, output: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en", "-o", str(output),
+            "--concurrency", "4", *extra]
+
+
+def _env(fake: FakeProvider, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k",
+            "GRADEKIT_CACHE": str(tmp_path / "cache.sqlite3"), **extra}
+
+
+def _questions_sent(fake: FakeProvider) -> Counter[str]:
+    asked = Counter()
+    for request in fake.chat_requests():
+        asked[re.search(r"question \d+\?", request.body["messages"][-1]["content"]).group(0)] += 1
+    return asked
+
+
+def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint: Path, rows: int) -> None:
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60  # a safety net only: the kill waits for progress, not for time
+    try:
+        while time.monotonic() < deadline:
+            try:
+                state = json.loads(checkpoint.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                state = None
+            if state and state["mark"]["rows"] >= rows:
+                break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.02)
+        else:
+            pytest.fail("the run never checkpointed")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_sigkill_mid_run_then_the_same_command_finishes_without_repeats(tmp_path, suffix) -> None:
+    source = tmp_path / f"in{suffix}"
+    output = tmp_path / f"out{suffix}"
+    _write_input(source)
+    with FakeProvider(responder=reference_judge, latency=0.02) as fake:
+        env = _env(fake, tmp_path, GRADEKIT_PARQUET_PART_ROWS="20")
+        _kill_when_checkpointed(_command(source, output), env, output.with_name(output.name + ".checkpoint.json"), 30)
+        sent_before = len(fake.chat_requests())
+        assert sent_before < ROWS  # it really was cut off mid-run
+        with sqlite3.connect(tmp_path / "cache.sqlite3") as db:
+            judged = db.execute("SELECT count(*) FROM responses").fetchone()[0]  # replies the killed run received
+        done = subprocess.run(_command(source, output), env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert "resumed:" in done.stdout
+        asked = _questions_sent(fake)
+        sent_after = len(fake.chat_requests()) - sent_before
+    assert _output_ids(output) == list(range(ROWS))  # exactly one row per input row, in input order
+    # Every row the killed run had judged (written or only cached) is not asked again; only the
+    # requests in flight at the kill, whose replies never arrived, are sent a second time.
+    assert sent_after == ROWS - judged and len(asked) == ROWS
+    assert sum(n - 1 for n in asked.values()) == sent_before - judged <= 4
+    assert _output_scores(output) == [1.0 if i % 3 else 0.0 for i in range(ROWS)]
+    if suffix == ".parquet":
+        schema = pq.read_schema(output)
+        assert str(schema.field("score").type) == "double" and str(schema.field("id").type) == "int64"
+        assert not output.with_name(output.name + ".parts").exists()
+
+
+def _grade(source: Path, output: Path, fake: FakeProvider, tmp_path: Path, *extra: str):
+    """The same command in-process (CliRunner): these cases need no kill, so no subprocess start-up."""
+    env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k", "GRADEKIT_CACHE": str(tmp_path / "cache.sqlite3")}
+    return CliRunner().invoke(app, _command(source, output, *extra)[3:], env=env)
+
+
+def test_a_finished_output_is_a_no_op_that_says_so(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 20)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(source, output, fake, tmp_path).exit_code == 0
+        before = output.read_bytes()
+        again = _grade(source, output, fake, tmp_path)
+        assert again.exit_code == 0 and "already complete (20 rows); nothing to do" in again.output
+        assert len(fake.chat_requests()) == 20 and output.read_bytes() == before
+        restarted = _grade(source, output, fake, tmp_path, "--restart")
+        assert restarted.exit_code == 0 and "already complete" not in restarted.output
+        assert "20 cache hits" in restarted.output and len(fake.chat_requests()) == 20
+
+
+def test_other_settings_or_a_changed_input_start_over(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 10)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(source, output, fake, tmp_path).exit_code == 0
+        other_model = _grade(source, output, fake, tmp_path, "--model", "another-judge")
+        assert other_model.exit_code == 0 and "already complete" not in other_model.output
+        assert len(fake.chat_requests()) == 20
+        _write_input(source, 12)
+        grown = _grade(source, output, fake, tmp_path, "--model", "another-judge")
+        assert "already complete" not in grown.output and _output_ids(output) == list(range(12))
+
+
+def test_a_row_cut_off_by_the_kill_is_dropped_and_rewritten(tmp_path) -> None:
+    """The output may hold half a row written after the last checkpoint: resume truncates it."""
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 30)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(source, output, fake, tmp_path).exit_code == 0
+        checkpoint = output.with_name(output.name + ".checkpoint.json")
+        state = json.loads(checkpoint.read_text(encoding="utf-8"))
+        lines = output.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = "".join(lines[:10])
+        output.write_text(kept + lines[10][:17], encoding="utf-8")  # ten rows and a torn eleventh
+        state.update(complete=False, mark={"rows": 10, "offset": len(kept.encode())})
+        state["tally"] = {**state["tally"], "verdicts": 10, "ok": 10, "score_sum": 0.0, "labels": {}}
+        checkpoint.write_text(json.dumps(state), encoding="utf-8")
+        again = _grade(source, output, fake, tmp_path)
+        assert again.exit_code == 0 and "resumed: 10 rows" in again.output
+        assert len(fake.chat_requests()) == 30  # the other 20 came from the cache
+    assert _output_ids(output) == list(range(30))
