@@ -224,7 +224,7 @@ def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
     return {
         **keep_input(row, GRADER_COLUMNS),
         "score": grade.score,
-        "status": grade.status,
+        "status": "skipped" if grade.error_kind == "budget" else grade.status,
         "error_kind": grade.error_kind,
         "error": grade.error,
         "parts": {name: part.score for name, part in grade.parts.items()} or None,
@@ -443,8 +443,9 @@ class _Tally:
         else:
             kind = verdict.error_kind or (verdict.status if verdict.status != "error" else "unknown")
             self.kinds[kind] += 1
-            self.skipped += verdict.status == "skipped"
-            if len(self.examples) < 5 and verdict.status != "skipped":
+            skipped = verdict.status == "skipped" or verdict.error_kind == "budget"  # a grader reports a skipped judgement as an error
+            self.skipped += skipped
+            if len(self.examples) < 5 and not skipped:
                 self.examples.append(f"{kind}: {verdict.error}")
 
     def state(self) -> dict[str, Any]:
