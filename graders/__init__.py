@@ -4,6 +4,17 @@ A grader is an async callable ``grade(sample) -> Grade``; factories build them f
 from a YAML/JSON config (``load_grader``). Aggregates are pure functions over lists of grades.
 """
 
+from ._adapters import (
+    ExportError,
+    GradingError,
+    VerlReward,
+    ark_group_grader,
+    export_openai_grader,
+    export_vertex_evaluate,
+    export_vertex_spec,
+    trl_reward_func,
+    verl_compute_score,
+)
 from ._batch import RunSummary, grade_file
 from ._calibration import (
     CalibrationReport,
@@ -25,10 +36,12 @@ from ._calibration import (
 )
 from ._composite import CompositeGrader, FormulaError, formula_grader, weighted_grader
 from ._config import ConfiguredGrader, GraderConfigError, load_grader, load_group_grader
+from ._frame import agrade_frame, grade_frame
 from ._group import GroupResult, GroupStatus, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, llm_grader
 from ._pairwise import PairVerdict, PairwiseRunSummary, grade_pairwise_file, pairwise_grader
 from ._probes import Probe, ProbeReport, answer_listing, instruction_injection, position_swap, run_probes, verbosity
+from ._provider_batch import BatchRunError, grade_file_batch
 from ._python import PythonGrader, python_grader
 from ._sample import (
     FunctionCall,
@@ -43,6 +56,7 @@ from ._sample import (
     sample_from_row,
     sample_from_vertex,
 )
+from ._server import BaseRewardComputer, GraderRewardComputer, RewardRequest, RewardResponse, RewardServer, create_app
 from ._spread import SpreadReport, SpreadTally, reward_spread
 from ._string_match import (
     Normalization,
@@ -56,16 +70,21 @@ from ._string_match import (
 from ._vertex import VertexSpec, cloud_run_grader, dump_vertex_spec, parse_vertex_spec, vertex_grader
 
 __all__ = [
+    "BaseRewardComputer",
+    "BatchRunError",
     "CalibrationReport",
     "CompositeGrader",
     "ConfiguredGrader",
     "CorrelationReport",
+    "ExportError",
     "FileCalibration",
     "FormulaError",
     "FunctionCall",
     "Grade",
     "Grader",
     "GraderConfigError",
+    "GraderRewardComputer",
+    "GradingError",
     "GroupResult",
     "GroupStatus",
     "Interval",
@@ -79,6 +98,9 @@ __all__ = [
     "Probe",
     "ProbeReport",
     "PythonGrader",
+    "RewardRequest",
+    "RewardResponse",
+    "RewardServer",
     "RunSummary",
     "Sample",
     "SampleChecks",
@@ -88,17 +110,26 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "TrajectoryChecks",
+    "VerlReward",
     "VertexSpec",
     "aclose_grader",
+    "agrade_frame",
     "answer_listing",
+    "ark_group_grader",
     "autorater_grader",
     "calibrate",
     "calibrate_rows",
     "cloud_run_grader",
     "correlations",
+    "create_app",
     "dump_vertex_spec",
+    "export_openai_grader",
+    "export_vertex_evaluate",
+    "export_vertex_spec",
     "formula_grader",
     "grade_file",
+    "grade_file_batch",
+    "grade_frame",
     "grade_pairwise_file",
     "group_grader",
     "instruction_injection",
@@ -125,7 +156,9 @@ __all__ = [
     "sample_from_vertex",
     "string_check_grader",
     "string_match_grader",
+    "trl_reward_func",
     "verbosity",
+    "verl_compute_score",
     "vertex_grader",
     "weighted_grader",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from . import _calibrate, _grade, _llmbar, _render, _rubrics, _validate
+from . import _calibrate, _export, _grade, _llmbar, _render, _rubrics, _validate
+from . import _serve
 
 app = typer.Typer(
     name="gradekit",
@@ -19,6 +20,8 @@ app.command("render")(_render.render)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("llmbar")(_llmbar.llmbar)
 app.command("validate")(_validate.validate)
+app.command("export")(_export.export)
+app.command("serve")(_serve.serve)
 
 
 def main() -> None:

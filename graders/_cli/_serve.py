@@ -1,0 +1,66 @@
+"""`gradekit serve`: a reward computer or grader over HTTP, for Bailian, DashScope, Vertex and OpenRLHF."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from .._server import (
+    RewardServer,
+    ServerConfigError,
+    build_computer,
+    create_app,
+    load_server_config,
+)
+from .._server._app import TOKEN_ENV
+from ._common import fail
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    config: Path = typer.Option(Path("configs/config.yaml"), "--config", "-c", help="Server config: seed 001's configs/config.yaml plus reward.grader."),
+    host: str = typer.Option(None, "--host", envvar="GRADEKIT_SERVER_HOST", help="Bind address (default: server.host, else 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", envvar="GRADEKIT_SERVER_PORT", help="Port (default: server.port, else 8000); 0 picks a free one."),
+) -> None:
+    """Serve the config's reward.class or reward.grader until SIGTERM/SIGINT.
+
+    Routes: POST /compute_reward (Bailian), POST /api/v1 (DashScope), POST / (Vertex Cloud Run), POST /get_reward (OpenRLHF), GET /health.
+
+    The first line on stdout is the URL it listens on. SIGTERM stops accepting connections, finishes in-flight requests, closes the grader and exits 0.
+
+    Exit status 2: the config is wrong (the message names the file and key); 1: the server could not start (e.g. the port is taken).
+    """
+    try:
+        cfg = load_server_config(config)
+        computer = build_computer(cfg)
+        app = create_app(computer, cfg)
+    except ServerConfigError as e:
+        raise fail(str(e)) from e
+    enabled = cfg.logging.enable
+    if enabled and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bind = host or cfg.server.host
+    if not _is_loopback(bind) and not (cfg.server.auth_token or os.environ.get(TOKEN_ENV)):
+        typer.echo(f"warning: serving on {bind} with no bearer token (server.auth_token or {TOKEN_ENV}); "
+                   "anyone who can reach the port can spend your judge budget", err=True)
+
+    def announce(server: RewardServer) -> None:
+        typer.echo(f"{server.url}")  # first line of stdout: what tests, scripts and benchmarks read
+
+    server = RewardServer(app, host=bind, port=cfg.server.port if port is None else port, graceful_timeout=cfg.server.graceful_timeout,
+                          log_level="info" if enabled else "warning", on_started=announce)
+    try:
+        server.serve()
+    except RuntimeError as e:
+        raise fail(str(e), code=1) from e

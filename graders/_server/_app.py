@@ -1,0 +1,393 @@
+"""The FastAPI app: four platforms' routes over one reward computer, behind a bounded work pool.
+
+=====================  ===================================================================
+``GET  /health``       seed 001 and DashScope: the health check plus func_type, processor
+``POST /compute_reward``  Bailian seed 001: RewardRequest -> RewardResponse
+``POST /api/v1``       DashScope reward processor: func_type ``reward`` or ``group_reward``
+``POST /``             Vertex Cloud Run reward: ``{example, response, metadata}`` -> ``{reward}``
+``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}``
+=====================  ===================================================================
+
+Every route: 400 when the body is not JSON; 422 when it is JSON the contract cannot read (the
+``detail`` names the field); 401 without the bearer token, when one is set (``/health`` is
+open); 503 "Server is busy" with ``Retry-After`` when the pool is full, decided before the body
+is parsed (so under overload a malformed request may see 503 first: shedding load must cost
+less than serving it); 500 ``{"message"}`` when the computer raised. A reward that failed (judge error, invalid sample under ``invalid: fail``)
+is each contract's failure: seed 001 answers 200 ``status: fail``, DashScope 200
+``status: failed``; Vertex and OpenRLHF have no failure field, so they get 502 (OpenRLHF retries
+a non-2xx five times, then fails the step) -- never a made-up score.
+
+The body is parsed here rather than by FastAPI's typed parameters: the contracts need 400 for
+broken JSON (FastAPI says 422) and clients such as ``curl -d`` send no JSON content type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import inspect
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .._sample import Grader, sample_from_vertex
+from ._computers import BaseRewardComputer, GraderRewardComputer
+from ._config import ServerConfig, load_health_check, parse_server_config
+from ._models import (
+    DashScopeGroupRewardInput,
+    DashScopeRewardInput,
+    OpenRLHFRequest,
+    RewardRequest,
+    RewardResponse,
+    VertexRequest,
+    dashscope_group_reward,
+    dashscope_request,
+    dashscope_reward,
+    label_references,
+    openrlhf_reply,
+    split_query,
+    vertex_reply,
+)
+from ._pool import Busy, WorkPool
+
+logger = logging.getLogger("gradekit.server")
+
+BUSY = "Server is busy, please try again later."
+RETRY_AFTER = "1"  # seconds; DashScope's and OpenRLHF's clients retry about once a second anyway
+REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward"})
+TOKEN_ENV = "GRADEKIT_SERVER_TOKEN"
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Refusal(Exception):
+    """An answer other than the contract's normal reply: 400, 422, 502."""
+
+    def __init__(self, status: int, body: dict[str, Any], outcome: str) -> None:
+        super().__init__(outcome)
+        self.status, self.body, self.outcome = status, body, outcome
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body, status_code=self.status)
+
+
+def _unprocessable(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> _Refusal:
+    return _Refusal(422, {"detail": [{"loc": ["body", *loc], "msg": msg, "type": kind}]}, "unprocessable")
+
+
+def _set_outcome(request: Request, outcome: str) -> None:
+    request.state.gradekit_outcome = outcome
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _Refusal(400, {"detail": f"Invalid JSON body: {e}"}, "invalid json") from None
+
+
+def _parse(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        detail = [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in e.errors()]
+        raise _Refusal(422, {"detail": detail}, "unprocessable") from None
+
+
+def _failed(failures: Sequence[tuple[str, RewardResponse]]) -> _Refusal:
+    """Vertex and OpenRLHF have no failure field: a failed reward is a 502 naming each failed item."""
+    items = [{"item": where, "detail": r.detail or "reward failed", **({"grade_status": r.extra_info["grade_status"]}
+              if "grade_status" in r.extra_info else {})} for where, r in failures]
+    error = "; ".join(f"{i['item']}: {i['detail']}" if i["item"] else i["detail"] for i in items)
+    return _Refusal(502, {"error": error, "status": "fail", "failures": items}, "fail")
+
+
+def _checked(result: Any, computer: Any) -> RewardResponse:
+    name = type(computer).__name__
+    if not isinstance(result, RewardResponse):
+        try:
+            result = RewardResponse.model_validate(result, from_attributes=True)
+        except ValidationError as e:
+            raise TypeError(f"{name}.compute_reward returned {type(result).__name__}, not a RewardResponse") from e
+    if not math.isfinite(result.score):
+        raise ValueError(f"{name}.compute_reward returned a non-finite score ({result.score})")
+    return result
+
+
+class _Engine:
+    """One computer behind one pool: every route's work goes through ``compute``."""
+
+    def __init__(self, computer: Any, pool: WorkPool) -> None:
+        self.computer, self.pool = computer, pool
+
+    async def compute(self, request: RewardRequest) -> RewardResponse:
+        return _checked(await self.pool.run(self.computer.compute_reward, request), self.computer)
+
+    async def compute_all(self, requests: Sequence[RewardRequest]) -> list[RewardResponse]:
+        # Not a TaskGroup (3.11+): wait for every item, then raise the first error.
+        results = await asyncio.gather(*(self.compute(r) for r in requests), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results  # type: ignore[return-value]
+
+
+def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Refusals become their response; an exception from the computer becomes 500 ``{"message"}``."""
+
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _Refusal as refusal:
+            _set_outcome(request, refusal.outcome)
+            return refusal.response()
+        except Exception as e:
+            logger.exception("%s %s: the reward computer raised", request.method, request.url.path)
+            _set_outcome(request, "exception")
+            return JSONResponse({"message": f"{type(e).__name__}: {e}"}, status_code=500)
+
+    return run
+
+
+# ---- middleware ---------------------------------------------------------------------------------
+
+
+class _BearerAuth:
+    """Every route but ``/health`` needs ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.expected = app, token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            scheme, _, credentials = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            # compare_digest: the time taken must not tell how much of a guessed token was right
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self.expected):
+                scope.setdefault("state", {})["gradekit_outcome"] = "unauthorized"
+                response = JSONResponse({"detail": "Not authenticated"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _Admission:
+    """Refuses at the door: when the pool is full, a reward route answers 503 before FastAPI routes
+    the request or its body is parsed, so a refusal costs next to nothing even under a flood.
+    Admitted requests hold their place until the response is sent."""
+
+    def __init__(self, app: ASGIApp, pool: WorkPool, paths: frozenset[str]) -> None:
+        self.app, self.pool, self.paths = app, pool, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.pool.admit()
+        except Busy:
+            scope.setdefault("state", {})["gradekit_outcome"] = "busy"
+            more = True
+            while more:  # drain the body so the keep-alive connection stays usable
+                message = await receive()
+                more = message.get("more_body", False) and message["type"] == "http.request"
+            response = JSONResponse({"detail": BUSY}, status_code=503, headers={"Retry-After": RETRY_AFTER})
+            await response(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.pool.leave()
+
+
+class _RequestLog:
+    """One log line per request: method, route, status, outcome and latency (also as record fields)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        status = 0
+
+        async def capture(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            ms = (time.perf_counter() - started) * 1000
+            outcome = state.get("gradekit_outcome") or ("ok" if 200 <= status < 300 else "error")
+            route = scope["path"]
+            logger.info("%s %s -> %d %s in %.1f ms", scope["method"], route, status, outcome, ms,
+                        extra={"route": route, "status": status, "outcome": outcome, "latency_ms": ms})
+
+
+# ---- the app ------------------------------------------------------------------------------------
+
+
+async def _close(computer: Any) -> None:
+    for name in ("aclose", "close"):
+        close = getattr(computer, name, None)
+        if callable(close):
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+            return
+
+
+def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Mapping[str, Any] | None = None, *,
+               health_check: Callable[[], Any] | None = None) -> FastAPI:
+    """The reward server's ASGI app, serving all four contracts from one computer.
+
+    Args:
+        computer: a BaseRewardComputer (anything with ``compute_reward``), or a grader, which is
+            served through :class:`GraderRewardComputer` with ``reward.invalid`` from the config.
+        config: a ServerConfig or its dict (``thread_pool``, ``server.auth_token``, ``logging``,
+            ``health_check``); defaults otherwise. The token falls back to ``GRADEKIT_SERVER_TOKEN``.
+        health_check: what ``/health`` calls instead of ``health_check.function`` or the
+            computer's ``health_check()``.
+
+    The pool starts and the computer is closed (``aclose()``/``close()``) in the app's lifespan,
+    so run it with lifespan on (``RewardServer`` does); uvicorn finishes in-flight requests first.
+    """
+    cfg = config if isinstance(config, ServerConfig) else parse_server_config(dict(config or {}))
+    if not callable(getattr(computer, "compute_reward", None)):
+        if not callable(computer):
+            raise TypeError(f"create_app needs a BaseRewardComputer or a grader, got {type(computer).__name__}")
+        invalid = (cfg.reward.invalid if cfg.reward else None) or "fail"
+        computer = GraderRewardComputer(computer, invalid=invalid)
+    health_fn = health_check or load_health_check(cfg)
+    pool = WorkPool(cfg.thread_pool.max_workers, cfg.thread_pool.queue_size)
+    engine = _Engine(computer, pool)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(pool.close)  # in-flight work is done: uvicorn waited for it
+            await _close(computer)
+            logger.info("reward computer %s closed", type(computer).__name__)
+
+    app = FastAPI(title="gradekit reward server", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.computer, app.state.pool, app.state.config = computer, pool, cfg
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        try:
+            fn = health_fn or getattr(computer, "health_check", None)
+            payload: Any = {"status": "healthy"} if fn is None else (
+                fn() if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn))
+            if inspect.isawaitable(payload):
+                payload = await payload
+            if not isinstance(payload, Mapping) or "status" not in payload:
+                raise TypeError(f"the health check returned {payload!r}, not a dict with a 'status'")
+            payload = dict(payload)
+        except Exception as e:
+            payload = {"status": "unhealthy", "message": f"{type(e).__name__}: {e}"}
+        healthy = payload.get("status") == "healthy"
+        _set_outcome(request, "healthy" if healthy else "unhealthy")
+        # DashScope's health fields, for the two func_types this server answers on /api/v1.
+        body = {**payload, "func_type": "reward", "func_types": ["reward", "group_reward"],
+                "processor": type(computer).__name__, "parser": "gradekit",
+                "in_flight": pool.admitted, "capacity": pool.capacity}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.post("/compute_reward")
+    @_guarded
+    async def compute_reward(request: Request) -> Response:
+        reward_request = _parse(RewardRequest, await _json_body(request))
+        response = await engine.compute(reward_request)
+        _set_outcome(request, response.status)
+        return JSONResponse(response.model_dump(mode="json"))
+
+    @app.post("/api/v1")
+    @_guarded
+    async def dashscope(request: Request) -> Response:
+        body = await _json_body(request)
+        kind = body.get("func_type") if isinstance(body, dict) else None
+        if kind is None and isinstance(body, dict) and "agent_outputs" in body:
+            kind = "group_reward"
+        if kind in (None, "reward"):
+            single = _parse(DashScopeRewardInput, body)
+            response = await engine.compute(dashscope_request(single.agent_output, single.ground_truth, single.request_metadata))
+            out = dashscope_reward(response)
+        elif kind == "group_reward":
+            group = _parse(DashScopeGroupRewardInput, body)
+            requests = [dashscope_request(o, group.ground_truth, group.request_metadata) for o in group.agent_outputs]
+            responses = await engine.compute_all(requests)
+            out = dashscope_group_reward(responses)
+        else:
+            raise _unprocessable(["func_type"], f"func_type {kind!r} is not served here; gradekit serves 'reward' and 'group_reward'",
+                                 "literal_error")
+        _set_outcome(request, out["status"])
+        return JSONResponse(out)
+
+    @app.post("/")
+    @_guarded
+    async def vertex(request: Request) -> Response:
+        body = await _json_body(request)
+        parsed = _parse(VertexRequest, body)
+        try:
+            sample = sample_from_vertex(body["example"], body["response"])
+        except ValueError as e:
+            raise _unprocessable(["example"], str(e)) from None
+        reward_request = RewardRequest(messages=sample.messages, response=sample.response_text, response_messages=sample.response or None,
+                                       extra_params=sample.references, metadata={**sample.metadata, **parsed.metadata})
+        response = await engine.compute(reward_request)
+        if response.status != "success":
+            raise _failed([("", response)])
+        _set_outcome(request, "success")
+        return JSONResponse(vertex_reply(response))
+
+    @app.post("/get_reward")
+    @_guarded
+    async def openrlhf(request: Request) -> Response:
+        batch = _parse(OpenRLHFRequest, await _json_body(request))
+        n = len(batch.query)
+        for field in ("prompts", "labels"):
+            values = getattr(batch, field)
+            if values is not None and len(values) != n:
+                raise _unprocessable([field], f"has {len(values)} items but query has {n}")
+        requests = []
+        for i, query in enumerate(batch.query):
+            prompt = batch.prompts[i] if batch.prompts is not None else None
+            answer = split_query(query, prompt)
+            if answer is None:
+                raise _unprocessable(["query", i], f"does not contain prompts[{i}], so the response cannot be split off")
+            references = label_references(batch.labels[i]) if batch.labels is not None else {}
+            requests.append(RewardRequest(prompt=prompt or None, response=answer, extra_params=references))
+        responses = await engine.compute_all(requests)
+        failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
+        if failures:
+            raise _failed(failures)
+        _set_outcome(request, "success")
+        return JSONResponse(openrlhf_reply(responses))
+
+    app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the token check
+    token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None
+    if token:
+        app.add_middleware(_BearerAuth, token=token)
+    if cfg.logging.enable:
+        app.add_middleware(_RequestLog)  # added last: outermost, so it times and logs 401s too
+    return app

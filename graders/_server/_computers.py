@@ -1,0 +1,155 @@
+"""Reward computers: the seed's BaseRewardComputer, and GraderRewardComputer serving any grader.
+
+A computer answers one RewardRequest with one RewardResponse. ``compute_reward`` may be a plain
+``def`` (the server runs it on its thread pool, so blocking code is fine) or an ``async def``
+(run on the event loop, bounded by a semaphore; it must not block).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, Literal
+
+from .._sample import Grade, Grader, Message, Sample, aclose_grader
+from ._models import RewardRequest, RewardResponse
+
+InvalidPolicy = Literal["fail", "zero"]
+
+
+class BaseRewardComputer(ABC):
+    """Bailian's reward computer base class (seed 001); subclass it and name it in ``reward.class``."""
+
+    @abstractmethod
+    def compute_reward(self, request: RewardRequest) -> RewardResponse | Awaitable[RewardResponse]:
+        """Score one request; a failure is ``status="fail"`` with a ``detail``, never a made-up score."""
+
+    def health_check(self) -> dict[str, Any]:
+        """What ``GET /health`` reports; ``status`` other than ``healthy`` answers 503."""
+        return {"status": "healthy"}
+
+
+class GraderRewardComputer(BaseRewardComputer):
+    """Serves a gradekit grader: request -> Sample -> Grade -> response.
+
+    Subclass it to change one step (``to_sample``, ``to_response``) or to build the grader in
+    ``__init__``; ``compute_reward`` is async because graders are.
+
+    Args:
+        grader: any ``async (Sample) -> Grade``.
+        invalid: what an ``invalid`` grade (the sample cannot be graded this way: a missing
+            reference, a python grader that raised) answers. ``fail`` (default): a failure,
+            like a judge error, so a broken row or grader shows up at the first step instead
+            of training on a number nobody chose; ``zero``: success with score 0 (OpenAI's
+            choice for invalid samples), for datasets where some rows knowingly lack a reference.
+        name: reported by the health check; the grader's ``__name__`` by default.
+    """
+
+    def __init__(self, grader: Grader, *, invalid: InvalidPolicy = "fail", name: str | None = None) -> None:
+        if invalid not in ("fail", "zero"):
+            raise ValueError(f"invalid must be 'fail' or 'zero', got {invalid!r}")
+        self.grader = grader
+        self.invalid: InvalidPolicy = invalid
+        self.name = name or getattr(grader, "__name__", type(grader).__name__)
+
+    def to_sample(self, request: RewardRequest) -> Sample:
+        """messages (or the prompt as one user message) + response + references = extra_params;
+        ``metadata`` and unknown request fields become sample metadata."""
+        prompt = request.prompt
+        messages: list[Message] | str = request.messages if request.messages is not None else (prompt if prompt is not None else [])
+        metadata = {**(request.model_extra or {}), **(request.metadata or {})}
+        response = request.response_messages if request.response_messages else request.response
+        return Sample(messages=messages, response=response, references=dict(request.extra_params), metadata=metadata)
+
+    def to_response(self, grade: Grade, request: RewardRequest) -> RewardResponse:
+        """ok -> success with the score; invalid -> the ``invalid`` policy; error -> fail."""
+        info: dict[str, Any] = {"grade_status": grade.status}
+        if grade.metrics:
+            info["metrics"] = dict(grade.metrics)
+        if grade.parts:
+            info["parts"] = {name: part.score for name, part in grade.parts.items()}
+        if grade.error_kind:
+            info["error_kind"] = grade.error_kind
+        if grade.status == "ok":
+            assert grade.score is not None
+            return RewardResponse(score=grade.score, status="success", extra_info=info)
+        if grade.status == "invalid" and self.invalid == "zero":
+            return RewardResponse(score=0.0, status="success", detail=f"invalid sample scored 0: {grade.error}", extra_info=info)
+        return RewardResponse(score=0.0, status="fail", detail=grade.error or f"grade status {grade.status}", extra_info=info)
+
+    async def compute_reward(self, request: RewardRequest) -> RewardResponse:
+        grade = await self.grader(self.to_sample(request))
+        return self.to_response(grade, request)
+
+    def health_check(self) -> dict[str, Any]:
+        return {"status": "healthy", "grader": self.name}
+
+    async def aclose(self) -> None:
+        """Release the grader's resources (its judge, python workers)."""
+        await aclose_grader(self.grader)
+
+
+# ---- "module.path:Name", "pkg.mod.Name" and "path/file.py:Name" ---------------------------------
+
+
+def _import_file(path: Path) -> Any:
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    name = f"gradekit_user_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    # The file's own folder goes on sys.path so it can import its siblings, as when run as a script.
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_object(spec: str, *, base: Path | None = None) -> Any:
+    """The object a class path names: ``module.path:Name`` (seed 001), ``pkg.mod.Name`` or
+    ``path/file.py:Name`` (DashScope). Modules are found from the current directory, ``base`` (the
+    config file's folder) and its parent (the seed keeps ``configs/`` beside the code); files
+    relative to ``base`` first, then to the current directory.
+
+    Raises:
+        ValueError: the path is malformed, or names nothing importable (the message says which).
+    """
+    where, sep, attr = spec.rpartition(":")
+    if not sep or "/" in attr or "\\" in attr:  # no colon (or only a drive letter's): dotted form
+        where, _, attr = spec.rpartition(".")
+    if not where or not attr or not attr.isidentifier():
+        raise ValueError(f"{spec!r} is not 'module.path:Name', 'pkg.module.Name' or 'path/file.py:Name'")
+    try:
+        if where.endswith(".py") or "/" in where or "\\" in where:
+            candidates = [Path(where)] if Path(where).is_absolute() else [p / where for p in ((base,) if base else ()) + (Path.cwd(),)]
+            path = next((c.resolve() for c in candidates if c.is_file()), None)
+            if path is None:
+                raise ValueError(f"{spec!r}: no file {where} (looked in {', '.join(str(c.parent) for c in candidates)})")
+            module = _import_file(path)
+        else:
+            for folder in [Path.cwd(), *((base, base.parent) if base else ())]:
+                if str(folder) not in sys.path:
+                    sys.path.append(str(folder))
+            module = importlib.import_module(where)
+    except ValueError:
+        raise
+    except Exception as e:  # the user's module may raise anything while importing
+        raise ValueError(f"{spec!r}: cannot import {where}: {type(e).__name__}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{spec!r}: {where} has no {attr!r}") from None

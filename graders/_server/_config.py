@@ -1,0 +1,215 @@
+"""``configs/config.yaml``: seed 001's keys plus gradekit's ``reward.grader``.
+
+.. code-block:: yaml
+
+    server:
+      port: 8000                 # default 8000; 0 picks a free port
+      host: 127.0.0.1            # default loopback; 0.0.0.0 to serve other machines
+      auth_token: null           # or env GRADEKIT_SERVER_TOKEN: bearer token on every route but /health
+      graceful_timeout: 30       # seconds SIGTERM waits for in-flight requests
+    reward:
+      class: "implementations.default_reward:DefaultRewardComputer"   # or "path/file.py:Class"
+      # grader: grader.yaml      # instead of class: any gradekit grader file (relative to this file)
+      # invalid: fail            # with grader: what an invalid sample answers (fail | zero)
+    health_check:
+      function: "custom_module:custom_health_check"   # optional; else the computer's health_check()
+    logging:
+      enable: true               # one log line per request: route, status, outcome, latency
+    thread_pool:
+      max_workers: 64            # computations at once (threads, or a semaphore for async computers)
+      queue_size: 256            # requests allowed to wait; beyond it: 503 with Retry-After
+    limiter:                     # the process's judge limiter (gradekit's own, not in the seed)
+      rps: null
+      tpm: null
+      concurrency: null          # default: thread_pool.max_workers
+
+A key set to nothing (every line under it commented out, as in the seed's file) means its defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from judge import configure_limiter
+
+from .._config import GraderConfigError, load_grader
+from ._computers import BaseRewardComputer, GraderRewardComputer, load_object
+
+
+class ServerConfigError(ValueError):
+    """The server config is wrong; the message names the file and the key at fault."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ServerSection(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    auth_token: str | None = None
+    graceful_timeout: float = Field(30.0, gt=0)
+
+
+class RewardSection(_Section):
+    class_: str | None = Field(None, alias="class")
+    grader: str | None = None
+    invalid: Literal["fail", "zero"] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> RewardSection:
+        if (self.class_ is None) == (self.grader is None):
+            raise ValueError("give exactly one of reward.class (a BaseRewardComputer) and reward.grader (a grader file)")
+        if self.invalid is not None and self.grader is None:
+            raise ValueError("reward.invalid applies to reward.grader; a reward.class sets its own policy")
+        return self
+
+
+class HealthCheckSection(_Section):
+    function: str | None = None
+
+
+class LoggingSection(_Section):
+    enable: bool = True
+
+
+class ThreadPoolSection(_Section):
+    # A judge-backed grader mostly waits on the network, so 64 concurrent grades cost little.
+    max_workers: int = Field(64, gt=0)
+    queue_size: int = Field(256, ge=0)
+
+
+class LimiterSection(_Section):
+    rps: float | None = Field(None, gt=0)
+    tpm: float | None = Field(None, gt=0)
+    concurrency: int | None = Field(None, ge=1)
+
+
+class ServerConfig(_Section):
+    """The whole file; every section is optional except ``reward`` when serving from a file."""
+
+    server: ServerSection = ServerSection()
+    reward: RewardSection | None = None
+    health_check: HealthCheckSection = HealthCheckSection()
+    logging: LoggingSection = LoggingSection()
+    thread_pool: ThreadPoolSection = ThreadPoolSection()
+    limiter: LimiterSection = LimiterSection()
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("server", "health_check", "logging", "thread_pool", "limiter", mode="before")
+    @classmethod
+    def _empty_section(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _empty_reward(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @property
+    def source(self) -> str:
+        return str(self._source) if self._source else "server config"
+
+    @property
+    def base(self) -> Path | None:
+        """The folder relative paths in the file are read from."""
+        return self._source.parent if self._source else None
+
+
+def _problems(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def parse_server_config(data: Any, source: Path | None = None) -> ServerConfig:
+    where = str(source) if source else "server config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ServerConfigError(f"{where}: the config must be a mapping of sections, got {type(data).__name__}")
+    try:
+        config = ServerConfig.model_validate(data)
+    except ValidationError as e:
+        raise ServerConfigError(f"{where}: {_problems(e)}") from None
+    config._source = source.resolve() if source else None
+    return config
+
+
+def load_server_config(path: str | Path) -> ServerConfig:
+    """Read and validate a server config file; ``reward`` is required here."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ServerConfigError(f"{path}: cannot read the server config: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ServerConfigError(f"{path}: not valid YAML: {e}") from e
+    if isinstance(data, dict) and "reward" not in data:
+        raise ServerConfigError(f"{path}: reward: missing; give reward.class (a BaseRewardComputer) or reward.grader (a grader file)")
+    return parse_server_config(data, path)
+
+
+def build_computer(config: ServerConfig) -> BaseRewardComputer:
+    """The computer ``reward`` names, built after the process's judge limiter is configured
+    (every judge of the process shares it; its concurrency defaults to the worker count)."""
+    reward = config.reward
+    if reward is None:
+        raise ServerConfigError(f"{config.source}: reward: missing; give reward.class or reward.grader")
+    lim = config.limiter
+    configure_limiter(rps=lim.rps, tpm=lim.tpm, concurrency=lim.concurrency or config.thread_pool.max_workers)
+    if reward.grader is not None:
+        path = Path(reward.grader)
+        if not path.is_absolute() and config.base is not None:
+            path = config.base / path
+        try:
+            grader = load_grader(path)
+        except (GraderConfigError, ValueError, OSError) as e:
+            raise ServerConfigError(f"{config.source}: reward.grader: {e}") from e
+        return GraderRewardComputer(grader, invalid=reward.invalid or "fail", name=path.stem)
+    assert reward.class_ is not None
+    try:
+        factory = load_object(reward.class_, base=config.base)
+    except ValueError as e:
+        raise ServerConfigError(f"{config.source}: reward.class: {e}") from e
+    if not callable(factory):
+        raise ServerConfigError(f"{config.source}: reward.class: {reward.class_!r} is not a class")
+    try:
+        computer = factory()
+    except Exception as e:
+        raise ServerConfigError(f"{config.source}: reward.class: {reward.class_}() raised {type(e).__name__}: {e}") from e
+    if not callable(getattr(computer, "compute_reward", None)):
+        raise ServerConfigError(f"{config.source}: reward.class: {reward.class_!r} has no compute_reward method; "
+                                "subclass graders.BaseRewardComputer")
+    return computer  # type: ignore[no-any-return]
+
+
+def load_health_check(config: ServerConfig) -> Any:
+    """The ``health_check.function`` callable, or None."""
+    spec = config.health_check.function
+    if spec is None:
+        return None
+    try:
+        fn = load_object(spec, base=config.base)
+    except ValueError as e:
+        raise ServerConfigError(f"{config.source}: health_check.function: {e}") from e
+    if not callable(fn):
+        raise ServerConfigError(f"{config.source}: health_check.function: {spec!r} is not callable")
+    return fn
