@@ -56,7 +56,7 @@ from ._sample import (
     sample_from_row,
     sample_from_vertex,
 )
-from ._server import BaseRewardComputer, GraderRewardComputer, RewardRequest, RewardResponse, RewardServer, create_app
+from ._server import BaseRewardComputer, GraderRewardComputer, RewardRequest, RewardResponse
 from ._spread import SpreadReport, SpreadTally, reward_spread
 from ._string_match import (
     Normalization,
@@ -162,3 +162,12 @@ __all__ = [
     "vertex_grader",
     "weighted_grader",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The reward server's app and runner load FastAPI and uvicorn: only when asked for."""
+    if name in ("RewardServer", "create_app"):
+        from . import _server
+
+        return getattr(_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,13 +90,13 @@ def test_an_llm_grader_config_uses_the_command_lines_judge(tmp_path) -> None:
     config.write_text("type: llm\nrubric: tone\nmap: {response: response, tone: references.tone}\n", encoding="utf-8")
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(source, [{"response": "Thank you kindly.", "tone": "polite"}, {"response": "Whatever.", "tone": "polite"}])
-    with FakeProvider(script=[Reply(content="Polite. <answer>Yes</answer>"), Reply(status=500), Reply(status=500),
-                              Reply(status=500), Reply(status=500), Reply(status=500)]) as fake:
+    with FakeProvider(script=[Reply(content="Polite. <answer>Yes</answer>"), Reply(status=403)]) as fake:
         result = runner.invoke(app, ["grade", str(source), "--grader", str(config), "-o", str(output), "--base-url", fake.base_url,
                                      "--api-key", "k", "--no-cache", "--concurrency", "1", "--timeout", "5"])
-        assert len(fake.chat_requests()) >= 2
+        assert len(fake.chat_requests()) == 2
     rows = _read(output)
     assert rows[0]["score"] == 1.0 and rows[1]["status"] == "error" and rows[1]["score"] is None
+    assert rows[1]["error_kind"] == "bad_request" and "row 2" in rows[1]["error"]
     assert result.exit_code == 1
 
 
