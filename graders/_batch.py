@@ -424,20 +424,26 @@ class _Tally:
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
+        label = None
         if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
             for name, value in verdict.metrics.items():
                 if name.endswith("judge_prompt_tokens"):
                     self.prompt_tokens += int(value)
                 elif name.endswith("judge_completion_tokens"):
                     self.completion_tokens += int(value)
-        self.prompt_tokens += getattr(verdict, "prompt_tokens", 0)
-        self.completion_tokens += getattr(verdict, "completion_tokens", 0)
-        self.requests += getattr(verdict, "attempts", 0)
-        self.cache_hits += bool(getattr(verdict, "cached", False))
+                elif name.endswith("judge_cached"):
+                    self.cache_hits += int(value)
+                elif name.endswith("judge_attempts"):
+                    self.requests += int(value)
+        else:
+            self.prompt_tokens += verdict.prompt_tokens
+            self.completion_tokens += verdict.completion_tokens
+            self.requests += verdict.attempts
+            self.cache_hits += verdict.cached
+            label = verdict.label
         if verdict.status == "ok":
             self.ok += 1
             self.score_sum += verdict.score or 0.0
-            label = getattr(verdict, "label", None)
             if label is not None:
                 self.labels[label] += 1
         else:

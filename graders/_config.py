@@ -77,15 +77,14 @@ a number), ``on_invalid:`` and ``pass_threshold:``; load it with :func:`load_gro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from judge import Judge, RubricError
+from judge._files import read_data_file
 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
@@ -342,13 +341,9 @@ def _read(source: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str, 
         return dict(source), "grader config", Path.cwd()
     path = Path(source)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise GraderConfigError(f"{path}: {e.strerror or e}") from e
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise GraderConfigError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {e}") from e
+        data = read_data_file(path, "grader config")
+    except ValueError as e:
+        raise GraderConfigError(str(e)) from e
     if not isinstance(data, dict):
         raise GraderConfigError(f"{path}: a grader config must be a mapping")
     return data, str(path), path.parent

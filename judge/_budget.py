@@ -12,7 +12,6 @@ reached: one request with one request in flight at a time.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import threading
@@ -20,8 +19,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._files import read_data_file
 
 PRICES_ENV = "GRADEKIT_PRICES"
 
@@ -72,14 +72,7 @@ def load_prices(path: str | Path | None = None) -> dict[str, ModelPrice]:
 
 
 def _read_prices(path: Path) -> dict[str, ModelPrice]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the price table: {e.strerror or e}") from e
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ValueError(f"{path}: the price table is not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {e}") from e
+    data = read_data_file(path, "price table")
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: a price table maps model names to {{input: USD per 1M tokens, output: USD per 1M tokens}}")
     table: dict[str, ModelPrice] = {}

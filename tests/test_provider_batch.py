@@ -15,33 +15,19 @@ from pathlib import Path
 
 import openai
 import pytest
-from typer.testing import CliRunner
 
 from graders import RunSummary
-from graders._cli import app
 from graders._io import InputError
 from graders._provider_batch import grade_file_batch, state_path_for
 from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from judge.testing import BatchFault, FakeProvider, Reply
 
 from .conftest import reference_judge
+from .test_cli_grade import grade, rows
 
 ROOT = Path(__file__).resolve().parent.parent
 ZH_SET = ROOT / "eval_sets" / "semantic_equivalence_zh" / "data.jsonl"
 EN_SET = ROOT / "eval_sets" / "semantic_equivalence_en" / "data.jsonl"
-runner = CliRunner()
-
-
-def grade(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["grade", *args])
-    return result.exit_code, result.output
-
-
-def rows(path: Path) -> list[dict]:
-    if path.suffix == ".csv":
-        with path.open(encoding="utf-8", newline="") as f:
-            return list(csv.DictReader(f))
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def live_requests(fake: FakeProvider) -> list:

@@ -31,7 +31,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -43,6 +42,7 @@ from pydantic import (
 )
 
 from judge import configure_limiter
+from judge._files import read_data_file
 
 from .._config import GraderConfigError, load_grader
 from ._computers import BaseRewardComputer, GraderRewardComputer, load_object
@@ -155,13 +155,9 @@ def load_server_config(path: str | Path) -> ServerConfig:
     """Read and validate a server config file; ``reward`` is required here."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ServerConfigError(f"{path}: cannot read the server config: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ServerConfigError(f"{path}: not valid YAML: {e}") from e
+        data = read_data_file(path, "server config")
+    except ValueError as e:
+        raise ServerConfigError(str(e)) from e
     if isinstance(data, dict) and "reward" not in data:
         raise ServerConfigError(f"{path}: reward: missing; give reward.class (a BaseRewardComputer) or reward.grader (a grader file)")
     return parse_server_config(data, path)
