@@ -290,3 +290,22 @@ def test_an_unreachable_redis_stops_the_run_before_any_request_and_names_the_url
         assert url.replace("s3cret", "***") in result.output and "s3cret" not in result.output
         assert "unreachable" in result.output
         assert fake.chat_requests() == []
+
+
+def test_server_replicas_take_the_shared_limiter_from_their_config(redis_url: str, tmp_path: Path) -> None:
+    """A reward server's limiter.url makes every judge of the replica pace through Redis; a dead URL stops it starting."""
+    from graders._server import ServerConfigError, build_computer, load_server_config
+    from judge import SharedLimiter, configure_limiter, process_limiter
+
+    grader = tmp_path / "grader.yaml"
+    grader.write_text("type: string_match\nexpression: '{{references.answer}}'\n", encoding="utf-8")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"reward: {{grader: grader.yaml}}\nlimiter: {{rps: 5, url: '{redis_url}', key: replicas}}\n", encoding="utf-8")
+    try:
+        build_computer(load_server_config(config))
+        assert isinstance(process_limiter(), SharedLimiter)
+        config.write_text("reward: {grader: grader.yaml}\nlimiter: {rps: 5, url: 'redis://127.0.0.1:1/0'}\n", encoding="utf-8")
+        with pytest.raises(ServerConfigError, match=r"limiter: .*redis://127\.0\.0\.1:1/0"):
+            build_computer(load_server_config(config))
+    finally:
+        configure_limiter()  # the next test's judges get an in-process limiter again

@@ -22,12 +22,15 @@
       rps: null
       tpm: null
       concurrency: null          # default: thread_pool.max_workers
+      url: null                  # redis://host:port/db: replicas share rps/tpm (default: $GRADEKIT_LIMITER, else this process)
+      key: default               # the shared budget's name in Redis
 
 A key set to nothing (every line under it commented out, as in the seed's file) means its defaults.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,6 +98,8 @@ class LimiterSection(_Section):
     rps: float | None = Field(None, gt=0)
     tpm: float | None = Field(None, gt=0)
     concurrency: int | None = Field(None, ge=1)
+    url: str | None = None  # redis://host:port/db: replicas share rps/tpm (else $GRADEKIT_LIMITER, else in-process)
+    key: str = "default"  # the shared budget's name in Redis
 
 
 class ServerConfig(_Section):
@@ -170,7 +175,11 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
     if reward is None:
         raise ServerConfigError(f"{config.source}: reward: missing; give reward.class or reward.grader")
     lim = config.limiter
-    configure_limiter(rps=lim.rps, tpm=lim.tpm, concurrency=lim.concurrency or config.thread_pool.max_workers)
+    try:
+        configure_limiter(rps=lim.rps, tpm=lim.tpm, concurrency=lim.concurrency or config.thread_pool.max_workers,
+                          url=lim.url or os.environ.get("GRADEKIT_LIMITER") or None, key=lim.key)
+    except (ValueError, ConnectionError) as e:  # a bad URL or a Redis that does not answer: before serving
+        raise ServerConfigError(f"{config.source}: limiter: {e}") from e
     if reward.grader is not None:
         path = Path(reward.grader)
         if not path.is_absolute() and config.base is not None:
