@@ -29,6 +29,10 @@ def _part_rows() -> int:
     return int(os.environ.get("GRADEKIT_PARQUET_PART_ROWS") or 10_000)
 
 
+# One encoder, built once: json.dumps with options builds a new JSONEncoder for every row.
+_ROW_JSON = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
 class InputError(ValueError):
     """An input file cannot be read at all; the message names the file (and row)."""
 
@@ -186,7 +190,7 @@ class RowWriter:
             self._parts.add(row)
         elif self.kind == "jsonl":
             assert self._handle is not None
-            self._handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            self._handle.write(_ROW_JSON.encode(row) + "\n")
         else:
             cells = {k: _cell(v) for k, v in row.items()}
             if self._csv is None:

@@ -26,6 +26,8 @@ from ._verdict import ErrorKind, Verdict, clamp
 
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
+# One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
+_VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
 
 
@@ -256,7 +258,7 @@ class Judge:
             request = build_request(rubric, [], mode, self.model, self.sampling)
             shell = (rubric, cache_key(self.base_url, {**request, "rubric": rubric_fingerprint(rubric)}))
             self._shells[(id(rubric), mode)] = shell
-        canonical = json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+        canonical = _VALUES_JSON.encode(values)  # prepare() yields the rubric's variables in its fixed order
         return hashlib.sha256(f"{shell[1]}|{canonical}".encode()).hexdigest()
 
     def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:

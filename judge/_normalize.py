@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -17,6 +18,7 @@ _SPACE = re.compile(r"\s+")
 _EDGE = " \t\r\n.,;:!?'\"()[]{}<>-=|/\\#。，；：！？、“”‘’「」『』【】《》〈〉（）…·"
 
 
+@functools.lru_cache(maxsize=4096)  # judges repeat a handful of verdict words; a warm re-run asks for them a million times
 def normalize_label(text: str) -> str:
     """Fold the surface forms of a verdict word to one key.
 
