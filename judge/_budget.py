@@ -15,6 +15,7 @@ import asyncio
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -166,7 +167,7 @@ class Budget:
         self._unpriced: set[str] = set()  # models spent on without a price: spent_usd is unknown
         self._in_flight = 0
         self.refused = 0
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._queue: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()  # requests waiting, in arrival order
         if model is not None:
             self.check_model(model)
 
@@ -192,38 +193,72 @@ class Budget:
     def try_start(self, prompt_tokens: int, completion_tokens: int = 0, *, model: str | None = None) -> Reservation | None:
         """Admit one request estimated at these tokens, or None when the caps leave no room now."""
         name = self._model(model)
+        name, cost = self._estimate(prompt_tokens, completion_tokens, model)
+        with self._lock:
+            if self._queue or not self._open():
+                return None  # full, or others are waiting for the room first
+            return self._reserve(name, prompt_tokens + completion_tokens, cost)
+
+    def _estimate(self, prompt_tokens: int, completion_tokens: int, model: str | None) -> tuple[str, Decimal]:
+        name = self._model(model)
         price = price_of(self.prices, name)
         if price is None:
             self.check_model(name)
-        cost = _cost(price, prompt_tokens, completion_tokens) if price is not None else Decimal(0)
-        with self._lock:
-            if not self._open():
-                return None
-            reservation = Reservation(name, prompt_tokens + completion_tokens, cost)
-            self._reserved_usd += cost
-            self._reserved_tokens += reservation.tokens
-            self._in_flight += 1
-            return reservation
+        return name, (_cost(price, prompt_tokens, completion_tokens) if price is not None else Decimal(0))
+
+    def _reserve(self, name: str, tokens: int, cost: Decimal) -> Reservation:
+        """Book an admitted request (the lock is held)."""
+        reservation = Reservation(name, tokens, cost)
+        self._reserved_usd += cost
+        self._reserved_tokens += tokens
+        self._in_flight += 1
+        return reservation
 
     async def start(self, prompt_tokens: int, completion_tokens: int = 0, *, model: str | None = None) -> Reservation | None:
         """Admit one request, waiting while in-flight requests may still leave room; None once spent reached a cap.
 
-        The refusal is counted in ``refused``.
+        First come, first served: a request that has to wait takes a place in a queue, and only
+        the head of the queue is admitted, so the rows admitted before a cap is reached are the
+        earliest ones. The refusal is counted in ``refused``.
         """
+        name, cost = self._estimate(prompt_tokens, completion_tokens, model)
+        place: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
         while True:
-            reservation = self.try_start(prompt_tokens, completion_tokens, model=model)
-            if reservation is not None:
-                return reservation
-            loop = asyncio.get_running_loop()
             with self._lock:
-                if self._open():
-                    continue  # a settle came in between: try again
-                if self._in_flight == 0:
+                at_head = not self._queue or self._queue[0][1] is place
+                if at_head and self._open():
+                    if place is not None:
+                        self._queue.popleft()
+                    waiting = list(self._queue)
+                    reservation = self._reserve(name, prompt_tokens + completion_tokens, cost)
+                elif self._in_flight == 0 and not self._open():
+                    # Nothing in flight can make room again: this one and every one waiting are refused.
                     self.refused += 1
-                    return None
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, waiter))
-            await waiter
+                    if place is not None:
+                        self._queue.remove((loop, place))
+                    waiting, reservation = list(self._queue), None
+                else:
+                    if place is None:  # a newcomer joins at the end
+                        place = loop.create_future()
+                        self._queue.append((loop, place))
+                    else:  # a woken waiter that still does not fit keeps its position
+                        index = self._queue.index((loop, place))
+                        place = loop.create_future()
+                        self._queue[index] = (loop, place)
+                    waiting = None
+            if waiting is not None:
+                _wake_all(waiting)  # the next head may fit too, or must learn it is refused
+                return reservation
+            try:
+                await place
+            except asyncio.CancelledError:  # a cancelled run must not leave a place that blocks the queue
+                with self._lock:
+                    if (loop, place) in self._queue:
+                        self._queue.remove((loop, place))
+                    waiting = list(self._queue)
+                _wake_all(waiting)
+                raise
 
     def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int) -> None:
         """Replace the reservation with what the request really used (0, 0 when nothing was billed)."""
@@ -240,10 +275,8 @@ class Budget:
                 self._spent_usd += _cost(price, prompt_tokens, completion_tokens)
             elif prompt_tokens or completion_tokens:
                 self._unpriced.add(reservation.model)
-            waiters, self._waiters = self._waiters, []
-        for loop, waiter in waiters:  # wake every waiter on its own loop: each re-checks the caps
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_wake, waiter)
+            waiting = list(self._queue)
+        _wake_all(waiting)  # each re-checks the caps; only the head of the queue may start
 
     def record_cache_hit(self, prompt_tokens: int, completion_tokens: int, *, model: str | None = None) -> None:
         """Tally what a cached reply saved (its stored usage); it costs nothing and is never refused."""
@@ -292,6 +325,12 @@ class Budget:
     def __repr__(self) -> str:
         return (f"Budget(max_cost_usd={self.max_cost_usd}, max_tokens={self.max_tokens}, spent_usd={self.spent_usd}, "
                 f"spent_tokens={self.spent_tokens}, refused={self.refused})")
+
+
+def _wake_all(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, waiter in waiters:  # every waiter on its own loop
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_wake, waiter)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

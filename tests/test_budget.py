@@ -236,10 +236,29 @@ def test_cli_budget_skips_then_a_larger_cap_finishes_from_the_cache(tmp_path) ->
         assert (summary["ok"], summary["skipped"], summary["errors"]) == (4, 8, 0)
         assert abs(summary["cost_usd"] - 0.4) < 1e-9 and "spent $0.4000 of $0.4" in summary["budget"]
         rows = [json.loads(line) for line in output.read_text().splitlines()]
-        statuses = [r["status"] for r in rows]
-        assert statuses.count("ok") == 4 and statuses.count("skipped") == 8  # which rows waited longest is up to the workers
+        assert [r["status"] for r in rows] == ["ok"] * 4 + ["skipped"] * 8  # first come, first served
         assert all(r["error_kind"] == "budget" and r["score"] is None for r in rows if r["status"] == "skipped")
         more = CliRunner().invoke(app, [*args, "--max-cost", "5"], env=env)
         summary = json.loads(more.output)
         assert more.exit_code == 0 and len(fake.chat_requests()) == 12  # only the 8 skipped rows were sent
         assert summary["cache_hits"] == 4 and summary["saved_tokens"] == 400 and abs(summary["saved_usd"] - 0.4) < 1e-9
+
+
+async def test_a_cancelled_waiter_does_not_block_the_queue() -> None:
+    """Requests waiting for room are served first come, first served; one cancelled meanwhile gives up its place."""
+    budget = Budget(max_tokens=10)
+    first = await budget.start(10, model="gpt-4o-mini")  # all 10 reserved: the next two must wait
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        reservation = await budget.start(3, model="gpt-4o-mini")
+        order.append(name)
+        budget.settle(reservation, 1, 0)
+
+    cancelled = asyncio.create_task(wait("cancelled"))
+    second = asyncio.create_task(wait("second"))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    budget.settle(first, 2, 0)  # spent 2: room again
+    await asyncio.wait_for(second, 5)
+    assert order == ["second"] and cancelled.cancelled()
