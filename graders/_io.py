@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 PARQUET_BATCH = 8192  # rows per Arrow batch read; memory per batch, not per file
 TEXT_MARK_ROWS = 5000  # CSV/JSONL: a checkpoint at least this often (and at least every MARK_EVERY_S)
@@ -29,8 +31,23 @@ def _part_rows() -> int:
     return int(os.environ.get("GRADEKIT_PARQUET_PART_ROWS") or 10_000)
 
 
-# One encoder, built once: json.dumps with options builds a new JSONEncoder for every row.
+# The standard library's encoder for what orjson refuses (integers past 64 bits), built once.
 _ROW_JSON = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
+def _loads(line: str) -> Any:
+    """orjson for speed; the standard library for what orjson refuses (NaN, huge ints) and for its error message."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+def _dumps(row: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(row, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return _ROW_JSON.encode(row)
 
 
 class InputError(ValueError):
@@ -81,7 +98,7 @@ def read_rows(path: Path, skip: int = 0) -> Iterator[dict[str, Any] | RowError]:
                 if number <= skip:
                     continue
                 try:
-                    value = json.loads(line)
+                    value = _loads(line)
                 except json.JSONDecodeError as e:
                     yield RowError(f"{path} row {number}: not valid JSON ({e.msg} at column {e.colno})")
                     continue
@@ -190,7 +207,7 @@ class RowWriter:
             self._parts.add(row)
         elif self.kind == "jsonl":
             assert self._handle is not None
-            self._handle.write(_ROW_JSON.encode(row) + "\n")
+            self._handle.write(_dumps(row) + "\n")
         else:
             cells = {k: _cell(v) for k, v in row.items()}
             if self._csv is None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import platformdirs
 
 _SCHEMA = """
@@ -17,6 +18,14 @@ CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NU
 CREATE TABLE IF NOT EXISTS modes (endpoint TEXT PRIMARY KEY, mode TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS row_keys (row_key TEXT PRIMARY KEY, key TEXT NOT NULL);
 """
+
+
+def _loads(text: str) -> dict[str, Any]:
+    """orjson on the hot path of a warm re-run; the standard library for what orjson refuses (NaN, huge ints)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def default_cache_path() -> Path:
@@ -54,7 +63,7 @@ class JudgeCache:
             self.misses += 1
             return None
         self.hits += 1
-        return json.loads(row[0])
+        return _loads(row[0])
 
     def get_by_row(self, row_key: str) -> dict[str, Any] | None:
         """The reply stored for a row-values key (see Judge._row_key): a hit without rendering."""
@@ -65,7 +74,7 @@ class JudgeCache:
         if row is None:
             return None
         self.hits += 1
-        return json.loads(row[0])
+        return _loads(row[0])
 
     def put(self, key: str, response: dict[str, Any], row_key: str | None = None) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ._normalize import normalize_label
@@ -39,8 +40,8 @@ def _json_object(text: str) -> dict[str, Any]:
     if fenced:
         text = fenced.group(1)
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = orjson.loads(text)  # the fast path; the standard library below finds an object inside prose
+    except orjson.JSONDecodeError:
         value = None
         decoder = json.JSONDecoder()
         # Scan from the end: the last complete object is the verdict, an earlier one may be quoted.
