@@ -226,6 +226,31 @@ NODES: dict[str, type[_Node]] = {
 }
 
 
+def validate_node(data: Any, where: str, source: str) -> tuple[str, _Node]:
+    """One grader mapping as its typed node (a bare Vertex spec is ``type: vertex``).
+
+    Raises GraderConfigError naming the file and the place in it. Shared by the builder and by
+    ``gradekit export``, which reads the same files without building graders.
+    """
+    def fail(message: str) -> GraderConfigError:
+        return GraderConfigError(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+    if not isinstance(data, Mapping):
+        raise fail(f"a grader must be a mapping with a 'type', got {type(data).__name__}")
+    if is_vertex_spec(data):
+        data = {"type": "vertex", "spec": dict(data)}
+    kind = data.get("type")
+    model = NODES.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise fail(f"unknown grader type {kind!r}; known types: {', '.join(NODES)}")
+    try:
+        return kind, model.model_validate(data)
+    except ValidationError as e:
+        prefix = f"{where}." if where else ""
+        problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{source}: {problems}") from None
+
+
 class _Builder:
     """Walks a config tree; builds the judge once, on first need, for all LLM nodes."""
 
@@ -255,20 +280,7 @@ class _Builder:
         return path if path.is_absolute() else self.base / path
 
     def node(self, data: Any, where: str, default_name: str | None = None) -> Grader:
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"a grader must be a mapping with a 'type', got {type(data).__name__}")
-        if is_vertex_spec(data):
-            data = {"type": "vertex", "spec": dict(data)}
-        kind = data.get("type")
-        model = NODES.get(kind) if isinstance(kind, str) else None
-        if model is None:
-            raise self.fail(where, f"unknown grader type {kind!r}; known types: {', '.join(NODES)}")
-        try:
-            node = model.model_validate(data)
-        except ValidationError as e:
-            prefix = f"{where}." if where else ""
-            problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise GraderConfigError(f"{self.source}: {problems}") from None
+        kind, node = validate_node(data, where, self.source)
         name = node.name or default_name or kind
         try:
             if isinstance(node, LlmNode):  # named after its rubric unless the config names it

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .._composite import FormulaError, compile_formula
 from .._config import (
-    NODES,
     AutoraterNode,
     FormulaNode,
     GraderConfigError,
@@ -28,10 +27,11 @@ from .._config import (
     VertexNode,
     WeightedNode,
     _read,
+    validate_node,
 )
 from .._python import ENTRY, detect_flavour
 from .._string_match import ParseConfig
-from .._vertex import SingleRewardConfig, VertexSpec, is_vertex_spec, parse_vertex_spec
+from .._vertex import SingleRewardConfig, VertexSpec, parse_vertex_spec
 
 
 class ExportError(ValueError):
@@ -93,23 +93,10 @@ class _Reader:
         return GraderConfigError(f"{self.source}: {where}: {message}" if where else f"{self.source}: {message}")
 
     def node(self, data: Any, where: str, default_name: str | None) -> Node:
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"a grader must be a mapping with a 'type', got {type(data).__name__}")
-        if is_vertex_spec(data):
-            data = {"type": "vertex", "spec": dict(data)}
-        kind = data.get("type")
-        if kind == "group":
+        if isinstance(data, Mapping) and data.get("type") == "group":
             reason = f"{where or 'the grader'}: a group grader (type: group) is Ark's shape; export its inner grader: instead"
             raise ExportError(self.target, [reason])
-        model = NODES.get(kind) if isinstance(kind, str) else None
-        if model is None:
-            raise self.fail(where, f"unknown grader type {kind!r}; known types: {', '.join(NODES)}")
-        try:
-            cfg = model.model_validate(data)
-        except ValidationError as e:
-            prefix = f"{where}." if where else ""
-            problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise GraderConfigError(f"{self.source}: {problems}") from None
+        kind, cfg = validate_node(data, where, self.source)
         name = cfg.name or default_name or kind  # type: ignore[attr-defined]
         kind = "formula" if kind == "multi" else kind
         dot = f"{where}." if where else ""
