@@ -24,7 +24,7 @@ from judge._rubric import rubric_fingerprint
 
 from ._rows import RowMapping
 from ._sample import Grade, Grader, Sample
-from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows
+from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows, written_rows
 from ._spread import SpreadReport, SpreadTally
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
@@ -295,13 +295,16 @@ async def run_file(
         summary = _Tally.restore(state["tally"]).summary(0.0)
         summary.already_complete = True
         summary.resumed_from = summary.rows
+        if group_by is not None:
+            summary.spread = _spread_of(written_rows(destination), group_by).report()
         return summary
-    spread = SpreadTally() if group_by is not None else None
     tally = _Tally.restore(state["tally"]) if state else _Tally()
     mark = state["mark"] if state else None
     writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
                        types=column_types(source, destination, result_types, result_columns), resume=mark)
     done = writer.rows
+    # A resumed run's spread covers the whole output: the rows written before are read back once.
+    spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
     started = time.perf_counter()
 
     def emit(number: int, out_row: dict[str, Any], outcome: O) -> dict[str, Any]:
@@ -327,6 +330,15 @@ async def run_file(
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
     return summary
+
+
+def _spread_of(rows: Iterable[Mapping[str, Any]], group_by: str) -> SpreadTally:
+    """The reward spread of rows already in an output file (CSV cells are text, hence float())."""
+    spread = SpreadTally()
+    for row in rows:
+        if row.get("status") == "ok" and row.get(group_by) not in (None, "") and row.get("score") not in (None, ""):
+            spread.add(group_key(row[group_by]), float(row["score"]))
+    return spread
 
 
 class _Outcome(Protocol):

@@ -164,6 +164,13 @@ def count_rows(path: Path) -> int:
     return sum(1 for _ in read_rows(path))
 
 
+def written_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """Every row of a finished output file."""
+    for row in read_rows(path):
+        if isinstance(row, dict):
+            yield row
+
+
 def fingerprint(path: Path) -> dict[str, Any]:
     """Enough to tell that an input file is the one a checkpoint was written for."""
     stat = path.stat()
@@ -239,6 +246,22 @@ class RowWriter:
         if self.kind == "parquet":
             return {"rows": self.rows}
         return {"rows": self.rows, "offset": self.path.stat().st_size}
+
+    def written(self) -> Iterator[dict[str, Any]]:
+        """The rows a resumed output already holds (read back, e.g. for a summary over the whole file)."""
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            for number in range(self._parts.parts):
+                yield from pq.read_table(self._parts._part(number)).to_pylist()
+            return
+        if self._handle is not None:
+            self._handle.flush()
+        for count, row in enumerate(read_rows(self.path)):
+            if count >= self.rows:
+                return
+            if isinstance(row, dict):
+                yield row
 
     def close(self, complete: bool = True) -> None:
         """Close the file; a complete Parquet run joins its parts into the output."""

@@ -111,9 +111,9 @@ def test_sigkill_mid_run_then_the_same_command_finishes_without_repeats(tmp_path
         assert sent_before < ROWS  # it really was cut off mid-run
         with sqlite3.connect(tmp_path / "cache.sqlite3") as db:
             judged = db.execute("SELECT count(*) FROM responses").fetchone()[0]  # replies the killed run received
-        done = subprocess.run(_command(source, output), env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(_command(source, output, "--group-by", "id"), env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr + done.stdout
-        assert "resumed:" in done.stdout
+        assert "resumed:" in done.stdout and f"{ROWS} groups" in done.stdout  # the spread read the rows written before the kill
         asked = _questions_sent(fake)
         sent_after = len(fake.chat_requests()) - sent_before
     assert _output_ids(output) == list(range(ROWS))  # exactly one row per input row, in input order
@@ -179,3 +179,23 @@ def test_a_row_cut_off_by_the_kill_is_dropped_and_rewritten(tmp_path) -> None:
         assert again.exit_code == 0 and "resumed: 10 rows" in again.output
         assert len(fake.chat_requests()) == 30  # the other 20 came from the cache
     assert _output_ids(output) == list(range(30))
+
+
+def test_the_reward_spread_of_a_resumed_or_finished_run_covers_the_whole_output(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 30)
+    rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines()]
+    source.write_text("".join(json.dumps({**r, "group": r["id"] // 3}) + "\n" for r in rows), encoding="utf-8")
+    with FakeProvider(responder=reference_judge) as fake:
+        whole = json.loads(_grade(source, output, fake, tmp_path, "--group-by", "group", "--json").output)["spread"]
+        assert (whole["groups"], whole["rewards"]) == (10, 30)
+        finished = json.loads(_grade(source, output, fake, tmp_path, "--group-by", "group", "--json").output)
+        assert finished["already_complete"] and finished["spread"] == whole
+        checkpoint = output.with_name(output.name + ".checkpoint.json")
+        state = json.loads(checkpoint.read_text(encoding="utf-8"))
+        kept = "".join(output.read_text(encoding="utf-8").splitlines(keepends=True)[:12])
+        output.write_text(kept, encoding="utf-8")
+        state.update(complete=False, mark={"rows": 12, "offset": len(kept.encode())})
+        checkpoint.write_text(json.dumps(state), encoding="utf-8")
+        resumed = json.loads(_grade(source, output, fake, tmp_path, "--group-by", "group", "--json").output)
+    assert resumed["resumed_from"] == 12 and resumed["spread"] == whole
