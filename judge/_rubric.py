@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -196,11 +197,14 @@ def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
         return str(value)
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("["):  # a CSV cell holding a JSON list
+        if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
             try:
                 parsed = json.loads(text)
             except json.JSONDecodeError:
-                parsed = None
+                try:
+                    parsed = ast.literal_eval(text)  # literals only: nothing in the cell is run
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    parsed = None
             if isinstance(parsed, list):
                 return [str(x) for x in parsed]
         return [value]

@@ -65,6 +65,12 @@ def test_single_string_and_json_list_references() -> None:
     one = rubric.prepare({"question": "q", "references": "北京", "prediction": "p"})
     many = rubric.prepare({"question": "q", "references": '["北京", "Beijing"]', "prediction": "p"})
     assert one["references"] == ["北京"] and many["references"] == ["北京", "Beijing"]
+    # pandas' to_csv writes a list cell as its Python repr; a cell that is neither stays one reference
+    from_pandas = rubric.prepare({"question": "q", "references": "['北京', \"Beijing's\"]", "prediction": "p"})
+    not_a_list = rubric.prepare({"question": "q", "references": "[citation needed]", "prediction": "p"})
+    code = rubric.prepare({"question": "q", "references": "[__import__('os').getcwd()]", "prediction": "p"})
+    assert from_pandas["references"] == ["北京", "Beijing's"] and not_a_list["references"] == ["[citation needed]"]
+    assert code["references"] == ["[__import__('os').getcwd()]"]  # literals only: nothing is run
 
 
 def test_missing_variable_names_rubric_and_variable() -> None:
