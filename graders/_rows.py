@@ -142,7 +142,9 @@ class RowMapping:
                 response = _as_messages(value, "assistant", where, plan.response, "response")
         except ValidationError as e:
             raise RowError(f"{where}: {_first_problem(e)}") from None
-        return Sample(messages=messages, response=response, references=_nest(row, plan.references), metadata=_nest(row, plan.metadata))
+        # The messages are validated and the rest is plain data: no second validation pass.
+        return Sample.model_construct(messages=messages, response=response, references=_nest(row, plan.references),
+                                      metadata=_nest(row, plan.metadata), tools=None)
 
 
 def _nest(row: Mapping[Hashable, Any], pairs: tuple[tuple[tuple[str, ...], Hashable], ...]) -> dict[str, Any]:
