@@ -199,3 +199,14 @@ def test_the_reward_spread_of_a_resumed_or_finished_run_covers_the_whole_output(
         checkpoint.write_text(json.dumps(state), encoding="utf-8")
         resumed = json.loads(_grade(source, output, fake, tmp_path, "--group-by", "group", "--json").output)
     assert resumed["resumed_from"] == 12 and resumed["spread"] == whole
+
+
+def test_no_cache_wins_over_a_cache_named_in_the_environment(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 3)
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(source, output, fake, tmp_path, "--no-cache")  # GRADEKIT_CACHE is set by _grade
+        assert result.exit_code == 0, result.output
+        assert not (tmp_path / "cache.sqlite3").exists() and len(fake.chat_requests()) == 3
+        assert _grade(source, output, fake, tmp_path, "--restart").exit_code == 0
+        assert (tmp_path / "cache.sqlite3").exists()  # without --no-cache the environment's cache is used

@@ -43,7 +43,7 @@ def grade(
     limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes through Redis: redis://host:port/db [default: this process only]."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
     timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
-    cache_path: Path = typer.Option(None, "--cache", envvar="GRADEKIT_CACHE", help="SQLite response cache [default: the user cache dir]."),
+    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
     mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
     record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
@@ -75,6 +75,10 @@ def grade(
         raise fail("--record and --replay exclude each other")
     if cache_path and no_cache:
         raise fail("--cache and --no-cache exclude each other")
+    # Read here rather than as the option's envvar: --no-cache must win over a GRADEKIT_CACHE in the shell.
+    env_cache = os.environ.get("GRADEKIT_CACHE")
+    if cache_path is None and env_cache and not no_cache and not (record or replay):
+        cache_path = Path(env_cache)
     try:
         spec = load_rubric(rubric) if rubric is not None else None
         variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
