@@ -212,25 +212,11 @@ class Judge:
         chain = rubric.ask_modes
         first_bad_request: _Failed | None = None
         for mode in chain[self._start_mode(rubric):]:
-            shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
-            if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
-                if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
-                    return hit
+            prepared = self._prepare(rubric, row, mode, finish, need_key=False)
+            if isinstance(prepared, Verdict):
+                return prepared
             try:
-                messages = rubric.render(row, mode)
-            except RubricInputError as e:
-                return finish(status="error", error_kind="input", error=str(e), mode=mode)
-            request = build_request(rubric, messages, mode, self.model, self.sampling)
-            key = cache_key(self.base_url, request) if self.cache is not None else ""
-            if self.cache is not None and (stored := self.cache.get(key)) is not None:
-                if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
-                    if shortcut is not None:
-                        self.cache.link(shortcut, key)
-                    return hit
-            if shortcut is not None:
-                key = f"{key}|{shortcut}"  # _ask stores the reply under both
-            try:
-                return await self._ask_within_budget(rubric, request, key, mode, usage, finish)
+                return await self._ask_within_budget(rubric, prepared, usage, finish)
             except _Failed as failure:
                 structured = mode != chain[-1]
                 if failure.kind == "bad_request" and structured:
@@ -275,11 +261,37 @@ class Judge:
                       rationale=parsed.rationale, raw=_raw_text(stored), saved_prompt_tokens=saved_prompt,
                       saved_completion_tokens=saved_completion)
 
-    async def _ask_within_budget(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
+    def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
+                 need_key: bool) -> Prepared | Verdict:
+        """The request for ``mode``, or the Verdict that makes sending it needless (a cache hit, bad input).
+
+        The row-values key is tried first (no rendering), then the rendered request's key; a hit
+        found only by the latter links the row key to it for next time. Without a cache the
+        request key is hashed only when the caller needs it (``need_key``).
+        """
+        shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
+        if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
+            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+                return hit
+        try:
+            messages = rubric.render(row, mode)
+        except RubricInputError as e:
+            return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        request = build_request(rubric, messages, mode, self.model, self.sampling)
+        key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
+        if self.cache is not None and (stored := self.cache.get(key)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+                if shortcut is not None:
+                    self.cache.link(shortcut, key)
+                return hit
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request)
+
+    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         """``_ask`` once the budget admits the request (one reservation covers its retries and re-asks)."""
         if self.budget is None:
-            return await self._ask(rubric, request, key, mode, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish)
+        request, mode = prepared.request, prepared.mode
         prompt = sum(estimate_tokens(m["content"]) for m in request["messages"])
         reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         reservation = await self.budget.start(prompt, reply, model=self.model)
@@ -287,12 +299,12 @@ class Judge:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
         before = usage["prompt_tokens"], usage["completion_tokens"]
         try:
-            return await self._ask(rubric, request, key, mode, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish)
         finally:
             self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1])
 
-    async def _ask(self, rubric: Rubric, request: dict[str, Any], key: str, mode: AskMode,
-                   usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+        request, mode = prepared.request, prepared.mode
         last: ParseFailure | None = None
         raw: str | None = None
         for _ in range(1 + self.retry.parse_retries):
@@ -306,8 +318,7 @@ class Judge:
                 raw = _raw_text(completion)
                 continue
             if self.cache is not None:
-                full_key, _, shortcut = key.partition("|")
-                self.cache.put(full_key, completion, row_key=shortcut or None)
+                self.cache.put(prepared.key, completion, row_key=prepared.row_key)
             self._remember(rubric, mode)
             return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
                           rationale=parsed.rationale, raw=_raw_text(completion))
@@ -386,23 +397,7 @@ class Judge:
         such a row is never sent. ``mode`` overrides the mode ``judge`` would start with (the
         next mode of the fallback chain after a bad_request).
         """
-        mode = mode or rubric.ask_modes[self._start_mode(rubric)]
-        shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
-        if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
-            if (hit := self._cache_hit(rubric, stored, mode, Verdict)) is not None:
-                return hit
-        try:
-            messages = rubric.render(row, mode)
-        except RubricInputError as e:
-            return Verdict(status="error", error_kind="input", error=str(e), mode=mode)
-        request = build_request(rubric, messages, mode, self.model, self.sampling)
-        key = cache_key(self.base_url, request)
-        if self.cache is not None and (stored := self.cache.get(key)) is not None:
-            if (hit := self._cache_hit(rubric, stored, mode, Verdict)) is not None:
-                if shortcut is not None:
-                    self.cache.link(shortcut, key)
-                return hit
-        return Prepared(key=key, row_key=shortcut, mode=mode, request=request)
+        return self._prepare(rubric, row, mode or rubric.ask_modes[self._start_mode(rubric)], Verdict, need_key=True)
 
     def verdict_from_completion(self, rubric: Rubric, completion: Mapping[str, Any], *, mode: AskMode, key: str = "",
                                 row_key: str | None = None, attempts: int = 1) -> Verdict:
