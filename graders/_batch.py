@@ -317,8 +317,8 @@ async def run_file(
 
     finished = False
     try:
-        await stream_in_order(source, None, {}, writer, workers, judge_row, input_error, emit, prepare=prepare, skip=done,
-                              on_mark=lambda at: checkpoint.save(at, tally.state()), close=False)
+        await stream_in_order(source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit,
+                              skip=done, on_mark=lambda at: checkpoint.save(at, tally.state()), close=False)
         finished = True
     finally:
         writer.close(complete=finished)
@@ -353,15 +353,13 @@ MARK_EVERY_S = 0.25  # how often a checkpoint is written while rows flow (a flus
 
 async def stream_in_order(
     source: Path,
-    rubric: Rubric | None,
-    mapping: Mapping[str, str],
     writer: RowWriter,
     workers: int,
+    *,
+    prepare: Callable[[dict[str, Any], int], Any],
     judge_row: Callable[[Any], Awaitable[O]],
     input_error: Callable[[str], O],
     emit: Callable[[int, dict[str, Any], O], dict[str, Any]],
-    *,
-    prepare: Callable[[dict[str, Any], int], Any] | None = None,
     skip: int = 0,
     on_mark: Callable[[dict[str, Any]], None] | None = None,
     close: bool = True,
@@ -371,23 +369,24 @@ async def stream_in_order(
     Workers pull rows from one shared reader, so memory is bounded by the concurrency, not the
     file; finished rows wait in a small reorder buffer until every earlier row is written. A row
     that cannot be read or lacks a variable still gets its row, from ``input_error``. ``prepare``
-    turns a row into what ``judge_row`` takes (a rubric's variables by default); the first
+    turns a row (and its number) into what ``judge_row`` takes, raising RowError; the first
     ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
     ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
     """
-    if prepare is None:
-        assert rubric is not None
-        prepare = lambda row, number: _variables(row, rubric, mapping, number)  # noqa: E731
     rows = enumerate(read_rows(source, skip=skip), start=skip + 1)
     pending: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1
     last_mark = time.monotonic()
 
-    def flush() -> None:
-        nonlocal next_to_write, last_mark
+    def write_ready() -> None:
+        nonlocal next_to_write
         while next_to_write in pending:
             writer.write(pending.pop(next_to_write))
             next_to_write += 1
+
+    def flush() -> None:
+        nonlocal last_mark
+        write_ready()
         if on_mark is not None and writer.due(last_mark, MARK_EVERY_S):
             on_mark(writer.mark())
             last_mark = time.monotonic()
@@ -411,9 +410,7 @@ async def stream_in_order(
     try:
         await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
-        while next_to_write in pending:
-            writer.write(pending.pop(next_to_write))
-            next_to_write += 1
+        write_ready()
         if close:
             writer.close()
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ._batch import check_columns, keep_input, output_columns, stream_in_order
+from ._batch import _variables, check_columns, keep_input, output_columns, stream_in_order
 from ._calibration import PairwiseReport, Winner, as_label, pairwise_report
 from ._io import RowWriter, input_columns
 
@@ -234,7 +234,8 @@ async def grade_pairwise_file(
 
     # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
     workers = max(1, judge.limiter.concurrency // (2 if swap else 1)) + 2
-    await stream_in_order(source, rubric, mapping, writer, workers, judge_row=grade, input_error=input_error, emit=emit)
+    await stream_in_order(source, writer, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
+                          judge_row=grade, input_error=input_error, emit=emit)
     # Acc / Agr need both orders: without the swap there is nothing to compare.
     return _summarise([outcomes[k] for k in sorted(outcomes)], label_column if swap else None, convention,
                       time.perf_counter() - started)
