@@ -9,6 +9,7 @@ written as numbered part files beside the output and joined into the output when
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -226,11 +227,11 @@ class RowWriter:
 
     def due(self, since: float, every_s: float) -> bool:
         """Whether a checkpoint is worth writing now: a Parquet part is full, or time has passed."""
-        waited = time.monotonic() - since >= every_s
+        elapsed = time.monotonic() - since
         if self.kind == "parquet":
             buffered = len(self._parts.buffer)
-            return buffered >= self._parts.part_rows or (buffered > 0 and time.monotonic() - since >= PARQUET_PART_EVERY_S)
-        return self.rows > self._marked_rows and (waited or self.rows - self._marked_rows >= TEXT_MARK_ROWS)
+            return buffered >= self._parts.part_rows or (buffered > 0 and elapsed >= PARQUET_PART_EVERY_S)
+        return self.rows > self._marked_rows and (elapsed >= every_s or self.rows - self._marked_rows >= TEXT_MARK_ROWS)
 
     def mark(self) -> dict[str, Any]:
         """Push what was written to the OS (safe from a killed process) and say where that is."""
@@ -257,11 +258,7 @@ class RowWriter:
             return
         if self._handle is not None:
             self._handle.flush()
-        for count, row in enumerate(read_rows(self.path)):
-            if count >= self.rows:
-                return
-            if isinstance(row, dict):
-                yield row
+        yield from itertools.islice(written_rows(self.path), self.rows)
 
     def close(self, complete: bool = True) -> None:
         """Close the file; a complete Parquet run joins its parts into the output."""
