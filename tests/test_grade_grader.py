@@ -108,3 +108,16 @@ def test_rubric_and_grader_exclude_each_other(tmp_path) -> None:
     missing = runner.invoke(app, ["grade", str(source), "--grader", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "o.jsonl")])
     assert both.exit_code == neither.exit_code == missing.exit_code == 2
     assert "one of the two" in both.output and "no such grader config" in missing.output
+
+
+def test_a_grader_run_resumes_only_for_the_same_config_and_judge(tmp_path) -> None:
+    config = tmp_path / "match.yaml"
+    config.write_text("type: string_match\nexpression: '{{references.answer}}'\n", encoding="utf-8")
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(source, ROWS[:2])
+    args = ["grade", str(source), "--grader", str(config), "-o", str(output)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "already complete" in runner.invoke(app, args).output
+    assert "already complete" not in runner.invoke(app, [*args, "--model", "another-judge"]).output
+    config.write_text("type: string_match\nexpression: '{{references.answer}}'\noperation: PARTIAL_MATCH\n", encoding="utf-8")
+    assert "already complete" not in runner.invoke(app, [*args, "--model", "another-judge"]).output

@@ -133,8 +133,9 @@ def grade(
     try:
         with traffic:
             if spec is None:
-                summary = asyncio.run(_run_grader(grader_file, make_judge, input, output, variables, concurrency, show_progress,
-                                                  err, group_by, not restart))
+                endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
+                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, input, output, variables, concurrency,
+                                                  show_progress, err, group_by, not restart))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
                                                  None if json_output else err))
@@ -194,13 +195,18 @@ def sample_mapping(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-async def _run_grader(config: Path, make_judge: Callable[[], Judge], source: Path, destination: Path, mapping: dict[str, str],
-                      concurrency: int, show_progress: bool, err: Console, group_by: str | None, resume: bool) -> RunSummary:
-    """A grader config over the file; its LLM nodes share the command line's judge, limiter and cache."""
+async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: dict[str, str | None], source: Path,
+                      destination: Path, mapping: dict[str, str], concurrency: int, show_progress: bool, err: Console,
+                      group_by: str | None, resume: bool) -> RunSummary:
+    """A grader config over the file; its LLM nodes share the command line's judge, limiter and cache.
+
+    The checkpoint is keyed by the config's bytes and the judge endpoint the command line names
+    (``--model``, ``--base-url`` and their environment variables), so another judge starts over.
+    """
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
     grader = load_grader(config, judge=make_judge)
-    settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), "endpoint": f"{os.environ.get('OPENAI_BASE_URL')}"}
+    settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
         run = functools.partial(grade_file_with, grader, source, destination, mapping, concurrency=concurrency + 2,
                                 settings=settings, group_by=group_by, resume=resume)
