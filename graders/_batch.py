@@ -125,7 +125,8 @@ RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "erro
                 "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool"}
 
 
-def column_types(source: Path, destination: Path, result_types: Mapping[str, str], result_columns: list[str]) -> dict[str, Any]:
+def column_types(source: Path, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
+                 result_columns: list[str]) -> dict[str, Any]:
     """Arrow types for a Parquet output: the input's own schema, and fixed types for the results."""
     if file_format(destination) != "parquet":
         return {}
@@ -137,7 +138,7 @@ def column_types(source: Path, destination: Path, result_types: Mapping[str, str
         for field in parquet_schema(source):
             types[f"input_{field.name}" if field.name in result_columns else field.name] = field.type
     elif kind == "csv":
-        for name in input_columns(source) or []:
+        for name in header or []:
             types.setdefault(f"input_{name}" if name in result_columns else name, pa.string())
     return types
 
@@ -301,7 +302,7 @@ async def run_file(
     tally = _Tally.restore(state["tally"]) if state else _Tally()
     mark = state["mark"] if state else None
     writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
-                       types=column_types(source, destination, result_types, result_columns), resume=mark)
+                       types=column_types(source, destination, header, result_types, result_columns), resume=mark)
     done = writer.rows
     # A resumed run's spread covers the whole output: the rows written before are read back once.
     spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
