@@ -80,7 +80,7 @@ def child_bare(source: Path, destination: Path) -> dict:
 
 def child_gradekit(config: dict, source: Path, destination: Path, cache: str | None) -> dict:
     from graders import load_grader
-    from graders._batch import grade_file_with
+    from graders.runs._file import grade_file_with
     from judge import Judge, JudgeCache, Limiter
 
     store = JudgeCache(cache) if cache else None

@@ -1,5 +1,5 @@
 """`python -m graders` runs the gradekit CLI (same as the `gradekit` script)."""
 
-from graders._cli import main
+from graders.cli import main
 
 main()

@@ -1,52 +1,22 @@
 """gradekit's judge core: rubric -> render -> judge model -> parse -> Verdict.
 
-It knows nothing about datasets, trajectories or platforms; graders/ builds on it.
+It knows nothing about datasets, trajectories or platforms; graders/ builds on it. Names load
+on first use (``judge._lazy``), so importing ``judge`` alone does not import openai.
 """
 
-from ._budget import Budget, ModelPrice, cost_usd, load_prices
-from ._cache import JudgeCache, cache_key, default_cache_path
-from ._client import Judge, build_request
-from ._limiter import Limiter, configure_limiter, estimate_tokens, process_limiter
-from ._normalize import normalize_label
-from ._parse import ParseFailure, Parsed, match_label, parse_reply
-from ._retry import RetryPolicy, is_transient, retry_after_seconds
-from ._rubric import AskMode, Rubric, RubricError, RubricInputError, list_rubrics, load_rubric
-from ._shared_limiter import SharedLimiter, limiter_from_url
-from ._sync import SyncRunner
-from ._verdict import ErrorKind, Verdict, clamp
+from ._lazy import lazy_names
 
-__all__ = [
-    "AskMode",
-    "Budget",
-    "ErrorKind",
-    "Judge",
-    "JudgeCache",
-    "Limiter",
-    "ModelPrice",
-    "ParseFailure",
-    "Parsed",
-    "RetryPolicy",
-    "Rubric",
-    "RubricError",
-    "RubricInputError",
-    "SharedLimiter",
-    "SyncRunner",
-    "Verdict",
-    "build_request",
-    "cache_key",
-    "clamp",
-    "configure_limiter",
-    "cost_usd",
-    "default_cache_path",
-    "estimate_tokens",
-    "is_transient",
-    "limiter_from_url",
-    "list_rubrics",
-    "load_prices",
-    "load_rubric",
-    "match_label",
-    "normalize_label",
-    "parse_reply",
-    "process_limiter",
-    "retry_after_seconds",
-]
+__all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._budget": ["Budget", "ModelPrice", "cost_usd", "load_prices"],
+    "._cache": ["JudgeCache", "cache_key", "default_cache_path"],
+    "._client": ["Judge", "build_request"],
+    "._limiter": ["Limiter", "estimate_tokens"],
+    "._limiters": ["configure_limiter", "limiter_from_url", "process_limiter"],
+    "._normalize": ["normalize_label"],
+    "._parse": ["ParseFailure", "Parsed", "match_label", "parse_reply"],
+    "._retry": ["RetryPolicy", "is_transient", "retry_after_seconds"],
+    "._rubric": ["AskMode", "Rubric", "RubricError", "RubricInputError", "list_rubrics", "load_rubric"],
+    "._shared_limiter": ["SharedLimiter"],
+    "._sync": ["SyncRunner"],
+    "._verdict": ["ErrorKind", "Verdict", "clamp"],
+})

@@ -18,7 +18,8 @@ from tenacity import RetryCallState
 
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
-from ._limiter import RequestLimiter, estimate_tokens, process_limiter
+from ._limiter import RequestLimiter, estimate_tokens
+from ._limiters import process_limiter
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint

@@ -107,31 +107,3 @@ class Limiter:
             return
         self._bind()
         await self._tokens.acquire(min(float(actual_tokens - estimated_tokens), self._tokens.max_rate))
-
-
-_process_limiter: RequestLimiter | None = None
-
-
-def configure_limiter(rps: float | None = None, tpm: float | None = None, concurrency: int = 16, *,
-                      url: str | None = None, key: str = "default") -> RequestLimiter:
-    """Set the process-wide limiter that every Judge without an explicit one shares.
-
-    ``url`` (``redis://host:port/db``) shares the rates with other processes through Redis, as
-    ``gradekit grade --limiter`` does; ``key`` names that shared budget.
-    """
-    global _process_limiter
-    if url is None:
-        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
-    else:
-        from ._shared_limiter import limiter_from_url  # Redis support loads only when asked for
-
-        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key)
-    return _process_limiter
-
-
-def process_limiter() -> RequestLimiter:
-    """The process-wide limiter (ARCHITECTURE: every request of a process passes one limiter)."""
-    global _process_limiter
-    if _process_limiter is None:
-        _process_limiter = Limiter()
-    return _process_limiter

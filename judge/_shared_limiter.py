@@ -266,36 +266,3 @@ class SharedLimiter:
             return
         self._bind()
         await self._acquire(self._tokens, self._token_poll, "tpm", math.ceil(actual_tokens - estimated_tokens))
-
-
-def limiter_from_url(
-    url: str | None,
-    *,
-    rps: float | None = None,
-    tpm: float | None = None,
-    concurrency: int = 16,
-    burst: float = 2.0,
-    key: str = "default",
-) -> Limiter | SharedLimiter:
-    """Build the limiter a URL names: in-process by default, shared through Redis on request.
-
-    Args:
-        url: None or ``memory://`` for the in-process :class:`Limiter`; ``redis://host:port/db``
-            (also ``rediss://``, ``redis+unix://``) for a :class:`SharedLimiter`.
-        rps: requests per second (for all processes together when shared).
-        tpm: tokens per minute (likewise).
-        concurrency: requests in flight at once, always per process.
-        burst: per-process pacing bucket in requests.
-        key: names the shared budget; processes share only when URL, key, rps and tpm agree.
-            Ignored in memory.
-
-    Raises:
-        ValueError: an unknown URL scheme or a bad limit.
-        ConnectionError: Redis does not answer a PING; the message names the URL (password hidden).
-            Checked here, when the limiter is built, so a run fails before its first request.
-    """
-    if url is None or url.strip() in ("", "memory://"):
-        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
-    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
-    limiter.check()
-    return limiter

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graders import aclose_grader, load_grader
-from graders._adapters import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
-from graders._cli import app
+from graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+from graders.cli import app
 from graders._composite import compile_formula
 from graders._sample import Sample, fill_placeholders, sample_from_vertex, to_openai_item, to_openai_sample
 from graders._vertex import vertex_grader

@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from graders import aclose_grader, load_grader
-from graders._adapters import GradingError, ark_group_grader, trl_reward_func, verl_compute_score
-from graders._adapters._ark import ArkTrajectory, ChatCompletionSample, GroupGraderResult, PluginStatus
+from graders.platforms import GradingError, ark_group_grader, trl_reward_func, verl_compute_score
+from graders.platforms._ark import ArkTrajectory, ChatCompletionSample, GroupGraderResult, PluginStatus
 from graders._group import SampleChecks
 from graders._llm import llm_grader
 from graders._sample import Grade, Sample

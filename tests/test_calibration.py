@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from graders._calibration import (
+from graders.calibration._agreement import (
     as_label,
     calibrate,
     calibrate_rows,
@@ -23,7 +23,7 @@ from graders._calibration import (
     plot_position_bias,
     plot_scores,
 )
-from graders._cli import app
+from graders.cli import app
 from judge import load_rubric
 from judge.testing import Reply
 

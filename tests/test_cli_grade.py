@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
+from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge

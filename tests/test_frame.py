@@ -23,9 +23,9 @@ from graders import (
     string_match_grader,
     weighted_grader,
 )
-from graders._frame import _shared_runner
-from graders._io import RowError
-from graders._rows import MappingError, RowMapping, grade_columns
+from graders.runs._frame import _shared_runner
+from graders.runs._io import RowError
+from graders.runs._rows import MappingError, RowMapping, grade_columns
 from judge import Judge, Limiter
 from judge.testing import FakeProvider, Reply
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
+from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
 runner = CliRunner()

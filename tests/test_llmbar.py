@@ -11,28 +11,28 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
-from graders._llmbar import (
-    RunName,
+from graders.cli import app
+from graders.calibration._llmbar import (
+    LLMBarRun,
     comparison_spec,
-    find_root,
+    llmbar_root,
     grading_rows,
     list_runs,
-    published_acc_agr,
+    llmbar_published,
     published_statistics,
     replay_grade,
     replay_responder,
-    rescore,
+    rescore_llmbar,
     resolve_run,
     upstream_statistics,
 )
-from graders._pairwise import grade_pairwise_file
+from graders.calibration._pairwise import grade_pairwise_file
 from judge import Judge, JudgeCache, Limiter, Rubric, load_rubric, parse_reply
 from judge.testing import FakeProvider
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = list_runs(REPO / "eval_sets" / "llmbar")
-NATURAL_GPT4 = RunName("LLMBar__Natural", "GPT-4", "Vanilla_NoRules")
+NATURAL_GPT4 = LLMBarRun("LLMBar__Natural", "GPT-4", "Vanilla_NoRules")
 
 
 def test_the_shipped_copy_has_147_recorded_runs() -> None:
@@ -41,8 +41,8 @@ def test_the_shipped_copy_has_147_recorded_runs() -> None:
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[f"{r.subset}/{r.judge}/{r.strategy}" for r in RUNS])
-def test_rescoring_raw_completions_reproduces_the_published_statistics(run: RunName) -> None:
-    rescored = rescore(run, REPO / "eval_sets" / "llmbar")
+def test_rescoring_raw_completions_reproduces_the_published_statistics(run: LLMBarRun) -> None:
+    rescored = rescore_llmbar(run, REPO / "eval_sets" / "llmbar")
     published = published_statistics(run, REPO / "eval_sets" / "llmbar")
     mine = upstream_statistics(rescored.report)
     assert mine == {k: published[k] for k in mine}  # the strings, byte for byte
@@ -76,7 +76,7 @@ def test_gradekits_own_last_match_rule_would_misread_recorded_replies() -> None:
     # Why comparison_spec exists: the plain spec (last match wins) disagrees with the published parse.
     naive = Rubric.model_validate({"name": "naive", "template": "-", "variables": {}, "labels": {"Output (a)": 1, "Output (b)": -1},
                                    "output": {"mode": "regex", "pattern": r"(?P<label>Output \([ab]\)) is better."}})
-    run = RunName("LLMBar__Natural", "ChatGPT", "Swap_CoT")
+    run = LLMBarRun("LLMBar__Natural", "ChatGPT", "Swap_CoT")
     rows = [json.loads(line) for line in (REPO / "eval_sets/llmbar/data/LLMBar__Natural/ChatGPT__Swap_CoT.jsonl").open()]
     exact = comparison_spec(COT)
     differ = 0
@@ -87,14 +87,14 @@ def test_gradekits_own_last_match_rule_would_misread_recorded_replies() -> None:
                 differ += parse_reply(naive, text, "text").label != parse_reply(exact, text, "text").label
             except ValueError:
                 pass
-    assert differ > 0 and rescore(run, REPO / "eval_sets" / "llmbar").differs_from_recorded == 0
+    assert differ > 0 and rescore_llmbar(run, REPO / "eval_sets" / "llmbar").differs_from_recorded == 0
 
 
 def test_data_is_found_from_the_working_directory_or_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    assert find_root() == Path("eval_sets/llmbar")
+    assert llmbar_root() == Path("eval_sets/llmbar")
     with pytest.raises(ValueError, match="manifest.json"):
-        find_root(tmp_path)
+        llmbar_root(tmp_path)
     with pytest.raises(ValueError, match="no LLMBar subset 'Naturel'; subsets are: LLMBar__Adversarial__GPTInst"):
         resolve_run("Naturel", "GPT-4", "Vanilla")
     with pytest.raises(ValueError, match="no recorded run GPT-4/Vanilla_3shot"):
@@ -105,7 +105,7 @@ async def test_replay_end_to_end_reproduces_the_published_acc_agr(tmp_path: Path
     result = await replay_grade(NATURAL_GPT4, output=tmp_path / "graded.jsonl", root=REPO / "eval_sets" / "llmbar")
     report = result.summary.report
     assert result.summary.errors == 0 and result.summary.requests == 200
-    assert (round(report.acc * 100, 1), round(report.agr * 100, 1)) == published_acc_agr(NATURAL_GPT4, REPO / "eval_sets" / "llmbar")
+    assert (round(report.acc * 100, 1), round(report.agr * 100, 1)) == llmbar_published(NATURAL_GPT4, REPO / "eval_sets" / "llmbar")
     rows = [json.loads(line) for line in (tmp_path / "graded.jsonl").read_text().splitlines()]
     assert [r["idx"] for r in rows] == list(range(100))
     # The rows hold the replayed judge's own words, mapped back per order.
@@ -168,21 +168,21 @@ def test_llmbar_command_prints_the_published_figures(tmp_path: Path, monkeypatch
 
 def test_demo_command_runs_as_a_real_process_from_the_repository_root() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))}
-    done = subprocess.run([sys.executable, "-c", "from graders._cli import main; main()", "llmbar"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-c", "from graders.cli import main; main()", "llmbar"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Acc 93.5 / Agr 97.0" in done.stdout
 
 
 @pytest.mark.parametrize("run", [
-    RunName("Processed__LLMEval2", "GPT-4", "Vanilla_NoRules"),  # content-filtered replies: refusals, counted wrong
-    RunName("LLMBar__Adversarial__Neighbor", "ChatGPT", "Metrics_Reference"),
+    LLMBarRun("Processed__LLMEval2", "GPT-4", "Vanilla_NoRules"),  # content-filtered replies: refusals, counted wrong
+    LLMBarRun("LLMBar__Adversarial__Neighbor", "ChatGPT", "Metrics_Reference"),
 ], ids=lambda r: f"{r.subset}/{r.judge}/{r.strategy}")
-async def test_other_replays_reproduce_their_published_figures_too(run: RunName) -> None:
+async def test_other_replays_reproduce_their_published_figures_too(run: LLMBarRun) -> None:
     root = REPO / "eval_sets" / "llmbar"
     result = await replay_grade(run, root=root)
     report = result.summary.report
     assert report.acc * 100 == pytest.approx(result.published_acc) and report.agr * 100 == pytest.approx(result.published_agr)
-    recorded = rescore(run, root)
+    recorded = rescore_llmbar(run, root)
     assert report.failures_ab + report.failures_ba == recorded.report.failures_ab + recorded.report.failures_ba
     assert set(result.summary.errors_by_kind) <= {"refusal"}

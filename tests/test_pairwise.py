@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
-from graders._pairwise import grade_pairwise_file, pairwise_grader, swapped
+from graders.cli import app
+from graders.calibration._pairwise import grade_pairwise_file, pairwise_grader, swapped
 from judge import RubricError, load_rubric, parse_reply
 from judge.testing import FakeProvider, Reply
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from graders._llmbar import RunName, grading_rows, replay_responder, rescore
-from graders._probes import answer_listing, instruction_injection, position_swap, run_probes, verbosity
+from graders.calibration._llmbar import LLMBarRun, grading_rows, replay_responder, rescore_llmbar
+from graders.calibration._probes import answer_listing, instruction_injection, position_swap, run_probes, verbosity
 from judge import Judge, Limiter, load_rubric
 from judge.testing import FakeProvider, Reply
 
@@ -102,12 +102,12 @@ def test_answer_listing_lists_the_reference_among_other_rows_answers() -> None:
 
 async def test_position_swap_probe_on_gpt4_replay_matches_its_recorded_conflicts() -> None:
     root = REPO / "eval_sets" / "llmbar"
-    run = RunName("LLMBar__Natural", "GPT-4", "Vanilla_NoRules")
+    run = LLMBarRun("LLMBar__Natural", "GPT-4", "Vanilla_NoRules")
     rubric = load_rubric("llmbar_pairwise")
     with FakeProvider(responder=replay_responder(run, root)) as server:
         async with Judge("gpt-4", base_url=server.base_url, api_key="x", limiter=Limiter()) as judge:
             [report] = await run_probes(judge, rubric, grading_rows("Natural", root), [position_swap(rubric)])
-    recorded = rescore(run, root).report
+    recorded = rescore_llmbar(run, root).report
     assert report.judged == 100 and report.flips == recorded.conflicts == 3
     with pytest.raises(ValueError, match="pairwise"):
         position_swap(EN)

@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from graders import RunSummary
-from graders._io import InputError
-from graders._provider_batch import grade_file_batch, state_path_for
+from graders.runs._io import InputError
+from graders.runs._provider_batch import grade_file_batch, state_path_for
 from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from judge.testing import BatchFault, FakeProvider, Reply
 

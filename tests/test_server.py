@@ -30,7 +30,7 @@ from graders import (
     create_app,
     load_grader,
 )
-from graders._server import ServerConfigError, build_computer, load_server_config
+from graders.platforms.server import ServerConfigError, build_computer, load_server_config
 from judge import Judge, Limiter, RetryPolicy
 from judge.testing import FakeProvider, Reply
 

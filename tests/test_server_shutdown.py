@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
+from graders.cli import app
 
 from .test_server import call, wait_for
 

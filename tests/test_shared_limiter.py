@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
+from graders.cli import app
 from judge import Limiter, SharedLimiter, estimate_tokens, limiter_from_url, load_rubric
 from judge._client import _COMPLETION_ALLOWANCE
 from judge.testing import FakeProvider, RecordedRequest, Reply
@@ -294,7 +294,7 @@ def test_an_unreachable_redis_stops_the_run_before_any_request_and_names_the_url
 
 def test_server_replicas_take_the_shared_limiter_from_their_config(redis_url: str, tmp_path: Path) -> None:
     """A reward server's limiter.url makes every judge of the replica pace through Redis; a dead URL stops it starting."""
-    from graders._server import ServerConfigError, build_computer, load_server_config
+    from graders.platforms.server import ServerConfigError, build_computer, load_server_config
     from judge import SharedLimiter, configure_limiter, process_limiter
 
     grader = tmp_path / "grader.yaml"

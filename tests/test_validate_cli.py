@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._cli import app
+from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def test_validate_cannot_start(args: tuple[str, ...], message: str) -> None:
 def test_validate_real_subprocess(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))}
     done = subprocess.run(
-        [sys.executable, "-c", "from graders._cli import main; main()", "validate", "--grader", str(DATA / "weighted.yaml"),
+        [sys.executable, "-c", "from graders.cli import main; main()", "validate", "--grader", str(DATA / "weighted.yaml"),
          "--example", str(DATA / "example_vertex.json"), "--response", str(DATA / "response.txt"), "--json"],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )

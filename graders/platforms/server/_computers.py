@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Literal
 
-from .._sample import Grade, Grader, Message, Sample, aclose_grader
+from ..._sample import Grade, Grader, Message, Sample, aclose_grader
 from ._models import RewardRequest, RewardResponse
 
 InvalidPolicy = Literal["fail", "zero"]

@@ -47,7 +47,7 @@ from pydantic import (
 from judge import configure_limiter
 from judge._files import read_data_file
 
-from .._config import GraderConfigError, load_grader
+from ..._config import GraderConfigError, load_grader
 from ._computers import BaseRewardComputer, GraderRewardComputer, load_object
 
 

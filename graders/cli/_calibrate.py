@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._calibration import FileCalibration, Interval, calibrate_rows, plot_confusion, plot_position_bias, plot_scores
-from .._io import InputError, read_rows
+from ..calibration._agreement import FileCalibration, Interval, calibrate_rows, plot_confusion, plot_position_bias, plot_scores
+from ..runs._io import InputError, read_rows
 from ._common import fail, print_json
 
 

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._sample import Grader, sample_from_vertex
+from ..._sample import Grader, sample_from_vertex
 from ._computers import BaseRewardComputer, GraderRewardComputer
 from ._config import ServerConfig, load_health_check, parse_server_config
 from ._models import (

@@ -2,7 +2,7 @@
 
 Two ways in, both through gradekit's own parts:
 
-- :func:`rescore` re-reads every recorded raw completion with gradekit's parse layer, using the
+- :func:`rescore_llmbar` re-reads every recorded raw completion with gradekit's parse layer, using the
   upstream parsing regexes turned into gradekit parse specs, and computes Acc / Agr with
   :func:`graders.pairwise_report`. It reproduces the published ``statistics.json`` of all 147 runs.
 - :func:`replay_responder` answers a chat-completions request with the completion recorded for
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
 from judge.testing import FakeProvider, Reply
 
-from ._calibration import PairwiseReport, pairwise_report
+from ._agreement import PairwiseReport, pairwise_report
 from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
 
 Order = Literal["ab", "ba"]
@@ -43,7 +43,7 @@ class LLMBarError(ValueError):
 # ----------------------------------------------------------------------------------------------
 
 
-def find_root(root: str | Path | None = None) -> Path:
+def llmbar_root(root: str | Path | None = None) -> Path:
     """The LLMBar folder: ``root`` if given, else ./eval_sets/llmbar, else the one in this checkout.
 
     The data are not in the wheel (10 MB), so a plain ``pip install .`` finds them relative to the
@@ -60,7 +60,7 @@ def find_root(root: str | Path | None = None) -> Path:
 
 def subset_dir(subset: str, root: str | Path | None = None) -> Path:
     """Accepts "Natural", "LLMBar/Natural", "LLMBar__Natural", "MT-Bench", "Processed/MT-Bench", ..."""
-    base = find_root(root) / "data"
+    base = llmbar_root(root) / "data"
     names = sorted(p.name for p in base.iterdir() if p.is_dir())
     wanted = subset.replace("/", "__").replace("LLMEval^2", "LLMEval2")
     for name in names:
@@ -80,7 +80,7 @@ class Instance:
     label: int
 
 
-def load_dataset(subset: str, root: str | Path | None = None) -> list[Instance]:
+def load_llmbar(subset: str, root: str | Path | None = None) -> list[Instance]:
     path = subset_dir(subset, root) / "dataset.json"
     try:
         items = json.loads(path.read_text(encoding="utf-8"))
@@ -93,11 +93,11 @@ def load_dataset(subset: str, root: str | Path | None = None) -> list[Instance]:
 def grading_rows(subset: str, root: str | Path | None = None) -> list[dict[str, Any]]:
     """The instances as rows for ``llmbar_pairwise``: idx, instruction, output_1, output_2, label."""
     return [{"idx": x.idx, "instruction": x.input, "output_1": x.output_1, "output_2": x.output_2, "label": x.label}
-            for x in load_dataset(subset, root)]
+            for x in load_llmbar(subset, root)]
 
 
 @dataclass(frozen=True)
-class RunName:
+class LLMBarRun:
     subset: str  # directory name, e.g. "LLMBar__Natural"
     judge: str  # "GPT-4" or "ChatGPT"
     strategy: str  # e.g. "Vanilla_NoRules"
@@ -113,20 +113,20 @@ class RunName:
         return "swap" if self.strategy.startswith("Swap") else "comparison"
 
 
-def list_runs(root: str | Path | None = None) -> list[RunName]:
+def list_runs(root: str | Path | None = None) -> list[LLMBarRun]:
     """Every recorded evaluator run (147 in the shipped copy)."""
     runs = []
-    for path in sorted((find_root(root) / "data").glob("*/*__*.jsonl")):
+    for path in sorted((llmbar_root(root) / "data").glob("*/*__*.jsonl")):
         judge, strategy = path.stem.split("__", 1)
-        runs.append(RunName(path.parent.name, judge, strategy))
+        runs.append(LLMBarRun(path.parent.name, judge, strategy))
     return runs
 
 
-def _run_path(run: RunName, root: str | Path | None) -> Path:
+def _run_path(run: LLMBarRun, root: str | Path | None) -> Path:
     return subset_dir(run.subset, root) / f"{run.judge}__{run.strategy}.jsonl"
 
 
-def load_run(run: RunName, root: str | Path | None = None) -> list[dict[str, Any]]:
+def load_run(run: LLMBarRun, root: str | Path | None = None) -> list[dict[str, Any]]:
     path = _run_path(run, root)
     if not path.is_file():
         raise LLMBarError(f"{path}: no recorded run {run.judge}/{run.strategy} for {run.subset}")
@@ -141,11 +141,11 @@ def load_run(run: RunName, root: str | Path | None = None) -> list[dict[str, Any
 
 
 def _manifest(root: str | Path | None) -> dict[str, Any]:
-    path = find_root(root) / "manifest.json"
+    path = llmbar_root(root) / "manifest.json"
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def published_statistics(run: RunName, root: str | Path | None = None) -> dict[str, Any]:
+def published_statistics(run: LLMBarRun, root: str | Path | None = None) -> dict[str, Any]:
     """The run's ``statistics.json`` as the authors published it (verbatim strings)."""
     dst = f"data/{run.subset}/{run.judge}__{run.strategy}.jsonl"
     for entry in _manifest(root)["files"]:
@@ -154,7 +154,7 @@ def published_statistics(run: RunName, root: str | Path | None = None) -> dict[s
     raise LLMBarError(f"manifest.json: no published statistics for {dst}")
 
 
-def published_acc_agr(run: RunName, root: str | Path | None = None) -> tuple[float, float]:
+def llmbar_published(run: LLMBarRun, root: str | Path | None = None) -> tuple[float, float]:
     """(Acc, Agr) in percent, read from the published strings, e.g. "93.5%" and "97 / 100 = 97.0%"."""
     stats = published_statistics(run, root)
     acc = float(stats["correct_average"].rstrip("%"))
@@ -163,7 +163,7 @@ def published_acc_agr(run: RunName, root: str | Path | None = None) -> tuple[flo
 
 
 def _configs(root: str | Path | None) -> dict[str, Any]:
-    path = find_root(root) / "prompts_and_configs.json"
+    path = llmbar_root(root) / "prompts_and_configs.json"
     return json.loads(path.read_text(encoding="utf-8"))["configs"]
 
 
@@ -273,7 +273,7 @@ class RescoredRun(BaseModel):
     report: PairwiseReport
 
 
-def rescore(run: RunName, root: str | Path | None = None, *, bootstrap: int = 0) -> RescoredRun:
+def rescore_llmbar(run: LLMBarRun, root: str | Path | None = None, *, bootstrap: int = 0) -> RescoredRun:
     """Re-read one run's raw completions with gradekit's parse layer and compute Acc / Agr."""
     rows = load_run(run, root)
     specs = parse_specs(run.judge, run.strategy, root)
@@ -392,7 +392,7 @@ def _scan(text: str, instances: list[Instance]) -> list[tuple[int, Order]]:
     return hits
 
 
-def replay_responder(run: RunName, root: str | Path | None = None, *,
+def replay_responder(run: LLMBarRun, root: str | Path | None = None, *,
                      tags: Iterable[tuple[str, str, str]] = KNOWN_TAGS) -> Callable[[dict[str, Any]], Reply]:
     """A FakeProvider ``responder`` that plays a recorded run back, request by request.
 
@@ -404,7 +404,7 @@ def replay_responder(run: RunName, root: str | Path | None = None, *,
     """
     if run.kind == "rating":
         raise LLMBarError(f"{run.judge}/{run.strategy} rates one output at a time; replay a comparison strategy")
-    instances = load_dataset(run.subset, root)
+    instances = load_llmbar(run.subset, root)
     rows = load_run(run, root)
     if len(rows) != len(instances):
         raise LLMBarError(f"{_run_path(run, root)}: {len(rows)} rows but dataset.json has {len(instances)} instances")
@@ -453,7 +453,7 @@ class ReplayResult(BaseModel):
 
 
 async def replay_grade(
-    run: RunName,
+    run: LLMBarRun,
     *,
     rubric: str | Rubric = "llmbar_pairwise",
     output: Path | None = None,
@@ -470,7 +470,7 @@ async def replay_grade(
     """
     spec = load_rubric(rubric) if not isinstance(rubric, Rubric) else rubric
     responder = replay_responder(run, root)
-    published = published_acc_agr(run, root)
+    published = llmbar_published(run, root)
     model = judge_model(run.judge, run.strategy, root)
     with tempfile.TemporaryDirectory(prefix="gradekit-llmbar-") as tmp:
         source = Path(tmp) / "rows.jsonl"
@@ -488,10 +488,10 @@ async def replay_grade(
                         published_acc=published[0], published_agr=published[1])
 
 
-def resolve_run(subset: str, judge: str, strategy: str, root: str | Path | None = None) -> RunName:
-    """A RunName from user spellings, checked against the files on disk."""
+def resolve_run(subset: str, judge: str, strategy: str, root: str | Path | None = None) -> LLMBarRun:
+    """A LLMBarRun from user spellings, checked against the files on disk."""
     directory = subset_dir(subset, root)
-    run = RunName(directory.name, judge, strategy)
+    run = LLMBarRun(directory.name, judge, strategy)
     if not _run_path(run, root).is_file():
         have = sorted(p.stem.replace("__", "/") for p in directory.glob("*__*.jsonl"))
         raise LLMBarError(f"{directory}: no recorded run {judge}/{strategy}; recorded: {', '.join(have)}")

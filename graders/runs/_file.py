@@ -23,9 +23,10 @@ from judge import Judge, Rubric, Verdict
 from judge._rubric import rubric_fingerprint
 
 from ._rows import RowMapping
-from ._sample import Grade, Grader, Sample
+from .._sample import Grade, Grader, Sample
+from ._checkpoint import Checkpoint
 from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows, written_rows
-from ._spread import SpreadReport, SpreadTally
+from .._spread import SpreadReport, SpreadTally
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
 
@@ -141,44 +142,6 @@ def column_types(source: Path, destination: Path, header: list[str] | None, resu
         for name in header or []:
             types.setdefault(f"input_{name}" if name in result_columns else name, pa.string())
     return types
-
-
-class Checkpoint:
-    """``<output>.checkpoint.json``: which input file and settings, and how much output is final.
-
-    Written atomically (temp file + rename) after the output is flushed, so it never claims rows
-    the output lacks; a killed process leaves at most some unclaimed rows, which a resume drops.
-    """
-
-    def __init__(self, source: Path, destination: Path, settings: Mapping[str, Any]) -> None:
-        self.path = destination.with_name(destination.name + ".checkpoint.json")
-        self.destination = destination
-        self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}
-
-    def load(self) -> dict[str, Any] | None:
-        """The saved state, if it belongs to this input, these settings and an output still there."""
-        try:
-            state = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(state, dict) or state.get("identity") != self.identity:
-            return None
-        mark = state.get("mark") or {}
-        parts = self.destination.with_name(self.destination.name + ".parts")
-        if not (self.destination.exists() or (mark.get("parts") and parts.is_dir())):
-            return None  # the output (or a Parquet run's parts) is gone: start over
-        if "offset" in mark and self.destination.stat().st_size < int(mark["offset"]):
-            return None  # the output was cut shorter than the checkpoint says: start over
-        return state
-
-    def save(self, mark: Mapping[str, Any], tally: Mapping[str, Any], complete: bool = False) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps({"identity": self.identity, "mark": dict(mark), "tally": dict(tally), "complete": complete}),
-                             encoding="utf-8")
-        os.replace(temporary, self.path)
-
-    def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
 
 
 def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **extra: Any) -> dict[str, Any]:

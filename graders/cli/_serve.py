@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from .._server import ServerConfigError, build_computer, load_server_config
+from ..platforms.server import ServerConfigError, build_computer, load_server_config
 from ._common import fail
 
 
@@ -34,8 +34,8 @@ def serve(
 
     Exit status 2: the config is wrong (the message names the file and key); 1: the server could not start (e.g. the port is taken).
     """
-    from .._server import RewardServer, create_app  # FastAPI and uvicorn load for this command only
-    from .._server._app import TOKEN_ENV
+    from ..platforms.server import RewardServer, create_app  # FastAPI and uvicorn load for this command only
+    from ..platforms.server._app import TOKEN_ENV
 
     try:
         cfg = load_server_config(config)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .._sample import Message
+from ..._sample import Message
 
 # ---- Bailian seed 001: POST /compute_reward ---------------------------------------------------
 

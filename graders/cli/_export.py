@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from .._adapters import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+from ..platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
 from .._config import GraderConfigError
 from ._common import fail
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from judge import JudgeCache, RubricError, load_rubric
 from judge.testing import FakeProvider
 
-from .._llmbar import LLMBarError, grading_rows, judge_model, replay_grade, replay_responder, resolve_run
+from ..calibration._llmbar import LLMBarError, grading_rows, judge_model, replay_grade, replay_responder, resolve_run
 from ._common import fail, print_json
 
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from judge import SyncRunner
 
-from ._batch import keep_input
-from ._config import load_grader
+from ._file import keep_input
+from .._config import load_grader
 from ._io import RowError
 from ._rows import GradeColumns, RowMapping
-from ._sample import Grade, Grader, SyncGrader, aclose_grader
+from .._sample import Grade, Grader, SyncGrader, aclose_grader
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ._batch import _variables, check_columns, keep_input, output_columns, stream_in_order
-from ._calibration import PairwiseReport, Winner, as_label, pairwise_report
-from ._io import RowWriter, input_columns
+from ..runs._file import _variables, check_columns, keep_input, output_columns, stream_in_order
+from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
+from ..runs._io import RowWriter, input_columns
 
 ConflictRule = Literal["tie", "first", "third"]
 Decision = Literal["agree", "single", "tie", "first", "third"]

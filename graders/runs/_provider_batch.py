@@ -44,7 +44,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ._batch import (
+from ._file import (
     RESULT_COLUMNS,
     RESULT_TYPES,
     RunSummary,

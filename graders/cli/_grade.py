@@ -20,12 +20,12 @@ from judge import Budget, Judge, JudgeCache, RubricError, cost_usd, limiter_from
 from judge._budget import price_of
 from judge._client import DEFAULT_MODEL
 
-from .._batch import RunSummary, grade_file, grade_file_with, resolve_mapping
+from ..runs._file import RunSummary, grade_file, grade_file_with, resolve_mapping
 from .._config import GraderConfigError, load_grader
-from .._pairwise import PairwiseRunSummary, grade_pairwise_file
-from .._provider_batch import BatchRunError, grade_file_batch
-from .._cassette import cassette
-from .._io import InputError, count_rows, file_format
+from ..calibration._pairwise import PairwiseRunSummary, grade_pairwise_file
+from ..runs._provider_batch import BatchRunError, grade_file_batch
+from ..runs._cassette import cassette
+from ..runs._io import InputError, count_rows, file_format
 from ._common import fail, print_json
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._io import InputError, RowError
-from ._sample import Grade, Message, Sample
+from .._sample import Grade, Message, Sample
 
 # The result columns every row gets, before score_<part> and metric_<name>.
 GRADE_COLUMNS = ["score", "status", "error_kind", "error"]

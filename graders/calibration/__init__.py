@@ -1,0 +1,18 @@
+"""Calibration: can the judge be trusted? Agreement with human labels, pairwise judging, LLMBar, probes.
+
+``_agreement`` holds the statistics (pure functions over lists, pydantic reports, plots);
+``_pairwise`` judges a pair in both orders and applies a pair rule; ``_llmbar`` reproduces the
+LLMBar paper's figures from its recorded judge outputs; ``_probes`` perturbs inputs to catch a
+judge that rewards length, listings, injected instructions or position.
+"""
+
+from judge._lazy import lazy_names
+
+__all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._agreement": ["CalibrationReport", "CorrelationReport", "FileCalibration", "Interval", "JudgeAgreementReport",
+                    "PairwiseReport", "calibrate", "calibrate_rows", "correlations", "judge_agreement", "majority_vote",
+                    "mean_vote", "pairwise_report", "plot_confusion", "plot_position_bias", "plot_scores"],
+    "._llmbar": ["LLMBarRun", "RescoredRun", "llmbar_published", "llmbar_root", "load_llmbar", "rescore_llmbar"],
+    "._pairwise": ["PairVerdict", "PairwiseRunSummary", "grade_pairwise_file", "pairwise_grader"],
+    "._probes": ["Probe", "ProbeReport", "answer_listing", "instruction_injection", "position_swap", "run_probes", "verbosity"],
+})

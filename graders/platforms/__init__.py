@@ -1,0 +1,20 @@
+"""Platforms: one grader as each RL platform expects it, in process, as an export, or over HTTP.
+
+Ark, verl and TRL wrap a live grader in the function each trainer calls; Vertex and OpenAI get
+an export of the grader's configuration (a standalone ``evaluate``, a ``reinforcementTuningSpec``,
+OpenAI grader JSON), because their graders run on the platform, not in this process. ``server``
+puts one reward computer behind the HTTP contracts of Bailian, DashScope, Vertex and OpenRLHF.
+"""
+
+from judge._lazy import lazy_names
+
+__all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._ark": ["ark_group_grader"],
+    "._common": ["GradingError"],
+    "._nodes": ["ExportError"],
+    "._openai_export": ["export_openai_grader"],
+    "._trl": ["trl_reward_func"],
+    "._verl": ["VerlReward", "verl_compute_score"],
+    "._vertex_export": ["export_vertex_evaluate", "export_vertex_spec"],
+    ".server": ["BaseRewardComputer", "GraderRewardComputer", "RewardRequest", "RewardResponse", "RewardServer", "create_app"],
+})

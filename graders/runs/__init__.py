@@ -1,0 +1,15 @@
+"""Runs: a grader or rubric over a file or a DataFrame, streamed in order, resumable.
+
+Every input row gets exactly one output row. The streaming runner (``_file``) reads rows
+(``_io``), maps them to samples (``_rows``), keeps a resume checkpoint (``_checkpoint``), and
+can send its requests through the provider's Batch API instead (``_provider_batch``). pandas
+users get the same path in memory (``_frame``); ``_cassette`` records and replays judge traffic.
+"""
+
+from judge._lazy import lazy_names
+
+__all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._file": ["RunSummary", "grade_file", "grade_file_with"],
+    "._frame": ["agrade_frame", "grade_frame"],
+    "._provider_batch": ["BatchRunError", "grade_file_batch"],
+})

@@ -1,0 +1,70 @@
+"""Which limiter a process uses: built from a URL, and the one process-wide limiter every Judge shares.
+
+Kept apart from the limiter implementations so that each of them (in-process, Redis) imports
+only what it needs and none imports another through this choice.
+"""
+
+from __future__ import annotations
+
+from ._limiter import Limiter, RequestLimiter
+
+
+def limiter_from_url(
+    url: str | None,
+    *,
+    rps: float | None = None,
+    tpm: float | None = None,
+    concurrency: int = 16,
+    burst: float = 2.0,
+    key: str = "default",
+) -> RequestLimiter:
+    """Build the limiter a URL names: in-process by default, shared through Redis on request.
+
+    Args:
+        url: None or ``memory://`` for the in-process :class:`Limiter`; ``redis://host:port/db``
+            (also ``rediss://``, ``redis+unix://``) for a :class:`SharedLimiter`.
+        rps: requests per second (for all processes together when shared).
+        tpm: tokens per minute (likewise).
+        concurrency: requests in flight at once, always per process.
+        burst: per-process pacing bucket in requests.
+        key: names the shared budget; processes share only when URL, key, rps and tpm agree.
+            Ignored in memory.
+
+    Raises:
+        ValueError: an unknown URL scheme or a bad limit.
+        ConnectionError: Redis does not answer a PING; the message names the URL (password hidden).
+            Checked here, when the limiter is built, so a run fails before its first request.
+    """
+    if url is None or url.strip() in ("", "memory://"):
+        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
+    from ._shared_limiter import SharedLimiter  # Redis support loads only when asked for
+
+    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
+    limiter.check()
+    return limiter
+
+
+_process_limiter: RequestLimiter | None = None
+
+
+def configure_limiter(rps: float | None = None, tpm: float | None = None, concurrency: int = 16, *,
+                      url: str | None = None, key: str = "default") -> RequestLimiter:
+    """Set the process-wide limiter that every Judge without an explicit one shares.
+
+    ``url`` (``redis://host:port/db``) shares the rates with other processes through Redis, as
+    ``gradekit grade --limiter`` does; ``key`` names that shared budget.
+    """
+    global _process_limiter
+    if url is None:
+        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
+    else:
+        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key)
+    return _process_limiter
+
+
+def process_limiter() -> RequestLimiter:
+    """The process-wide limiter (ARCHITECTURE: every request of a process passes one limiter)."""
+    global _process_limiter
+    if _process_limiter is None:
+        _process_limiter = Limiter()
+    return _process_limiter
