@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..calibration._agreement import FileCalibration, Interval, calibrate_rows, plot_confusion, plot_position_bias, plot_scores
-from ..runs._io import InputError, read_rows
 from ._common import fail, print_json
+
+if TYPE_CHECKING:  # numpy, scipy and matplotlib load when the command runs, not for --help
+    from ..calibration._agreement import FileCalibration, Interval
 
 
 def _load(path: Path, what: str) -> list[dict]:
+    from ..runs._io import InputError, read_rows
+
     rows = []
     for row in read_rows(path):
         if isinstance(row, Exception):
@@ -41,6 +45,9 @@ def calibrate(
 ) -> None:
     """Accuracy, per-label precision/recall/F1, confusion, kappa, correlations and bootstrap intervals of a
     graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias."""
+    from ..calibration._agreement import calibrate_rows
+    from ..runs._io import InputError
+
     if convention not in ("llmbar", "skip"):
         raise fail(f"--convention must be llmbar or skip, not {convention!r}")
     try:
@@ -65,6 +72,8 @@ def calibrate(
 
 
 def _plots(result: FileCalibration, folder: Path) -> list[str]:
+    from ..calibration._agreement import plot_confusion, plot_position_bias, plot_scores
+
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / "confusion.png"]
     plot_confusion(result.classification, written[0])

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import typer
 
-from ..platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
-from .._config import GraderConfigError
 from ._common import fail
 
 
@@ -39,6 +37,9 @@ def export(
     Exit status: 0 when written, 2 when the config is wrong or the grader cannot be expressed
     on the target (the message lists why, part by part).
     """
+    from .._config import GraderConfigError
+    from ..platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+
     try:
         if to is Target.vertex_evaluate:
             text = export_vertex_evaluate(grader, on_invalid=on_invalid)

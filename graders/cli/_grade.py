@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -10,23 +9,19 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from judge import Budget, Judge, JudgeCache, RubricError, cost_usd, limiter_from_url, load_prices, load_rubric
-from judge._budget import price_of
-from judge._client import DEFAULT_MODEL
-
-from ..runs._file import RunSummary, grade_file, grade_file_with, resolve_mapping
-from .._config import GraderConfigError, load_grader
-from ..calibration._pairwise import PairwiseRunSummary, grade_pairwise_file
-from ..runs._provider_batch import BatchRunError, grade_file_batch
-from ..runs._cassette import cassette
-from ..runs._io import InputError, count_rows, file_format
 from ._common import fail, print_json
+
+if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
+    from judge import Budget, Judge
+
+    from ..calibration._pairwise import PairwiseRunSummary
+    from ..runs._file import RunSummary
 
 
 def grade(
@@ -69,6 +64,18 @@ def grade(
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
     one row per input row), 2 when the run could not start (bad file, rubric or option).
     """
+    import asyncio
+
+    from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+    from judge._client import DEFAULT_MODEL
+
+    from .._config import GraderConfigError
+    from ..calibration._pairwise import PairwiseRunSummary
+    from ..runs._cassette import cassette
+    from ..runs._file import RunSummary, resolve_mapping
+    from ..runs._io import InputError, file_format
+    from ..runs._provider_batch import BatchRunError
+
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
     if record and replay:
@@ -162,6 +169,11 @@ def grade(
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console,
                group_by: str | None = None, resume: bool = True) -> RunSummary:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..runs._file import grade_file
+    from ..runs._io import count_rows
+
     async with judge:
         if not show_progress:
             return await grade_file(judge, spec, source, destination, variables, group_by=group_by, resume=resume)
@@ -175,6 +187,9 @@ async def _run(judge: Judge, spec, source: Path, destination: Path, variables: d
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
     """Cost of the output's tokens at the table's prices, what the cache saved, and why rows were skipped."""
+    from judge import cost_usd
+    from judge._budget import price_of
+
     price = price_of(budget.prices, model)
     if price is not None:
         summary.cost_usd = cost_usd(budget.prices, model, summary.prompt_tokens, summary.completion_tokens)
@@ -186,6 +201,8 @@ def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
 
 def sample_mapping(pairs: list[str]) -> dict[str, str]:
     """``PATH=COLUMN`` pairs for a grader: the sample path (response, references.answer, ...) a column fills."""
+    from ..runs._io import InputError
+
     out: dict[str, str] = {}
     for pair in pairs:
         path, sep, column = pair.partition("=")
@@ -203,6 +220,12 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
     The checkpoint is keyed by the config's bytes and the judge endpoint the command line names
     (``--model``, ``--base-url`` and their environment variables), so another judge starts over.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .._config import load_grader
+    from ..runs._file import grade_file_with
+    from ..runs._io import InputError, count_rows
+
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
     grader = load_grader(config, judge=make_judge)
@@ -222,6 +245,8 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
 
 async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], poll: float,
                      group_by: str | None, resume: bool, err: Console | None) -> RunSummary:
+    from ..runs._provider_batch import grade_file_batch
+
     def say(message: str) -> None:
         if err is not None:  # None with --json: stdout and stderr stay machine-readable
             err.print(f"batch: {message}", highlight=False, markup=False, soft_wrap=True)
@@ -233,6 +258,8 @@ async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variab
 
 async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
                         on_conflict: str, tiebreak: Judge | None) -> PairwiseRunSummary:
+    from ..calibration._pairwise import grade_pairwise_file
+
     async with judge:
         try:
             return await grade_pairwise_file(judge, spec, source, destination, variables, swap=swap,

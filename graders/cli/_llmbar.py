@@ -7,7 +7,6 @@ calibration) runs against them, ending with LLMBar's Acc / Agr next to the publi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import signal
@@ -17,10 +16,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from judge import JudgeCache, RubricError, load_rubric
-from judge.testing import FakeProvider
-
-from ..calibration._llmbar import LLMBarError, grading_rows, judge_model, replay_grade, replay_responder, resolve_run
 from ._common import fail, print_json
 
 
@@ -43,6 +38,12 @@ def llmbar(
     `gradekit llmbar --serve` in one terminal, then `gradekit grade ROWS -r llmbar_pairwise
     --base-url URL --model gpt-4 -o out.jsonl` in another (ROWS from `--export-rows`).
     """
+    import asyncio
+
+    from judge import JudgeCache, RubricError, load_rubric
+
+    from ..calibration._llmbar import LLMBarError, grading_rows, replay_grade, resolve_run
+
     try:
         run = resolve_run(subset, judge, strategy, data)
         if export_rows is not None:
@@ -96,6 +97,10 @@ def llmbar(
 
 
 def _serve(run, data: Path | None) -> None:
+    from judge.testing import FakeProvider
+
+    from ..calibration._llmbar import judge_model, replay_responder
+
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

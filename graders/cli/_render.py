@@ -6,8 +6,6 @@ import json
 
 import typer
 
-from judge import RubricError, RubricInputError, build_request, load_rubric
-
 from ._common import fail
 
 
@@ -18,6 +16,8 @@ def render(
     model: str = typer.Option("gpt-4o-mini", "--model", envvar="GRADEKIT_MODEL"),
 ) -> None:
     """Print the chat.completions request a row would produce."""
+    from judge import RubricError, RubricInputError, build_request, load_rubric
+
     try:
         spec = load_rubric(rubric)
         values = json.loads(row)

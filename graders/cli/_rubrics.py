@@ -6,13 +6,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from judge import list_rubrics
-
 from ._common import print_json
 
 
 def rubrics(json_output: bool = typer.Option(False, "--json", help="Print JSON (with a version field).")) -> None:
     """List the shipped rubrics with their variables, output mode and labels."""
+    from judge import list_rubrics
+
     found = list_rubrics()
     if json_output:
         print_json({

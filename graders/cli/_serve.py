@@ -10,7 +10,6 @@ from pathlib import Path
 
 import typer
 
-from ..platforms.server import ServerConfigError, build_computer, load_server_config
 from ._common import fail
 
 
@@ -34,7 +33,7 @@ def serve(
 
     Exit status 2: the config is wrong (the message names the file and key); 1: the server could not start (e.g. the port is taken).
     """
-    from ..platforms.server import RewardServer, create_app  # FastAPI and uvicorn load for this command only
+    from ..platforms.server import RewardServer, ServerConfigError, build_computer, create_app, load_server_config
     from ..platforms.server._app import TOKEN_ENV
 
     try:

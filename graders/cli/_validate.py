@@ -6,18 +6,16 @@ run it before a tuning job to catch parse errors, unhandled cases and broken sni
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from judge import Judge
-
-from .._config import GraderConfigError, load_grader
-from .._sample import Grade, Message, Sample, aclose_grader, sample_from_row, vertex_content_messages
 from ._common import fail, print_json
+
+if TYPE_CHECKING:  # pydantic models load when the command runs
+    from .._sample import Grade, Message, Sample
 
 
 class _InputError(ValueError):
@@ -26,6 +24,8 @@ class _InputError(ValueError):
 
 def read_example(path: Path) -> Sample:
     """A Vertex-style row (contents, systemInstruction, references) or a gradekit sample (JSON or JSONL)."""
+    from .._sample import sample_from_row
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -46,6 +46,8 @@ def read_example(path: Path) -> Sample:
 
 def read_response(path: Path) -> list[Message] | str:
     """A Vertex Content, an OpenAI message (or completion, or list of messages), or plain text."""
+    from .._sample import Message, vertex_content_messages
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -102,6 +104,9 @@ def report(grade: Grade) -> dict[str, Any]:
 
 
 async def _grade(config: Path, sample: Sample, judge_factory: Any) -> Grade:
+    from .._config import load_grader  # the judge client (openai) loads when the command runs
+    from .._sample import aclose_grader
+
     grader = load_grader(config, judge=judge_factory)
     try:
         return await grader(sample)
@@ -124,6 +129,12 @@ def validate(
     Exit status: 0 when the reward was computed, 1 when the grade is invalid or an error
     (the output says why), 2 when the files cannot be read or the grader config is wrong.
     """
+    import asyncio
+
+    from judge import Judge
+
+    from .._config import GraderConfigError
+
     try:
         sample = read_example(example).with_response(read_response(response))
     except _InputError as e:

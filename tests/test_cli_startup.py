@@ -1,0 +1,72 @@
+"""The CLI starts without the heavy libraries: which modules each command imports, read from -X importtime.
+
+Times are not asserted (the machine is shared and noisy); the import list is what makes start-up
+fast, and it is exact. benchmarks/cli_startup.py measures the time as a ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from judge.testing import FakeProvider
+
+from .conftest import reference_judge
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("openai", "numpy", "pandas", "scipy", "sklearn", "matplotlib", "pyarrow", "uvicorn", "fastapi", "starlette", "ray", "duckdb")
+SERVER = ("uvicorn", "fastapi", "starlette")
+COMMANDS = ("grade", "rubrics", "render", "calibrate", "llmbar", "validate", "export", "serve")
+
+
+def imported(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[set[str], subprocess.CompletedProcess]:
+    """Top-level packages a ``python -m graders ARGS`` process imported, and the finished process."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "graders", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})}, cwd=cwd)
+    names = set()
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            module = line.rsplit("|", 1)[1].strip()
+            if module != "imported package":
+                names.add(module.split(".")[0])
+    return names, done
+
+
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",)] + [(c, "--help") for c in COMMANDS])
+def test_help_imports_no_heavy_library(args: tuple[str, ...]) -> None:
+    names, done = imported(*args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert names, "no import lines: -X importtime did not report"
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))
+
+
+def test_h_is_help_and_version_prints_the_version() -> None:
+    _, short = imported("-h")
+    _, long = imported("--help")
+    assert short.stdout == long.stdout and "grade" in short.stdout
+    _, version = imported("--version")
+    assert version.stdout.startswith("gradekit ")
+
+
+def test_rubrics_and_render_need_neither_pandas_nor_the_server_stack() -> None:
+    names, done = imported("rubrics")
+    assert done.returncode == 0 and "semantic_equivalence_zh" in done.stdout
+    assert not names & {"pandas", "pyarrow", "numpy", *SERVER}, names
+    names, done = imported("render", "-r", "semantic_equivalence_en", "--row", '{"question": "q", "prediction": "p", "references": ["r"]}')
+    assert done.returncode == 0 and "<prediction>" in done.stdout, done.stderr[-2000:]
+    assert not names & {"pandas", "pyarrow", "numpy", *SERVER}, names
+
+
+def test_grade_on_jsonl_loads_no_calibration_or_server_stack(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "q", "prediction": "the answer is 4", "references": ["4"]}\n', encoding="utf-8")
+    with FakeProvider(responder=reference_judge) as fake:
+        names, done = imported("grade", str(rows), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "out.jsonl"), "--no-cache",
+                               env={"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "openai" in names  # the run really reached the judge client
+    assert not names & {"scipy", "sklearn", "matplotlib", *SERVER}, sorted(names & {"scipy", "sklearn", "matplotlib", *SERVER})
