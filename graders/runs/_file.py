@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -25,7 +24,7 @@ from judge._rubric import rubric_fingerprint
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, file_format, input_columns, parquet_schema, read_rows, written_rows
 from .._spread import SpreadReport, SpreadTally
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]

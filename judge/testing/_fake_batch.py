@@ -23,15 +23,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
+from ._wire import RecordedRequest, _DroppedResponse, error_response
+
 if TYPE_CHECKING:
     from ._fake_provider import FakeProvider
 
-
-def _provider_module() -> Any:
-    # Imported late: the provider module imports this one to build its BatchAPI.
-    from . import _fake_provider
-
-    return _fake_provider
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 _ENDPOINTS = ("/v1/chat/completions", "/chat/completions")
@@ -103,7 +99,7 @@ class _Batch:
 
 
 def _error(status: int, message: str, *, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return _provider_module().error_response(status, message, param=param, code=code)
+    return error_response(status, message, param=param, code=code)
 
 
 def _multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
@@ -328,15 +324,14 @@ class BatchAPI:
 
     async def _answer_line(self, batch: _Batch, line: dict[str, Any]) -> tuple[int, Any, dict[str, Any] | None]:
         """(status_code, body, error) of one line, through the provider's live dispatch."""
-        module = _provider_module()
         provider = self.provider
         body = line["body"]
-        record = module.RecordedRequest(time=time.monotonic(), path=batch.endpoint, body=body, headers={},
+        record = RecordedRequest(time=time.monotonic(), path=batch.endpoint, body=body, headers={},
                                                   batch_id=batch.id)
         with provider._lock:
             provider._requests.append(record)
         response = provider._rejected(body) or await provider._answer(body)
-        if isinstance(response, module._DroppedResponse):
+        if isinstance(response, _DroppedResponse):
             return 0, None, {"code": "request_timeout", "message": "The underlying call to the model timed out."}
         try:
             payload = json.loads(bytes(response.body))
