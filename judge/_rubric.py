@@ -10,12 +10,16 @@ import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from jinja2 import FileSystemLoader, StrictUndefined, TemplateError, UndefinedError
-from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
+    from jinja2.sandbox import SandboxedEnvironment
+
+# The C loader when PyYAML was built with libyaml: specs and the index load several times faster.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 OutputMode = Literal["json_schema", "tags", "regex", "text"]
 # How a request asks for the verdict. A json_schema rubric can fall back along this chain;
@@ -155,6 +159,8 @@ class Rubric(BaseModel):
 
     def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None) -> list[dict[str, str]]:
         """Render chat messages. Row values are only ever template variables, never template source."""
+        from jinja2 import TemplateError, UndefinedError
+
         mode = ask_mode or self.ask_modes[0]
         context = {
             **self.prepare(row),
@@ -223,6 +229,9 @@ def _guard(value: Any, tag: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _environment(directory: Path) -> SandboxedEnvironment:
+    from jinja2 import FileSystemLoader, StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
     env = SandboxedEnvironment(
         loader=FileSystemLoader(str(directory)),
         undefined=StrictUndefined,
@@ -246,7 +255,7 @@ def _packaged_prompts() -> Path:
 
 def _index() -> dict[str, str]:
     index_path = _packaged_prompts() / "index.yaml"
-    data = yaml.safe_load(index_path.read_text(encoding="utf-8")) or {}
+    data = yaml.load(index_path.read_text(encoding="utf-8"), Loader=_YAML_LOADER) or {}
     return dict(data.get("rubrics", {}))
 
 
@@ -267,7 +276,7 @@ def load_rubric(name_or_path: str | Path) -> Rubric:
             raise RubricError(f"unknown rubric {str(name_or_path)!r}; shipped rubrics: {known} (or give a path to a .yaml spec)")
         spec_path = _packaged_prompts() / index[str(name_or_path)]
     try:
-        data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+        data = yaml.load(spec_path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         raise RubricError(f"{spec_path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
