@@ -30,7 +30,7 @@ def llmbar(
     strategy: str = typer.Option("Vanilla_NoRules", "--strategy", help="Recorded strategy whose replies are a bare verdict: Vanilla, Vanilla_NoRules, Vanilla_1shot, Vanilla_2shot, Metrics, Reference, Metrics_Reference."),
     rubric: str = typer.Option("llmbar_pairwise", "-r", "--rubric", help="Pairwise rubric to grade with."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the graded rows here (.jsonl or .csv) [default: not kept]."),
-    data: Path = typer.Option(None, "--data", help="The LLMBar folder [default: ./eval_sets/llmbar]."),
+    data: Path = typer.Option(None, "--data", help="The LLMBar folder [default: the copy shipped with gradekit]."),
     cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: none; replies are local]."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
     export_rows: Path = typer.Option(None, "--export-rows", help="Only write the subset as grading rows (JSONL) and exit."),
