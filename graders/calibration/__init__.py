@@ -3,7 +3,7 @@
 ``_agreement`` holds the statistics (pure functions over lists, pydantic reports, plots);
 ``_pairwise`` judges a pair in both orders and applies a pair rule; ``_llmbar`` reproduces the
 LLMBar paper's figures from its recorded judge outputs; ``_probes`` perturbs inputs to catch a
-judge that rewards length, listings, injected instructions or position.
+judge that rewards length, listings, injected instructions, content-free openers or position.
 """
 
 from judge._lazy import lazy_names
