@@ -12,6 +12,7 @@ Two ways in, both through gradekit's own parts:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tempfile
@@ -151,7 +152,12 @@ def load_run(run: LLMBarRun, root: str | Path | None = None) -> list[dict[str, A
 
 
 def _manifest(root: str | Path | None) -> dict[str, Any]:
-    path = llmbar_root(root) / "manifest.json"
+    return _read_json(llmbar_root(root).resolve() / "manifest.json")
+
+
+@functools.lru_cache(maxsize=8)
+def _read_json(path: Path) -> dict[str, Any]:
+    """The manifest and configs are read once per process: a suite's published rows ask for them per run."""
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -173,8 +179,7 @@ def llmbar_published(run: LLMBarRun, root: str | Path | None = None) -> tuple[fl
 
 
 def _configs(root: str | Path | None) -> dict[str, Any]:
-    path = llmbar_root(root) / "prompts_and_configs.json"
-    return json.loads(path.read_text(encoding="utf-8"))["configs"]
+    return _read_json(llmbar_root(root).resolve() / "prompts_and_configs.json")["configs"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ class MetaEvalRow(BaseModel):
     pair_accuracy: float | None = None
     accuracy_by: Literal["order_mean", "pair"] = "pair"
     one_order: int = 0  # pairs scored from one readable order (vote)
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
 
 
 class JuryVerdict(BaseModel):
@@ -114,6 +115,7 @@ def judge_row(suite: str, subset: str, judge: str, model: str, labels: Sequence[
         prompt_tokens=prompt, completion_tokens=completion, cache_hits=sum(v.cached for v in verdicts),
         order_accuracy=order_acc, pair_accuracy=pair_acc, accuracy_by=by,
         one_order=sum(p.status == "ok" and p.orders_read == 1 for p in pairs),
+        errors_by_kind=dict(Counter(p.error_kind or "unknown" for p in pairs if p.status != "ok").most_common()),
     )
 
 

@@ -141,6 +141,10 @@ def _print(report, written: list[str]) -> None:
                           str(r.parse_failures), str(r.errors) + (f" ({r.one_order} one order)" if r.one_order else ""),
                           str(r.requests), str(r.prompt_tokens + r.completion_tokens), _fmt(r.cost_usd, ".4f"))
         console.print(table)
+        for r in rows:
+            if r.errors_by_kind and (r.subset != "overall" or len(rows) == 1):
+                console.print(f"  {r.subset} / {r.judge}: {r.errors} pairs without a verdict ("
+                              + ", ".join(f"{k} {v}" for k, v in r.errors_by_kind.items()) + ")")
         published = [p for p in report.published if p.suite == suite]
         if published:
             order = list(dict.fromkeys(r.subset for r in rows))
