@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,24 +13,10 @@ from graders.calibration._probes import MASTER_KEYS
 from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
+from .test_probes import _prediction, _references, _reply
+
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "eval_sets/semantic_equivalence_en/data.jsonl"
-
-
-def _reply(body: dict, label: str) -> Reply:
-    payload = json.dumps({"rationale": "r", "judgement": label})
-    if body.get("tools"):
-        return Reply(tool_call={"name": "submit_verdict", "arguments": payload})
-    return Reply(content=payload)
-
-
-def _prediction(body: dict) -> str:
-    return re.search(r"<prediction>\n(.*?)\n</prediction>", body["messages"][-1]["content"], re.S).group(1)
-
-
-def _references(body: dict) -> list[str]:
-    block = re.search(r"<references>\n(.*?)</references>", body["messages"][-1]["content"], re.S).group(1)
-    return re.findall(r"^- (.*)$", block, re.M)
 
 
 def sturdy(body: dict) -> Reply:

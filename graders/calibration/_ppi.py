@@ -15,11 +15,13 @@ over the unlabelled rows and var_d that of f - y over the labelled rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from statistics import NormalDist, fmean, variance
 from typing import Any
 
 from pydantic import BaseModel
+
+from ._agreement import _as_float, as_label
 
 
 class PPIError(ValueError):
@@ -81,22 +83,21 @@ def ppi_mean(judge_unlabeled: Sequence[float], judge_labeled: Sequence[float], h
 
 
 def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
+    number = _as_float(value) if not isinstance(value, bool) else None
+    return number if number is not None and math.isfinite(number) else None
 
 
-def _key(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    text = str(value).strip()
-    if text.endswith(".0") and text[:-2].lstrip("-").isdigit():
-        text = text[:-2]  # a CSV's 7.0 is the JSONL's 7
-    return text or None
+def _keys(rows: Sequence[Mapping[str, Any]], on: str, where: str) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
+    """(row number, key, row) with every key present and unique, or a PPIError naming the row."""
+    seen: set[str] = set()
+    for number, row in enumerate(rows, start=1):
+        key = as_label(row.get(on))
+        if key is None:
+            raise PPIError(f"{where} row {number}: no {on!r}")
+        if key in seen:
+            raise PPIError(f"{where} row {number}: key {on}={key!r} appears twice")
+        seen.add(key)
+        yield number, key, row
 
 
 def human_score_map(graded: Sequence[Mapping[str, Any]], label_scores: Mapping[str, float] | None) -> dict[str, float]:
@@ -107,7 +108,7 @@ def human_score_map(graded: Sequence[Mapping[str, Any]], label_scores: Mapping[s
         return {"1": 1.0, "2": -1.0, "tie": 0.0}  # a pairwise score > 0 favours output_1
     found: dict[str, float] = {}
     for row in graded:
-        label, score = _key(row.get("label")), _number(row.get("score"))
+        label, score = as_label(row.get("label")), _number(row.get("score"))
         if label is not None and score is not None and row.get("status") in (None, "", "ok"):
             found.setdefault(label, score)
     return found
@@ -133,15 +134,10 @@ def ppi_rows(
     """
     scores = human_score_map(graded, label_scores)
     human: dict[str, float] = {}
-    for number, row in enumerate(label_rows, start=1):
-        key = _key(row.get(on))
-        if key is None:
-            raise PPIError(f"{labels_source} row {number}: no {on!r}")
-        if key in human:
-            raise PPIError(f"{labels_source} row {number}: key {on}={key!r} appears twice")
+    for number, key, row in _keys(label_rows, on, labels_source):
         value = _number(row.get("score")) if "score" in row else None
         if value is None:
-            label = _key(row.get(human_column))
+            label = as_label(row.get(human_column))
             if label is None:
                 raise PPIError(f"{labels_source} row {number}: no {human_column!r} and no numeric 'score'")
             if label not in scores:
@@ -154,12 +150,7 @@ def ppi_rows(
     human_labeled: list[float] = []
     missing = 0
     seen: set[str] = set()
-    for number, row in enumerate(graded, start=1):
-        key = _key(row.get(on))
-        if key is None:
-            raise PPIError(f"{source} row {number}: no {on!r}")
-        if key in seen:
-            raise PPIError(f"{source} row {number}: key {on}={key!r} appears twice")
+    for _, key, row in _keys(graded, on, source):
         seen.add(key)
         f = _number(row.get("score")) if row.get("status") in (None, "", "ok") else None
         if f is None:
