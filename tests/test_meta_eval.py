@@ -132,3 +132,21 @@ def test_unknown_suite_non_pairwise_rubric_and_limit_are_checked() -> None:
     limited = load_suite("llmbar", limit=3)
     assert [p.subset for p in limited.pairs] == [s for s in limited.subsets for _ in range(3)]
     assert {p.subset for p in load_suite("faireval").pairs} == {"FairEval"} and len(load_suite("mtbench-human").pairs) == 200
+
+
+def test_meta_eval_records_and_replays_its_traffic_and_a_dead_endpoint_is_an_error_not_a_score(suite_file: Path, tmp_path: Path) -> None:
+    tape = tmp_path / "tape.yaml"
+    args = ["meta-eval", "--suite", str(suite_file), "-r", "llmbar_pairwise", "--model", "sharp", "--api-key", "x", "--json"]
+    with FakeProvider(responder=panel) as server:
+        recorded = CliRunner().invoke(app, [*args, "--base-url", server.base_url, "--record", str(tape)])
+        base_url = server.base_url
+    assert recorded.exit_code == 0, recorded.output
+    replayed = CliRunner().invoke(app, [*args, "--base-url", base_url, "--replay", str(tape)])  # the server is gone
+    assert replayed.exit_code == 0, replayed.output
+    strip = lambda out: [{k: v for k, v in r.items() if k != "cache_hits"} for r in json.loads(out)["results"]]  # noqa: E731
+    assert strip(replayed.output) == strip(recorded.output)
+    dead = CliRunner().invoke(app, ["meta-eval", "--suite", str(suite_file), "-r", "llmbar_pairwise", "--limit", "1", "--json",
+                                    "--base-url", base_url, "--api-key", "x", "--no-cache", "--timeout", "2"])
+    assert dead.exit_code == 1, dead.output
+    rows = json.loads(dead.output)["results"]
+    assert all(r["errors"] == r["n"] and r["accuracy"] == 0.0 for r in rows) and rows[0]["errors_by_kind"]

@@ -40,7 +40,8 @@ def meta_eval(
     with the published GPT-4 / ChatGPT rows beside the shipped suites.
 
     Exit status: 0 when every pair got a verdict, 1 when some pairs are errors (the report counts them),
-    2 when the run could not start (unknown suite, bad file, rubric or option).
+    2 when the run could not start (unknown suite, bad file, rubric or option), 130 when interrupted (the same
+    command continues from the cache).
     """
     import asyncio
 
@@ -99,6 +100,9 @@ def meta_eval(
             report = asyncio.run(run())
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise fail(str(e)) from e
+    except KeyboardInterrupt:
+        # Judged pairs are in the cache: the same command continues from there.
+        raise fail("interrupted; run the same command again: pairs already judged come from the cache", 130) from None
     finally:
         if cache is not None:
             cache.close()

@@ -36,7 +36,8 @@ def probe(
     the judge was fooled: for a master key, the rate of top scores (false positives).
 
     Exit status: 0 every probe passed, 3 the judge failed at least one probe, 1 no probe failed but some
-    judge requests did (the report counts them), 2 the run could not start (bad file, rubric or option).
+    judge requests did (the report counts them), 2 the run could not start (bad file, rubric or option),
+    130 interrupted.
     """
     import asyncio
 
@@ -87,6 +88,8 @@ def probe(
         used, reports = asyncio.run(run())
     except ValueError as e:
         raise fail(str(e)) from e
+    except KeyboardInterrupt:
+        raise fail("interrupted; run the same command again: verdicts already given come from the cache", 130) from None
     finally:
         if cache is not None:
             cache.close()
