@@ -90,9 +90,9 @@ def test_gradekits_own_last_match_rule_would_misread_recorded_replies() -> None:
     assert differ > 0 and rescore_llmbar(run, REPO / "eval_sets" / "llmbar").differs_from_recorded == 0
 
 
-def test_data_is_found_from_the_working_directory_or_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)
-    assert llmbar_root() == Path("eval_sets/llmbar")
+def test_data_is_found_from_any_folder_or_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the package's own copy, wherever the command runs (the wheel test covers an install)
+    assert llmbar_root().resolve() == (REPO / "eval_sets" / "llmbar").resolve()
     with pytest.raises(ValueError, match="manifest.json"):
         llmbar_root(tmp_path)
     with pytest.raises(ValueError, match="no LLMBar subset 'Naturel'; subsets are: LLMBar__Adversarial__GPTInst"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,13 +17,18 @@ import judge
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wheel_ships_every_rubric(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("git") is None:
         pytest.skip("git is needed to copy the tracked tree")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+    folder = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(folder), str(ROOT)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
-    wheel = next(tmp_path.glob("gradekit-*.whl"))
+    return next(folder.glob("gradekit-*.whl"))
+
+
+def test_wheel_ships_every_rubric(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     index = (ROOT / "prompts" / "index.yaml").read_text(encoding="utf-8")
     for spec in sorted((ROOT / "prompts").glob("*.yaml")):
@@ -30,6 +37,43 @@ def test_wheel_ships_every_rubric(tmp_path: Path) -> None:
     for template in sorted((ROOT / "prompts").glob("*.j2")):
         assert f"judge/prompts/{template.name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp_path: Path) -> None:
+    """Installed from the wheel alone (no checkout on the path), run from an empty folder."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"graders/eval_sets/{p.relative_to(ROOT / 'eval_sets').as_posix()}" for p in (ROOT / "eval_sets").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped <= names and "graders/eval_sets/llmbar/data/LLMBar__Natural/GPT-4__Vanilla_NoRules.jsonl" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages for a pure-Python wheel
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))} | {"PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import graders, graders.calibration as c; print(graders.__file__); print(c.llmbar_root())"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
+    demo = subprocess.run([sys.executable, "-m", "graders", "llmbar", "--subset", "GPTOut"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert demo.returncode == 0, demo.stderr
+    assert "Acc 76.6 / Agr 87.2" in demo.stdout and "reproduced" in demo.stdout
+    server = subprocess.Popen([sys.executable, "-m", "graders", "llmbar", "--serve", "--subset", "all", "--judge", "GPT-4",
+                               "--strategy", "Vanilla_NoRules"], cwd=elsewhere, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        base_url = server.stdout.readline().strip()
+        assert base_url.startswith("http://127.0.0.1:"), base_url
+        run = subprocess.run([sys.executable, "-m", "graders", "meta-eval", "--suite", "faireval", "-r", "llmbar_pairwise",
+                              "--model", "gpt-4", "--base-url", base_url, "--api-key", "x", "--no-cache", "--json"],
+                             cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert run.returncode == 0, run.stderr
+    payload = json.loads(run.stdout)
+    (row,) = payload["results"]
+    published = next(p for p in payload["published"] if p["judge"] == "GPT-4/Vanilla_NoRules")
+    assert (row["n"], row["accuracy"], row["agreement"]) == (66, pytest.approx(published["accuracy"]), pytest.approx(published["agreement"]))
 
 
 def test_judge_public_names() -> None:

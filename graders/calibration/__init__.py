@@ -2,8 +2,10 @@
 
 ``_agreement`` holds the statistics (pure functions over lists, pydantic reports, plots);
 ``_pairwise`` judges a pair in both orders and applies a pair rule; ``_llmbar`` reproduces the
-LLMBar paper's figures from its recorded judge outputs; ``_probes`` perturbs inputs to catch a
-judge that rewards length, listings, injected instructions or position.
+LLMBar paper's figures from its recorded judge outputs; ``_suites`` and ``_meta_eval`` score a
+judge on labelled pairwise suites beside the published judges; ``_ppi`` turns a few human labels
+plus many judge scores into an estimate with an honest interval; ``_probes`` perturbs inputs to catch a
+judge that rewards length, listings, injected instructions, content-free openers or position.
 """
 
 from judge._lazy import lazy_names
@@ -12,7 +14,12 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._agreement": ["CalibrationReport", "CorrelationReport", "FileCalibration", "Interval", "JudgeAgreementReport",
                     "PairwiseReport", "calibrate", "calibrate_rows", "correlations", "judge_agreement", "majority_vote",
                     "mean_vote", "pairwise_report", "plot_confusion", "plot_position_bias", "plot_scores"],
-    "._llmbar": ["LLMBarRun", "RescoredRun", "llmbar_published", "llmbar_root", "load_llmbar", "rescore_llmbar"],
+    "._llmbar": ["LLMBarRun", "RescoredRun", "llmbar_published", "llmbar_root", "load_llmbar", "rescore_llmbar",
+                 "suite_replay_responder"],
+    "._meta_eval": ["MetaEvalReport", "MetaEvalRow", "meta_eval", "plot_meta_eval"],
     "._pairwise": ["PairVerdict", "PairwiseRunSummary", "grade_pairwise_file", "pairwise_grader"],
-    "._probes": ["Probe", "ProbeReport", "answer_listing", "instruction_injection", "position_swap", "run_probes", "verbosity"],
+    "._ppi": ["PPIReport", "ppi_mean", "ppi_rows"],
+    "._probes": ["MASTER_KEYS", "Probe", "ProbeReport", "answer_listing", "instruction_injection", "master_key", "master_keys",
+                 "position_swap", "run_probes", "verbosity"],
+    "._suites": ["Suite", "SuitePair", "load_suite"],
 })

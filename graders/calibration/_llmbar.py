@@ -12,6 +12,7 @@ Two ways in, both through gradekit's own parts:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tempfile
@@ -31,7 +32,7 @@ from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
 Order = Literal["ab", "ba"]
 StrategyKind = Literal["comparison", "swap", "rating"]
 
-_HERE_ROOT = Path(__file__).resolve().parents[1] / "eval_sets" / "llmbar"
+_HERE_ROOT = Path(__file__).resolve().parents[2] / "eval_sets" / "llmbar"  # a source checkout
 
 
 class LLMBarError(ValueError):
@@ -43,19 +44,29 @@ class LLMBarError(ValueError):
 # ----------------------------------------------------------------------------------------------
 
 
-def llmbar_root(root: str | Path | None = None) -> Path:
-    """The LLMBar folder: ``root`` if given, else ./eval_sets/llmbar, else the one in this checkout.
+def packaged_eval_sets() -> Path:
+    """eval_sets/ as installed (graders/eval_sets in the wheel), or at the top of a source checkout."""
+    from importlib import resources
 
-    The data are not in the wheel (10 MB), so a plain ``pip install .`` finds them relative to the
-    working directory: run from the repository root or pass the path.
+    try:
+        return Path(str(resources.files("graders.eval_sets")))
+    except ModuleNotFoundError:  # a source checkout: graders/ has no eval_sets, the repository root does
+        return _HERE_ROOT.parent
+
+
+def llmbar_root(root: str | Path | None = None) -> Path:
+    """The LLMBar folder: ``root`` if given, else the copy shipped inside gradekit (the wheel carries it).
+
+    The data are part of the package, like the rubrics, so ``gradekit llmbar`` and
+    ``gradekit meta-eval --suite llmbar`` work from any folder after a plain ``pip install``.
     """
-    candidates = [Path(root)] if root is not None else [Path("eval_sets/llmbar"), _HERE_ROOT]
+    candidates = [Path(root)] if root is not None else [packaged_eval_sets() / "llmbar", _HERE_ROOT]
     for candidate in candidates:
         if (candidate / "manifest.json").is_file():
             return candidate
     looked = ", ".join(str(c) for c in candidates)
     raise LLMBarError(f"LLMBar data not found (looked for manifest.json in {looked}); "
-                      "run from the gradekit repository root or pass --data PATH/TO/eval_sets/llmbar")
+                      "reinstall gradekit or pass --data PATH/TO/eval_sets/llmbar")
 
 
 def subset_dir(subset: str, root: str | Path | None = None) -> Path:
@@ -141,7 +152,12 @@ def load_run(run: LLMBarRun, root: str | Path | None = None) -> list[dict[str, A
 
 
 def _manifest(root: str | Path | None) -> dict[str, Any]:
-    path = llmbar_root(root) / "manifest.json"
+    return _read_json(llmbar_root(root).resolve() / "manifest.json")
+
+
+@functools.lru_cache(maxsize=8)
+def _read_json(path: Path) -> dict[str, Any]:
+    """The manifest and configs are read once per process: a suite's published rows ask for them per run."""
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -163,8 +179,7 @@ def llmbar_published(run: LLMBarRun, root: str | Path | None = None) -> tuple[fl
 
 
 def _configs(root: str | Path | None) -> dict[str, Any]:
-    path = llmbar_root(root) / "prompts_and_configs.json"
-    return json.loads(path.read_text(encoding="utf-8"))["configs"]
+    return _read_json(llmbar_root(root).resolve() / "prompts_and_configs.json")["configs"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -432,6 +447,32 @@ def replay_responder(run: LLMBarRun, root: str | Path | None = None, *,
                                                    "no recorded completion for the instruction and outputs in this request")
         content, finish = recorded[hit]
         return Reply(content=content, finish_reason=_FINISH.get(finish, finish))
+
+    return respond
+
+
+def suite_replay_responder(judge: str, strategy: str, subsets: Iterable[str] | None = None,
+                           root: str | Path | None = None) -> Callable[[dict[str, Any]], Reply]:
+    """One responder replaying ``judge``/``strategy`` on several subsets (default: every subset that recorded it).
+
+    Each request goes to the subset whose instances it shows; this is how a whole suite
+    (``gradekit meta-eval --suite llmbar``) runs against LLMBar's recorded completions.
+    """
+    names = [subset_dir(s, root).name for s in subsets] if subsets is not None else \
+        [d.name for d in sorted((llmbar_root(root) / "data").iterdir()) if (d / f"{judge}__{strategy}.jsonl").is_file()]
+    responders = [replay_responder(resolve_run(name, judge, strategy, root), root) for name in names]
+    if not responders:
+        raise LLMBarError(f"no LLMBar subset recorded {judge}/{strategy}")
+
+    def respond(body: dict[str, Any]) -> Reply:
+        reply = None
+        for responder in responders:
+            reply = responder(body)
+            if reply.status == 200:
+                return reply
+        assert reply is not None
+        return Reply(status=400, error_message=f"LLMBar replay ({judge}/{strategy} on {', '.join(names)}): "
+                                               "no recorded completion for the instruction and outputs in this request")
 
     return respond
 

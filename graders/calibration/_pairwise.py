@@ -4,6 +4,20 @@ A pairwise rubric (``pairwise: {first, second}`` in its spec) scores a label fro
 output shown first. Asked again with the two outputs swapped, the verdict is mapped back to the
 input's numbering, so each pair carries two comparable verdicts. When they disagree the judge
 has shown position bias on that pair, and a configured rule decides the final verdict.
+
+The rules (``on_conflict``), in one place:
+
+========  ===============================================================================
+rule      a pair whose two orders name different winners (or, for ``vote``, any pair)
+========  ===============================================================================
+tie       winner "tie", score 0. A pair with an unreadable order is an error row.
+first     the input-order verdict stands. A pair with an unreadable order is an error row.
+third     a ``tiebreak`` judge is asked once more in input order and its verdict stands.
+vote      JudgeBench / Arena-Hard: each readable order votes +1 for the output it prefers
+          (strength ignored), a tie or an unreadable order (parse failure, refusal,
+          truncation) votes 0; the side with the positive sum wins, a zero sum is a tie.
+          A pair read from one order only is kept and marked ``orders_read = 1``.
+========  ===============================================================================
 """
 
 from __future__ import annotations
@@ -23,11 +37,15 @@ from ..runs._file import _variables, check_columns, keep_input, output_columns, 
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
 from ..runs._io import RowWriter, input_columns
 
-ConflictRule = Literal["tie", "first", "third"]
-Decision = Literal["agree", "single", "tie", "first", "third"]
+ConflictRule = Literal["tie", "first", "third", "vote"]
+CONFLICT_RULES: tuple[str, ...] = ("tie", "first", "third", "vote")
+Decision = Literal["agree", "single", "tie", "first", "third", "vote"]
+# The judge answered but nothing offered could be read: under ``vote`` such an order abstains.
+# Transport failures (timeouts, 5xx, budget) are not the judge's opinion and keep the pair an error.
+UNREADABLE = frozenset({"parse_failure", "refusal", "truncated"})
 
 PAIRWISE_COLUMNS = [
-    "winner", "score", "status", "error_kind", "error", "decided_by", "agree",
+    "winner", "score", "status", "error_kind", "error", "decided_by", "agree", "orders_read",
     "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba", "rationale_ab", "rationale_ba",
     "prompt_tokens", "completion_tokens", "cached",
 ]
@@ -52,6 +70,7 @@ class PairVerdict(BaseModel):
     winner: Winner | None = None
     score: float | None = None
     decided_by: Decision | None = None
+    orders_read: int = 0  # orders whose verdict was read; 1 with ``vote`` marks a pair scored from one order
     status: Literal["ok", "error"] = "ok"
     error_kind: str | None = None
     error: str | None = None
@@ -95,11 +114,14 @@ def pairwise_grader(
         swap: ask the swapped order too (default). Without it the single verdict is final.
         on_conflict: when the two orders name different winners: ``"tie"`` (winner "tie",
             score 0), ``"first"`` (keep the input-order verdict) or ``"third"`` (ask
-            ``tiebreak`` once more in input order and keep its verdict).
+            ``tiebreak`` once more in input order and keep its verdict) or ``"vote"``
+            (JudgeBench's sum of per-order votes; see the module docstring's table).
         tiebreak: the judge for ``"third"``, typically a stronger model. It must be given:
             the same judge at temperature 0 would answer from its cache with the first verdict.
     """
     _pair_spec(rubric)
+    if on_conflict not in CONFLICT_RULES:
+        raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_RULES)}, not {on_conflict!r}")
     if on_conflict == "third" and tiebreak is None:
         raise ValueError("on_conflict='third' needs a tiebreak judge (asking the same judge again repeats its first answer)")
 
@@ -115,6 +137,9 @@ def pairwise_grader(
         if ba is not None and ba.ok:
             result.score_ba = -(ba.score or 0.0)  # the swapped order favours output_2 when positive
             result.winner_ba = _winner(result.score_ba)
+        result.orders_read = sum(v is not None and v.ok for v in (ab, ba))
+        if on_conflict == "vote" and ba is not None:
+            return _vote(result)
         failed = [(name, v) for name, v in (("ab (input order)", ab), ("ba (swapped order)", ba)) if v is not None and not v.ok]
         if failed:
             name, verdict = failed[0]
@@ -148,6 +173,25 @@ def pairwise_grader(
     return grade
 
 
+def _vote(result: PairVerdict) -> PairVerdict:
+    """Settle a pair by JudgeBench's votes: +1 per readable order for the output it prefers."""
+    orders = (("ab (input order)", result.ab, result.winner_ab), ("ba (swapped order)", result.ba, result.winner_ba))
+    hard = [(n, v) for n, v, _ in orders if v is not None and not v.ok and v.error_kind not in UNREADABLE]
+    if hard or result.orders_read == 0:
+        # Nothing the judge said was read, or a request failed: an error row, as under the other rules.
+        failed = hard or [(n, v) for n, v, _ in orders if v is not None and not v.ok]
+        result.status, result.error_kind = "error", failed[0][1].error_kind
+        result.error = "; ".join(f"order {n}: {v.error_kind}: {v.error}" for n, v in failed)
+        return result
+    total = sum({"1": 1, "2": -1}.get(w or "", 0) for _, _, w in orders)
+    if result.orders_read == 2:
+        result.agree = result.winner_ab == result.winner_ba
+    # Score: the mean vote, so +1 only when both orders prefer output_1, 0.5 for one vote.
+    result.winner, result.score = _winner(total), total / 2
+    result.decided_by = "agree" if result.agree else "vote"
+    return result
+
+
 class PairwiseRunSummary(BaseModel):
     """What a pairwise batch run did; ``report`` holds Acc/Agr when the input has gold labels."""
 
@@ -156,6 +200,7 @@ class PairwiseRunSummary(BaseModel):
     errors: int = 0
     winners: dict[str, int] = Field(default_factory=dict)
     agreement: float | None = None  # share of fully judged pairs whose orders agree
+    one_order: int = 0  # pairs scored from one readable order (``vote``)
     decided_by: dict[str, int] = Field(default_factory=dict)
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
     error_examples: list[str] = Field(default_factory=list)
@@ -181,6 +226,7 @@ def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
         "error": pair.error,
         "decided_by": pair.decided_by,
         "agree": pair.agree,
+        "orders_read": pair.orders_read,
         "winner_ab": pair.winner_ab,
         "winner_ba": pair.winner_ba,
         "label_ab": ab.label,
@@ -253,6 +299,7 @@ def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None
         errors=sum(p.status == "error" for p in pairs),
         winners=dict(Counter(p.winner for p in pairs if p.winner is not None).most_common()),
         agreement=sum(bool(p.agree) for p in judged) / len(judged) if judged else None,
+        one_order=sum(p.status == "ok" and p.orders_read == 1 and p.ba is not None for p in pairs),
         decided_by=dict(Counter(p.decided_by for p in pairs if p.decided_by is not None).most_common()),
         errors_by_kind=dict(kinds.most_common()),
         error_examples=[f"{p.error_kind}: {p.error}" for p in pairs if p.status == "error"][:5],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from . import _calibrate, _export, _grade, _llmbar, _render, _rubrics, _serve, _validate
+from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _rubrics, _serve, _validate
 
 app = typer.Typer(
     name="gradekit",
@@ -46,6 +46,8 @@ app.command("rubrics")(_rubrics.rubrics)
 app.command("render")(_render.render)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("llmbar")(_llmbar.llmbar)
+app.command("meta-eval")(_meta_eval.meta_eval)
+app.command("probe")(_probe.probe)
 app.command("validate")(_validate.validate)
 app.command("export")(_export.export)
 app.command("serve")(_serve.serve)

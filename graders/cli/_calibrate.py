@@ -42,33 +42,78 @@ def calibrate(
     plots: Path = typer.Option(None, "--plots", help="Write PNG plots into this folder."),
     disagreements: int = typer.Option(10, "--show", help="Disagreements to list (the JSON has all)."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (with a version field)."),
+    ppi: bool = typer.Option(False, "--ppi", help="Estimate the mean human score over all GRADED rows by prediction-powered inference (needs --labels and --on)."),
+    alpha: float = typer.Option(0.05, "--alpha", help="With --ppi: 1 - the confidence of the intervals."),
+    rubric: str = typer.Option(None, "-r", "--rubric", help="With --ppi: the rubric whose label -> score map turns a human label into a score [default: a numeric 'score' column in LABELS, pairwise winners, or the graded rows' own labels]."),
 ) -> None:
     """Accuracy, per-label precision/recall/F1, confusion, kappa, correlations and bootstrap intervals of a
-    graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias."""
+    graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias.
+
+    With --ppi: the mean human score over every graded row, estimated from the judge's scores and the
+    human labels of some rows (PPI, Angelopoulos et al. 2023), beside the human-only and judge-only means.
+    Exit status: 0 done, 2 bad input or option."""
     from ..calibration._agreement import calibrate_rows
     from ..runs._io import InputError
 
     if convention not in ("llmbar", "skip"):
         raise fail(f"--convention must be llmbar or skip, not {convention!r}")
+    if ppi and (labels is None or not on):
+        raise fail("--ppi needs --labels FILE and --on KEY: the labelled rows are the GRADED rows whose KEY has a human label")
     try:
         graded_rows = _load(graded, "graded file")
         label_rows = _load(labels, "labels file") if labels is not None else None
-        result = calibrate_rows(
+        # Numeric human scores alone (a 'score' column, no label column) feed PPI but no classification report.
+        classify = not (ppi and label_rows is not None and any(human_column not in r for r in label_rows))
+        result = None if not classify else calibrate_rows(
             graded_rows, label_rows, on=on, human_column=human_column, judge_column=judge_column,
             source=str(graded), labels_source=str(labels), ordinal=ordinal,
             labels=[x.strip() for x in order.split(",")] if order else None, group_column=group,
             convention=convention, bootstrap=bootstrap,  # type: ignore[arg-type]
         )
+        estimate = _ppi(graded_rows, label_rows, on, human_column, rubric, alpha, graded, labels) if ppi else None
     except (InputError, ValueError) as e:
         raise fail(str(e)) from e
-    written = _plots(result, plots) if plots is not None else []
+    written = _plots(result, plots) if plots is not None and result is not None else []
     if json_output:
+        extra = {"ppi": estimate.model_dump()} if estimate is not None else {}
         print_json({"graded": str(graded), "labels": str(labels) if labels else None, "plots": written,
-                    **result.model_dump()})
+                    **(result.model_dump() if result is not None else {}), **extra})
         return
-    _print(result, Console(), disagreements)
+    if result is not None:
+        _print(result, Console(), disagreements)
+    if estimate is not None:
+        _print_ppi(estimate, Console(highlight=False))
     for path in written:
         Console().print(f"plot: {path}", highlight=False)
+
+
+def _ppi(graded_rows, label_rows, on, human_column, rubric, alpha, graded, labels):
+    from judge import load_rubric
+
+    from ..calibration._ppi import ppi_rows
+
+    label_scores = dict(load_rubric(rubric).labels) if rubric else None
+    return ppi_rows(graded_rows, label_rows, on=on, human_column=human_column, label_scores=label_scores, alpha=alpha,
+                    source=str(graded), labels_source=str(labels))
+
+
+def _print_ppi(p, console: Console) -> None:
+    confidence = f"{(1 - p.alpha) * 100:g}%"
+    table = Table(title=f"mean human score over all {p.n_labeled + p.n_unlabeled} rows, {confidence} intervals", box=None)
+    for heading in ("estimator", "estimate", "interval", "width"):
+        table.add_column(heading, justify="left" if heading == "estimator" else "right")
+    h = p.human_only
+    table.add_row(f"PPI ({p.n_labeled} labelled + {p.n_unlabeled} judged)", f"{p.estimate:.4f}",
+                  f"[{p.ci_low:.4f}, {p.ci_high:.4f}]", f"{p.ci_high - p.ci_low:.4f}")
+    table.add_row(f"human labels only ({p.n_labeled})", f"{h.estimate:.4f}", f"[{h.ci_low:.4f}, {h.ci_high:.4f}]",
+                  f"{h.ci_high - h.ci_low:.4f}")
+    table.add_row("judge only (no interval: its bias is unknown)", f"{p.judge_only.estimate:.4f}", "-", "-")
+    console.print(table)
+    if p.width_ratio is not None:
+        console.print(f"the PPI interval is {p.width_ratio:.2f}x the human-only width"
+                      + (" : the judge's scores bought precision" if p.width_ratio < 1 else ": the judge bought nothing here"))
+    if p.rows_without_judge_score:
+        console.print(f"{p.rows_without_judge_score} graded rows have no judge score (errors) and are left out")
 
 
 def _plots(result: FileCalibration, folder: Path) -> list[str]:

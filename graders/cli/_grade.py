@@ -45,7 +45,7 @@ def grade(
     replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON (with a version field)."),
     no_swap: bool = typer.Option(False, "--no-swap", help="Pairwise rubrics: ask only the input order, not the swapped one too."),
-    on_conflict: str = typer.Option("tie", "--on-conflict", help="Pairwise rubrics: when the two orders disagree: tie, first, or third (needs --tiebreak-model)."),
+    on_conflict: str = typer.Option("tie", "--on-conflict", help="Pairwise rubrics: the pair rule when the two orders disagree: tie, first, third (needs --tiebreak-model), or vote (JudgeBench: +1 per order for the output it prefers; an unreadable order abstains)."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="Pairwise rubrics: the model asked a third time when the orders disagree."),
     max_cost: float = typer.Option(None, "--max-cost", help="Stop sending requests once this many USD are spent (needs a price for --model; see --prices)."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Stop sending requests once this many prompt + completion tokens are spent."),
@@ -70,7 +70,7 @@ def grade(
     from judge._client import DEFAULT_MODEL
 
     from .._config import GraderConfigError
-    from ..calibration._pairwise import PairwiseRunSummary
+    from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
     from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
     from ..runs._io import InputError, file_format
@@ -97,8 +97,8 @@ def grade(
             raise InputError(f"{output}: the output would overwrite the input")
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
-    if on_conflict not in ("tie", "first", "third") or (on_conflict == "third") != bool(tiebreak_model):
-        raise fail("--on-conflict is tie, first, or third together with --tiebreak-model")
+    if on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model):
+        raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
     if replay and not replay.exists():
         raise fail(f"{replay}: no such cassette to replay")
     if batch and (record or replay):
@@ -272,7 +272,8 @@ async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, var
 def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> None:
     console.print(f"pairs {s.rows} ({s.ok} judged, {s.errors} errors) -> {output}")
     console.print("winners " + (", ".join(f"{k}: {v}" for k, v in s.winners.items()) or "-")
-                  + "; decided by " + (", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-"))
+                  + "; decided by " + (", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-")
+                  + (f"; {s.one_order} scored from one readable order" if s.one_order else ""))
     if s.agreement is not None:
         console.print(f"orders agree on {s.agreement:.1%} of pairs")
     r = s.report

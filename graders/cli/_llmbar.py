@@ -20,12 +20,12 @@ from ._common import fail, print_json
 
 
 def llmbar(
-    subset: str = typer.Option("Natural", "--subset", help="Natural, Neighbor, GPTInst, GPTOut, Manual, MT-Bench, FairEval or LLMEval2."),
+    subset: str = typer.Option("Natural", "--subset", help="Natural, Neighbor, GPTInst, GPTOut, Manual, MT-Bench, FairEval or LLMEval2; with --serve also all (every subset that recorded the strategy, for `gradekit meta-eval`)."),
     judge: str = typer.Option("GPT-4", "--judge", help="Recorded judge: GPT-4 or ChatGPT."),
     strategy: str = typer.Option("Vanilla_NoRules", "--strategy", help="Recorded strategy whose replies are a bare verdict: Vanilla, Vanilla_NoRules, Vanilla_1shot, Vanilla_2shot, Metrics, Reference, Metrics_Reference."),
     rubric: str = typer.Option("llmbar_pairwise", "-r", "--rubric", help="Pairwise rubric to grade with."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the graded rows here (.jsonl or .csv) [default: not kept]."),
-    data: Path = typer.Option(None, "--data", help="The LLMBar folder [default: ./eval_sets/llmbar]."),
+    data: Path = typer.Option(None, "--data", help="The LLMBar folder [default: the copy shipped with gradekit]."),
     cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: none; replies are local]."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
     export_rows: Path = typer.Option(None, "--export-rows", help="Only write the subset as grading rows (JSONL) and exit."),
@@ -45,6 +45,9 @@ def llmbar(
     from ..calibration._llmbar import LLMBarError, grading_rows, replay_grade, resolve_run
 
     try:
+        if serve and subset == "all":
+            _serve_all(judge, strategy, data)
+            return
         run = resolve_run(subset, judge, strategy, data)
         if export_rows is not None:
             export_rows.parent.mkdir(parents=True, exist_ok=True)
@@ -96,16 +99,28 @@ def llmbar(
     raise typer.Exit(1 if summary.errors else 0)
 
 
-def _serve(run, data: Path | None) -> None:
-    from judge.testing import FakeProvider
+def _serve_all(judge: str, strategy: str, data: Path | None) -> None:
+    from ..calibration._llmbar import judge_model, suite_replay_responder
 
+    responder = suite_replay_responder(judge, strategy, None, data)  # LLMBarError before the server starts
+    _serve_until_stopped(responder, judge_model(judge, strategy, data), f"{judge}/{strategy} on every subset that recorded it")
+
+
+def _serve(run, data: Path | None) -> None:
     from ..calibration._llmbar import judge_model, replay_responder
+
+    _serve_until_stopped(replay_responder(run, data), judge_model(run.judge, run.strategy, data),
+                         f"{run.judge}/{run.strategy} on {run.subset}")
+
+
+def _serve_until_stopped(responder, model: str, what: str) -> None:
+    from judge.testing import FakeProvider
 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with FakeProvider(responder=replay_responder(run, data), model=judge_model(run.judge, run.strategy, data)) as server:
+    with FakeProvider(responder=responder, model=model) as server:
         typer.echo(server.base_url)
-        typer.echo(f"replaying {run.judge}/{run.strategy} on {run.subset}; Ctrl-C stops", err=True)
+        typer.echo(f"replaying {what}; Ctrl-C stops", err=True)
         while not stop.wait(0.2):
             pass

@@ -1,0 +1,173 @@
+"""`gradekit meta-eval`: how a judge does on published pairwise judge benchmarks, beside the published judges."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from ._common import fail, print_json
+
+
+def meta_eval(
+    suites: list[str] = typer.Option(..., "--suite", help="Shipped suite (llmbar, mtbench-human, llmeval2, faireval) or a JSONL file of pairs (instruction, output_1, output_2, label 1|2, optional category, id); repeatable."),
+    rubric: str = typer.Option(..., "-r", "--rubric", help="Pairwise rubric: llmbar_pairwise, arena_hard_pairwise, or a .yaml spec with variables instruction, output_1, output_2."),
+    models: list[str] = typer.Option([], "--model", envvar="GRADEKIT_MODEL", help="Judge model; repeat for a panel (each judge gets its rows, plus a jury row) [default: gpt-4o-mini]."),
+    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
+    on_conflict: str = typer.Option(None, "--on-conflict", help="Pair rule: vote, tie, first or third (needs --tiebreak-model) [default: vote for arena_hard_pairwise, else tie]."),
+    tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="With --on-conflict third: the model asked a third time."),
+    limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
+    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
+    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
+    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
+    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    record: Path = typer.Option(None, "--record", help="Record the judge traffic to this vcrpy cassette (no cache)."),
+    replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
+    max_cost: float = typer.Option(None, "--max-cost", help="Stop sending requests once this many USD are spent (needs a price for each --model)."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Stop sending requests once this many prompt + completion tokens are spent."),
+    prices_path: Path = typer.Option(None, "--prices", envvar="GRADEKIT_PRICES", help="YAML/JSON {model: {input: USD per 1M tokens, output: ...}} merged over the built-in price table."),
+    plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
+    json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
+) -> None:
+    """Judge every pair of each suite in both orders and report, per suite and subset (plus overall): n,
+    accuracy, order agreement, first-position win rate, parse failures, errors, requests, tokens and cost,
+    with the published GPT-4 / ChatGPT rows beside the shipped suites.
+
+    Exit status: 0 when every pair got a verdict, 1 when some pairs are errors (the report counts them),
+    2 when the run could not start (unknown suite, bad file, rubric or option), 130 when interrupted (the same
+    command continues from the cache).
+    """
+    import asyncio
+
+    from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+
+    from ..calibration._llmbar import LLMBarError
+    from ..calibration._meta_eval import default_rule, meta_eval as run_meta_eval, plot_meta_eval
+    from ..calibration._pairwise import CONFLICT_RULES
+    from ..calibration._suites import SuiteError, load_suite
+    from ..runs._cassette import cassette
+
+    if record and replay:
+        raise fail("--record and --replay exclude each other")
+    if cache_path and no_cache:
+        raise fail("--cache and --no-cache exclude each other")
+    if replay and not replay.exists():
+        raise fail(f"{replay}: no such cassette to replay")
+    if on_conflict is not None and (on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model)):
+        raise fail("--on-conflict is vote, tie, first, or third together with --tiebreak-model")
+    if len(set(models)) != len(models):
+        raise fail(f"--model names a judge twice: {', '.join(models)}")
+    env_cache = os.environ.get("GRADEKIT_CACHE")
+    if cache_path is None and env_cache and not no_cache and not (record or replay):
+        cache_path = Path(env_cache)
+    try:
+        spec = load_rubric(rubric)
+        if spec.pairwise is None:
+            raise RubricError(f"rubric {spec.name!r} is not pairwise; use llmbar_pairwise or arena_hard_pairwise")
+        loaded = [load_suite(s, limit=limit) for s in suites]
+        if len({s.name for s in loaded}) != len(loaded):
+            raise SuiteError(f"--suite names a suite twice: {', '.join(suites)}")
+        prices = load_prices(prices_path)
+        budget = Budget(max_cost_usd=max_cost, max_tokens=max_tokens, prices=prices)
+        limiter = limiter_from_url(None, rps=rps, tpm=tpm, concurrency=concurrency, key=f"{base_url or 'default'}")
+    except (RubricError, SuiteError, LLMBarError, ValueError) as e:
+        raise fail(str(e)) from e
+    rule = on_conflict or default_rule(spec)
+    cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
+    key = api_key or ("replay" if replay else None)
+
+    async def run():
+        judges = [Judge(m, base_url=base_url, api_key=key, timeout=timeout, limiter=limiter, cache=cache, budget=budget)
+                  for m in (models or [None])]
+        tiebreak = Judge(tiebreak_model, base_url=base_url, api_key=key, timeout=timeout, limiter=limiter, cache=cache,
+                         budget=budget) if tiebreak_model else None
+        try:
+            return await run_meta_eval(loaded, spec, judges, on_conflict=rule, prices=prices,  # type: ignore[arg-type]
+                                       concurrency=max(1, concurrency // 2) + 2, tiebreak=tiebreak)
+        finally:
+            for j in judges + ([tiebreak] if tiebreak else []):
+                await j.aclose()
+
+    traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
+    try:
+        with traffic:
+            report = asyncio.run(run())
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise fail(str(e)) from e
+    except KeyboardInterrupt:
+        # Judged pairs are in the cache: the same command continues from there.
+        raise fail("interrupted; run the same command again: pairs already judged come from the cache", 130) from None
+    finally:
+        if cache is not None:
+            cache.close()
+    written = plot_meta_eval(report, plots) if plots is not None else []
+    errors = sum(r.errors for r in report.results if r.judge != "jury" and r.subset in _leaf_subsets(report, r.suite))
+    if json_output:
+        print_json({**report.model_dump(), "plots": written})
+    else:
+        _print(report, written)
+    raise typer.Exit(1 if errors else 0)
+
+
+def _leaf_subsets(report, suite: str) -> set[str]:
+    """Subsets whose rows count each pair once (``overall`` repeats them when a suite has several)."""
+    names = {r.subset for r in report.results if r.suite == suite}
+    return names - {"overall"} if len(names) > 1 else names
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _print(report, written: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Wide enough for the tables when piped to a file; a terminal keeps its own width.
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+    console.print(f"rubric {report.rubric}, pair rule {report.on_conflict}, judges {', '.join(report.judges)}; "
+                  f"{report.wall_s:.1f} s")
+    for suite in dict.fromkeys(r.suite for r in report.results):
+        rows = [r for r in report.results if r.suite == suite]
+        accuracy_by = rows[0].accuracy_by if rows else "pair"
+        what = "mean over the two orders (LLMBar's Acc)" if accuracy_by == "order_mean" else "pair winner (a tie counts wrong)"
+        table = Table(title=f"{suite}: accuracy = {what}; rates in %")
+        for heading in ("subset", "judge", "n", "acc", "agree", "1st wins", "parse fail", "errors", "requests", "tokens", "cost $"):
+            table.add_column(heading, justify="left" if heading in ("subset", "judge") else "right")
+        for r in rows:
+            table.add_row(r.subset, r.judge, str(r.n), _fmt(r.accuracy), _fmt(r.agreement), _fmt(r.first_position_win_rate),
+                          str(r.parse_failures), str(r.errors) + (f" ({r.one_order} one order)" if r.one_order else ""),
+                          str(r.requests), str(r.prompt_tokens + r.completion_tokens), _fmt(r.cost_usd, ".4f"))
+        console.print(table)
+        for r in rows:
+            if r.errors_by_kind and (r.subset != "overall" or len(rows) == 1):
+                console.print(f"  {r.subset} / {r.judge}: {r.errors} pairs without a verdict ("
+                              + ", ".join(f"{k} {v}" for k, v in r.errors_by_kind.items()) + ")")
+        published = [p for p in report.published if p.suite == suite]
+        if published:
+            order = list(dict.fromkeys(r.subset for r in rows))
+            subsets = sorted(dict.fromkeys(p.subset for p in published), key=lambda x: order.index(x) if x in order else len(order))
+            cells = {(p.judge, p.subset): p for p in published}
+            pub = Table(title=f"{suite}: published (Zeng et al., ICLR 2024, full subsets), Acc / Agr in %")
+            pub.add_column("judge/strategy")
+            for x in subsets:
+                pub.add_column(x, justify="right")
+            for judge in sorted(dict.fromkeys(p.judge for p in published), key=lambda j: (not j.startswith("GPT-4"), j)):
+                pub.add_row(judge, *[f"{cells[(judge, x)].accuracy:.1f} / {cells[(judge, x)].agreement:.1f}"
+                                     if (judge, x) in cells else "-" for x in subsets])
+            console.print(pub)
+    for j in report.jury:
+        if j.beats_best is not None:
+            console.print(f"jury on {j.suite}/{j.subset}: {_fmt(j.accuracy)}% vs best member {j.best_member} "
+                          f"{_fmt(j.best_member_accuracy)}% (pair accuracy) -> "
+                          f"{'the panel beats its best member' if j.beats_best else 'the panel does not beat its best member'}")
+    for path in written:
+        console.print(f"plot: {path}")
+    if sys.stdout.isatty():
+        console.print("--json prints every figure (order and pair accuracy, cache hits, one-order pairs)")

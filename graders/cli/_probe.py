@@ -1,0 +1,128 @@
+"""`gradekit probe`: does the judge reward content-free openers, padding, or the position of an output?"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from ._common import fail, print_json
+
+RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
+
+
+def probe(
+    rubric: str = typer.Option(..., "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
+    data: Path = typer.Option(..., "--data", help="CSV, JSONL or Parquet rows the rubric can grade (their real responses)."),
+    field: str = typer.Option(None, "--field", help="The rubric variable holding the graded response [default: prediction/response/answer/output, or the first output of a pairwise rubric]."),
+    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable)."),
+    limit: int = typer.Option(None, "--limit", help="Probe only the first N rows."),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="A probe fails when its weakness rate is above this share (0-1)."),
+    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
+    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root."),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
+    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
+    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
+    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
+    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    json_output: bool = typer.Option(False, "--json", help="Print the reports as JSON (with a version field)."),
+) -> None:
+    """Judge every row as given and perturbed: the response replaced by content-free "master key" openers
+    (":", "Thought process:", "Let's solve this problem step by step.", "Solution", "解：", ...), padded
+    with irrelevant text, and (pairwise rubrics) with its two outputs swapped. Reports per probe how often
+    the judge was fooled: for a master key, the rate of top scores (false positives).
+
+    Exit status: 0 every probe passed, 3 the judge failed at least one probe, 1 no probe failed but some
+    judge requests did (the report counts them), 2 the run could not start (bad file, rubric or option),
+    130 interrupted.
+    """
+    import asyncio
+
+    from judge import Judge, JudgeCache, RubricError, limiter_from_url, load_rubric
+
+    from ..calibration._probes import master_keys, position_swap, run_probes, verbosity
+    from ..runs._file import resolve_mapping
+    from ..runs._io import InputError, read_rows
+
+    if cache_path and no_cache:
+        raise fail("--cache and --no-cache exclude each other")
+    if not 0 <= tolerance <= 1:
+        raise fail(f"--tolerance is a share between 0 and 1, not {tolerance}")
+    if limit is not None and limit < 1:
+        raise fail(f"--limit must be at least 1, not {limit}")
+    env_cache = os.environ.get("GRADEKIT_CACHE")
+    if cache_path is None and env_cache and not no_cache:
+        cache_path = Path(env_cache)
+    try:
+        spec = load_rubric(rubric)
+        columns = resolve_mapping(spec, mapping)
+        target = field or (spec.pairwise.first if spec.pairwise is not None
+                           else next((v for v in RESPONSE_NAMES if v in spec.variables), None))
+        if target is None or target not in spec.variables:
+            raise RubricError(f"rubric {spec.name!r}: name the graded response with --field (variables: {', '.join(spec.variables)})")
+        if not data.exists():
+            raise InputError(f"{data}: no such file")
+        rows = []
+        for row in read_rows(data):
+            if isinstance(row, Exception):
+                raise InputError(f"data {row}")
+            rows.append(row)
+            if limit is not None and len(rows) >= limit:
+                break
+        if not rows:
+            raise InputError(f"{data}: no rows")
+        limiter = limiter_from_url(None, rps=rps, tpm=tpm, concurrency=concurrency, key=f"{base_url or 'default'}|{model or 'default'}")
+    except (RubricError, InputError, ValueError) as e:
+        raise fail(str(e)) from e
+    probes = master_keys(target) + [verbosity(target)] + ([position_swap(spec)] if spec.pairwise is not None else [])
+    cache = None if no_cache else JudgeCache(cache_path)
+
+    async def run():
+        async with Judge(model, base_url=base_url, api_key=api_key, timeout=timeout, limiter=limiter, cache=cache) as judge:
+            return judge.model, await run_probes(judge, spec, rows, probes, mapping=columns)
+
+    try:
+        used, reports = asyncio.run(run())
+    except ValueError as e:
+        raise fail(str(e)) from e
+    except KeyboardInterrupt:
+        raise fail("interrupted; run the same command again: verdicts already given come from the cache", 130) from None
+    finally:
+        if cache is not None:
+            cache.close()
+    passed = [r.weakness_rate is None or r.weakness_rate <= tolerance for r in reports]
+    failed = [r for r, ok in zip(reports, passed) if not ok]
+    errors = sum(r.errors for r in reports)
+    if json_output:
+        print_json({"rubric": spec.name, "model": used, "field": target, "rows": len(rows), "tolerance": tolerance,
+                    "probes": [{**r.model_dump(), "passed": ok} for r, ok in zip(reports, passed)],
+                    "failed": len(failed), "passed": len(reports) - len(failed)})
+    else:
+        _print(spec.name, used, target, len(rows), reports, passed)
+    raise typer.Exit(3 if failed else 1 if errors else 0)
+
+
+def _print(rubric: str, model: str, field: str, rows: int, reports, passed: list[bool]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    table = Table(title=f"probes of judge {model} with rubric {rubric}: {rows} rows, response variable {field!r}")
+    for heading in ("probe", "variant", "judged", "errors", "fooled", "what fooled means", "result"):
+        table.add_column(heading, justify="right" if heading in ("judged", "errors", "fooled") else "left")
+    meaning = {"not_top": "top score for no answer", "same": "verdict changed", "lowest": "above the lowest label"}
+    failed = [r for r, ok in zip(reports, passed) if not ok]
+    for r, ok in zip(reports, passed):
+        rate = "n/a" if r.weakness_rate is None else f"{r.weakness_rate:.1%}"
+        table.add_row(r.probe, r.variant or "", str(r.judged), str(r.errors), rate, meaning[r.expect],
+                      "[red]FAIL[/red]" if not ok else "[green]pass[/green]" if r.judged else "n/a")
+    console.print(table)
+    if failed and len(failed) == len(reports):
+        console.print(f"[bold red]the judge failed every probe ({len(reports)}): its top scores cannot be trusted as rewards[/bold red]")
+    elif failed:
+        console.print(f"[yellow]the judge failed {len(failed)} of {len(reports)} probes[/yellow]")
+    else:
+        console.print(f"[green]the judge passed all {len(reports)} probes[/green]")
