@@ -1,0 +1,391 @@
+"""The zygote: the process inside the sandbox that forks one child per call (standard library only).
+
+This file is not imported by gradekit: its text is the ``-c`` program of every sandboxed worker,
+so it runs under ``python -I -S`` with nothing but the standard library (and the packages a
+grader declares) on its path. The host sends JSON lines on stdin; the zygote answers on a
+private duplicate of stdout.
+
+Why a zygote: the grader's code is loaded (imported) once, here; each call then runs in a
+``fork`` of this warm process, so it costs a fork instead of an interpreter start, and anything
+the call changes (a patched ``json.dumps``, a global, a file in its temp dir, a process it
+left behind) dies with it. The zygote itself never runs a sample's code.
+
+Why the result channel cannot be forged across samples: each call gets a new pipe, created just
+before its fork and read only for that call. The child's harness writes one framed message
+(a per-call random nonce, then the JSON result) after the user function returns. Anything else
+on that pipe (a second message, bytes without the nonce) makes the call ``forged``, invalid.
+The pipe to the host is closed in the child, and the zygote is not dumpable, so a sample can
+neither write to it nor reopen it through ``/proc``.
+"""
+
+import contextlib
+import ctypes
+import io
+import json
+import math
+import numbers
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+import traceback
+
+LOG_CHARS = 4000
+MAX_RESULT = 1 << 20  # bytes read from a call's result channel; more is out of turn by definition
+MAX_STDOUT = 1 << 20  # a program's stdout kept for comparison (code_tests)
+
+
+class _Tail(io.TextIOBase):
+    """print() output of the call: only the last LOG_CHARS characters are kept, so printing
+    gigabytes costs time, never memory."""
+
+    def __init__(self):
+        self.text = ""
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        self.text = (self.text + str(s))[-LOG_CHARS:]
+        return len(s)
+
+
+def _describe(exc, filename):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    where = f" (line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        where = f" (line {exc.lineno})"
+    text = str(exc) if not isinstance(exc, SyntaxError) else (exc.msg or "")
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+class Zygote:
+    def __init__(self, settings):
+        self.isolated = settings["isolated"]  # inside bubblewrap's pid namespace: kill(-1) is ours alone
+        self.limits = settings["limits"]
+        self.scratch = settings["scratch"]  # where per-call temp dirs are made
+        self.wipe = settings.get("wipe", [])  # writable places emptied after every call (sandbox tmpfs)
+        self.env = settings.get("env", {})
+        self.cpus = settings.get("cpus")
+        self.fn = None
+        self.filename = "<grader>"
+        self.load_error = None
+        self.calls = 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = libc
+        if self.isolated and (os.getpid() != 2 or os.getppid() != 1):
+            # kill(-1) outside our own pid namespace would hit every process of this user.
+            raise SystemExit("gradekit zygote: not in a fresh pid namespace; refusing to run isolated")
+        with contextlib.suppress(Exception):
+            libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children of ours cannot ptrace us or read /proc/<us>/fd, mem
+        with contextlib.suppress(Exception):
+            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary gains anything
+        if not self.isolated:
+            with contextlib.suppress(Exception):
+                libc.prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL: do not outlive the grader
+            if os.getppid() != settings["parent"]:
+                os._exit(0)
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    def load(self, msg):
+        for module in msg.get("preload", []):
+            with contextlib.suppress(Exception):
+                __import__(module)
+        if msg.get("source") is None:
+            return {"ok": True, "pid": os.getpid()}
+        self.filename = msg["filename"]
+        namespace = {"__name__": "__gradekit_grader__", "__file__": self.filename}
+        logs = _Tail()
+        try:
+            with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                exec(compile(msg["source"], self.filename, "exec"), namespace)
+            self.fn = namespace.get(msg["entry"])
+            if not callable(self.fn):
+                self.load_error = f"{self.filename} defines no function {msg['entry']!r}"
+        except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
+            self.load_error = f"loading {self.filename} failed: {_describe(e, self.filename)}"
+            if isinstance(e, ModuleNotFoundError):
+                self.load_error += "; declare the package in the grader's packages: list"
+        return {"ok": self.load_error is None, "error": self.load_error, "pid": os.getpid()}
+
+    # ---- one forked call ----------------------------------------------------------------------
+
+    def _child_setup(self, result_w, stdin_fd, stdout_fd, timeout):
+        """In the forked child, before any user code: limits, a private temp dir, fds."""
+        os.setsid()  # its own process group: the plain mode kills the group after the call
+        with contextlib.suppress(Exception):
+            self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc files are its own; the zygote stays closed
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size cap fails instead of killing
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(stdin_fd if stdin_fd is not None else devnull, 0)
+        os.dup2(stdout_fd if stdout_fd is not None else devnull, 1)
+        os.dup2(devnull, 2)
+        os.closerange(3, result_w)  # the host pipes, the zygote's reply fd: gone
+        os.closerange(result_w + 1, 1 << 16)
+        limits = self.limits
+        cap = limits.get("memory")
+        if cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        cpu = max(1, math.ceil(timeout)) + 1  # a backstop for the wall-clock timeout: CPU spent in any thread
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if limits.get("processes"):
+            n = limits["processes"]
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        if limits.get("file_size"):
+            n = limits["file_size"]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.cpus)
+        home = os.path.join(self.scratch, f"call-{self.calls}")
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        os.chdir(home)
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.environ["HOME"] = os.environ["TMPDIR"] = home
+
+    def _fork(self, body, timeout, stdin=None, capture=False):
+        """Run body() in a forked child; return (result dict or None, how it ended, stdout bytes)."""
+        self.calls += 1
+        nonce = os.urandom(16).hex()
+        result_r, result_w = os.pipe()
+        out_r = out_w = in_fd = None
+        if capture:
+            out_r, out_w = os.pipe()
+        if stdin is not None:
+            in_fd = os.memfd_create("stdin")
+            os.write(in_fd, stdin.encode("utf-8"))
+            os.lseek(in_fd, 0, os.SEEK_SET)
+        # The result fd is the highest the child keeps, so closerange around it leaves only it.
+        high = os.dup2(result_w, 1000)
+        os.close(result_w)
+        result_w = high
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                self._child_setup(result_w, in_fd, out_w, timeout)
+                reply = body()
+                data = (nonce + "\n" + json.dumps(reply) + "\n").encode("utf-8")
+                while data:
+                    data = data[os.write(result_w, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(result_w)
+        for fd in (out_w, in_fd):
+            if fd is not None:
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        result, stdout = bytearray(), bytearray()
+        readers = {result_r: (result, MAX_RESULT)}
+        if out_r is not None:
+            readers[out_r] = (stdout, MAX_STDOUT)
+        deadline = time.monotonic() + timeout
+        status = None
+        while status is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([pidfd, *readers], [], [], remaining)
+            for fd in ready:
+                if fd == pidfd:
+                    status = os.waitpid(pid, 0)[1]
+                else:
+                    self._read(fd, readers)
+        timed_out = status is None
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+            status = os.waitpid(pid, 0)[1]
+        self._cleanup(pid)
+        for fd in list(readers):  # whatever is left, now that every writer is dead (or detached, plain mode)
+            os.set_blocking(fd, False)
+            while fd in readers and self._read(fd, readers):
+                pass
+        for fd in (pidfd, result_r, out_r):
+            if fd is not None:
+                os.close(fd)
+        return self._verdict(bytes(result), nonce, status, timed_out, timeout), bytes(stdout)
+
+    @staticmethod
+    def _read(fd, readers):
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        buffer, cap = readers[fd]
+        if not chunk:
+            del readers[fd]
+            return False
+        if len(buffer) < cap:
+            buffer += chunk[: cap - len(buffer)]
+        return True
+
+    def _verdict(self, data, nonce, status, timed_out, timeout):
+        if timed_out:
+            return {"ok": False, "kind": "timeout", "error": f"timed out after {timeout:g} s; every process of the call was killed"}
+        expected = nonce.encode() + b"\n"
+        if data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n") and status == 0:
+            try:
+                return json.loads(data[len(expected):])
+            except ValueError:
+                pass
+        if data and not (data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n")):
+            return {"ok": False, "kind": "forged",
+                    "error": "the sample wrote to the result channel out of turn; its result is void"}
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            why = {"SIGXCPU": f" (CPU time limit {max(1, math.ceil(timeout)) + 1} s)", "SIGKILL": " (memory or a kill)"}.get(name, "")
+            return {"ok": False, "kind": "crashed", "error": f"the call was killed by {name}{why}"}
+        return {"ok": False, "kind": "crashed",
+                "error": f"the call exited with code {os.waitstatus_to_exitcode(status)} before returning a result"}
+
+    def _cleanup(self, pid):
+        """Nothing of the call survives it: processes, temp files, IPC objects."""
+        if self.isolated:
+            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's.
+            for _ in range(4):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+            self._remove_ipc()
+            for place in self.wipe:
+                with contextlib.suppress(OSError):
+                    for entry in os.listdir(place):
+                        path = os.path.join(place, entry)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            with contextlib.suppress(OSError):
+                                os.unlink(path)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            shutil.rmtree(os.path.join(self.scratch, f"call-{self.calls}"), ignore_errors=True)
+        while True:  # reap what was ours
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+    def _remove_ipc(self):
+        # System V objects live as long as the IPC namespace (the sandbox), not the process.
+        for kind, rmid in (("shm", lambda i: self.libc.shmctl(i, 0, None)), ("sem", lambda i: self.libc.semctl(i, 0, 0)),
+                           ("msg", lambda i: self.libc.msgctl(i, 0, None))):
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if len(fields) > 1:
+                    rmid(int(fields[1]))
+
+    # ---- the two operations -------------------------------------------------------------------
+
+    def call(self, msg):
+        if self.load_error is not None:
+            return {"ok": False, "kind": "load", "error": self.load_error}
+        fn, filename, args, cap = self.fn, self.filename, msg["args"], self.limits.get("memory") or 0
+
+        def body():
+            logs = _Tail()
+            out_of_memory = False
+            try:
+                with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                    value = fn(*args)
+                    if hasattr(value, "__await__"):
+                        import asyncio
+
+                        async def wait():
+                            return await value
+
+                        value = asyncio.run(wait())
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    shown = repr(value)
+                    reply = {"ok": False, "kind": "not_a_number",
+                             "error": f"returned {type(value).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}, not a number"}
+                elif not math.isfinite(float(value)):
+                    reply = {"ok": False, "kind": "not_a_number", "error": f"returned {float(value)}, not a finite number"}
+                else:
+                    reply = {"ok": True, "value": float(value)}
+            except MemoryError:
+                out_of_memory = True  # the reply is built once the hog's frames are gone
+            except BaseException as e:  # noqa: BLE001
+                reply = {"ok": False, "kind": "exception", "error": _describe(e, filename)}
+            if out_of_memory:
+                reply = {"ok": False, "kind": "memory", "error": f"MemoryError: the grader exceeded its memory cap of {cap // 2**20} MiB"}
+            reply["logs"] = logs.text
+            return reply
+
+        reply, _ = self._fork(body, msg["timeout"])
+        return reply
+
+    def run(self, msg):
+        """code_tests: one program, several cases, each in its own forked child."""
+        program, cases, results = msg["program"], msg["cases"], []
+        try:
+            compile(program, "<program>", "exec")
+        except (SyntaxError, ValueError) as e:
+            error = _describe(e, "<program>") if isinstance(e, SyntaxError) else f"{type(e).__name__}: {e}"
+            return {"compile_error": error}
+        for case in cases:
+            source = program if not case.get("tests") else program + "\n\n" + case["tests"] + "\n"
+
+            def body(source=source):
+                try:
+                    code = compile(source, "<program>", "exec")
+                    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+                    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+                    sys.stderr = open(os.devnull, "w")
+                    sys.argv = ["<program>"]
+                    try:
+                        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+                    finally:
+                        with contextlib.suppress(Exception):
+                            sys.stdout.flush()
+                    return {"ok": True}
+                except SystemExit as e:
+                    if e.code in (None, 0):
+                        return {"ok": True}
+                    return {"ok": False, "error": f"exited with code {e.code}"}
+                except MemoryError:
+                    return {"ok": False, "error": "MemoryError: over the memory cap"}
+                except BaseException as e:  # noqa: BLE001
+                    return {"ok": False, "error": _describe(e, "<program>")}
+
+            reply, stdout = self._fork(body, msg["timeout"], stdin=case.get("stdin") or "", capture=True)
+            reply["stdout"] = stdout.decode("utf-8", "replace")
+            results.append(reply)
+        return {"cases": results}
+
+
+def main():
+    settings = json.loads(sys.argv[1])
+    reply_to = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # anything on fd 1 from now on goes to stderr (discarded), never into the protocol
+    zygote = Zygote(settings)
+    requests = sys.stdin.buffer
+    while True:
+        line = requests.readline()
+        if not line:
+            return
+        msg = json.loads(line)
+        op = msg["op"]
+        reply = zygote.load(msg) if op == "load" else zygote.call(msg) if op == "call" else zygote.run(msg)
+        reply_to.write(json.dumps(reply) + "\n")
+        reply_to.flush()
+
+
+if __name__ == "__main__":
+    main()
