@@ -74,6 +74,11 @@ class Zygote:
         self.filename = "<grader>"
         self.load_error = None
         self.calls = 0
+        self.home = None
+        self.pending = []  # temp dirs of finished calls, removed once the reply is out
+        if self.cpus:  # pinned once here, inherited by every fork: migrating each child costs more than the call
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.cpus)
         libc = ctypes.CDLL(None, use_errno=True)
         self.libc = libc
         if self.isolated and (os.getpid() != 2 or os.getppid() != 1):
@@ -125,8 +130,14 @@ class Zygote:
         os.dup2(stdin_fd if stdin_fd is not None else devnull, 0)
         os.dup2(stdout_fd if stdout_fd is not None else devnull, 1)
         os.dup2(devnull, 2)
-        os.closerange(3, result_w)  # the host pipes, the zygote's reply fd: gone
-        os.closerange(result_w + 1, 1 << 16)
+        try:  # the host pipes, the zygote's reply fd: gone (listing beats closing 65k numbers one by one)
+            open_fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+        except OSError:
+            open_fds = range(3, 1 << 16)
+        for fd in open_fds:
+            if fd > 2 and fd != result_w:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         limits = self.limits
         cap = limits.get("memory")
         if cap:
@@ -140,11 +151,7 @@ class Zygote:
             n = limits["file_size"]
             resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if self.cpus:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, self.cpus)
-        home = os.path.join(self.scratch, f"call-{self.calls}")
-        os.makedirs(home, mode=0o700, exist_ok=True)
+        home = self.home
         os.chdir(home)
         os.environ.clear()
         os.environ.update(self.env)
@@ -152,7 +159,8 @@ class Zygote:
 
     def _fork(self, body, timeout, stdin=None, capture=False):
         """Run body() in a forked child; return (result dict or None, how it ended, stdout bytes)."""
-        self.calls += 1
+        if self.home is None:
+            self.prepare()
         nonce = os.urandom(16).hex()
         result_r, result_w = os.pipe()
         out_r = out_w = in_fd = None
@@ -248,7 +256,7 @@ class Zygote:
                 "error": f"the call exited with code {os.waitstatus_to_exitcode(status)} before returning a result"}
 
     def _cleanup(self, pid):
-        """Nothing of the call survives it: processes, temp files, IPC objects."""
+        """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
         if self.isolated:
             # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's.
             for _ in range(4):
@@ -256,6 +264,28 @@ class Zygote:
                     os.kill(-1, signal.SIGKILL)
                 except ProcessLookupError:
                     break
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.pending.append(self.home)
+        self.home = None
+        while True:  # reap what was ours
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+    def prepare(self):
+        self.calls += 1
+        self.home = os.path.join(self.scratch, f"call-{self.calls}")
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
+
+    def tidy(self):
+        """After the reply is out (off the caller's clock): the finished calls' files and IPC
+        objects go, and the next call's temp dir is made. Nothing runs in between: the next
+        fork only happens on the next request, after this."""
+        if self.isolated:
             self._remove_ipc()
             for place in self.wipe:
                 with contextlib.suppress(OSError):
@@ -267,15 +297,11 @@ class Zygote:
                             with contextlib.suppress(OSError):
                                 os.unlink(path)
         else:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            shutil.rmtree(os.path.join(self.scratch, f"call-{self.calls}"), ignore_errors=True)
-        while True:  # reap what was ours
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+            for home in self.pending:
+                shutil.rmtree(home, ignore_errors=True)
+        self.pending.clear()
+        if self.home is None:
+            self.prepare()
 
     def _remove_ipc(self):
         # System V objects live as long as the IPC namespace (the sandbox), not the process.
@@ -385,6 +411,8 @@ def main():
         reply = zygote.load(msg) if op == "load" else zygote.call(msg) if op == "call" else zygote.run(msg)
         reply_to.write(json.dumps(reply) + "\n")
         reply_to.flush()
+        if op != "load":
+            zygote.tidy()
 
 
 if __name__ == "__main__":
