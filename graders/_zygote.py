@@ -157,7 +157,7 @@ class Zygote:
         os.environ.update(self.env)
         os.environ["HOME"] = os.environ["TMPDIR"] = home
 
-    def _fork(self, body, timeout, stdin=None, capture=False):
+    def _fork(self, body, timeout, stdin=None, capture=False, exit_ok=False):
         """Run body() in a forked child; return (result dict or None, how it ended, stdout bytes)."""
         if self.home is None:
             self.prepare()
@@ -219,6 +219,9 @@ class Zygote:
         for fd in (pidfd, result_r, out_r):
             if fd is not None:
                 os.close(fd)
+        if exit_ok and not result and not timed_out and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            # A stdin/stdout program that ended itself with os._exit(0): its output is what is judged.
+            return {"ok": True}, bytes(stdout)
         return self._verdict(bytes(result), nonce, status, timed_out, timeout), bytes(stdout)
 
     @staticmethod
@@ -252,8 +255,10 @@ class Zygote:
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
             why = {"SIGXCPU": f" (CPU time limit {max(1, math.ceil(timeout)) + 1} s)", "SIGKILL": " (memory or a kill)"}.get(name, "")
             return {"ok": False, "kind": "crashed", "error": f"the call was killed by {name}{why}"}
-        return {"ok": False, "kind": "crashed",
-                "error": f"the call exited with code {os.waitstatus_to_exitcode(status)} before returning a result"}
+        code = os.waitstatus_to_exitcode(status)
+        if code == 70:
+            return {"ok": False, "kind": "crashed", "error": "the call could not be set up in the sandbox"}
+        return {"ok": False, "kind": "crashed", "error": f"the call exited with code {code} before returning a result"}
 
     def _cleanup(self, pid):
         """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
@@ -286,6 +291,7 @@ class Zygote:
         objects go, and the next call's temp dir is made. Nothing runs in between: the next
         fork only happens on the next request, after this."""
         if self.isolated:
+            self.home = None  # the wipe takes any prepared dir with it
             self._remove_ipc()
             for place in self.wipe:
                 with contextlib.suppress(OSError):
@@ -366,22 +372,31 @@ class Zygote:
             error = _describe(e, "<program>") if isinstance(e, SyntaxError) else f"{type(e).__name__}: {e}"
             return {"compile_error": error}
         for case in cases:
-            source = program if not case.get("tests") else program + "\n\n" + case["tests"] + "\n"
+            tests = case.get("tests")
+            # Assert-style: the case passes only if the appended tests ran to their end, not if the
+            # program left early with sys.exit(0) or os._exit(0).
+            done = "_gradekit_done_" + os.urandom(8).hex()
+            source = program if not tests else program + "\n\n" + tests + f"\n{done} = True\n"
 
-            def body(source=source):
+            def body(source=source, tests=tests, done=done):
                 try:
                     code = compile(source, "<program>", "exec")
                     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
                     sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
                     sys.stderr = open(os.devnull, "w")
                     sys.argv = ["<program>"]
+                    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
                     try:
-                        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+                        exec(code, namespace)
                     finally:
                         with contextlib.suppress(Exception):
                             sys.stdout.flush()
+                    if tests and namespace.get(done) is not True:
+                        return {"ok": False, "error": "the tests did not run to their end"}
                     return {"ok": True}
                 except SystemExit as e:
+                    if tests:
+                        return {"ok": False, "error": f"exited (code {e.code}) before its tests ran to their end"}
                     if e.code in (None, 0):
                         return {"ok": True}
                     return {"ok": False, "error": f"exited with code {e.code}"}
@@ -390,7 +405,10 @@ class Zygote:
                 except BaseException as e:  # noqa: BLE001
                     return {"ok": False, "error": _describe(e, "<program>")}
 
-            reply, stdout = self._fork(body, msg["timeout"], stdin=case.get("stdin") or "", capture=True)
+            if results:
+                self.tidy()  # each case starts from a clean sandbox, as if it were the first
+            reply, stdout = self._fork(body, msg["timeout"], stdin=case.get("stdin") or "", capture=True,
+                                       exit_ok=not tests)
             reply["stdout"] = stdout.decode("utf-8", "replace")
             results.append(reply)
         return {"cases": results}
