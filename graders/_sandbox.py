@@ -78,7 +78,7 @@ RLIMIT_ONLY_GAPS = ("network isolation", "filesystem isolation (reads and writes
 @dataclass
 class _Probe:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    results: dict[bool, tuple[list[str] | None, bool, str]] = field(default_factory=dict)
+    results: dict[tuple[bool, str | None], tuple[list[str] | None, bool, str]] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     stage: str | None = None
 
@@ -196,14 +196,15 @@ def _try(argv: list[str]) -> str:
 
 def probe(network: bool = False) -> tuple[bool, bool, str]:
     """(bubblewrap works, runs as nobody, why not) for this process, tried once and remembered."""
+    key = (network, shutil.which("bwrap"))  # PATH decides which bwrap (if any) a worker would start
     with _PROBE.lock:
-        if network in _PROBE.results:
-            argv, nobody, why = _PROBE.results[network]
+        if key in _PROBE.results:
+            argv, nobody, why = _PROBE.results[key]
             return argv is not None, nobody, why
         check = ["-I", "-S", "-c", "import os; print(os.getpid(), 'ok')"]
         why = ""
         result: tuple[list[str] | None, bool, str] = (None, False, "")
-        if shutil.which("bwrap") is None:
+        if key[1] is None:
             why = "bwrap is not installed"
         else:
             attempts = []
@@ -216,8 +217,8 @@ def probe(network: bool = False) -> tuple[bool, bool, str]:
                 if not why:
                     result = (argv, nobody, "")
                     break
-        _PROBE.results[network] = result if result[0] is not None else (None, False, why)
-        argv, nobody, why = _PROBE.results[network]
+        _PROBE.results[key] = result if result[0] is not None else (None, False, why)
+        argv, nobody, why = _PROBE.results[key]
         return argv is not None, nobody, why
 
 
