@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from graders._code_tests import CodeTestsGrader, code_tests_grader, extract_code, read_cases
 from graders._config import GraderConfigError, load_grader
 from graders._sample import Sample
+from graders.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -135,11 +137,22 @@ async def test_declared_packages_are_importable_and_others_are_not(make) -> None
 # ---- the sandbox policy on the command line --------------------------------------------------------
 
 
-def run_validate(config: Path, tmp_path: Path, *, path: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli_files(tmp_path: Path) -> tuple[Path, Path]:
     example = tmp_path / "example.json"
     example.write_text(json.dumps({"contents": [{"role": "user", "parts": [{"text": "Add."}]}], "references": {"tests": json.dumps(CASES[:2])}}))
     response = tmp_path / "response.txt"
     response.write_text(ADD)
+    return example, response
+
+
+def validate_in_process(config: Path, tmp_path: Path) -> tuple[int, str, str]:
+    example, response = cli_files(tmp_path)
+    result = CliRunner().invoke(app, ["validate", "--grader", str(config), "--example", str(example), "--response", str(response)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def run_validate(config: Path, tmp_path: Path, *, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    example, response = cli_files(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if path is not None:
         env["PATH"] = path
@@ -147,14 +160,15 @@ def run_validate(config: Path, tmp_path: Path, *, path: str | None = None) -> su
                            "--response", str(response)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
 
 
-def test_strict_without_bubblewrap_exits_2_naming_the_package(tmp_path: Path) -> None:
+def test_strict_without_bubblewrap_exits_2_naming_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "strict.yaml"
     config.write_text("type: code_tests\nsandbox: strict\nworkers: 1\n")
     empty = tmp_path / "bin"
     empty.mkdir()
-    done = run_validate(config, tmp_path, path=str(empty))
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "sandbox: strict needs bubblewrap" in done.stderr and "apt-get install bubblewrap" in done.stderr
+    monkeypatch.setenv("PATH", str(empty))  # no bwrap on the PATH: the probe finds none
+    code, _, err = validate_in_process(config, tmp_path)
+    assert code == 2, err
+    assert "sandbox: strict needs bubblewrap" in err and "apt-get install bubblewrap" in err
 
 
 def test_auto_without_bubblewrap_warns_once_and_still_grades(tmp_path: Path) -> None:
@@ -172,7 +186,7 @@ def test_auto_without_bubblewrap_warns_once_and_still_grades(tmp_path: Path) -> 
 def test_validate_says_none_loudly(tmp_path: Path) -> None:
     config = tmp_path / "none.yaml"
     config.write_text("type: code_tests\nsandbox: none\nworkers: 1\n")
-    done = run_validate(config, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("WARNING: code_tests runs with sandbox: none: its code is NOT isolated"), done.stdout
-    assert "sandbox:\n  code_tests  NONE" in done.stdout
+    code, out, err = validate_in_process(config, tmp_path)
+    assert code == 0, err
+    assert out.startswith("WARNING: code_tests runs with sandbox: none: its code is NOT isolated"), out
+    assert "sandbox:\n  code_tests  NONE" in out
