@@ -190,3 +190,29 @@ def test_validate_says_none_loudly(tmp_path: Path) -> None:
     assert code == 0, err
     assert out.startswith("WARNING: code_tests runs with sandbox: none: its code is NOT isolated"), out
     assert "sandbox:\n  code_tests  NONE" in out
+
+
+# ---- export to a standalone Vertex evaluate() ----------------------------------------------------
+
+
+async def test_exported_vertex_evaluate_gives_the_same_rewards(make, tmp_path: Path) -> None:
+    from graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+
+    exported = tmp_path / "reward.py"
+    exported.write_text(export_vertex_evaluate({"type": "code_tests", "timeout": 2}))
+    programs = [ADD, "print(", "a, b = map(int, input().split())\nprint(a * b)\n", "import os\nprint(3)\nos._exit(0)\n"]
+    asserts = ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]
+    rows = [(p, CASES) for p in programs] + [("def add(a, b):\n    return a + b\n", asserts), ("import sys\nsys.exit(0)\n", asserts)]
+    grader = make(timeout=2)
+    expected = [(await grader(program(code, tests))).score for code, tests in rows]
+    driver = (f"ns = {{}}\nexec(open({str(exported)!r}).read(), ns)\nimport json\n"
+              f"for code, tests in json.loads({json.dumps(json.dumps(rows))}):\n"
+              "    example = {'contents': [{'role': 'user', 'parts': [{'text': 'q'}]}], 'references': {'tests': json.dumps(tests)}}\n"
+              "    print(ns['evaluate'](example, {'role': 'model', 'parts': [{'text': code}]}))\n")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", driver], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [float(x) for x in done.stdout.split()] == pytest.approx(expected), (expected, done.stdout)
+    spec = export_vertex_spec({"type": "code_tests"})
+    assert "def evaluate(example, response)" in spec["reinforcementTuningSpec"]["singleRewardConfig"]["codeExecutionRewardScorer"]["pythonCodeSnippet"]
+    with pytest.raises(ExportError, match="Vertex's evaluate\\(\\) only"):
+        export_openai_grader({"type": "code_tests"})
