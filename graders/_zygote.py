@@ -147,6 +147,9 @@ class Zygote:
         os.setsid()  # its own process group: the plain mode kills the group after the call
         with contextlib.suppress(Exception):
             self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc files are its own; the zygote stays closed
+        if not self.isolated:  # no pid namespace to take it down: die with the zygote at least
+            with contextlib.suppress(Exception):
+                self.libc.prctl(1, 9)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size cap fails instead of killing
         devnull = os.open(os.devnull, os.O_RDWR)
