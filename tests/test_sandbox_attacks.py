@@ -478,3 +478,53 @@ async def test_print_gigabytes_and_fill_the_disk(attacked) -> None:
     assert grade.score == 0.0, grade
     assert sum(len(line) for line in grade.debug) < 10_000, "what a sample prints is kept bounded"
     assert any("stopped at 8 MiB" in line for line in grade.debug), grade.debug
+
+
+def test_killing_the_grading_process_mid_call_leaves_nothing_behind(mode: str, tmp_path: Path) -> None:
+    """SIGKILL the process that grades while a call (and a detached grandchild) runs: the sandbox goes with it."""
+    tag = "gk" + uuid.uuid4().hex[:10]
+    started = tmp_path / "started"
+    script = tmp_path / "grade_forever.py"
+    code = textwrap.dedent(f"""
+        import ctypes, os, time
+        ctypes.CDLL(None).prctl(15, {tag.encode()!r}, 0, 0, 0)
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(120)
+            os._exit(0)
+        time.sleep(120)
+    """)
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, warnings
+        warnings.simplefilter("ignore")
+        from graders._python import python_grader
+        from graders._sample import Sample
+        async def main():
+            grader = python_grader({EXEC_GRADER!r}, workers=1, timeout=300)
+            await grader(Sample(messages="q", response="result = 0.5"))
+            open({str(started)!r}, "w").close()
+            await grader(Sample(messages="q", response={code!r}))
+        asyncio.run(main())
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for _ in range(600):  # wait (up to a minute on a busy machine) for the tagged processes to exist
+            if (started.exists() and len(host_processes_named(tag)) >= 2) or proc.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert len(host_processes_named(tag)) >= 2, "the call and its grandchild are running"
+    finally:
+        proc.kill()
+        proc.wait()
+    # Without bubblewrap the grandchild that left its session is expected to survive (README); the call must not.
+    allowed = 1 if mode == "rlimits" else 0
+    for _ in range(300):  # death by PDEATHSIG / the pid namespace is asynchronous: wait for it, up to 30 s
+        if len(host_processes_named(tag)) <= allowed:
+            break
+        threading.Event().wait(0.1)
+    survivors = host_processes_named(tag)
+    for pid in survivors:
+        os.kill(pid, 9)
+    assert len(survivors) <= allowed, survivors
+    if survivors:
+        pytest.skip("not enforced without bubblewrap: a grandchild that left the call's session survives")
