@@ -70,9 +70,9 @@ async def grader_calls(sandbox: str, calls: int) -> tuple[float, str]:
             grade = await grader(SAMPLE)
             times.append(time.perf_counter() - started)
             assert grade.score == 1.0, grade
-        return median_ms(times), grader.isolation.kind
     finally:
         grader.close()
+    return median_ms(times), grader.isolation.kind
 
 
 def reused_worker(calls: int) -> float:
@@ -159,12 +159,14 @@ def main() -> None:
     plain, _ = asyncio.run(grader_calls("none", args.calls))
     reused = reused_worker(args.calls)
     fresh = fresh_process(args.fresh_calls)
-    print(f"per-call overhead, median of {args.calls} sequential calls (ratio to today's reused worker):")
-    print(f"  (a) sandbox ({kind}), fork per call   {sandboxed:7.2f} ms  x{sandboxed / reused:.2f}")
-    print(f"  (b) sandbox: none, fork per call      {plain:7.2f} ms  x{plain / reused:.2f}")
-    print(f"  (c) reused worker (before)            {reused:7.2f} ms  x1.00")
-    print(f"  (d) fresh python per call ({args.fresh_calls} calls)   {fresh:7.2f} ms  x{fresh / reused:.2f}")
-    print(f"  sandbox cost over (c): {sandboxed - reused:.2f} ms per call; (d) over (a): x{fresh / sandboxed:.1f}")
+    print(f"per call, median wall time of {args.calls} sequential calls, ratio to today's reused worker")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: each process wake-up waits for a core, and a fork per call")
+    print(" has two more wake-ups than a reused worker, so the ratio grows with the load)")
+    rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed), ("(b) sandbox: none, fork per call", plain),
+            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh)]
+    for label, wall in rows:
+        print(f"  {label:44s} {wall:8.2f} ms  x{wall / reused:7.2f}")
+    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time")
     per_s, cases_s, wrong = asyncio.run(code_tests_throughput(args.programs, args.workers))
     print(f"code_tests: {args.programs} programs x 5 cases on {args.workers} workers: {per_s:.0f} programs/s, "
           f"{cases_s:.0f} cases/s, {wrong} rewards different from expected")
