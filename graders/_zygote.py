@@ -289,18 +289,30 @@ class Zygote:
     def _cleanup(self, pid):
         """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
         if self.isolated:
-            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's.
-            for _ in range(4):
+            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's. A kill
+            # is asynchronous and orphans are reaped by pid 1, so wait until they are gone from
+            # /proc: the next call must not even see them (a quick listing when nothing was left).
+            me = str(os.getpid())
+            for attempt in range(4000):
                 try:
                     os.kill(-1, signal.SIGKILL)
                 except ProcessLookupError:
+                    pass
+                self._reap()
+                left = [p for p in os.listdir("/proc") if p.isdigit() and p not in ("1", me)]
+                if not left:
                     break
+                time.sleep(0.0005 if attempt < 1000 else 0.005)
         else:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         self.pending.append(self.home)
         self.home = None
-        while True:  # reap what was ours
+        self._reap()
+
+    @staticmethod
+    def _reap():
+        while True:  # what was ours (the call's child); orphans are pid 1's
             try:
                 if os.waitpid(-1, os.WNOHANG)[0] == 0:
                     break
