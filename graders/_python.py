@@ -293,7 +293,7 @@ class PythonGrader:
         self.sandbox, self.network, self.packages = sandbox, network, tuple(packages)
         self._pool = ZygotePool(name=f"python grader {name!r}", limits=limits, workers=workers, env=env, sandbox=sandbox,
                                 network=network, packages=packages,
-                                load={"source": source, "filename": filename, "entry": entry})
+                                load={"source": source, "filename": filename, "entry": entry, "timeout": limits.timeout})
         self.isolation = self._pool.isolation
 
     @property

@@ -98,6 +98,8 @@ class Zygote:
         self.load_error = None
         self.calls = 0
         self.home = None
+        self.ready = None  # the next call's child, forked ahead and waiting for its arguments
+        self.call_timeout = None
         self.pending = []  # temp dirs of finished calls, removed once the reply is out
         if self.cpus:  # pinned once here, inherited by every fork: migrating each child costs more than the call
             with contextlib.suppress(OSError):
@@ -123,6 +125,7 @@ class Zygote:
         for module in msg.get("preload", []):
             with contextlib.suppress(Exception):
                 __import__(module)
+        self.call_timeout = msg.get("timeout")
         if msg.get("source") is None:
             return {"ok": True, "pid": os.getpid()}
         self.filename = msg["filename"]
@@ -142,7 +145,7 @@ class Zygote:
 
     # ---- one forked call ----------------------------------------------------------------------
 
-    def _child_setup(self, result_w, stdin_fd, stdout_fd, timeout):
+    def _child_setup(self, result_w, stdin_fd, stdout_fd, timeout, keep=None):
         """In the forked child, before any user code: limits, a private temp dir, fds."""
         os.setsid()  # its own process group: the plain mode kills the group after the call
         with contextlib.suppress(Exception):
@@ -161,7 +164,7 @@ class Zygote:
         except OSError:
             open_fds = range(3, 1 << 16)
         for fd in open_fds:
-            if fd > 2 and fd != result_w:
+            if fd > 2 and fd != result_w and fd != keep:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         limits = self.limits
@@ -183,20 +186,24 @@ class Zygote:
         os.environ.update(self.env)
         os.environ["HOME"] = os.environ["TMPDIR"] = home
 
-    def _fork(self, body, timeout, stdin=None, capture=False, exit_ok=False):
-        """Run body() in a forked child; return (result dict or None, how it ended, stdout bytes)."""
+    def _start(self, body, timeout, stdin=None, capture=False, deferred=False):
+        """Fork a child that will run body(input). With ``deferred`` the child first blocks until
+        its input arrives on a pipe: forked ahead, it is a sleeping process that a request wakes,
+        which the scheduler serves at once, where a brand-new process queues behind every busy one."""
         if self.home is None:
             self.prepare()
         nonce = os.urandom(16).hex()
         result_r, result_w = os.pipe()
-        out_r = out_w = in_fd = None
+        out_r = out_w = in_fd = req_r = req_w = None
         if capture:
             out_r, out_w = os.pipe()
         if stdin is not None:
             in_fd = os.memfd_create("stdin")
             os.write(in_fd, stdin.encode("utf-8"))
             os.lseek(in_fd, 0, os.SEEK_SET)
-        # The result fd is the highest the child keeps, so closerange around it leaves only it.
+        if deferred:
+            req_r, req_w = os.pipe()
+        # The result fd gets a number of its own, far from the ones the child closes.
         high = os.dup2(result_w, 1000)
         os.close(result_w)
         result_w = high
@@ -204,18 +211,32 @@ class Zygote:
         if pid == 0:
             code = 70
             try:
-                self._child_setup(result_w, in_fd, out_w, timeout)
-                reply = body()
+                self._child_setup(result_w, in_fd, out_w, timeout, keep=req_r)
+                data = None
+                if req_r is not None:
+                    chunks = []
+                    while True:
+                        chunk = os.read(req_r, 1 << 16)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                    os.close(req_r)
+                    data = b"".join(chunks)
+                reply = body(data)
                 data = (nonce + "\n" + _encode(reply) + "\n").encode("utf-8")
                 while data:
                     data = data[_write(result_w, data):]
                 code = 0
             finally:
                 os._exit(code)
-        os.close(result_w)
-        for fd in (out_w, in_fd):
+        for fd in (result_w, out_w, in_fd, req_r):
             if fd is not None:
                 os.close(fd)
+        return {"pid": pid, "nonce": nonce, "result": result_r, "out": out_r, "request": req_w, "timeout": timeout}
+
+    def _finish(self, started, exit_ok=False):
+        """Wait for a started child (up to its timeout), clean up after it, and judge what it sent."""
+        pid, nonce, result_r, out_r, timeout = started["pid"], started["nonce"], started["result"], started["out"], started["timeout"]
         pidfd = os.pidfd_open(pid)
         result, stdout = bytearray(), bytearray()
         readers = {result_r: (result, MAX_RESULT)}
@@ -249,6 +270,10 @@ class Zygote:
             # A stdin/stdout program that ended itself with os._exit(0): its output is what is judged.
             return {"ok": True}, bytes(stdout)
         return self._verdict(bytes(result), nonce, status, timed_out, timeout), bytes(stdout)
+
+    def _fork(self, body, timeout, stdin=None, capture=False, exit_ok=False):
+        """Run body() in a new forked child; return (its verdict, its stdout)."""
+        return self._finish(self._start(lambda _: body(), timeout, stdin=stdin, capture=capture), exit_ok=exit_ok)
 
     @staticmethod
     def _read(fd, readers):
@@ -363,42 +388,68 @@ class Zygote:
 
     # ---- the two operations -------------------------------------------------------------------
 
-    def call(self, msg):
+    def call(self, msg, line):
         if self.load_error is not None:
             return {"ok": False, "kind": "load", "error": self.load_error}
-        fn, filename, args, cap = self.fn, self.filename, msg["args"], self.limits.get("memory") or 0
+        started, self.ready = self.ready, None
+        if started is not None and started["timeout"] != msg["timeout"]:
+            self._discard_ready(started)
+            started = None
+        if started is None:
+            started = self._start(self._call_body, msg["timeout"], deferred=True)
+        try:
+            data = line
+            while data:
+                data = data[os.write(started["request"], data):]
+        except OSError:
+            pass  # it died waiting: _finish says how
+        os.close(started["request"])
+        reply, _ = self._finish(started)
+        return reply
 
-        def body():
-            logs = _Tail()
-            out_of_memory = False
-            try:
-                with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
-                    value = fn(*args)
-                    if hasattr(value, "__await__"):
-                        import asyncio
+    def prefork(self):
+        """The next call's child, forked now, off the caller's clock (python grader only)."""
+        if self.fn is not None and self.ready is None and self.call_timeout:
+            self.ready = self._start(self._call_body, self.call_timeout, deferred=True)
 
-                        async def wait():
-                            return await value
+    def _discard_ready(self, started):
+        with contextlib.suppress(OSError):
+            os.kill(started["pid"], signal.SIGKILL)
+        os.waitpid(started["pid"], 0)
+        for fd in (started["request"], started["result"]):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
-                        value = asyncio.run(wait())
-                if _isinstance(value, bool) or not _isinstance(value, _Real):
-                    shown = repr(value)
-                    reply = {"ok": False, "kind": "not_a_number",
-                             "error": f"returned {type(value).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}, not a number"}
-                elif not _isfinite(_float(value)):
-                    reply = {"ok": False, "kind": "not_a_number", "error": f"returned {_float(value)}, not a finite number"}
-                else:
-                    reply = {"ok": True, "value": _float(value)}
-            except MemoryError:
-                out_of_memory = True  # the reply is built once the hog's frames are gone
-            except BaseException as e:  # noqa: BLE001
-                reply = {"ok": False, "kind": "exception", "error": _describe(e, filename)}
-            if out_of_memory:
-                reply = {"ok": False, "kind": "memory", "error": f"MemoryError: the grader exceeded its memory cap of {cap // 2**20} MiB"}
-            reply["logs"] = logs.text
-            return reply
+    def _call_body(self, data):
+        fn, filename, cap = self.fn, self.filename, self.limits.get("memory") or 0
+        args = json.loads(data)["args"]
+        logs = _Tail()
+        out_of_memory = False
+        try:
+            with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                value = fn(*args)
+                if hasattr(value, "__await__"):
+                    import asyncio
 
-        reply, _ = self._fork(body, msg["timeout"])
+                    async def wait():
+                        return await value
+
+                    value = asyncio.run(wait())
+            if _isinstance(value, bool) or not _isinstance(value, _Real):
+                shown = repr(value)
+                reply = {"ok": False, "kind": "not_a_number",
+                         "error": f"returned {type(value).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}, not a number"}
+            elif not _isfinite(_float(value)):
+                reply = {"ok": False, "kind": "not_a_number", "error": f"returned {_float(value)}, not a finite number"}
+            else:
+                reply = {"ok": True, "value": _float(value)}
+        except MemoryError:
+            out_of_memory = True  # the reply is built once the hog's frames are gone
+        except BaseException as e:  # noqa: BLE001
+            reply = {"ok": False, "kind": "exception", "error": _describe(e, filename)}
+        if out_of_memory:
+            reply = {"ok": False, "kind": "memory", "error": f"MemoryError: the grader exceeded its memory cap of {cap // 2**20} MiB"}
+        reply["logs"] = logs.text
         return reply
 
     def run(self, msg):
@@ -464,11 +515,11 @@ def main():
             return
         msg = json.loads(line)
         op = msg["op"]
-        reply = zygote.load(msg) if op == "load" else zygote.call(msg) if op == "call" else zygote.run(msg)
+        reply = zygote.load(msg) if op == "load" else zygote.call(msg, line) if op == "call" else zygote.run(msg)
         reply_to.write(json.dumps(reply) + "\n")
         reply_to.flush()
-        if op != "load":
-            zygote.tidy()
+        zygote.tidy()
+        zygote.prefork()
 
 
 if __name__ == "__main__":
