@@ -160,8 +160,8 @@ def main() -> None:
     reused = reused_worker(args.calls)
     fresh = fresh_process(args.fresh_calls)
     print(f"per call, median wall time of {args.calls} sequential calls, ratio to today's reused worker")
-    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: each process wake-up waits for a core, and a fork per call")
-    print(" has two more wake-ups than a reused worker, so the ratio grows with the load)")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; a forked call also pays CPython's copy-on-write page")
+    print(" faults and an exit, which a reused worker does not, and both grow with the load)")
     rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed), ("(b) sandbox: none, fork per call", plain),
             ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh)]
     for label, wall in rows:
