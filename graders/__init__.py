@@ -12,6 +12,7 @@ Names load on first use, so ``gradekit --help`` imports none of pandas, openai o
 from judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._code_tests": ["CodeTestsGrader", "code_tests_grader"],
     "._composite": ["CompositeGrader", "FormulaError", "formula_grader", "weighted_grader"],
     "._config": ["ConfiguredGrader", "GraderConfigError", "load_grader", "load_group_grader"],
     "._group": ["GroupResult", "GroupStatus", "SampleChecks", "TrajectoryChecks", "group_grader"],
@@ -19,6 +20,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._python": ["PythonGrader", "python_grader"],
     "._sample": ["FunctionCall", "Grade", "Grader", "Message", "Sample", "SyncGrader", "ToolCall", "Trajectory",
                  "aclose_grader", "sample_from_row", "sample_from_vertex"],
+    "._sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],
     "._spread": ["SpreadReport", "SpreadTally", "reward_spread"],
     "._string_match": ["Normalization", "ParseConfig", "json_match_grader", "normalized_match_grader", "numeric_match_grader",
                        "string_check_grader", "string_match_grader"],

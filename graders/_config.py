@@ -50,6 +50,16 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     memory_mb: 1024
     workers: 2
     env: {MY_SETTING: "x"}      # the only variables the child sees beyond PATH, locale and TZ
+    sandbox: auto               # auto (bubblewrap, else rlimits with a warning), strict (bubblewrap or exit 2), none
+    network: false              # true: the code may use the network
+    packages: [numpy]           # importable beyond the standard library (read-only in the sandbox)
+    processes: 32               # RLIMIT_NPROC per call; file_mb: 64 (RLIMIT_FSIZE); cpus: 1 (affinity)
+
+    type: code_tests            # run the response's program (last fenced block) against test cases
+    tests: tests                # references key: [{input, output}], {inputs, outputs} or assert code
+    scoring: fraction           # passed/total mapped to [-1, 1], or all_or_nothing
+    timeout: 5                  # seconds per case
+    memory_mb: 512              # per case; also workers, sandbox, network, packages, processes, file_mb, cpus
 
     type: weighted              # Vertex composite: sum(w * r) / sum(w), up to 16 parts
     parts:
@@ -86,11 +96,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from judge import Judge, RubricError
 from judge._files import read_data_file
 
+from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, llm_grader
-from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._python import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_MEMORY_MB, DEFAULT_PROCESSES, DEFAULT_TIMEOUT, python_grader
 from ._sample import Grade, Grader, Sample, aclose_grader
+from ._sandbox import Isolation
+from ._sandbox import Policy as SandboxPolicy
 from ._string_match import (
     MatchOperation,
     Normalization,
@@ -165,17 +178,33 @@ class AutoraterNode(_Node):
     wrong: float = -1.0
 
 
-class PythonNode(_Node):
+class _Sandboxed(_Node):
+    workers: int | None = None
+    sandbox: SandboxPolicy = "auto"
+    network: bool = False
+    packages: list[str] = Field(default_factory=list)
+    processes: int = DEFAULT_PROCESSES
+    file_mb: int = DEFAULT_FILE_MB
+    cpus: int = DEFAULT_CPUS
+
+
+class PythonNode(_Sandboxed):
     file: str | None = None
     source: str | None = None
     flavour: Literal["vertex", "openai"] | None = None
     entry: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     memory_mb: int | None = DEFAULT_MEMORY_MB
-    workers: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
     image_tag: str | None = None  # OpenAI's field, accepted so its grader JSON loads; unused
     pass_threshold: float | None = None  # OpenAI's field; unused by the grade itself
+
+
+class CodeTestsNode(_Sandboxed):
+    tests: str = "tests"
+    scoring: Scoring = "fraction"
+    timeout: float = DEFAULT_CASE_TIMEOUT
+    memory_mb: int | None = DEFAULT_CASE_MEMORY_MB
 
 
 class WeightedNode(_Node):
@@ -219,6 +248,7 @@ NODES: dict[str, type[_Node]] = {
     "llm": LlmNode,
     "autorater": AutoraterNode,
     "python": PythonNode,
+    "code_tests": CodeTestsNode,
     "weighted": WeightedNode,
     "formula": FormulaNode,
     "multi": FormulaNode,
@@ -257,6 +287,7 @@ class _Builder:
     def __init__(self, source: str, base: Path, judge: Judge | Callable[[], Judge] | None, settings: JudgeSettings) -> None:
         self.source, self.base, self._judge, self.settings = source, base, judge, settings
         self.made_judge: Judge | None = None
+        self.sandboxes: dict[str, Isolation] = {}  # where each code-running grader runs, for validate
 
     def judge(self) -> Judge:
         if isinstance(self._judge, Judge):
@@ -318,8 +349,18 @@ class _Builder:
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
-            return python_grader(node.source, file=self.path(node.file) if node.file else None, flavour=node.flavour, entry=node.entry,
-                                 timeout=node.timeout, memory_mb=node.memory_mb, workers=node.workers, env=node.env, name=name)
+            python = python_grader(node.source, file=self.path(node.file) if node.file else None, flavour=node.flavour, entry=node.entry,
+                                   timeout=node.timeout, memory_mb=node.memory_mb, workers=node.workers, env=node.env, name=name,
+                                   sandbox=node.sandbox, network=node.network, packages=node.packages, processes=node.processes,
+                                   file_mb=node.file_mb, cpus=node.cpus)
+            self.sandboxes[where or name] = python.isolation
+            return python
+        if isinstance(node, CodeTestsNode):
+            code = code_tests_grader(tests=node.tests, scoring=node.scoring, timeout=node.timeout, memory_mb=node.memory_mb,
+                                     workers=node.workers, sandbox=node.sandbox, network=node.network, packages=node.packages,
+                                     processes=node.processes, file_mb=node.file_mb, cpus=node.cpus, name=name)
+            self.sandboxes[where or name] = code.isolation
+            return code
         if isinstance(node, WeightedNode):
             parts = []
             for part_name, part in node.parts.items():
@@ -367,6 +408,7 @@ class ConfiguredGrader:
     def __init__(self, grader: Grader, builder: _Builder) -> None:
         self.grader = grader
         self._builder = builder
+        self.sandboxes = builder.sandboxes
         self.__name__ = getattr(grader, "__name__", "grader")
 
     async def __call__(self, sample: Sample) -> Grade:

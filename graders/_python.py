@@ -1,20 +1,22 @@
 """The python grader: a user's ``evaluate(example, response)`` (Vertex) or ``grade(sample, item)``
-(OpenAI) run in separate, reusable worker processes.
+(OpenAI) run in sandboxed workers, each call in a fresh fork of a warm one.
 
 Why this shape:
 
-- **A process per worker, not per call.** Each worker is a bare ``python -I`` started once and
-  fed JSON lines over pipes, so a cheap function costs a pipe round trip, not an interpreter
-  start. The child runs :func:`_child_main`, which imports only the standard library: it does
-  not import gradekit (or openai, pandas ...), which keeps its start fast and its memory small.
-- **Limits the child cannot undo.** The memory cap is ``RLIMIT_AS``, set by the child on itself
-  before any user code runs; the wall-clock timeout is enforced by the parent, which kills the
-  worker's whole process group and starts a fresh worker on the next call.
-- **No credentials.** The child's environment is built from an allowlist (PATH, locale, TZ) plus
-  what the caller passes explicitly: ``OPENAI_API_KEY`` and the like are never inherited, not
-  even in ``/proc/self/environ``.
-- **Nothing the user code prints can corrupt the protocol.** The child answers on a private
-  duplicate of its stdout and points fd 1 elsewhere; ``print`` output comes back as debug lines.
+- **A zygote per worker, a fork per call.** Each worker is one ``python -I -S`` started once
+  (inside bubblewrap when it works, see :mod:`graders._sandbox`) that loads the grader's code,
+  imports included, and then forks a child for every call (:mod:`graders._zygote`). A call
+  costs a fork and a pipe round trip, not an interpreter start, and nothing a sample changes
+  (a patched ``json.dumps``, a global, a file, a process) reaches the next sample.
+- **Limits the child cannot undo.** Address space, CPU time, process count and file size are
+  rlimits set in the child before user code runs; the zygote enforces the wall-clock timeout
+  and, at it, the host kills the whole sandbox (its pid namespace with it) and starts a fresh
+  worker on the next call.
+- **No credentials.** The child's environment is an allowlist (PATH, locale, TZ) plus what the
+  caller passes explicitly; under bubblewrap the parent is not even visible in ``/proc``.
+- **A result channel per call.** Only the call's own framed reply on its own pipe counts; what
+  user code prints comes back as debug lines, and a write to the channel out of turn voids the
+  call (``forged``) instead of shifting other samples' scores.
 
 A worker belongs to one thread of the grader's own thread pool, so the pool size is the number
 of calls that run at once; calls beyond it queue in the executor without blocking other threads.
@@ -24,27 +26,30 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import inspect
 import json
 import os
 import select
 import signal
 import subprocess
-import sys
 import tempfile
-import textwrap
 import threading
 import time
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ._sample import Grade, Sample, to_openai_item, to_openai_sample, to_vertex_content, to_vertex_example
+from ._sandbox import Isolation, Policy, package_paths, resolve, zygote_argv
 
 DEFAULT_TIMEOUT = 100.0  # Vertex: 100 s per evaluate call
 DEFAULT_MEMORY_MB = 1024  # Vertex: 1 GB per invocation
+DEFAULT_PROCESSES = 32  # RLIMIT_NPROC of a call: room for a subprocess or a pool, not for a fork bomb
+DEFAULT_FILE_MB = 64  # RLIMIT_FSIZE: the largest file a call may write
+DEFAULT_CPUS = 1  # CPUs a call may run on (affinity), as on Vertex
+BACKSTOP = 5.0  # seconds the host waits past the timeout for the zygote's own answer
 ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ")
 _CHILD_ENV = {
     # One CPU per call, as on Vertex; also keeps BLAS from reserving per-core buffers under the cap.
@@ -54,99 +59,9 @@ _CHILD_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONIOENCODING": "utf-8",
 }
-_MAX_LOG_CHARS = 4000
 
 Flavour = Literal["vertex", "openai"]
 ENTRY = {"vertex": "evaluate", "openai": "grade"}
-
-
-def _child_main() -> None:
-    """The worker loop. Runs in the child from its source text: standard library only."""
-    import asyncio as _asyncio
-    import contextlib
-    import io
-    import json as _json
-    import math
-    import numbers
-    import os as _os
-    import resource
-    import sys as _sys
-    import traceback
-
-    cap, parent = int(_sys.argv[1]), int(_sys.argv[2])
-    try:  # Linux: die with the parent thread instead of lingering as an orphan
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except Exception:
-        pass
-    if _os.getppid() != parent:
-        _os._exit(0)
-    if cap > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    reply_to = _os.fdopen(_os.dup(1), "w", encoding="utf-8")
-    _os.dup2(2, 1)  # anything written to fd 1 from now on goes to stderr, never into the protocol
-    requests = _sys.stdin.buffer
-
-    def send(obj: dict) -> None:
-        reply_to.write(_json.dumps(obj) + "\n")
-        reply_to.flush()
-
-    def describe(exc: BaseException, filename: str) -> str:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
-        where = f" (line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
-        text = str(exc)
-        return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
-
-    fn = None
-    filename = "<grader>"
-    load_error = None
-    while True:
-        line = requests.readline()
-        if not line:
-            return
-        msg = _json.loads(line)
-        logs = io.StringIO()
-        reply: dict = {}
-        out_of_memory = False
-        try:
-            with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
-                if msg["op"] == "load":
-                    filename = msg["filename"]
-                    namespace = {"__name__": "__gradekit_grader__", "__file__": filename}
-                    try:
-                        exec(compile(msg["source"], filename, "exec"), namespace)
-                        fn = namespace.get(msg["entry"])
-                        if not callable(fn):
-                            load_error = f"{filename} defines no function {msg['entry']!r}"
-                    except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
-                        load_error = f"loading {filename} failed: {describe(e, filename)}"
-                    reply = {"ok": load_error is None, "error": load_error, "pid": _os.getpid()}
-                elif load_error is not None:
-                    reply = {"ok": False, "kind": "load", "error": load_error}
-                else:
-                    assert fn is not None
-                    value = fn(*msg["args"])
-                    if _asyncio.iscoroutine(value):
-                        value = _asyncio.run(value)
-                    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                        shown = repr(value)
-                        reply = {"ok": False, "kind": "not_a_number",
-                                 "error": f"returned {type(value).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}, not a number"}
-                    elif not math.isfinite(float(value)):
-                        reply = {"ok": False, "kind": "not_a_number", "error": f"returned {float(value)}, not a finite number"}
-                    else:
-                        reply = {"ok": True, "value": float(value)}
-        except MemoryError:
-            out_of_memory = True  # build the reply after the except block, once the hog's frames are freed
-        except BaseException as e:  # noqa: BLE001
-            reply = {"ok": False, "kind": "exception", "error": describe(e, filename)}
-        if out_of_memory:
-            reply = {"ok": False, "kind": "memory", "error": f"MemoryError: the grader exceeded its memory cap of {cap // 2**20} MiB"}
-        reply["logs"] = logs.getvalue()[-4000:]
-        send(reply)
-        if out_of_memory:
-            return  # a fresh worker is cheaper than trusting a heap that just hit its cap
 
 
 class _Timeout(Exception):
@@ -252,21 +167,43 @@ def scrubbed_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
-class PythonGrader:
-    """A python grader with its own pool of worker processes; build it with :func:`python_grader`."""
+@dataclass(frozen=True)
+class Limits:
+    """What every call of a sandboxed worker may use."""
 
-    def __init__(self, source: str, *, filename: str, flavour: Flavour, entry: str, timeout: float,
-                 memory_mb: int | None, workers: int, env: Mapping[str, str] | None, name: str) -> None:
-        self.source, self.filename, self.flavour, self.entry = source, filename, flavour, entry
-        self.timeout, self.memory_mb, self.workers, self.__name__ = timeout, memory_mb, workers, name
-        self.spawned = 0  # processes started so far: reuse shows as spawned staying at the pool size
+    timeout: float = DEFAULT_TIMEOUT
+    memory_mb: int | None = DEFAULT_MEMORY_MB
+    processes: int = DEFAULT_PROCESSES
+    file_mb: int = DEFAULT_FILE_MB
+    cpus: int = DEFAULT_CPUS
+
+    def check(self, where: str) -> None:
+        if self.timeout <= 0:
+            raise ValueError(f"{where}: timeout must be positive")
+        if self.memory_mb is not None and self.memory_mb < 32:
+            raise ValueError(f"{where}: memory_mb={self.memory_mb} is too small to start python (use >= 32 or None)")
+        if self.processes < 1 or self.file_mb < 1 or self.cpus < 1:
+            raise ValueError(f"{where}: processes, file_mb and cpus must be at least 1")
+
+
+class ZygotePool:
+    """Sandboxed zygotes, one per thread of its own pool; the python and code_tests graders share it."""
+
+    def __init__(self, *, name: str, limits: Limits, workers: int, env: Mapping[str, str] | None, sandbox: Policy,
+                 network: bool, packages: tuple[str, ...] | list[str], load: dict[str, Any]) -> None:
+        self.limits, self.workers, self.name = limits, workers, name
+        self.spawned = 0  # zygotes started so far: reuse shows as spawned staying at the pool size
+        self.isolation: Isolation = resolve(sandbox, network=network, label=name)
+        self._packages = package_paths(tuple(packages))
+        self._load = load
         self._home = tempfile.TemporaryDirectory(prefix="gradekit-python-")
         self._env = scrubbed_env(self._home.name, env)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"gradekit-python-{name}")
         self._local = threading.local()
         self._lock = threading.Lock()
         self._live: dict[int, _Worker] = {}
-        self._closed = False
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._live, self._executor, self._home)
 
     @property
@@ -274,35 +211,35 @@ class PythonGrader:
         with self._lock:
             return list(self._live)
 
-    def _label(self) -> str:
-        return f"python grader {self.__name__!r} ({self.filename})"
+    async def submit(self, message: dict[str, Any], backstop: float) -> dict[str, Any]:
+        """Send one request to this thread's zygote; a dead or stuck zygote becomes an error reply."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._request, message, backstop)
 
-    def _arguments(self, sample: Sample) -> list[Any]:
-        if self.flavour == "vertex":
-            return [to_vertex_example(sample), to_vertex_content(sample.response)]
-        return [to_openai_sample(sample), to_openai_item(sample)]
-
-    async def __call__(self, sample: Sample) -> Grade:
-        if self._closed:
-            raise RuntimeError(f"{self._label()} is closed")
-        args = self._arguments(sample)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._grade_blocking, args)
+    def _settings(self) -> dict[str, Any]:
+        limits = self.limits
+        cpus = None
+        if self._cpus and limits.cpus < len(self._cpus):
+            start = (self.spawned * limits.cpus) % len(self._cpus)
+            cpus = [self._cpus[(start + i) % len(self._cpus)] for i in range(limits.cpus)]
+        return {"parent": os.getpid(), "scratch": self._home.name, "cpus": cpus,
+                "limits": {"memory": (limits.memory_mb or 0) * 2**20, "processes": limits.processes,
+                           "file_size": limits.file_mb * 2**20}}
 
     def _spawn(self) -> _Worker:
-        cap = (self.memory_mb or 0) * 2**20
-        argv = [sys.executable, "-I", "-c", _child_source(), str(cap), str(os.getpid())]
+        with self._lock:
+            argv = zygote_argv(self.isolation, settings=self._settings(), packages=self._packages, env=self._env)
         worker = _Worker(argv, self._env, self._home.name)
         with self._lock:
             self._live[worker.pid] = worker
             self.spawned += 1
         try:
-            reply = worker.request({"op": "load", "source": self.source, "filename": self.filename, "entry": self.entry}, self.timeout)
+            reply = worker.request({"op": "load", **self._load}, max(self.limits.timeout, 30.0))
         except _Timeout:
             self._discard(worker)
-            worker.load_error = f"loading {self.filename} took longer than {self.timeout:g} s"
+            worker.load_error = f"loading took longer than {max(self.limits.timeout, 30.0):g} s"
         except _Died as e:
             self._discard(worker)
-            worker.load_error = f"the worker died while loading {self.filename} ({e})"
+            worker.load_error = f"the sandboxed worker died while starting ({e})"
         else:
             worker.load_error = reply.get("error")
         return worker
@@ -314,7 +251,7 @@ class PythonGrader:
         if getattr(self._local, "worker", None) is worker:
             self._local.worker = None
 
-    def _grade_blocking(self, args: list[Any]) -> Grade:
+    def _request(self, message: dict[str, Any], backstop: float) -> dict[str, Any]:
         worker: _Worker | None = getattr(self._local, "worker", None)
         if worker is None or worker.proc.poll() is not None:
             if worker is not None:
@@ -324,46 +261,85 @@ class PythonGrader:
             error = worker.load_error
             if worker.pid not in self._live:
                 self._local.worker = None  # it died loading: try a fresh one next time
-            return Grade.failed("invalid", f"{self._label()}: {error}", error_kind="load")
-        started = time.perf_counter()
+            return {"ok": False, "kind": "load", "error": error}
         try:
-            reply = worker.request({"op": "call", "args": args}, self.timeout)
+            reply = worker.request(message, backstop)
         except _Timeout:
             self._discard(worker)
-            return Grade.failed("invalid", f"{self._label()}: timed out after {self.timeout:g} s; the worker was killed",
-                                error_kind="timeout")
+            return {"ok": False, "kind": "timeout", "error": f"no answer within {backstop:g} s; the sandbox was killed"}
         except _Died as e:
             self._discard(worker)
-            cap = f" (memory cap {self.memory_mb} MiB)" if self.memory_mb else ""
-            return Grade.failed("invalid", f"{self._label()}: the worker process died, {e}{cap}", error_kind="crashed")
+            return {"ok": False, "kind": "crashed", "error": f"the sandboxed worker died, {e}"}
+        if reply.get("kind") in ("timeout", "memory"):
+            # At a timeout the whole sandbox goes, pid namespace and all; a heap that hit its cap is not trusted.
+            self._discard(worker)
+        reply["worker"] = worker.pid
+        return reply
+
+    def close(self) -> None:
+        self.closed = True
+        self._finalizer()
+
+
+class PythonGrader:
+    """A python grader with its own pool of sandboxed zygotes; build it with :func:`python_grader`."""
+
+    def __init__(self, source: str, *, filename: str, flavour: Flavour, entry: str, limits: Limits, workers: int,
+                 env: Mapping[str, str] | None, name: str, sandbox: Policy = "auto", network: bool = False,
+                 packages: tuple[str, ...] | list[str] = ()) -> None:
+        self.source, self.filename, self.flavour, self.entry = source, filename, flavour, entry
+        self.limits, self.workers, self.__name__ = limits, workers, name
+        self.timeout, self.memory_mb = limits.timeout, limits.memory_mb
+        self.sandbox, self.network, self.packages = sandbox, network, tuple(packages)
+        self._pool = ZygotePool(name=f"python grader {name!r}", limits=limits, workers=workers, env=env, sandbox=sandbox,
+                                network=network, packages=packages,
+                                load={"source": source, "filename": filename, "entry": entry, "timeout": limits.timeout})
+        self.isolation = self._pool.isolation
+
+    @property
+    def spawned(self) -> int:
+        return self._pool.spawned
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._pool.worker_pids
+
+    def _label(self) -> str:
+        return f"python grader {self.__name__!r} ({self.filename})"
+
+    def _arguments(self, sample: Sample) -> list[Any]:
+        if self.flavour == "vertex":
+            return [to_vertex_example(sample), to_vertex_content(sample.response)]
+        return [to_openai_sample(sample), to_openai_item(sample)]
+
+    async def __call__(self, sample: Sample) -> Grade:
+        if self._pool.closed:
+            raise RuntimeError(f"{self._label()} is closed")
+        args = json.loads(json.dumps(self._arguments(sample), ensure_ascii=False, default=str))
+        started = time.perf_counter()
+        reply = await self._pool.submit({"op": "call", "args": args, "timeout": self.timeout}, self.timeout + BACKSTOP)
         elapsed = time.perf_counter() - started
         logs = [line for line in (reply.get("logs") or "").splitlines() if line.strip()]
-        if reply.get("kind") == "memory":
-            self._discard(worker)
         if not reply.get("ok"):
-            return Grade.failed("invalid", f"{self._label()}: {reply.get('error')}", error_kind=reply.get("kind") or "exception",
-                                debug=logs, metrics={"python_s": elapsed})
+            kind = reply.get("kind") or "exception"
+            error = reply.get("error")
+            if kind == "crashed" and self.memory_mb:
+                error = f"{error} (memory cap {self.memory_mb} MiB)"
+            if kind == "timeout":
+                error = f"timed out after {self.timeout:g} s; the sandbox and every process in it were killed"
+            return Grade.failed("invalid", f"{self._label()}: {error}", error_kind=kind, debug=logs,
+                                metrics={"python_s": elapsed})
         value = float(reply["value"])
         note = "" if -1.0 <= value <= 1.0 else f", clamped to {max(-1.0, min(1.0, value)):g}"
-        debug = [f"{self.__name__}: {self.entry}() returned {value:g}{note} (worker pid {worker.pid}, {elapsed * 1000:.1f} ms)", *logs]
+        debug = [f"{self.__name__}: {self.entry}() returned {value:g}{note} (worker {reply.get('worker')}, {elapsed * 1000:.1f} ms)", *logs]
         return Grade.scored(value, debug=debug, metrics={"python_s": elapsed})
 
     async def aclose(self) -> None:
         self.close()
 
     def close(self) -> None:
-        """Kill every worker and remove the scratch directory."""
-        self._closed = True
-        self._finalizer()
-
-
-_SOURCE_CACHE: list[str] = []
-
-
-def _child_source() -> str:
-    if not _SOURCE_CACHE:
-        _SOURCE_CACHE.append(textwrap.dedent(inspect.getsource(_child_main)) + "\n_child_main()\n")
-    return _SOURCE_CACHE[0]
+        """Kill every worker (and its sandbox) and remove the scratch directory."""
+        self._pool.close()
 
 
 def python_grader(
@@ -377,8 +353,14 @@ def python_grader(
     workers: int | None = None,
     env: Mapping[str, str] | None = None,
     name: str | None = None,
+    sandbox: Policy = "auto",
+    network: bool = False,
+    packages: tuple[str, ...] | list[str] = (),
+    processes: int = DEFAULT_PROCESSES,
+    file_mb: int = DEFAULT_FILE_MB,
+    cpus: int = DEFAULT_CPUS,
 ) -> PythonGrader:
-    """A grader that runs user python in sandboxed, reused worker processes.
+    """A grader that runs user python in a sandbox, each call forked from a warm, reused worker.
 
     Args:
         source: the code (Vertex's ``pythonCodeSnippet``, OpenAI's ``source``); or give ``file``.
@@ -386,11 +368,16 @@ def python_grader(
         flavour: "vertex" (``evaluate`` gets a ReinforcementTuningExample and a Content) or
             "openai" (``grade`` gets OpenAI's sample and item); read from the code when omitted.
         entry: the function name, if not the flavour's default.
-        timeout: wall-clock seconds per call; the worker is killed and replaced after it.
-        memory_mb: the address-space cap of each worker (None: no cap).
-        workers: processes in the pool (default: up to 4, one per CPU).
+        timeout: wall-clock seconds per call; the call's sandbox is killed and replaced after it.
+        memory_mb: the address-space cap of each call (None: no cap).
+        workers: zygotes in the pool (default: up to 4, one per CPU).
         env: variables to give the child on top of the allowlist (PATH, locale, TZ).
         name: the grader's name in grades and errors.
+        sandbox: "auto" (bubblewrap when it works, else rlimits only, with a warning),
+            "strict" (bubblewrap or :class:`~graders._sandbox.SandboxUnavailable`), "none".
+        network: give the code the network (bubblewrap shares the host's network namespace).
+        packages: top-level packages the code may import beyond the standard library.
+        processes: RLIMIT_NPROC of each call; file_mb: RLIMIT_FSIZE; cpus: CPUs per call.
 
     A raised exception, a timeout, a crash or a non-number is an ``invalid`` Grade naming the
     reason; a number is clamped to [-1, 1].
@@ -416,12 +403,11 @@ def python_grader(
             ast.parse(source, filename)
         except SyntaxError as e:
             raise ValueError(f"{filename}: line {e.lineno}: {e.msg}") from None
-    if timeout <= 0:
-        raise ValueError(f"{filename}: timeout must be positive")
-    if memory_mb is not None and memory_mb < 32:
-        raise ValueError(f"{filename}: memory_mb={memory_mb} is too small to start python (use >= 32 or None)")
+    limits = Limits(timeout=timeout, memory_mb=memory_mb, processes=processes, file_mb=file_mb, cpus=cpus)
+    limits.check(filename)
     count = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
     if count < 1:
         raise ValueError(f"{filename}: workers must be at least 1")
-    return PythonGrader(source, filename=filename, flavour=flavour, entry=entry or ENTRY[flavour], timeout=timeout,
-                        memory_mb=memory_mb, workers=count, env=env, name=name or (Path(file).stem if file else "python"))
+    return PythonGrader(source, filename=filename, flavour=flavour, entry=entry or ENTRY[flavour], limits=limits, workers=count,
+                        env=env, name=name or (Path(file).stem if file else "python"), sandbox=sandbox, network=network,
+                        packages=packages)

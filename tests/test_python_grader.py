@@ -101,15 +101,15 @@ def evaluate(example, response):
             pass
     return 1.0
 """, timeout=1.5)
-    first = await grader(SAMPLE)
-    (before,) = pids_in(first)
+    await grader(SAMPLE)
+    (before,) = grader.worker_pids  # the worker's pid on the host (pids printed inside are the sandbox's own)
     grade = await grader(Sample(messages="q", response="x", references={"answer": "loop"}))
     assert grade.status == "invalid" and grade.score is None
     assert grade.error_kind == "timeout" and "timed out after 1.5 s" in (grade.error or "")
-    assert not alive(before), "the looping worker was killed"
+    assert not alive(before), "the looping call's whole sandbox was killed"
     after = await grader(SAMPLE)
     assert after.score == 1.0
-    assert pids_in(after) != {before}, "a fresh worker took its place"
+    assert grader.worker_pids != [before], "a fresh worker took its place"
     assert grader.spawned == 2
 
 
@@ -176,8 +176,8 @@ async def test_workers_are_reused(make) -> None:
         grade = await grader(SAMPLE)
         warm.append(time.perf_counter() - started)
         pids |= pids_in(grade)
-    assert grader.spawned == 1 and len(pids) == 1, "31 calls, one process"
-    assert pids == set(grader.worker_pids)
+    assert grader.spawned == 1 and len(grader.worker_pids) == 1, "31 calls, one worker"
+    assert len(pids) == 31, "each call ran in a fresh fork of it"
     # Measured, not asserted (timing depends on the machine): see the report with -s.
     print(f"\npython grader: first call (process start + load) {cold * 1000:.1f} ms, reused worker median {statistics.median(warm) * 1000:.2f} ms")
 
@@ -191,9 +191,9 @@ def evaluate(example, response):
     return 1.0
 """, workers=2)
     grades = await asyncio.gather(*(grader(SAMPLE) for _ in range(6)))
-    pids = set().union(*(pids_in(g) for g in grades))
+    workers = {line.split("(worker ")[1].split(",")[0] for g in grades for line in g.debug if "(worker " in line}
     assert all(g.score == 1.0 for g in grades)
-    assert len(pids) == 2 and grader.spawned == 2
+    assert len(workers) == 2 and grader.spawned == 2
 
 
 # ---- what comes back -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def grade(sample, item):
     exited = await grader(Sample(messages="q", response="x", references={"answer": "exit"}))
     assert exited.status == "invalid" and "SystemExit" in (exited.error or "")
     last = await grader(SAMPLE)
-    assert pids_in(last) == pids_in(first) and grader.spawned == 1
+    assert last.score == first.score == 1.0 and grader.spawned == 1
 
 
 async def test_output_on_file_descriptor_one_cannot_corrupt_the_protocol(make) -> None:
@@ -267,7 +267,8 @@ async def test_load_failures(make, tmp_path: Path) -> None:
 
 async def test_close_kills_the_workers(make) -> None:
     grader = make(PID_SOURCE)
-    (pid,) = pids_in(await grader(SAMPLE))
+    await grader(SAMPLE)
+    (pid,) = grader.worker_pids
     assert alive(pid)
     grader.close()
     assert not alive(pid)

@@ -103,15 +103,25 @@ def report(grade: Grade) -> dict[str, Any]:
     }
 
 
-async def _grade(config: Path, sample: Sample, judge_factory: Any) -> Grade:
+async def _grade(config: Path, sample: Sample, judge_factory: Any) -> tuple[Grade, dict[str, Any]]:
     from .._config import load_grader  # the judge client (openai) loads when the command runs
     from .._sample import aclose_grader
 
     grader = load_grader(config, judge=judge_factory)
     try:
-        return await grader(sample)
+        return await grader(sample), grader.sandboxes
     finally:
         await aclose_grader(grader)
+
+
+def sandbox_report(sandboxes: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Where each code-running part runs, and a warning for each that runs unisolated."""
+    shown = {name: isolation.describe() for name, isolation in sandboxes.items()}
+    warnings = [f"{name} runs with sandbox: none: its code is NOT isolated (network, files, processes); use it only for trusted code"
+                for name, isolation in sandboxes.items() if isolation.kind == "none"]
+    warnings += [f"{name} runs without bubblewrap: {isolation.reason}; not enforced: {', '.join(isolation.not_enforced)}"
+                 for name, isolation in sandboxes.items() if isolation.kind == "rlimits"]
+    return shown, warnings
 
 
 def validate(
@@ -127,7 +137,9 @@ def validate(
     """Grade one EXAMPLE + RESPONSE with a grader and print the reward, each part's reward and error, and the debug lines.
 
     Exit status: 0 when the reward was computed, 1 when the grade is invalid or an error
-    (the output says why), 2 when the files cannot be read or the grader config is wrong.
+    (the output says why), 2 when the files cannot be read, the grader config is wrong or
+    a grader asks for sandbox: strict where bubblewrap cannot run. Code-running graders
+    show where they run (sandbox:), and sandbox: none is flagged with a WARNING line.
     """
     import asyncio
 
@@ -144,10 +156,12 @@ def validate(
         return Judge(model, base_url=base_url, api_key=api_key, timeout=timeout)
 
     try:
-        grade = asyncio.run(_grade(grader, sample, judge_factory))
+        grade, sandboxes = asyncio.run(_grade(grader, sample, judge_factory))
     except GraderConfigError as e:
         raise fail(str(e)) from e
     result = report(grade)
+    if sandboxes:
+        result["sandbox"], result["warnings"] = sandbox_report(sandboxes)
     if json_output:
         print_json(result)
     else:
@@ -156,6 +170,8 @@ def validate(
 
 
 def _print(result: dict[str, Any]) -> None:
+    for warning in result.get("warnings", []):
+        typer.echo(f"WARNING: {warning}")
     reward = result["reward"]
     typer.echo(f"reward: {reward:g}" if reward is not None else f"reward: none ({result['status']})")
     if result["parts"]:
@@ -168,6 +184,11 @@ def _print(result: dict[str, Any]) -> None:
         typer.echo("errors:")
         for error in result["errors"]:
             typer.echo(f"  {error}")
+    if result.get("sandbox"):
+        typer.echo("sandbox:")
+        width = max(len(name) for name in result["sandbox"])
+        for name, where in result["sandbox"].items():
+            typer.echo(f"  {name:<{width}}  {where}")
     if result["logs"]:
         typer.echo("logs:")
         for line in result["logs"]:

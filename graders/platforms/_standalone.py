@@ -25,13 +25,15 @@ import textwrap
 from collections.abc import Callable
 from typing import Any, Literal
 
+from .. import _code_tests as ct
 from .. import _string_match as sm
 from .._composite import compile_formula
 from .._sample import placeholders
 from ._nodes import ExportError, Node
 
 Entry = Literal["evaluate", "grade"]
-DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "weighted", "formula")
+DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "code_tests", "weighted",
+                 "formula")
 _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
                                            sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers)
 _PROMPT_PATHS = ("prompt", "question", "system_instruction", "system")
@@ -349,6 +351,61 @@ def _run(make_context):
     return float(score)
 '''
 
+# code_tests outside gradekit: each case in a fresh `python -I` subprocess of the platform's own
+# sandbox, with the same extraction, case layouts and comparison (copied from graders/_code_tests.py).
+_CODE_TESTS = r'''
+
+def _run_case(program, case, node):
+    """1 if the case passes, else 0: a fresh interpreter per case, its own temp dir, a memory cap."""
+    tests = case.get("tests")
+    marker = "gradekit-done-" + os.urandom(8).hex()  # assert cases pass only if the tests ran to their end
+    source = program if not tests else program + "\n\n" + tests + "\nprint(%r)\n" % marker
+    cap = node["memory_mb"]
+
+    def limit():
+        if cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap << 20, cap << 20))
+
+    with tempfile.TemporaryDirectory() as home:
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", source], input=case.get("stdin", ""), capture_output=True, text=True,
+                                  timeout=node["timeout"], cwd=home, preexec_fn=limit,
+                                  env={"HOME": home, "TMPDIR": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except subprocess.TimeoutExpired:
+            return 0
+    if tests:
+        return 1 if done.returncode == 0 and done.stdout.rstrip().endswith(marker) else 0
+    if done.returncode != 0:
+        return 0
+    return 1 if "expected" not in case or same_output(done.stdout, case["expected"]) else 0
+
+
+def _code_tests(node, ctx):
+    references = ctx.references or {}
+    if node["tests"] not in references:
+        raise _Invalid("code_tests %r: no references.%s (its test cases)" % (node["name"], node["tests"]))
+    try:
+        cases = read_cases(references[node["tests"]])
+    except ValueError as e:
+        raise _Invalid("code_tests %r: references.%s: %s" % (node["name"], node["tests"], e))
+    program = extract_code(ctx.response or "")
+    passed = sum(_run_case(program, case, node) for case in cases)
+    if node["scoring"] == "fraction":
+        return 2.0 * passed / len(cases) - 1.0
+    return 1.0 if passed == len(cases) else -1.0
+
+
+_KINDS["code_tests"] = _code_tests
+'''
+
+
+def code_tests_source() -> str:
+    constants = (f"_FENCE = re.compile({ct._FENCE.pattern!r}, re.S)\n"
+                 f"_PYTHON_TAGS = {ct._PYTHON_TAGS!r}\n")
+    copied = "\n\n\n".join(_without_annotations(fn) for fn in (ct.extract_code, ct.read_cases, ct._text, ct.same_output))
+    return constants + "\n\n" + copied + "\n" + _CODE_TESTS
+
+
 _ENTRIES = {
     "evaluate": '''
 
@@ -377,6 +434,9 @@ def expressible(root: Node, entry: Entry) -> list[str]:
             reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
+        elif node.kind == "code_tests" and entry == "grade":
+            reasons.append(f"{node.where}: code_tests starts a python subprocess per test case; OpenAI's python grader "
+                           "does not document running subprocesses, so it is exported to Vertex's evaluate() only")
         elif entry == "grade":
             reasons.extend(_openai_gaps(node))
     return reasons
@@ -399,6 +459,7 @@ class _Emitter:
     def __init__(self) -> None:
         self.sources: dict[str, str] = {}
         self.functions: list[str] = []
+        self.code_tests = False
 
     def node(self, node: Node) -> dict[str, Any]:
         cfg = node.cfg
@@ -424,6 +485,9 @@ class _Emitter:
                 key += "_"
             self.sources[key] = node.source or ""
             data.update(source=key, flavour=node.flavour, entry=node.entry)
+        elif node.kind == "code_tests":
+            self.code_tests = True
+            data.update(tests=cfg.tests, scoring=cfg.scoring, timeout=float(cfg.timeout), memory_mb=cfg.memory_mb)  # type: ignore[union-attr]
         elif node.kind == "weighted":
             data["parts"] = [[name, float(weight or 0.0), self.node(part)] for name, weight, part in node.parts]
         elif node.kind == "formula":
@@ -496,8 +560,15 @@ def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_i
     ]
     if entry == "grade":
         lines.append(f"RESCALE = {rescale!r}")
+    if emitter.code_tests:
+        lines[lines.index("import numbers"):lines.index("import numbers") + 1] = ["import numbers", "import os"]
+        lines[lines.index("import re"):lines.index("import re") + 1] = ["import re", "import resource", "import subprocess", "import sys",
+                                                                        "import tempfile"]
+        lines.insert(lines.index("from decimal import Decimal"), "from collections.abc import Mapping")
     text = "\n".join(lines) + "\n"
     text += _RUNTIME + "\n\n# ---- copied from gradekit's graders/_string_match.py " + "-" * 40 + "\n\n" + copied_source()
+    if emitter.code_tests:
+        text += "\n\n# ---- copied from gradekit's graders/_code_tests.py " + "-" * 42 + "\n\n" + code_tests_source()
     text += "\n\n# ---- the grader " + "-" * 78 + "\n\n"
     text += "SOURCES = " + pprint.pformat(emitter.sources, width=120, sort_dicts=False) + "\n\n"
     for function in emitter.functions:

@@ -1,0 +1,176 @@
+"""What the sandbox costs: per-call overhead of the python grader, and code_tests throughput.
+
+    python benchmarks/sandbox.py                    # 300 calls per setup, 1,000 programs x 5 cases
+    python benchmarks/sandbox.py --calls 100 --programs 200
+
+Per-call overhead (one worker, a trivial ``evaluate``; median wall time per call, sequential):
+(a) the sandbox: bubblewrap around a zygote, each call a fork (``sandbox: auto`` with bwrap)
+(b) the same zygote without bubblewrap (``sandbox: none``: rlimits and the fork per call)
+(c) today's design before the sandbox: one reused worker fed JSON lines (the baseline)
+(d) a fresh ``python -I -S`` per call
+Ratios are against (c), run in the same script, since this shared machine's absolute numbers
+drift. code_tests: 1,000 programs (70% right, 20% wrong answer, 10% syntax error) x 5
+stdin/stdout cases on as many workers as CPUs; programs/s and cases/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+from graders._code_tests import code_tests_grader
+from graders._python import python_grader
+from graders._sample import Sample
+from graders._sandbox import SandboxWarning
+
+EVALUATE = "def evaluate(example, response):\n    return 1.0\n"
+SAMPLE = Sample(messages="q", response="x", references={"answer": "a"})
+# The loop the python grader ran before the sandbox: a reused child, a JSON line in, a JSON line out.
+REUSED = """
+import json, sys
+ns = {}
+exec(sys.argv[1], ns)
+fn = ns["evaluate"]
+out = sys.stdout
+for line in sys.stdin:
+    msg = json.loads(line)
+    out.write(json.dumps({"ok": True, "value": float(fn(*msg["args"]))}) + "\\n")
+    out.flush()
+"""
+FRESH = """
+import json, sys
+ns = {}
+exec(sys.argv[1], ns)
+msg = json.loads(sys.stdin.read())
+print(json.dumps({"ok": True, "value": float(ns["evaluate"](*msg["args"]))}))
+"""
+
+
+def median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1000
+
+
+async def grader_calls(sandbox: str, calls: int) -> tuple[float, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        grader = python_grader(EVALUATE, workers=1, sandbox=sandbox)  # type: ignore[arg-type]
+    try:
+        first = await grader(SAMPLE)
+        assert first.score == 1.0, first
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            grade = await grader(SAMPLE)
+            times.append(time.perf_counter() - started)
+            assert grade.score == 1.0, grade
+    finally:
+        grader.close()
+    return median_ms(times), grader.isolation.kind
+
+
+def reused_worker(calls: int) -> float:
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", REUSED, EVALUATE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    message = json.dumps({"op": "call", "args": [{"references": {"answer": "a"}}, {"parts": [{"text": "x"}]}]}) + "\n"
+    times = []
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(calls + 1):
+            started = time.perf_counter()
+            # through a thread, as the grader does it, so the comparison is like for like
+            loop.run_until_complete(loop.run_in_executor(None, _round_trip, proc, message))
+            times.append(time.perf_counter() - started)
+    finally:
+        loop.close()
+        proc.stdin.close()
+        proc.wait()
+    return median_ms(times[1:])
+
+
+def _round_trip(proc: subprocess.Popen, message: str) -> None:
+    proc.stdin.write(message)  # type: ignore[union-attr]
+    proc.stdin.flush()  # type: ignore[union-attr]
+    assert json.loads(proc.stdout.readline())["value"] == 1.0  # type: ignore[union-attr]
+
+
+def fresh_process(calls: int) -> float:
+    message = json.dumps({"args": [{"references": {"answer": "a"}}, {"parts": [{"text": "x"}]}]})
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", FRESH, EVALUATE], input=message, capture_output=True, text=True)
+        times.append(time.perf_counter() - started)
+        assert json.loads(done.stdout)["value"] == 1.0
+    return median_ms(times)
+
+
+def program(i: int) -> tuple[str, float]:
+    """A program and the reward it should get on the five cases."""
+    if i % 10 == 9:
+        return "a, b = map(int, input().split(\n", -1.0
+    if i % 10 >= 7:
+        return "a, b = map(int, input().split())\nprint(a - b)\n", 2 * (1 / 5) - 1  # right only when b == 0
+    return "```python\nimport sys\na, b = map(int, sys.stdin.readline().split())\nprint(a + b)\n```", 1.0
+
+
+async def code_tests_throughput(programs: int, workers: int) -> tuple[float, float, int]:
+    cases = [{"input": f"{a} {b}\n", "output": f"{a + b}\n"} for a, b in ((1, 2), (3, 4), (10, 0), (7, 8), (100, 23))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        grader = code_tests_grader(workers=workers, timeout=5)
+    wrong = 0
+    try:
+        # one warm-up per worker, as a training run's first batch would have
+        await asyncio.gather(*(grader(Sample(messages="q", response=program(0)[0], references={"tests": cases})) for _ in range(workers)))
+        started = time.perf_counter()
+        semaphore = asyncio.Semaphore(workers * 2)
+
+        async def one(i: int) -> None:
+            nonlocal wrong
+            code, expected = program(i)
+            async with semaphore:
+                grade = await grader(Sample(messages="q", response=code, references={"tests": cases}))
+            if grade.score is None or abs(grade.score - expected) > 1e-9:
+                wrong += 1
+
+        await asyncio.gather(*(one(i) for i in range(programs)))
+        elapsed = time.perf_counter() - started
+    finally:
+        grader.close()
+    return programs / elapsed, programs * len(cases) / elapsed, wrong
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--fresh-calls", type=int, default=60, help="calls for (d), which is slow")
+    parser.add_argument("--programs", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+
+    sandboxed, kind = asyncio.run(grader_calls("auto", args.calls))
+    plain, _ = asyncio.run(grader_calls("none", args.calls))
+    reused = reused_worker(args.calls)
+    fresh = fresh_process(args.fresh_calls)
+    print(f"per call, median wall time of {args.calls} sequential calls, ratio to today's reused worker")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; a forked call also pays CPython's copy-on-write page")
+    print(" faults and an exit, which a reused worker does not, and both grow with the load)")
+    rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed), ("(b) sandbox: none, fork per call", plain),
+            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh)]
+    for label, wall in rows:
+        print(f"  {label:44s} {wall:8.2f} ms  x{wall / reused:7.2f}")
+    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time")
+    per_s, cases_s, wrong = asyncio.run(code_tests_throughput(args.programs, args.workers))
+    print(f"code_tests: {args.programs} programs x 5 cases on {args.workers} workers: {per_s:.0f} programs/s, "
+          f"{cases_s:.0f} cases/s, {wrong} rewards different from expected")
+
+
+if __name__ == "__main__":
+    main()

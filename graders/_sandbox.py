@@ -1,0 +1,271 @@
+"""Where graded code runs: bubblewrap around a zygote, or rlimits alone when bubblewrap is missing.
+
+The policy (``sandbox:`` in a grader config) is ``auto`` (bubblewrap when it works, otherwise
+rlimits only with a one-time warning naming what is not enforced), ``strict`` (bubblewrap or
+refuse: :class:`SandboxUnavailable`, exit status 2 on the command line) or ``none`` (trusted
+code: rlimits and the per-call fork only, said loudly by ``gradekit validate``).
+
+Under bubblewrap a worker gets new user, pid, network, IPC, UTS and cgroup namespaces, a
+cleared environment, a read-only view of the interpreter, its standard library and the
+packages the grader declares, a fresh ``/proc`` of its own pid namespace, a small writable
+tmpfs for per-call temp dirs, ``--die-with-parent`` and ``--new-session``. Running as root, the
+sandbox switches to ``nobody`` first (a private mount namespace makes the interpreter readable
+to it), because the kernel does not apply ``RLIMIT_NPROC`` to uid 0: without the switch a fork
+bomb would not be stopped. Whether all this works is probed once per process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Policy = Literal["auto", "strict", "none"]
+POLICIES: tuple[str, ...] = ("auto", "strict", "none")
+NOBODY = 65534
+PACKAGE = "bubblewrap"  # the Debian/Ubuntu/Fedora package that installs bwrap
+SITE = "/gradekit/site"  # where declared packages appear inside the sandbox
+SCRATCH_MB = 256  # the sandbox's writable tmpfs
+
+
+class SandboxUnavailable(ValueError):
+    """``sandbox: strict`` and bubblewrap cannot run here; the message names the package."""
+
+
+class SandboxWarning(RuntimeWarning):
+    """Graded code runs with less isolation than bubblewrap gives (``sandbox: auto`` without it)."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a worker actually gets, for reports and ``validate``."""
+
+    kind: Literal["bubblewrap", "rlimits", "none"]
+    as_nobody: bool = False  # root switched to nobody so that RLIMIT_NPROC applies
+    network: bool = False
+    not_enforced: tuple[str, ...] = ()
+    reason: str = ""  # why bubblewrap is not used
+
+    def describe(self) -> str:
+        if self.kind == "bubblewrap":
+            text = "bubblewrap (namespaces: user, pid, net, ipc, uts; read-only filesystem; fork per call)"
+            if self.network:
+                text += "; network ALLOWED by the config"
+            if self.not_enforced:
+                text += "; not enforced: " + ", ".join(self.not_enforced)
+            return text
+        if self.kind == "none":
+            return "NONE: sandbox: none, the code runs unisolated (rlimits and a fork per call only); use only for trusted code"
+        return f"rlimits only ({self.reason}); not enforced: " + ", ".join(self.not_enforced)
+
+
+RLIMIT_ONLY_GAPS = ("network isolation", "filesystem isolation (reads and writes outside the temp dir)",
+                    "a private /proc (other processes' command lines are readable)",
+                    "killing processes that leave the call's session")
+
+
+@dataclass
+class _Probe:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    results: dict[tuple[bool, str | None], tuple[list[str] | None, bool, str]] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+    stage: str | None = None
+
+
+_PROBE = _Probe()
+
+
+def _python() -> tuple[str, list[str]]:
+    """The real interpreter (a venv's python is a symlink to it) and the folders it needs."""
+    exe = os.path.realpath(sys.executable)
+    roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    if not any(exe.startswith(root + os.sep) for root in roots):
+        roots.add(os.path.dirname(exe))
+    return exe, sorted(roots)
+
+
+def package_paths(packages: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Each declared top-level package's folder (or single file), found without importing it."""
+    found: dict[str, str] = {}
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            raise ValueError(f"packages: {name!r} is not installed in this environment")
+        if spec.submodule_search_locations:
+            path = os.path.realpath(list(spec.submodule_search_locations)[0])
+        elif spec.origin and os.path.exists(spec.origin):
+            path = os.path.realpath(spec.origin)
+        else:
+            continue  # built in: nothing to bind
+        found[name] = path
+        libs = os.path.join(os.path.dirname(path), f"{name}.libs")  # wheels' bundled shared libraries
+        if os.path.isdir(libs):
+            found[f"{name}.libs"] = os.path.realpath(libs)
+    return found
+
+
+def _bwrap_argv(binds: list[tuple[str, str]], env: dict[str, str], network: bool) -> list[str]:
+    argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    if not network:
+        argv.append("--unshare-net")
+    for name in ("usr", "lib", "lib64", "lib32", "bin", "sbin"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--ro-bind-try", "/etc/localtime", "/etc/localtime"]
+    if network:
+        for path in ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates"):
+            argv += ["--ro-bind-try", path, path]
+    for source, dest in binds:
+        argv += ["--ro-bind", source, dest]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SCRATCH_MB << 20), "--tmpfs", "/tmp",
+             "--size", str(64 << 20), "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--chdir", "/tmp"]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    return argv
+
+
+def _stage_dir() -> str:
+    """An empty, world-traversable folder whose subfolders are mount points in a private mount namespace."""
+    if _PROBE.stage is None:
+        stage = tempfile.mkdtemp(prefix="gradekit-sandbox-")
+        os.chmod(stage, 0o755)
+        _PROBE.stage = stage
+        atexit.register(shutil.rmtree, stage, True)
+    return _PROBE.stage
+
+
+def _as_nobody(argv: list[str], binds: list[tuple[str, str]]) -> list[str]:
+    """Root: bind the sources into a private mount namespace where nobody can reach them, then
+    become nobody and start bubblewrap there (its own user namespace maps nobody, not root)."""
+    stage = _stage_dir()
+    script, staged = [], []
+    for i, (source, dest) in enumerate(binds):
+        point = os.path.join(stage, str(i))
+        os.makedirs(point, exist_ok=True)
+        if os.path.isfile(source):
+            point += ".file"
+            Path(point).touch()
+        script.append(f"mount --bind {shlex.quote(source)} {shlex.quote(point)}")
+        staged.append((point, dest))
+    args = []
+    it = iter(range(len(argv)))
+    for i in it:  # swap each --ro-bind SOURCE for its staged mount point
+        args.append(argv[i])
+        if argv[i] == "--ro-bind" and (argv[i + 1], argv[i + 2]) in binds:
+            point, dest = staged[binds.index((argv[i + 1], argv[i + 2]))]
+            args += [point, dest]
+            next(it)
+            next(it)
+    script.append("exec setpriv --reuid=%d --regid=%d --clear-groups -- \"$@\"" % (NOBODY, NOBODY))
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", "; ".join(script), "sandbox", *args]
+
+
+def command(python_args: list[str], *, packages: dict[str, str], env: dict[str, str], network: bool,
+            as_nobody: bool) -> list[str]:
+    """The argv that starts ``python python_args`` inside bubblewrap."""
+    exe, roots = _python()
+    binds = [(root, root) for root in roots] + [(path, f"{SITE}/{os.path.basename(path)}") for path in packages.values()]
+    argv = _bwrap_argv(binds, env, network) + ["--", exe, *python_args]
+    return _as_nobody(argv, binds) if as_nobody else argv
+
+
+def _try(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if done.returncode == 0 and done.stdout.strip() == "2 ok":
+        return ""
+    return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+
+
+def probe(network: bool = False) -> tuple[bool, bool, str]:
+    """(bubblewrap works, runs as nobody, why not) for this process, tried once and remembered."""
+    key = (network, shutil.which("bwrap"))  # PATH decides which bwrap (if any) a worker would start
+    with _PROBE.lock:
+        if key in _PROBE.results:
+            argv, nobody, why = _PROBE.results[key]
+            return argv is not None, nobody, why
+        check = ["-I", "-S", "-c", "import os; print(os.getpid(), 'ok')"]
+        why = ""
+        result: tuple[list[str] | None, bool, str] = (None, False, "")
+        if key[1] is None:
+            why = "bwrap is not installed"
+        else:
+            attempts = []
+            if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("setpriv"):
+                attempts.append(True)
+            attempts.append(False)
+            for nobody in attempts:
+                argv = command(check, packages={}, env={}, network=network, as_nobody=nobody)
+                why = _try(argv)
+                if not why:
+                    result = (argv, nobody, "")
+                    break
+        _PROBE.results[key] = result if result[0] is not None else (None, False, why)
+        argv, nobody, why = _PROBE.results[key]
+        return argv is not None, nobody, why
+
+
+def resolve(policy: Policy, *, network: bool = False, label: str = "graded code") -> Isolation:
+    """The isolation a grader gets under ``policy``; warns once per process when auto falls back."""
+    if policy not in POLICIES:
+        raise ValueError(f"sandbox must be one of auto, strict, none; got {policy!r}")
+    if policy == "none":
+        return Isolation("none", network=True, not_enforced=("namespaces",) + RLIMIT_ONLY_GAPS, reason="sandbox: none")
+    works, nobody, why = probe(network)
+    if works:
+        gaps = () if nobody or os.geteuid() != 0 else ("the process count limit (running as root; could not switch to nobody)",)
+        isolation = Isolation("bubblewrap", as_nobody=nobody, network=network, not_enforced=gaps)
+        if gaps and policy == "auto":
+            _warn_once(f"gradekit sandbox: {label}: bubblewrap works, but {gaps[0]} is not enforced")
+        return isolation
+    if policy == "strict":
+        raise SandboxUnavailable(f"{label}: sandbox: strict needs bubblewrap, which cannot run here ({why}); "
+                                 f"install the '{PACKAGE}' package (apt-get install {PACKAGE}), or set sandbox: auto")
+    isolation = Isolation("rlimits", not_enforced=RLIMIT_ONLY_GAPS + (("the process count limit (root)",) if os.geteuid() == 0 else ()),
+                          reason=f"bubblewrap unavailable: {why}; install the '{PACKAGE}' package")
+    _warn_once(f"gradekit sandbox: {label} runs with {isolation.describe()}")
+    return isolation
+
+
+def _warn_once(message: str) -> None:
+    with _PROBE.lock:
+        if message in _PROBE.warned:
+            return
+        _PROBE.warned.add(message)
+    warnings.warn(message, SandboxWarning, stacklevel=3)
+
+
+def zygote_source() -> str:
+    return (Path(__file__).with_name("_zygote.py")).read_text(encoding="utf-8")
+
+
+def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str], env: dict[str, str]) -> list[str]:
+    """The command that starts one zygote under ``isolation``."""
+    if isolation.kind == "bubblewrap":
+        settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": ["/tmp", "/dev/shm", "/dev/mqueue"], "env": env}
+        preamble = f"import sys; sys.path[:0] = {[SITE] if packages else []!r}\n"
+        args = ["-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
+        return command(args, packages=packages, env={"LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
+                       network=isolation.network, as_nobody=isolation.as_nobody)
+    settings = {**settings, "isolated": False, "env": env}
+    dirs = sorted({os.path.dirname(path) for path in packages.values()})
+    preamble = f"import sys; sys.path[:0] = {dirs!r}\n"
+    exe, _ = _python()
+    return [exe, "-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]

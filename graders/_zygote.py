@@ -1,0 +1,526 @@
+"""The zygote: the process inside the sandbox that forks one child per call (standard library only).
+
+This file is not imported by gradekit: its text is the ``-c`` program of every sandboxed worker,
+so it runs under ``python -I -S`` with nothing but the standard library (and the packages a
+grader declares) on its path. The host sends JSON lines on stdin; the zygote answers on a
+private duplicate of stdout.
+
+Why a zygote: the grader's code is loaded (imported) once, here; each call then runs in a
+``fork`` of this warm process, so it costs a fork instead of an interpreter start, and anything
+the call changes (a patched ``json.dumps``, a global, a file in its temp dir, a process it
+left behind) dies with it. The zygote itself never runs a sample's code.
+
+Why the result channel cannot be forged across samples: each call gets a new pipe, created just
+before its fork and read only for that call. The child's harness writes one framed message
+(a per-call random nonce, then the JSON result) after the user function returns. Anything else
+on that pipe (a second message, bytes without the nonce) makes the call ``forged``, invalid.
+The pipe to the host is closed in the child, and the zygote is not dumpable, so a sample can
+neither write to it nor reopen it through ``/proc``.
+"""
+
+import contextlib
+import ctypes
+import io
+import json
+import math
+import numbers
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+import traceback
+
+from _json import encode_basestring_ascii as _quote
+
+# The harness in a call's child uses these references, taken before any user code runs: a
+# sample that patches json.dumps, float, math.isfinite or numbers.Real changes its own module
+# attributes, not what the harness already holds.
+_float, _isinstance, _isfinite, _Real, _frepr, _write, _type = float, isinstance, math.isfinite, numbers.Real, float.__repr__, os.write, type
+
+LOG_CHARS = 4000
+MAX_RESULT = 1 << 20  # bytes read from a call's result channel; more is out of turn by definition
+MAX_STDOUT = 1 << 20  # a program's stdout kept for comparison (code_tests)
+
+
+class _Tail(io.TextIOBase):
+    """print() output of the call: only the last LOG_CHARS characters are kept, so printing
+    gigabytes costs time, never memory."""
+
+    def __init__(self):
+        self.text = ""
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        self.text = (self.text + str(s))[-LOG_CHARS:]
+        return len(s)
+
+
+def _encode(reply):
+    """The reply as JSON from primitives taken at import (see above), not through the json module."""
+    parts = []
+    for key, value in reply.items():
+        if value is True or value is False:
+            text = "true" if value else "false"
+        elif value is None:
+            text = "null"
+        elif _type(value) is float:
+            text = _frepr(value)
+        else:
+            text = _quote(value if _type(value) is str else "%s" % (value,))
+        parts.append(_quote(key) + ": " + text)
+    return "{" + ", ".join(parts) + "}"
+
+
+def _describe(exc, filename):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    where = f" (line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        where = f" (line {exc.lineno})"
+    text = str(exc) if not isinstance(exc, SyntaxError) else (exc.msg or "")
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+class Zygote:
+    def __init__(self, settings):
+        self.isolated = settings["isolated"]  # inside bubblewrap's pid namespace: kill(-1) is ours alone
+        self.limits = settings["limits"]
+        self.scratch = settings["scratch"]  # where per-call temp dirs are made
+        self.wipe = settings.get("wipe", [])  # writable places emptied after every call (sandbox tmpfs)
+        self.env = settings.get("env", {})
+        self.cpus = settings.get("cpus")
+        self.fn = None
+        self.filename = "<grader>"
+        self.load_error = None
+        self.calls = 0
+        self.home = None
+        self.ready = None  # the next call's child, forked ahead and waiting for its arguments
+        self.call_timeout = None
+        self.pending = []  # temp dirs of finished calls, removed once the reply is out
+        if self.cpus:  # pinned once here, inherited by every fork: migrating each child costs more than the call
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.cpus)
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = libc
+        if self.isolated and (os.getpid() != 2 or os.getppid() != 1):
+            # kill(-1) outside our own pid namespace would hit every process of this user.
+            raise SystemExit("gradekit zygote: not in a fresh pid namespace; refusing to run isolated")
+        with contextlib.suppress(Exception):
+            libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children of ours cannot ptrace us or read /proc/<us>/fd, mem
+        with contextlib.suppress(Exception):
+            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary gains anything
+        if not self.isolated:
+            with contextlib.suppress(Exception):
+                libc.prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL: do not outlive the grader
+            if os.getppid() != settings["parent"]:
+                os._exit(0)
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    def load(self, msg):
+        for module in msg.get("preload", []):
+            with contextlib.suppress(Exception):
+                __import__(module)
+        self.call_timeout = msg.get("timeout")
+        if msg.get("source") is None:
+            return {"ok": True, "pid": os.getpid()}
+        self.filename = msg["filename"]
+        namespace = {"__name__": "__gradekit_grader__", "__file__": self.filename}
+        logs = _Tail()
+        try:
+            with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                exec(compile(msg["source"], self.filename, "exec"), namespace)
+            self.fn = namespace.get(msg["entry"])
+            if not callable(self.fn):
+                self.load_error = f"{self.filename} defines no function {msg['entry']!r}"
+        except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
+            self.load_error = f"loading {self.filename} failed: {_describe(e, self.filename)}"
+            if isinstance(e, ModuleNotFoundError):
+                self.load_error += "; declare the package in the grader's packages: list"
+        return {"ok": self.load_error is None, "error": self.load_error, "pid": os.getpid()}
+
+    # ---- one forked call ----------------------------------------------------------------------
+
+    def _child_setup(self, result_w, stdin_fd, stdout_fd, timeout, keep=None):
+        """In the forked child, before any user code: limits, a private temp dir, fds."""
+        os.setsid()  # its own process group: the plain mode kills the group after the call
+        with contextlib.suppress(Exception):
+            self.libc.prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc files are its own; the zygote stays closed
+        if not self.isolated:  # no pid namespace to take it down: die with the zygote at least
+            with contextlib.suppress(Exception):
+                self.libc.prctl(1, 9)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size cap fails instead of killing
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(stdin_fd if stdin_fd is not None else devnull, 0)
+        os.dup2(stdout_fd if stdout_fd is not None else devnull, 1)
+        os.dup2(devnull, 2)
+        try:  # the host pipes, the zygote's reply fd: gone (listing beats closing 65k numbers one by one)
+            open_fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+        except OSError:
+            open_fds = range(3, 1 << 16)
+        for fd in open_fds:
+            if fd > 2 and fd != result_w and fd != keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        limits = self.limits
+        cap = limits.get("memory")
+        if cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        cpu = max(1, math.ceil(timeout)) + 1  # a backstop for the wall-clock timeout: CPU spent in any thread
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if limits.get("processes"):
+            n = limits["processes"]
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        if limits.get("file_size"):
+            n = limits["file_size"]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        home = self.home
+        os.chdir(home)
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.environ["HOME"] = os.environ["TMPDIR"] = home
+
+    def _start(self, body, timeout, stdin=None, capture=False, deferred=False):
+        """Fork a child that will run body(input). With ``deferred`` the child first blocks until
+        its input arrives on a pipe: forked ahead, it is a sleeping process that a request wakes,
+        which the scheduler serves at once, where a brand-new process queues behind every busy one."""
+        if self.home is None:
+            self.prepare()
+        nonce = os.urandom(16).hex()
+        result_r, result_w = os.pipe()
+        out_r = out_w = in_fd = req_r = req_w = None
+        if capture:
+            out_r, out_w = os.pipe()
+        if stdin is not None:
+            in_fd = os.memfd_create("stdin")
+            os.write(in_fd, stdin.encode("utf-8"))
+            os.lseek(in_fd, 0, os.SEEK_SET)
+        if deferred:
+            req_r, req_w = os.pipe()
+        # The result fd gets a number of its own, far from the ones the child closes.
+        high = os.dup2(result_w, 1000)
+        os.close(result_w)
+        result_w = high
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                self._child_setup(result_w, in_fd, out_w, timeout, keep=req_r)
+                data = None
+                if req_r is not None:
+                    chunks = []
+                    while True:
+                        chunk = os.read(req_r, 1 << 16)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                    os.close(req_r)
+                    data = b"".join(chunks)
+                reply = body(data)
+                data = (nonce + "\n" + _encode(reply) + "\n").encode("utf-8")
+                while data:
+                    data = data[_write(result_w, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        for fd in (result_w, out_w, in_fd, req_r):
+            if fd is not None:
+                os.close(fd)
+        return {"pid": pid, "nonce": nonce, "result": result_r, "out": out_r, "request": req_w, "timeout": timeout}
+
+    def _finish(self, started, exit_ok=False):
+        """Wait for a started child (up to its timeout), clean up after it, and judge what it sent."""
+        pid, nonce, result_r, out_r, timeout = started["pid"], started["nonce"], started["result"], started["out"], started["timeout"]
+        pidfd = os.pidfd_open(pid)
+        result, stdout = bytearray(), bytearray()
+        readers = {result_r: (result, MAX_RESULT)}
+        if out_r is not None:
+            readers[out_r] = (stdout, MAX_STDOUT)
+        deadline = time.monotonic() + timeout
+        status = None
+        while status is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([pidfd, *readers], [], [], remaining)
+            for fd in ready:
+                if fd == pidfd:
+                    status = os.waitpid(pid, 0)[1]
+                else:
+                    self._read(fd, readers)
+        timed_out = status is None
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+            status = os.waitpid(pid, 0)[1]
+        self._cleanup(pid)
+        for fd in list(readers):  # whatever is left, now that every writer is dead (or detached, plain mode)
+            os.set_blocking(fd, False)
+            while fd in readers and self._read(fd, readers):
+                pass
+        for fd in (pidfd, result_r, out_r):
+            if fd is not None:
+                os.close(fd)
+        if exit_ok and not result and not timed_out and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            # A stdin/stdout program that ended itself with os._exit(0): its output is what is judged.
+            return {"ok": True}, bytes(stdout)
+        return self._verdict(bytes(result), nonce, status, timed_out, timeout), bytes(stdout)
+
+    def _fork(self, body, timeout, stdin=None, capture=False, exit_ok=False):
+        """Run body() in a new forked child; return (its verdict, its stdout)."""
+        return self._finish(self._start(lambda _: body(), timeout, stdin=stdin, capture=capture), exit_ok=exit_ok)
+
+    @staticmethod
+    def _read(fd, readers):
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        buffer, cap = readers[fd]
+        if not chunk:
+            del readers[fd]
+            return False
+        if len(buffer) < cap:
+            buffer += chunk[: cap - len(buffer)]
+        return True
+
+    def _verdict(self, data, nonce, status, timed_out, timeout):
+        if timed_out:
+            return {"ok": False, "kind": "timeout", "error": f"timed out after {timeout:g} s; every process of the call was killed"}
+        expected = nonce.encode() + b"\n"
+        if data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n") and status == 0:
+            try:
+                return json.loads(data[len(expected):])
+            except ValueError:
+                pass
+        if data and not (data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n")):
+            return {"ok": False, "kind": "forged",
+                    "error": "the sample wrote to the result channel out of turn; its result is void"}
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            why = {"SIGXCPU": f" (CPU time limit {max(1, math.ceil(timeout)) + 1} s)", "SIGKILL": " (memory or a kill)"}.get(name, "")
+            return {"ok": False, "kind": "crashed", "error": f"the call was killed by {name}{why}"}
+        code = os.waitstatus_to_exitcode(status)
+        if code == 70:
+            return {"ok": False, "kind": "crashed", "error": "the call could not be set up in the sandbox"}
+        return {"ok": False, "kind": "crashed", "error": f"the call exited with code {code} before returning a result"}
+
+    def _cleanup(self, pid):
+        """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
+        if self.isolated:
+            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's. A kill
+            # is asynchronous and orphans are reaped by pid 1, so wait until they are gone from
+            # /proc: the next call must not even see them (a quick listing when nothing was left).
+            me = str(os.getpid())
+            for attempt in range(4000):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._reap()
+                left = [p for p in os.listdir("/proc") if p.isdigit() and p not in ("1", me)]
+                if not left:
+                    break
+                time.sleep(0.0005 if attempt < 1000 else 0.005)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.pending.append(self.home)
+        self.home = None
+        self._reap()
+
+    @staticmethod
+    def _reap():
+        while True:  # what was ours (the call's child); orphans are pid 1's
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+    def prepare(self):
+        self.calls += 1
+        self.home = os.path.join(self.scratch, f"call-{self.calls}")
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
+
+    def tidy(self):
+        """After the reply is out (off the caller's clock): the finished calls' files and IPC
+        objects go, and the next call's temp dir is made. Nothing runs in between: the next
+        fork only happens on the next request, after this."""
+        if self.isolated:
+            self.home = None  # the wipe takes any prepared dir with it
+            self._remove_ipc()
+            for place in self.wipe:
+                with contextlib.suppress(OSError):
+                    for entry in os.listdir(place):
+                        path = os.path.join(place, entry)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            with contextlib.suppress(OSError):
+                                os.unlink(path)
+        else:
+            for home in self.pending:
+                shutil.rmtree(home, ignore_errors=True)
+        self.pending.clear()
+        if self.home is None:
+            self.prepare()
+
+    def _remove_ipc(self):
+        # System V objects live as long as the IPC namespace (the sandbox), not the process.
+        for kind, rmid in (("shm", lambda i: self.libc.shmctl(i, 0, None)), ("sem", lambda i: self.libc.semctl(i, 0, 0)),
+                           ("msg", lambda i: self.libc.msgctl(i, 0, None))):
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if len(fields) > 1:
+                    rmid(int(fields[1]))
+
+    # ---- the two operations -------------------------------------------------------------------
+
+    def call(self, msg, line):
+        if self.load_error is not None:
+            return {"ok": False, "kind": "load", "error": self.load_error}
+        started, self.ready = self.ready, None
+        if started is not None and started["timeout"] != msg["timeout"]:
+            self._discard_ready(started)
+            started = None
+        if started is None:
+            started = self._start(self._call_body, msg["timeout"], deferred=True)
+        try:
+            data = line
+            while data:
+                data = data[os.write(started["request"], data):]
+        except OSError:
+            pass  # it died waiting: _finish says how
+        os.close(started["request"])
+        reply, _ = self._finish(started)
+        return reply
+
+    def prefork(self):
+        """The next call's child, forked now, off the caller's clock (python grader only)."""
+        if self.fn is not None and self.ready is None and self.call_timeout:
+            self.ready = self._start(self._call_body, self.call_timeout, deferred=True)
+
+    def _discard_ready(self, started):
+        with contextlib.suppress(OSError):
+            os.kill(started["pid"], signal.SIGKILL)
+        os.waitpid(started["pid"], 0)
+        for fd in (started["request"], started["result"]):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _call_body(self, data):
+        fn, filename, cap = self.fn, self.filename, self.limits.get("memory") or 0
+        args = json.loads(data)["args"]
+        logs = _Tail()
+        out_of_memory = False
+        try:
+            with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                value = fn(*args)
+                if hasattr(value, "__await__"):
+                    import asyncio
+
+                    async def wait():
+                        return await value
+
+                    value = asyncio.run(wait())
+            if _isinstance(value, bool) or not _isinstance(value, _Real):
+                shown = repr(value)
+                reply = {"ok": False, "kind": "not_a_number",
+                         "error": f"returned {type(value).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}, not a number"}
+            elif not _isfinite(_float(value)):
+                reply = {"ok": False, "kind": "not_a_number", "error": f"returned {_float(value)}, not a finite number"}
+            else:
+                reply = {"ok": True, "value": _float(value)}
+        except MemoryError:
+            out_of_memory = True  # the reply is built once the hog's frames are gone
+        except BaseException as e:  # noqa: BLE001
+            reply = {"ok": False, "kind": "exception", "error": _describe(e, filename)}
+        if out_of_memory:
+            reply = {"ok": False, "kind": "memory", "error": f"MemoryError: the grader exceeded its memory cap of {cap // 2**20} MiB"}
+        reply["logs"] = logs.text
+        return reply
+
+    def run(self, msg):
+        """code_tests: one program, several cases, each in its own forked child."""
+        program, cases, results = msg["program"], msg["cases"], []
+        try:
+            compile(program, "<program>", "exec")
+        except (SyntaxError, ValueError) as e:
+            error = _describe(e, "<program>") if isinstance(e, SyntaxError) else f"{type(e).__name__}: {e}"
+            return {"compile_error": error}
+        for case in cases:
+            tests = case.get("tests")
+            # Assert-style: the case passes only if the appended tests ran to their end, not if the
+            # program left early with sys.exit(0) or os._exit(0).
+            done = "_gradekit_done_" + os.urandom(8).hex()
+            source = program if not tests else program + "\n\n" + tests + f"\n{done} = True\n"
+
+            def body(source=source, tests=tests, done=done):
+                try:
+                    code = compile(source, "<program>", "exec")
+                    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+                    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+                    sys.stderr = open(os.devnull, "w")
+                    sys.argv = ["<program>"]
+                    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+                    try:
+                        exec(code, namespace)
+                    finally:
+                        with contextlib.suppress(Exception):
+                            sys.stdout.flush()
+                    if tests and namespace.get(done) is not True:
+                        return {"ok": False, "error": "the tests did not run to their end"}
+                    return {"ok": True}
+                except SystemExit as e:
+                    if tests:
+                        return {"ok": False, "error": f"exited (code {e.code}) before its tests ran to their end"}
+                    if e.code in (None, 0):
+                        return {"ok": True}
+                    return {"ok": False, "error": f"exited with code {e.code}"}
+                except MemoryError:
+                    return {"ok": False, "error": "MemoryError: over the memory cap"}
+                except BaseException as e:  # noqa: BLE001
+                    return {"ok": False, "error": _describe(e, "<program>")}
+
+            if results:
+                self.tidy()  # each case starts from a clean sandbox, as if it were the first
+            reply, stdout = self._fork(body, msg["timeout"], stdin=case.get("stdin") or "", capture=True,
+                                       exit_ok=not tests)
+            reply["stdout"] = stdout.decode("utf-8", "replace")
+            results.append(reply)
+        return {"cases": results}
+
+
+def main():
+    settings = json.loads(sys.argv[1])
+    reply_to = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # anything on fd 1 from now on goes to stderr (discarded), never into the protocol
+    zygote = Zygote(settings)
+    requests = sys.stdin.buffer
+    while True:
+        line = requests.readline()
+        if not line:
+            return
+        msg = json.loads(line)
+        op = msg["op"]
+        reply = zygote.load(msg) if op == "load" else zygote.call(msg, line) if op == "call" else zygote.run(msg)
+        reply_to.write(json.dumps(reply) + "\n")
+        reply_to.flush()
+        zygote.tidy()
+        zygote.prefork()
+
+
+if __name__ == "__main__":
+    main()
