@@ -1,0 +1,285 @@
+"""A broken judge stops a run early (the circuit breaker), and what the run says while it goes.
+
+Against the fake provider and real sockets: a judge answering 500 or 401 to everything, one that
+dies mid-run, a port where nothing listens. Request counts are asserted, never times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from graders import BreakerTripped, load_grader
+from graders.runs import grade_file, grade_file_with
+from graders.cli import app
+from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
+from judge.testing import FakeProvider, Reply
+
+from .conftest import Waits, reference_judge
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+EN = "semantic_equivalence_en"
+
+
+def write_rows(path: Path, n: int) -> Path:
+    rows = [{"id": f"r{i}", "question": f"question {i}", "references": [f"a{i}"], "prediction": f"a{i}" if i % 3 else "no"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def judge_at(base_url: str, tmp_path: Path, *, concurrency: int = 16, cache: bool = True) -> Judge:
+    # The default retry policy (6 attempts); its waits are recorded, not slept.
+    return Judge("fake-judge", base_url=base_url, api_key="k", timeout=5.0, limiter=Limiter(concurrency=concurrency, sleep=Waits()),
+                 cache=JudgeCache(tmp_path / "cache.sqlite3") if cache else None, retry=RetryPolicy(), sleep=Waits())
+
+
+def failing(status: int):
+    return lambda body: Reply(status=status, error_message=f"scripted {status}")
+
+
+class Closer:
+    """A port that accepts each connection and closes it at once: a judge that is down, counted."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.accepted = 0
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the judge client: no format fallback for a wrong key or model, URLs in connection errors --
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+async def test_auth_and_model_errors_fail_the_row_at_once_without_trying_other_formats(fake, make_judge, status) -> None:
+    fake.set_responder(failing(status))
+    verdict = await make_judge().judge(load_rubric(EN), {"question": "q", "references": ["a"], "prediction": "a"})
+    assert (verdict.status, verdict.error_kind, verdict.attempts) == ("error", "bad_request", 1)
+    assert f"HTTP {status}" in verdict.error
+    assert len(fake.chat_requests()) == 1  # before: one request per output format of the chain
+
+
+async def test_an_unsupported_format_still_falls_back(make_judge) -> None:
+    with FakeProvider(responder=reference_judge, reject_json_schema=True) as fake:
+        verdict = await make_judge(base_url=fake.base_url).judge(load_rubric(EN), {"question": "q", "references": ["a"], "prediction": "a"})
+    assert verdict.status == "ok" and verdict.mode != "json_schema"
+
+
+async def test_a_connection_error_names_the_url_it_tried(make_judge) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    verdict = await make_judge(base_url=url, retry=RetryPolicy(max_attempts=1)).judge(
+        load_rubric(EN), {"question": "q", "references": ["a"], "prediction": "a"})
+    assert verdict.error_kind == "server_error"
+    assert f"{url}/chat/completions" in verdict.error
+
+
+# ---- the breaker in the library API -------------------------------------------------------
+
+
+async def test_a_500_row_run_against_a_judge_answering_500_stops_after_about_50_requests(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 500), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    mapping = {v: v for v in rubric.variables}
+    with FakeProvider(responder=failing(500)) as fake:
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, mapping)
+        sent = len(fake.chat_requests())
+        # 50 failed requests trip it; at most the 16 in flight then finish. Before: 3,000 requests.
+        assert 50 <= sent <= 50 + 16
+        trip = caught.value.trip
+        assert (trip.kind, trip.base_url, trip.model) == ("server_error", fake.base_url, "fake-judge")
+        assert "HTTP 500" in trip.example and "fix it and run the same command again to resume" in str(caught.value)
+        assert read(out) == []  # an outage leaves no error rows behind
+        assert out.with_name(out.name + ".checkpoint.json").exists()
+
+        # Fixed: the same call resumes and finishes, every row judged.
+        fake.reset()
+        fake.set_responder(reference_judge)
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            summary = await grade_file(judge, rubric, source, out, mapping)
+    assert (summary.rows, summary.ok, summary.errors) == (500, 500, 0)
+    assert [r["id"] for r in read(out)] == [f"r{i}" for i in range(500)]
+
+
+async def test_an_outage_mid_run_leaves_only_good_rows_and_the_resume_sends_each_request_once(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 300), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    mapping = {v: v for v in rubric.variables}
+    answered = 0
+
+    def flaky(body: dict) -> Reply:
+        nonlocal answered
+        answered += 1
+        return reference_judge(body) if answered <= 100 else Reply(status=503, error_message="overloaded")
+
+    with FakeProvider(responder=flaky) as fake:
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, mapping)
+        written = read(out)
+        assert 0 < len(written) < 300 and all(r["status"] == "ok" for r in written)
+        assert [r["id"] for r in written] == [f"r{i}" for i in range(len(written))]
+        assert caught.value.summary.rows == len(written) and caught.value.summary.errors == 0
+        fake.reset()
+        fake.set_responder(reference_judge)
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            summary = await grade_file(judge, rubric, source, out, mapping)
+        # The 100 rows answered before the outage come from the cache, written or not.
+        assert len(fake.chat_requests()) == 200
+    assert summary.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 300
+
+
+async def test_the_same_401_on_the_first_rows_stops_the_run_before_most_rows_are_sent(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 200), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    with FakeProvider(responder=failing(401)) as fake:
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables})
+        assert len(fake.chat_requests()) <= 16 + 3  # the first rows, and those already in flight; before: 800
+    assert caught.value.trip.kind == "bad_request" and "HTTP 401" in caught.value.trip.example
+    assert read(out) == []
+
+
+async def test_keep_going_grades_every_row_whatever_the_judge_answers(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 40), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    with FakeProvider(responder=failing(401)) as fake:
+        async with judge_at(fake.base_url, tmp_path) as judge:
+            summary = await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables}, keep_going=True)
+        assert len(fake.chat_requests()) == 40
+    assert summary.errors == 40 and [r["error_kind"] for r in read(out)] == ["bad_request"] * 40
+
+
+async def test_a_grader_run_has_the_breaker_too(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 300), tmp_path / "out.jsonl"
+    config = tmp_path / "grader.yaml"
+    config.write_text(f"type: llm\nrubric: {EN}\nmap: {{references: references.references, prediction: response}}\n", encoding="utf-8")
+    closer = Closer()
+    try:
+        grader = load_grader(config, judge=lambda: judge_at(closer.base_url, tmp_path, cache=False))
+        with pytest.raises(BreakerTripped) as caught:
+            await grade_file_with(grader, source, out, {"prompt": "question", "response": "prediction"}, concurrency=16)
+        await grader.aclose()
+    finally:
+        closer.close()
+    assert closer.accepted <= 50 + 16
+    assert caught.value.trip.base_url == closer.base_url and read(out) == []
+
+
+# ---- the command line -----------------------------------------------------------------------
+
+
+def test_a_dead_endpoint_exits_3_naming_url_model_and_how_to_resume(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 500), tmp_path / "out.jsonl"
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    result = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", EN, "-o", str(out), "--base-url", url,
+                             "--api-key", "k", "--model", "judge-x", "--no-cache"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert result.returncode == 3, result.stderr
+    message = " ".join(result.stderr.split())
+    for part in (url, "judge-x", "server_error", "connection to", "fix it and run the same command again to resume"):
+        assert part in message
+    assert "Traceback" not in result.stderr
+    assert out.read_text() == ""
+
+
+def test_keep_going_on_the_command_line_writes_error_rows_and_exits_1(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 30), tmp_path / "out.jsonl"
+    with FakeProvider(responder=failing(403)) as fake:
+        args = ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", fake.base_url, "--api-key", "k", "--no-cache"]
+        stopped = runner.invoke(app, args)
+        assert stopped.exit_code == 3 and "HTTP 403" in stopped.output
+        kept_going = runner.invoke(app, [*args, "--keep-going", "--restart"])
+    assert kept_going.exit_code == 1, kept_going.output
+    assert len(read(out)) == 30
+
+
+def test_error_rows_keep_the_raw_reply_and_the_attempts(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
+    rambling = "I think " + "x" * 5000  # no verdict in it
+    with FakeProvider(responder=lambda body: Reply(content=rambling)) as fake:
+        result = runner.invoke(app, ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache"])
+    assert result.exit_code == 1, result.output
+    for row in read(out):
+        assert row["error_kind"] == "parse_failure"
+        assert row["raw_reply"] == rambling[:2000]
+        assert row["attempts"] == 3  # the first ask and two re-asks
+
+
+# ---- progress and Ctrl-C ------------------------------------------------------------------------
+
+
+def _grade_process(source: Path, out: Path, base_url: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "graders", "grade", str(source), "-r", EN, "-o", str(out), "--base-url", base_url,
+                             "--api-key", "k", "--cache", str(out.with_suffix(".sqlite3")), "--concurrency", "2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_without_a_terminal_a_progress_line_comes_every_few_seconds(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 40), tmp_path / "out.jsonl"
+    with FakeProvider(responder=reference_judge, latency=0.05) as fake:  # 40 rows, 2 at a time: about a second
+        process = _grade_process(source, out, fake.base_url, "--progress-every", "0.05")
+        _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("graded ")]
+    assert lines, err
+    import re
+
+    for line in lines:
+        assert re.fullmatch(r"graded \d+/40 rows, \d+\.\d rows/s, \d+ errors?, ETA (\d+ s|unknown|\d+ min \d+ s)", line), line
+
+
+def test_ctrl_c_says_how_to_resume_and_the_same_command_finishes(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 60), tmp_path / "out.jsonl"
+    with FakeProvider(responder=reference_judge, latency=0.05) as fake:
+        process = _grade_process(source, out, fake.base_url, "--progress-every", "0.05")
+        assert process.stderr is not None
+        first = process.stderr.readline()  # a progress line: the run is under way
+        assert first.startswith("graded "), first
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 130, err
+        assert "run the same command again to resume" in err and "Traceback" not in err
+        again = _grade_process(source, out, fake.base_url)
+        _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert [r["id"] for r in read(out)] == [f"r{i}" for i in range(60)]
