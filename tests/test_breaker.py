@@ -340,3 +340,18 @@ def test_retry_errors_without_an_earlier_run_of_the_command_says_so(tmp_path) ->
     result = runner.invoke(app, ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", "http://127.0.0.1:9/v1",
                                  "--api-key", "k", "--retry-errors"])
     assert result.exit_code == 2 and "no checkpoint" in result.output
+
+
+def test_calibrate_lists_disagreements_by_the_on_key(tmp_path) -> None:
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "q1", "label": "correct", "score": 1, "status": "ok"},
+        {"id": "q2", "label": "incorrect", "score": 0, "status": "ok"},
+        {"id": "q3", "label": None, "score": None, "status": "error", "error_kind": "parse_failure", "raw_reply": "hmm"}]))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps({"id": f"q{i}", "label": "correct"}) + "\n" for i in (3, 2, 1)))
+    result = runner.invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "id", "--bootstrap", "0"])
+    assert result.exit_code == 0, result.output
+    listed = result.output.split("disagreements")[1]
+    assert "id=q2: human 'correct', judge 'incorrect'" in listed and "id=q3: human 'correct', judge '<parse_failure>'" in listed
+    assert "id=q1" not in listed

@@ -76,13 +76,12 @@ def grade(
     import asyncio
 
     from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+    from judge._breaker import BreakerTripped
     from judge._client import DEFAULT_MODEL
 
     from .._config import GraderConfigError
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._cassette import cassette
-    from judge._breaker import BreakerTripped
-
     from ..runs._file import RunSummary, resolve_mapping
     from ..runs._io import InputError, file_format
     from ..runs._provider_batch import BatchRunError
@@ -207,8 +206,9 @@ class _Show:
         from ..runs._io import count_rows
         from ._progress import RunProgress
 
-        total = count_rows(source) if self.bar or self.every > 0 else 0
-        return RunProgress(total, self.err, every=self.every, bar=self.bar, done=min(self.done, total))
+        # Counting is a pass over the input: a bar needs it now, the lines only once the first is due.
+        return RunProgress(count_rows(source) if self.bar else lambda: count_rows(source), self.err, every=self.every,
+                           bar=self.bar, done=self.done)
 
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,

@@ -12,7 +12,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,10 @@ class RunProgress:
     rich bar instead (a terminal, and not --json).
     """
 
-    def __init__(self, total: int, err: Console, *, every: float, bar: bool, done: int = 0) -> None:
-        self.total = total
+    def __init__(self, total: int | Callable[[], int], err: Console, *, every: float, bar: bool, done: int = 0) -> None:
+        # A callable total is counted (in a thread) when the first line is due, so short runs never pay for it.
+        self._count = total if callable(total) else None
+        self.total = 0 if callable(total) else total
         self.err = err
         self.every = every
         self.bar = bar
@@ -107,4 +109,7 @@ class RunProgress:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.every)
+            if self._count is not None:
+                count, self._count = self._count, None
+                self.total = await asyncio.to_thread(count)
             print(self.line(), file=sys.stderr, flush=True)

@@ -123,9 +123,10 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "prompt_tokens": verdict.prompt_tokens,
         "completion_tokens": verdict.completion_tokens,
         "cached": verdict.cached,
-        # Why a row failed is often in what the judge said: kept on error rows only (ok rows have their rationale).
+        # Why a row failed: what the judge said and how often it was asked. On failed rows only, so an
+        # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
         "raw_reply": verdict.raw[:RAW_REPLY_CHARS] if verdict.status != "ok" and verdict.raw else None,
-        "attempts": verdict.attempts,
+        "attempts": verdict.attempts if verdict.status != "ok" else None,
     }
 
 
@@ -208,8 +209,8 @@ def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
         "error": grade.error,
         "parts": {name: part.score for name, part in grade.parts.items()} or None,
         "metrics": dict(grade.metrics) or None,
-        # Requests the grader's judges sent for this row (None: no judge was asked).
-        "attempts": _judge_attempts(grade),
+        # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
+        "attempts": _judge_attempts(grade) if grade.status != "ok" else None,
     }
 
 
