@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,30 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from graders.runs import grade_file  # noqa: E402
 from judge import BreakerTripped, Judge, Limiter, RetryPolicy, load_rubric  # noqa: E402
-from judge.testing import FakeProvider, Reply  # noqa: E402
+from judge.testing import DownJudge, FakeProvider, Reply  # noqa: E402
 
 RUBRIC = "semantic_equivalence_en"
-
-
-class Dropper:
-    """Accepts each connection and closes it at once, counting them."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(256)
-        self.accepted = 0
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
 
 
 async def _no_wait(seconds: float) -> None:
@@ -90,8 +68,7 @@ def main() -> None:
     source.write_text("".join(json.dumps({"question": f"q{i}", "references": [f"a{i}"], "prediction": f"a{i}"}) + "\n"
                               for i in range(args.rows)), encoding="utf-8")
     print(f"{args.rows} rows, concurrency 16, 6 attempts per request; requests: breaker on / --keep-going")
-    dropper = Dropper()
-    with FakeProvider(responder=lambda body: Reply(status=500)) as fake:
+    with DownJudge() as dropper, FakeProvider(responder=lambda body: Reply(status=500)) as fake:
         for name, url, count in (("connection dropped", dropper.base_url, lambda: dropper.accepted),
                                  ("HTTP 500", fake.base_url, lambda: len(fake.chat_requests()))):
             sent = []

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from graders import BreakerTripped, load_grader
 from graders.runs import grade_file, grade_file_with
 from graders.cli import app
 from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
-from judge.testing import FakeProvider, Reply
+from judge.testing import DownJudge, FakeProvider, Reply
 
 from .conftest import Waits, reference_judge
 
@@ -51,31 +50,6 @@ def judge_at(base_url: str, tmp_path: Path, *, concurrency: int = 16, cache: boo
 
 def failing(status: int):
     return lambda body: Reply(status=status, error_message=f"scripted {status}")
-
-
-class Closer:
-    """A port that accepts each connection and closes it at once: a judge that is down, counted."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.accepted = 0
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def free_port() -> int:
@@ -185,16 +159,13 @@ async def test_a_grader_run_has_the_breaker_too(tmp_path) -> None:
     source, out = write_rows(tmp_path / "in.jsonl", 300), tmp_path / "out.jsonl"
     config = tmp_path / "grader.yaml"
     config.write_text(f"type: llm\nrubric: {EN}\nmap: {{references: references.references, prediction: response}}\n", encoding="utf-8")
-    closer = Closer()
-    try:
-        grader = load_grader(config, judge=lambda: judge_at(closer.base_url, tmp_path, cache=False))
+    with DownJudge() as down:
+        grader = load_grader(config, judge=lambda: judge_at(down.base_url, tmp_path, cache=False))
         with pytest.raises(BreakerTripped) as caught:
             await grade_file_with(grader, source, out, {"prompt": "question", "response": "prediction"}, concurrency=16)
         await grader.aclose()
-    finally:
-        closer.close()
-    assert closer.accepted <= 50 + 16
-    assert caught.value.trip.base_url == closer.base_url and read(out) == []
+    assert 50 <= down.accepted <= 50 + 16
+    assert caught.value.trip.base_url == down.base_url and read(out) == []
 
 
 # ---- the command line -----------------------------------------------------------------------
