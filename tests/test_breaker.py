@@ -42,9 +42,9 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def judge_at(base_url: str, tmp_path: Path, *, concurrency: int = 16, cache: bool = True) -> Judge:
+def judge_at(base_url: str, tmp_path: Path, *, concurrency: int = 16, cache: bool = True, timeout: float = 5.0) -> Judge:
     # The default retry policy (6 attempts); its waits are recorded, not slept.
-    return Judge("fake-judge", base_url=base_url, api_key="k", timeout=5.0, limiter=Limiter(concurrency=concurrency, sleep=Waits()),
+    return Judge("fake-judge", base_url=base_url, api_key="k", timeout=timeout, limiter=Limiter(concurrency=concurrency, sleep=Waits()),
                  cache=JudgeCache(tmp_path / "cache.sqlite3") if cache else None, retry=RetryPolicy(), sleep=Waits())
 
 
@@ -103,6 +103,17 @@ async def test_a_500_row_run_against_a_judge_answering_500_stops_after_about_50_
         assert "HTTP 500" in trip.example and "fix it and run the same command again to resume" in str(caught.value)
         assert read(out) == []  # an outage leaves no error rows behind
         assert out.with_name(out.name + ".checkpoint.json").exists()
+
+
+async def test_a_hanging_judge_trips_on_timeouts(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 500), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    with FakeProvider(responder=lambda body: Reply(delay=30)) as fake:  # never answers within the timeout
+        async with judge_at(fake.base_url, tmp_path, timeout=0.2) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables})
+        assert len(fake.chat_requests()) <= 50 + 16  # before: 3,000 requests of a minute each
+    assert caught.value.trip.kind == "timeout" and read(out) == []
 
 
 async def test_an_outage_mid_run_leaves_only_good_rows_and_the_resume_sends_each_request_once(tmp_path) -> None:
@@ -258,10 +269,16 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_finishes(tmp_path) -> No
 # ---- --retry-errors ---------------------------------------------------------------------------
 
 
-def test_retry_errors_grades_again_only_the_transient_error_rows_in_place(tmp_path) -> None:
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_retry_errors_grades_again_only_the_transient_error_rows_in_place(tmp_path, suffix) -> None:
     import re
 
-    source, out = write_rows(tmp_path / "in.jsonl", 30), tmp_path / "out.jsonl"
+    from graders.runs._io import written_rows
+
+    def read(path: Path) -> list[dict]:
+        return list(written_rows(path))
+
+    source, out = write_rows(tmp_path / "in.jsonl", 30), tmp_path / f"out{suffix}"
     down = {"7", "17", "27"}  # rows whose requests fail during the first run
     healthy = False
 
@@ -296,7 +313,7 @@ def test_retry_errors_grades_again_only_the_transient_error_rows_in_place(tmp_pa
     assert [r["id"] for r in after] == [f"r{i}" for i in range(30)]
     for old, new in zip(before, after):
         if old["id"] in ("r7", "r17", "r27"):
-            assert new["status"] == "ok" and new["error"] is None
+            assert new["status"] == "ok" and new["error"] in (None, "")
         else:
             assert new == old
     summary = json.loads(retried.stdout)
