@@ -7,6 +7,7 @@ on first use (``judge._lazy``), so importing ``judge`` alone does not import ope
 from ._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._breaker": ["Breaker", "BreakerTripped"],
     "._budget": ["Budget", "ModelPrice", "cost_usd", "load_prices"],
     "._cache": ["JudgeCache", "cache_key", "default_cache_path"],
     "._client": ["Judge", "build_request"],

@@ -16,6 +16,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 from tenacity import RetryCallState
 
+from ._breaker import Breaker, current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._limiter import RequestLimiter, estimate_tokens
@@ -33,9 +34,15 @@ _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by toke
 
 
 class _Failed(Exception):
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = status  # the HTTP status, when the server answered with one
+
+
+# A wrong key, a key without access, or a model the server does not have: another output format
+# would fail the same way, so the row fails at once instead of walking the fallback chain.
+_NO_FALLBACK = (401, 403, 404)
 
 
 def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode, model: str, sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,12 +100,41 @@ def _error_of(exc: BaseException) -> _Failed:
     if isinstance(exc, openai.RateLimitError):
         return _Failed("rate_limited", f"rate limited until the retry budget ran out: {exc}")
     if isinstance(exc, openai.APITimeoutError):
-        return _Failed("timeout", "the judge did not answer within the timeout")
+        return _Failed("timeout", f"the judge did not answer within the timeout ({_url_of(exc)})")
     if isinstance(exc, openai.APIStatusError):
-        return _Failed(status_error_kind(exc.status_code), _status_message(exc))
+        return _Failed(status_error_kind(exc.status_code), _status_message(exc), exc.status_code)
     if isinstance(exc, openai.APIConnectionError):
-        return _Failed("server_error", f"connection failed: {exc}")
+        # The URL tried, so a wrong --base-url or a server not listening reads as such.
+        return _Failed("server_error", f"connection to {_url_of(exc)} failed: {exc}{_cause_of(exc)}")
     return _Failed("server_error", f"{type(exc).__name__}: {exc}")
+
+
+def _url_of(exc: BaseException) -> str:
+    request = getattr(exc, "request", None)
+    url = getattr(request, "url", None)
+    return str(url) if url is not None else "the judge"
+
+
+def _cause_of(exc: BaseException) -> str:
+    """The socket-level reason under the SDK's generic "Connection error." (refused, reset, DNS)."""
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and (cause.__cause__ or cause.__context__) is not None and not str(cause):
+        cause = cause.__cause__ or cause.__context__
+    return f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+
+
+def _breaker_failure(exc: BaseException) -> tuple[str, str] | None:
+    """What a failed request tells the run's breaker: (kind, message) if it says the judge is broken.
+
+    None for a 429 (the provider is alive and pacing is the limiter's job), a missing cassette
+    entry, and 4xx other than 401/403/404 (the server answered; the request was at fault).
+    """
+    if isinstance(exc, openai.RateLimitError) or is_not_recorded(exc):
+        return None
+    if isinstance(exc, openai.APIStatusError) and exc.status_code < 500 and exc.status_code not in _NO_FALLBACK:
+        return None
+    failure = _error_of(exc)
+    return failure.kind, str(failure)
 
 
 class Judge:
@@ -220,7 +256,7 @@ class Judge:
                 return await self._ask_within_budget(rubric, prepared, usage, finish)
             except _Failed as failure:
                 structured = mode != chain[-1]
-                if failure.kind == "bad_request" and structured:
+                if failure.kind == "bad_request" and structured and failure.status not in _NO_FALLBACK:
                     first_bad_request = first_bad_request or failure
                     continue  # this server may not support the mode: try the next one
                 if first_bad_request is not None and failure.kind == "bad_request":
@@ -357,27 +393,46 @@ class Judge:
             if wait:
                 self.limiter.hold(wait)
 
+        breaker = current_breaker()
         try:
             async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
                 with attempt:
-                    usage["attempts"] += 1
-                    async with self.limiter.slot(estimate):
-                        # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
-                        # and skipping model construction halves the client's CPU per judgement.
-                        raw = await self._client.chat.completions.with_raw_response.create(**request)
-                    completion = json.loads(raw.content)
-                    if not isinstance(completion, dict):
-                        raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
-                    spent = completion.get("usage") or {}
-                    usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
-                    usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
-                    await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
-                    if not completion.get("choices"):
-                        raise ValueError("completion has no choices")  # a malformed 200: transient
-        except asyncio.CancelledError:
+                    try:
+                        completion = await self._post(request, estimate, usage, breaker)
+                    except _Failed:
+                        raise
+                    except Exception as exc:
+                        if breaker is not None and not isinstance(exc, openai.RateLimitError):
+                            breaker.request(_breaker_failure(exc), base_url=self.base_url, model=self.model)
+                        raise
+                    if breaker is not None:
+                        breaker.request(None, base_url=self.base_url, model=self.model)
+        except (asyncio.CancelledError, _Failed):
             raise
         except Exception as exc:  # every other failure becomes a Verdict error via _Failed
             raise _error_of(exc) from exc
+        return completion
+
+    async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None) -> dict[str, Any]:
+        """One attempt: a limiter slot, the request, and the checks a well-formed completion passes."""
+        async with self.limiter.slot(estimate):
+            # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
+            # and neither is the retry of a row in flight.
+            if breaker is not None and breaker.tripped is not None:
+                raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+            usage["attempts"] += 1
+            # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
+            # and skipping model construction halves the client's CPU per judgement.
+            raw = await self._client.chat.completions.with_raw_response.create(**request)
+        completion = json.loads(raw.content)
+        if not isinstance(completion, dict):
+            raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
+        spent = completion.get("usage") or {}
+        usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
+        usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
+        await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
+        if not completion.get("choices"):
+            raise ValueError("completion has no choices")  # a malformed 200: transient
         return completion
 
 

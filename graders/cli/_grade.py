@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import sys
@@ -54,6 +53,9 @@ def grade(
     batch: bool = typer.Option(False, "--batch", help="Send the judge requests through the provider's Batch API (cheaper, slower); resumable from OUTPUT.batch.json."),
     batch_poll: float = typer.Option(10.0, "--batch-poll", help="With --batch: seconds before the first re-poll, doubling up to 5 minutes."),
     group_by: str = typer.Option(None, "--group-by", help="COLUMN whose rows are one prompt's responses: report the reward spread (all-equal groups, mean, variance, too easy / too hard)."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Grade every row even when the judge looks broken (no circuit breaker: every failing row becomes an error row)."),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="Grade again, in place, the rows of an earlier run's OUTPUT whose status is error with a transient kind (server_error, timeout, rate_limited); every other row stays as it is."),
+    progress_every: float = typer.Option(10.0, "--progress-every", metavar="S", help="When stderr is not a terminal: print a progress line every S seconds (0: none)."),
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
@@ -61,12 +63,20 @@ def grade(
     is run again: OUTPUT.checkpoint.json says how much of OUTPUT is final, and rows judged but not
     yet written come back from the cache. A run over a finished OUTPUT does nothing and says so.
 
+    A broken judge stops the run early: when the first 3 rows fail with the same 401/403/404 (or
+    other bad request), or more than 80% of the last 50 requests fail (nothing listening, 5xx,
+    timeouts), no more rows are started, OUTPUT ends before the first row that failed for it and
+    the checkpoint is saved; fix the judge and run the same command again to resume. --keep-going
+    turns this off. --retry-errors grades again the rows an outage left as errors.
+
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
-    one row per input row), 2 when the run could not start (bad file, rubric or option).
+    one row per input row), 2 when the run could not start (bad file, rubric or option), 3 when
+    the judge looks broken and the run stopped early (resumable), 130 on Ctrl-C (resumable).
     """
     import asyncio
 
     from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+    from judge._breaker import BreakerTripped
     from judge._client import DEFAULT_MODEL
 
     from .._config import GraderConfigError
@@ -75,6 +85,7 @@ def grade(
     from ..runs._file import RunSummary, resolve_mapping
     from ..runs._io import InputError, file_format
     from ..runs._provider_batch import BatchRunError
+    from ._progress import already_written
 
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
@@ -107,6 +118,10 @@ def grade(
         raise fail("--max-cost and --max-tokens cap live requests; a --batch run is priced by the provider when it is submitted")
     if spec is None and (batch or tiebreak_model):
         raise fail("--batch and --tiebreak-model work with a rubric (-r), not with --grader")
+    if retry_errors and (restart or batch or (spec is not None and spec.pairwise is not None)):
+        raise fail("--retry-errors grades again the error rows of an earlier live run: it excludes --restart, --batch and pairwise rubrics")
+    if progress_every < 0:
+        raise fail("--progress-every takes seconds >= 0 (0: no progress lines)")
 
     # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
     cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
@@ -136,22 +151,36 @@ def grade(
 
     traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
     err = Console(stderr=True)
-    show_progress = sys.stderr.isatty() and not json_output
+    show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
+                 done=0 if retry_errors else already_written(output, restart))
+    run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors}
     try:
         with traffic:
             if spec is None:
                 endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
                 summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, input, output, variables, concurrency,
-                                                  show_progress, err, group_by, not restart))
+                                                  show, run_options))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
                                                  None if json_output else err))
             elif spec.pairwise is not None:
                 summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak))
             else:
-                summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err, group_by, not restart))
+                summary = asyncio.run(_run(judge, spec, input, output, variables, show, run_options))
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
+    except BreakerTripped as e:
+        # Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed.
+        if json_output:
+            partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
+            print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
+                        "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial})
+        err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(3) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted: the rows finished so far are saved in {output}; run the same command again to resume "
+                  "(rows already judged come back from the cache).", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     finally:
         if cache is not None:
             cache.close()
@@ -167,22 +196,29 @@ def grade(
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
-async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console,
-               group_by: str | None = None, resume: bool = True) -> RunSummary:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+class _Show:
+    """How the command shows a live run: a bar on a terminal, else a line every ``every`` seconds."""
 
+    def __init__(self, err: Console, *, bar: bool, every: float, done: int) -> None:
+        self.err, self.bar, self.every, self.done = err, bar, every, done
+
+    def progress(self, source: Path):  # -> RunProgress
+        from ..runs._io import count_rows
+        from ._progress import RunProgress
+
+        # Counting is a pass over the input: a bar needs it now, the lines only once the first is due.
+        return RunProgress(count_rows(source) if self.bar else lambda: count_rows(source), self.err, every=self.every,
+                           bar=self.bar, done=self.done)
+
+
+async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
+               options: dict) -> RunSummary:
     from ..runs._file import grade_file
-    from ..runs._io import count_rows
 
     async with judge:
-        if not show_progress:
-            return await grade_file(judge, spec, source, destination, variables, group_by=group_by, resume=resume)
-        total = count_rows(source)
-        columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=err, transient=True) as progress:
-            task = progress.add_task("grade", total=total)
-            return await grade_file(judge, spec, source, destination, variables, on_row=lambda _: progress.advance(task),
-                                    group_by=group_by, resume=resume)
+        progress = show.progress(source)
+        async with progress.showing():
+            return await grade_file(judge, spec, source, destination, variables, on_row=progress.row, **options)
 
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
@@ -213,32 +249,25 @@ def sample_mapping(pairs: list[str]) -> dict[str, str]:
 
 
 async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: dict[str, str | None], source: Path,
-                      destination: Path, mapping: dict[str, str], concurrency: int, show_progress: bool, err: Console,
-                      group_by: str | None, resume: bool) -> RunSummary:
+                      destination: Path, mapping: dict[str, str], concurrency: int, show: _Show, options: dict) -> RunSummary:
     """A grader config over the file; its LLM nodes share the command line's judge, limiter and cache.
 
     The checkpoint is keyed by the config's bytes and the judge endpoint the command line names
     (``--model``, ``--base-url`` and their environment variables), so another judge starts over.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from .._config import load_grader
     from ..runs._file import grade_file_with
-    from ..runs._io import InputError, count_rows
+    from ..runs._io import InputError
 
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
     grader = load_grader(config, judge=make_judge)
     settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
-        run = functools.partial(grade_file_with, grader, source, destination, mapping, concurrency=concurrency + 2,
-                                settings=settings, group_by=group_by, resume=resume)
-        if not show_progress:
-            return await run()
-        columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=err, transient=True) as progress:
-            task = progress.add_task("grade", total=count_rows(source))
-            return await run(on_row=lambda _: progress.advance(task))
+        progress = show.progress(source)
+        async with progress.showing():
+            return await grade_file_with(grader, source, destination, mapping, concurrency=concurrency + 2, settings=settings,
+                                         on_row=progress.row, **options)
     finally:
         await grader.aclose()
 

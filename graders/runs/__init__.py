@@ -9,7 +9,7 @@ users get the same path in memory (``_frame``); ``_cassette`` records and replay
 from judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
-    "._file": ["RunSummary", "grade_file", "grade_file_with"],
+    "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],
     "._frame": ["agrade_frame", "grade_frame"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],
 })

@@ -9,16 +9,19 @@ cache, so no request is sent twice.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
+from judge._breaker import JUDGE_FAILURES, TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
 from judge._rubric import rubric_fingerprint
 
 from ._rows import RowMapping
@@ -27,7 +30,9 @@ from ._checkpoint import Checkpoint
 from ._io import InputError, RowError, RowWriter, file_format, input_columns, parquet_schema, read_rows, written_rows
 from .._spread import SpreadReport, SpreadTally
 
-RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
+RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached",
+                  "raw_reply", "attempts"]
+RAW_REPLY_CHARS = 2000  # an error row keeps this much of the judge's reply: enough to see why, not a whole essay
 
 
 class RunSummary(BaseModel):
@@ -118,11 +123,16 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "prompt_tokens": verdict.prompt_tokens,
         "completion_tokens": verdict.completion_tokens,
         "cached": verdict.cached,
+        # Why a row failed: what the judge said and how often it was asked. On failed rows only, so an
+        # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
+        "raw_reply": verdict.raw[:RAW_REPLY_CHARS] if verdict.status != "ok" and verdict.raw else None,
+        "attempts": verdict.attempts if verdict.status != "ok" else None,
     }
 
 
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
-                "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool"}
+                "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool",
+                "raw_reply": "string", "attempts": "int64"}
 
 
 def column_types(source: Path, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
@@ -159,6 +169,8 @@ async def grade_file(
     group_by: str | None = None,
     *,
     resume: bool = True,
+    keep_going: bool = False,
+    retry_errors: bool = False,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
@@ -166,6 +178,10 @@ async def grade_file(
     finished rows wait in a small reorder buffer until every earlier row is written. With
     ``resume`` (the default) an interrupted run of the same command continues where it stopped
     and a finished one is not redone; ``resume=False`` starts over.
+
+    A broken judge (dead endpoint, wrong key or model) stops the run early with
+    :class:`~judge._breaker.BreakerTripped` unless ``keep_going``; ``retry_errors`` grades again
+    the rows an earlier run left with a transient error. See :func:`run_file`.
     """
     check_columns(source, rubric, mapping)
     return await run_file(
@@ -173,12 +189,13 @@ async def grade_file(
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume,
+        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
     )
 
 
-GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics"]
-GRADER_TYPES = {"score": "float64", "status": "string", "error_kind": "string", "error": "string", "parts": "string", "metrics": "string"}
+GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics", "attempts"]
+GRADER_TYPES = {"score": "float64", "status": "string", "error_kind": "string", "error": "string", "parts": "string", "metrics": "string",
+                "attempts": "int64"}
 
 
 def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
@@ -192,7 +209,14 @@ def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
         "error": grade.error,
         "parts": {name: part.score for name, part in grade.parts.items()} or None,
         "metrics": dict(grade.metrics) or None,
+        # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
+        "attempts": _judge_attempts(grade) if grade.status != "ok" else None,
     }
+
+
+def _judge_attempts(grade: Grade) -> int | None:
+    counts = [int(v) for k, v in grade.metrics.items() if k.endswith("judge_attempts")]
+    return sum(counts) if counts else None
 
 
 async def grade_file_with(
@@ -206,12 +230,16 @@ async def grade_file_with(
     on_row: Callable[[Grade], None] | None = None,
     group_by: str | None = None,
     resume: bool = True,
+    keep_going: bool = False,
+    retry_errors: bool = False,
 ) -> RunSummary:
     """Grade every row of ``source`` with any grader (a config file's, a composite, a python one).
 
     ``mapping`` is {sample path: column} as for :func:`grade_frame`; unmapped columns become
     references under their own names. ``settings`` identify the grader for the checkpoint (the
     CLI passes the config file's hash): a checkpoint from other settings is not resumed.
+    The judges of the grader's LLM nodes report to the run's circuit breaker as in
+    :func:`grade_file`; ``keep_going`` and ``retry_errors`` are as there.
     """
     rows = RowMapping.build(mapping, input_columns(source))
 
@@ -228,7 +256,7 @@ async def grade_file_with(
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume,
+        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
     )
 
 
@@ -247,23 +275,42 @@ async def run_file(
     on_row: Callable[[O], None] | None = None,
     group_by: str | None = None,
     resume: bool = True,
+    keep_going: bool = False,
+    retry_errors: bool = False,
 ) -> RunSummary:
-    """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row."""
+    """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
+
+    Unless ``keep_going``, the run has a circuit breaker (:mod:`judge._breaker`): once the judge is
+    seen to be broken it stops, the output ends before the first row that failed for it, the
+    checkpoint is saved and :class:`BreakerTripped` is raised, so the same call resumes once the
+    judge is fixed. ``retry_errors`` grades again, in place, the rows of an earlier run's output
+    (finished or not) that failed for a transient reason, and keeps every other row as it is.
+    """
     header = input_columns(source)
     if group_by is not None and header is not None and group_by not in header:
         raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
     checkpoint = Checkpoint(source, destination, settings)
-    state = checkpoint.load() if resume else None
-    if state is not None and state.get("complete"):
+    state = checkpoint.load() if resume or retry_errors else None
+    previous: Iterator[dict[str, Any]] | None = None
+    if retry_errors:
+        if state is None and (destination.exists() or checkpoint.path.exists()):
+            raise InputError(f"--retry-errors: {destination} has no checkpoint from an earlier run of this command (same input "
+                             "and settings), so its rows cannot be matched to the input; run without --retry-errors")
+        if state is not None:
+            previous = _previous_rows(destination, state)
+    if previous is None and state is not None and state.get("complete"):
         summary = _Tally.restore(state["tally"]).summary(0.0)
         summary.already_complete = True
         summary.resumed_from = summary.rows
         if group_by is not None:
             summary.spread = _spread_of(written_rows(destination), group_by).report()
         return summary
-    tally = _Tally.restore(state["tally"]) if state else _Tally()
-    mark = state["mark"] if state else None
-    writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
+    tally = _Tally.restore(state["tally"]) if state and previous is None else _Tally()
+    mark = state["mark"] if state and previous is None else None
+    # --retry-errors writes a new copy beside the output and swaps it in when done: the earlier
+    # output is read while the new one is written, and stays whole if this run stops.
+    target = _retry_path(destination) if previous is not None else destination
+    writer = RowWriter(target, columns=output_columns(header, result_columns) if header is not None else None,
                        types=column_types(source, destination, header, result_types, result_columns), resume=mark)
     done = writer.rows
     # A resumed run's spread covers the whole output: the rows written before are read back once.
@@ -278,21 +325,93 @@ async def run_file(
             on_row(outcome)
         return to_row(out_row, outcome)
 
+    def reuse(old: dict[str, Any]) -> dict[str, Any] | None:
+        if old.get("status") == "error" and old.get("error_kind") in TRANSIENT:
+            return None  # graded again
+        tally.add_written(old)
+        if spread is not None and old.get("status") == "ok" and old.get(group_by) not in (None, "") and old.get("score") not in (None, ""):
+            spread.add(group_key(old[group_by]), float(old["score"]))
+        if on_row is not None:
+            on_row(_Written(old))
+        return old
+
+    breaker = None if keep_going else Breaker()
+    trip: Trip | None = None
     finished = False
     try:
-        await stream_in_order(source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit,
-                              skip=done, on_mark=lambda at: checkpoint.save(at, tally.state()), close=False)
-        finished = True
+        with breaker_scope(breaker):
+            trip = await stream_in_order(
+                source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
+                on_mark=(lambda at: checkpoint.save(at, tally.state())) if previous is None else None, close=False,
+                breaker=breaker, previous=previous, reuse=reuse)
+        finished = trip is None
     finally:
+        if previous is None and not finished and trip is not None:
+            checkpoint.save(writer.mark(), tally.state())  # the output ends before the rows the broken judge failed
         writer.close(complete=finished)
+        if previous is not None and not finished:
+            _remove_output(target)  # the earlier output and its checkpoint stay as they were
+        elif previous is not None:
+            os.replace(target, destination)
+            _remove_output(destination, parts_only=True)
         if finished and tally.skipped:
             checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
         elif finished:
-            checkpoint.save(writer.mark_after_close(), tally.state(), complete=True)
+            checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
+                            tally.state(), complete=True)
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
+    if trip is not None:
+        kept = writer.rows if previous is None else 0
+        where = (f"{destination} holds the first {kept} rows and its checkpoint is saved" if previous is None
+                 else f"{destination} was left as it was")
+        raise BreakerTripped(trip, f"{trip.describe()}. Stopped early: {where}; fix it and run the same command again "
+                                   "to resume (--keep-going turns this check off).", summary)
     return summary
+
+
+class _Written:
+    """A row kept from an earlier output (``--retry-errors``), as ``on_row`` sees it."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self.status = str(row.get("status") or "")
+        self.error_kind = row.get("error_kind") or None
+        self.error = row.get("error") or None
+
+
+def _retry_path(destination: Path) -> Path:
+    return destination.with_name(f"{destination.stem}.retrying{destination.suffix}")
+
+
+def _remove_output(path: Path, parts_only: bool = False) -> None:
+    """Remove an output and a Parquet run's part folder (only the folder with ``parts_only``)."""
+    import shutil
+
+    if not parts_only:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(path.with_name(path.name + ".parts"), ignore_errors=True)
+
+
+def _mark_of(path: Path, rows: int) -> dict[str, Any]:
+    return {"rows": rows} if file_format(path) == "parquet" else {"rows": rows, "offset": path.stat().st_size}
+
+
+def _previous_rows(destination: Path, state: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The rows an earlier run wrote to ``destination`` and its checkpoint vouches for, in order."""
+    mark = state.get("mark") or {}
+    rows = int(mark.get("rows", 0))
+    if file_format(destination) == "parquet" and not state.get("complete"):
+        import pyarrow.parquet as pq
+
+        parts = destination.with_name(destination.name + ".parts")
+
+        def read_parts() -> Iterator[dict[str, Any]]:
+            for number in range(int(mark.get("parts", 0))):
+                yield from pq.read_table(parts / f"part-{number:05d}.parquet").to_pylist()
+
+        return itertools.islice(read_parts(), rows)
+    return itertools.islice(written_rows(destination), rows)
 
 
 def _spread_of(rows: Iterable[Mapping[str, Any]], group_by: str) -> SpreadTally:
@@ -312,6 +431,9 @@ class _Outcome(Protocol):
 O = TypeVar("O", bound=_Outcome)
 
 MARK_EVERY_S = 0.25  # how often a checkpoint is written while rows flow (a flush and a small JSON file)
+# Rows finished after an error row that waits for the breaker's verdict, at most: past this the
+# held rows are written anyway, so memory stays bounded when a provider never answers well again.
+HOLD_ROWS = 10_000
 
 
 async def stream_in_order(
@@ -326,7 +448,10 @@ async def stream_in_order(
     skip: int = 0,
     on_mark: Callable[[dict[str, Any]], None] | None = None,
     close: bool = True,
-) -> None:
+    breaker: Breaker | None = None,
+    previous: Iterator[dict[str, Any]] | None = None,
+    reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+) -> Trip | None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
     Workers pull rows from one shared reader, so memory is bounded by the concurrency, not the
@@ -335,16 +460,37 @@ async def stream_in_order(
     turns a row (and its number) into what ``judge_row`` takes, raising RowError; the first
     ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
     ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
+
+    With a ``breaker``, a row that failed the way a broken judge fails is not written until the
+    judge has answered well after it (or the run ends); once the breaker trips no row is started,
+    the rows in flight finish, the output ends before the first such row, and the trip is returned.
+    ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
+    judge it again) make a run that keeps some of an earlier output's rows.
     """
     rows = enumerate(read_rows(source, skip=skip), start=skip + 1)
-    pending: dict[int, dict[str, Any]] = {}
+    pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
+    kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1
     last_mark = time.monotonic()
+    stopped = False  # the breaker tripped: nothing more is written
 
-    def write_ready() -> None:
+    def held(outcome: Any, seen: int) -> bool:
+        return (breaker is not None and outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES
+                and breaker.successes <= seen and len(pending) < HOLD_ROWS)
+
+    def write_ready(until: int | None = None, hold: bool = True) -> None:
         nonlocal next_to_write
-        while next_to_write in pending:
-            writer.write(pending.pop(next_to_write))
+        while not stopped and (until is None or next_to_write < until):
+            if next_to_write in kept:
+                writer.write(kept.pop(next_to_write))
+            elif next_to_write in pending:
+                out_row, outcome, seen = pending[next_to_write]
+                if hold and held(outcome, seen):
+                    return  # maybe the first row of an outage: it waits for a good answer after it, or the run's end
+                del pending[next_to_write]
+                writer.write(emit(next_to_write, out_row, outcome))
+            else:
+                return
             next_to_write += 1
 
     def flush() -> None:
@@ -355,7 +501,16 @@ async def stream_in_order(
             last_mark = time.monotonic()
 
     async def worker() -> None:
-        for number, row in rows:  # a shared iterator: each row goes to exactly one worker
+        while breaker is None or breaker.tripped is None:
+            try:
+                number, row = next(rows)  # a shared iterator: each row goes to exactly one worker
+                old = next(previous, None) if previous is not None else None
+            except StopIteration:
+                return
+            if old is not None and reuse is not None and (keep := reuse(old)) is not None:
+                kept[number] = keep
+                flush()
+                continue
             out_row: dict[str, Any] = {}
             if isinstance(row, RowError):
                 outcome = input_error(str(row))
@@ -367,11 +522,21 @@ async def stream_in_order(
                     outcome = input_error(str(e))
                 if outcome.status != "ok" and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
-            pending[number] = emit(number, out_row, outcome)
+                if breaker is not None and getattr(outcome, "error_kind", None) not in ("input", "budget"):
+                    breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error)
+            pending[number] = (out_row, outcome, breaker.successes if breaker is not None else 0)
             flush()
 
     try:
         await asyncio.gather(*(worker() for _ in range(workers)))
+        trip = breaker.tripped if breaker is not None else None
+        if trip is not None:
+            failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES]
+            write_ready(until=min(failed) if failed else None, hold=False)
+            stopped = True
+        else:
+            write_ready(hold=False)  # the run is over: rows held for the breaker's verdict are final
+        return trip
     finally:
         write_ready()
         if close:
@@ -425,6 +590,23 @@ class _Tally:
             self.skipped += skipped
             if len(self.examples) < 5 and not skipped:
                 self.examples.append(f"{kind}: {verdict.error}")
+
+    def add_written(self, row: Mapping[str, Any]) -> None:
+        """Count a row kept from an earlier output (its cells may be CSV text)."""
+        self.verdicts += 1
+        status = row.get("status")
+        if status == "ok":
+            self.ok += 1
+            self.score_sum += float(row.get("score") or 0.0)
+            if row.get("label") not in (None, ""):
+                self.labels[str(row["label"])] += 1
+            return
+        kind = row.get("error_kind") or (status if status not in (None, "", "error") else "unknown")
+        self.kinds[kind] += 1
+        skipped = status == "skipped" or kind == "budget"
+        self.skipped += skipped
+        if len(self.examples) < 5 and not skipped:
+            self.examples.append(f"{kind}: {row.get('error')}")
 
     def state(self) -> dict[str, Any]:
         """The counts, for a checkpoint: a resumed run's summary covers the whole output."""

@@ -385,6 +385,7 @@ class _BatchRun:
             prepare=prepare, judge_row=stored,
             input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
             to_row=result_row, group_by=self.group_by, resume=self.resumed,
+            keep_going=True,  # the results are in already: there is no judge left to stop sending to
         )
         summary.wall_s = time.perf_counter() - self.started
         summary.judgements_per_s = summary.rows / summary.wall_s if summary.wall_s > 0 else 0.0

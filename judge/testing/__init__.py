@@ -3,10 +3,12 @@
 Use :class:`FakeProvider` in your own tests the way you would use ``httpx.MockTransport``:
 point a real ``openai`` client at ``fake.base_url`` and script what the "model" answers,
 including rate limits, server errors, broken bodies and dropped connections.
+:class:`DownJudge` is a judge that is down and counts the connections tried.
 ``python -m judge.testing`` serves the same fake as a separate process.
 """
 
+from judge.testing._down import DownJudge
 from judge.testing._fake_batch import BatchFault
 from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
 
-__all__ = ["BatchFault", "FakeProvider", "RecordedRequest", "Reply", "auto_reply"]
+__all__ = ["BatchFault", "DownJudge", "FakeProvider", "RecordedRequest", "Reply", "auto_reply"]

@@ -1,0 +1,124 @@
+"""The circuit breaker: a run stops sending once it can tell the judge is broken.
+
+A dead endpoint, a wrong key or a wrong model name fails every request the same way; sending
+the rest of a 500-row file to it costs thousands of requests and minutes for nothing. A run
+(``graders.runs``) opens a :class:`Breaker` for its duration with :func:`breaker_scope`; every
+Judge that sends on the run's behalf finds it through a context variable (so graders, composites
+and LLM nodes built anywhere are covered without plumbing) and reports each request to it.
+
+It trips on either rule:
+
+- the first ``first_rows`` rows judged all failed with the same non-transient error (a 401, a
+  403, a 404 for the model, any same ``bad_request``);
+- more than ``share`` of the last ``window`` requests failed (connection refused, 5xx, timeouts,
+  malformed bodies, 401/403/404). Counted per request, not per row: a row retries up to six
+  times, so a row-level count would send hundreds of requests before it could decide. 429s
+  count neither way: the provider is alive and pacing is the limiter's job.
+
+Once tripped, a Judge sends no further request (retries in flight stop too) and the run stops
+taking rows; the run decides what to write and raises :class:`BreakerTripped`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import deque
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+# Error kinds a broken judge produces. A row that ended in one of them is not written while the
+# breaker may still trip (an outage must leave no error rows behind); the rows of a tripped run
+# are cut at the first of them.
+JUDGE_FAILURES = frozenset({"server_error", "timeout", "rate_limited", "bad_request"})
+# The kinds `--retry-errors` grades again: nothing about the row itself caused them.
+TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
+
+_ROW_PREFIX = re.compile(r"^(?:row \d+: )+")
+
+
+@dataclass(frozen=True)
+class Trip:
+    """Why a breaker tripped: which endpoint, which kind of error, and one example of it."""
+
+    kind: str
+    example: str
+    rule: str  # what was seen, e.g. "42 of the last 50 requests failed"
+    base_url: str | None = None
+    model: str | None = None
+
+    def describe(self) -> str:
+        where = f"the judge at {self.base_url or '(unknown URL)'} (model {self.model or 'unknown'})"
+        return f"{where} looks broken: {self.rule}; {self.kind}, e.g. {self.example}"
+
+
+class BreakerTripped(RuntimeError):
+    """A run stopped early because its judge is broken; the output ends before the first row that
+    failed for it and the checkpoint is saved, so the same command resumes once it is fixed.
+
+    ``summary`` is the run's summary of the rows written (a ``RunSummary`` for file runs).
+    """
+
+    def __init__(self, trip: Trip, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.trip = trip
+        self.summary = summary
+
+
+class Breaker:
+    """Watches a run's requests and rows; ``tripped`` is set once the judge is seen to be broken."""
+
+    def __init__(self, *, window: int = 50, share: float = 0.8, first_rows: int = 3) -> None:
+        self.window = window
+        self.share = share
+        self.first_rows = first_rows
+        self.tripped: Trip | None = None
+        self.successes = 0  # requests and rows that went well; a held error row waits for one after it
+        self._recent: deque[bool] = deque(maxlen=window)  # True: that request failed
+        self._first: list[tuple[str, str] | None] = []
+        self._last_failure: tuple[str, str, str | None, str | None] | None = None
+
+    def request(self, failure: tuple[str, str] | None, *, base_url: str | None = None, model: str | None = None) -> None:
+        """One request's outcome: None when the judge answered, else (error kind, message)."""
+        self._recent.append(failure is not None)
+        if failure is None:
+            self.successes += 1
+            return
+        self._last_failure = (failure[0], failure[1], base_url, model)
+        failed = sum(self._recent)
+        if self.tripped is None and len(self._recent) >= self.window and failed > self.share * self.window:
+            self.tripped = Trip(failure[0], failure[1], f"{failed} of the last {len(self._recent)} requests failed",
+                                base_url, model)
+
+    def row(self, status: str, kind: str | None, error: str | None) -> None:
+        """One finished row (after its retries); rows that never reached the judge are not reported."""
+        if status == "ok":
+            self.successes += 1
+        if len(self._first) >= self.first_rows:
+            return
+        self._first.append((kind or "", _ROW_PREFIX.sub("", error or "")) if status != "ok" else None)
+        if self.tripped is None and len(self._first) == self.first_rows:
+            first = self._first[0]
+            if first is not None and first[0] == "bad_request" and all(f == first for f in self._first):
+                base_url, model = (self._last_failure or (None, None, None, None))[2:]
+                self.tripped = Trip(first[0], first[1], f"the first {self.first_rows} rows failed with the same error",
+                                    base_url, model)
+
+
+_current: ContextVar[Breaker | None] = ContextVar("gradekit_breaker", default=None)
+
+
+def current_breaker() -> Breaker | None:
+    """The breaker of the run this code is working for, if any."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def breaker_scope(breaker: Breaker | None) -> Iterator[Breaker | None]:
+    """Make ``breaker`` the current one for this context and the tasks started inside it."""
+    token = _current.set(breaker)
+    try:
+        yield breaker
+    finally:
+        _current.reset(token)
