@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -148,7 +149,12 @@ class Judge:
             api_key = "not-needed"
         # max_retries=0: tenacity is the one owner of retries (ARCHITECTURE invariant); the SDK's
         # own retries would multiply attempts and bypass the shared limiter.
-        self._client = AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout)
+        self._client_options: dict[str, Any] = {"base_url": self.base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout}
+        # One SDK client per event loop: its connection pool belongs to the loop that opened it, and
+        # callers such as Ark's harness (asyncio.run per sample), sync wrappers and notebooks use a
+        # new loop per call. Weak keys: a loop that is gone takes its client with it.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self._idle_client: AsyncOpenAI | None = None  # handed out when no loop runs (configuration, tests)
         self.limiter = limiter if limiter is not None else process_limiter()
         self.cache = cache
         self.retry = retry or RetryPolicy()
@@ -169,14 +175,32 @@ class Judge:
 
     @property
     def client(self) -> AsyncOpenAI:
-        """The SDK client this judge sends with, for control-plane calls (files, batches).
-
-        Calls made through it bypass the cache, the limiter and the retry policy.
+        """The SDK client this judge sends with on the running event loop, for control-plane calls
+        (files, batches). Calls made through it bypass the cache, the limiter and the retry policy.
         """
-        return self._client
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._idle_client is None:
+                self._idle_client = AsyncOpenAI(**self._client_options)
+            return self._idle_client
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = AsyncOpenAI(**self._client_options)
+        return client
 
     async def aclose(self) -> None:
-        await self._client.close()
+        """Close the client of the running loop; clients of loops already closed hold nothing to release."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.close()
+        for other_loop, other in list(self._clients.items()):
+            if other_loop.is_closed():
+                self._clients.pop(other_loop, None)
+        if self._idle_client is not None:
+            idle, self._idle_client = self._idle_client, None
+            await idle.close()
 
     async def __aenter__(self) -> Judge:
         return self
@@ -364,7 +388,7 @@ class Judge:
                     async with self.limiter.slot(estimate):
                         # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
                         # and skipping model construction halves the client's CPU per judgement.
-                        raw = await self._client.chat.completions.with_raw_response.create(**request)
+                        raw = await self.client.chat.completions.with_raw_response.create(**request)
                     completion = json.loads(raw.content)
                     if not isinstance(completion, dict):
                         raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
