@@ -84,6 +84,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from judge import Judge, RubricError
+from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._files import read_data_file
 
 from ._composite import FormulaError, formula_grader, weighted_grader
@@ -208,6 +209,7 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     base_url: str | None = None
     timeout: float = 60.0
+    max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
 
 
 NODES: dict[str, type[_Node]] = {
@@ -267,7 +269,7 @@ class _Builder:
                     self.made_judge = self._judge()
                 else:
                     s = self.settings
-                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout)
+                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout, max_prompt_tokens=s.max_prompt_tokens)
             except ValueError as e:
                 raise GraderConfigError(f"{self.source}: an LLM grader needs a judge: {e}") from e
         return self.made_judge

@@ -30,6 +30,9 @@ TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
 # One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
 _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+# Above every common context window: a prompt this long is a broken row (a pasted file, a loop in
+# a trajectory), and sending it would only buy a 400 or a very large bill.
+DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
 
 
@@ -120,6 +123,9 @@ class Judge:
             ``score_source`` says per judgement whether that happened or the plain label was used.
         budget: a spend cap (share one between the judges of a run). Past it, a row that misses
             the cache is not sent: its Verdict is ``skipped`` with ``error_kind="budget"``.
+        max_prompt_tokens: a rendered prompt estimated above this many tokens is not sent: its
+            Verdict is an ``input`` error (the row cannot be judged this way), not a request no
+            model accepts. None: no cap.
     """
 
     def __init__(
@@ -136,6 +142,7 @@ class Judge:
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         logprobs: int | None = None,
         budget: Budget | None = None,
+        max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         self.budget = budget
@@ -165,6 +172,9 @@ class Judge:
             # In sampling, so the cache key covers it: a reply without logprobs is not reused.
             self.sampling.update(logprobs=True, top_logprobs=logprobs)
         self.logprobs = logprobs
+        if max_prompt_tokens is not None and max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+        self.max_prompt_tokens = max_prompt_tokens
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
         self._shells: dict[tuple[int, str], tuple[Rubric, str]] = {}
@@ -302,6 +312,11 @@ class Judge:
             messages = rubric.render(row, mode)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        if self.max_prompt_tokens is not None:
+            estimated = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+            if estimated > self.max_prompt_tokens:
+                return finish(status="error", error_kind="input", mode=mode,
+                              error=f"the rendered prompt is about {estimated:,} tokens, over max_prompt_tokens ({self.max_prompt_tokens:,})")
         request = build_request(rubric, messages, mode, self.model, self.sampling)
         key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
