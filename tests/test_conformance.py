@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import threading
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,3 +53,339 @@ def test_ark_seed_harness_five_times_in_one_process_all_succeed(fake: FakeProvid
     results = [seed_main(plugin) for _ in range(5)]
     assert [r.status for r in results] == [PluginStatus.SUCCESS] * 5, [r.error for r in results]
     assert [r.rewards for r in results] == [[1.0, 0.0]] * 5
+
+
+# ---- the reward server, called as OpenRLHF, DashScope and a Bailian user's file call it ---------------
+
+ANSWER_MATCH = {"type": "string_match", "expression": "{{references.answer}}", "operation": "EXACT_MATCH", "correct": 1, "wrong": 0}
+
+
+def post(url: str, path: str, body: Any = None, *, raw: bytes | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 30) -> tuple[int, Any]:
+    """(status, parsed JSON) of one POST with urllib; non-2xx answers are returned, not raised."""
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+@pytest.fixture
+def serve():
+    from graders import RewardServer, create_app
+
+    servers: list[Any] = []
+
+    def start(computer: Any, config: Any = None) -> str:
+        server = RewardServer(create_app(computer, config), port=0, log_level="warning").start()
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+# What OpenRLHF's SingleTurnExecutor sends for a Qwen (ChatML) policy: the query is
+# decode(prompt + response tokens, skip_special_tokens=False), the prompt is the templated text, the
+# label is the dataset's --label_key field (openrlhf/utils/agent.py, commit 3c3be62).
+QWEN_PROMPT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_openrlhf_plain_label_reaches_references_answer_and_the_end_token_is_cut(serve) -> None:
+    """Before: the label was only references.label, so {{references.answer}} failed (502, which
+    OpenRLHF retries 5 times and then fails the step), and the response kept <|im_end|>. After: 200."""
+    from graders import load_grader
+
+    url = serve(load_grader(ANSWER_MATCH))
+    body = {"query": [QWEN_PROMPT + "5<|im_end|>", QWEN_PROMPT + "6<|im_end|>\n<|endoftext|><|endoftext|>"],
+            "prompts": [QWEN_PROMPT, QWEN_PROMPT], "labels": ["5", "5"]}
+    status, reply = post(url, "/get_reward", body)
+    assert status == 200, reply
+    assert reply["rewards"] == [1.0, 0.0]
+
+
+def test_openrlhf_templated_prompt_is_read_back_into_messages_and_end_tokens_are_configurable(serve) -> None:
+    from graders import Grade
+
+    seen: list[Any] = []
+
+    async def recorder(sample: Any) -> Grade:
+        seen.append(sample)
+        return Grade.scored(1.0)
+
+    url = serve(recorder, {"openrlhf": {"end_tokens": ["<END>"]}})
+    status, _ = post(url, "/get_reward", {"query": [QWEN_PROMPT + "five<END> <END>"], "prompts": [QWEN_PROMPT], "labels": ["5"]})
+    assert status == 200
+    sample = seen[0]
+    assert sample.response_text == "five"
+    assert [(m.role, m.content) for m in sample.messages] == [("system", "You are helpful."), ("user", "What is 2+3?")]
+    assert sample.prompt_text == "What is 2+3?" and sample.metadata["templated_prompt"] == QWEN_PROMPT
+    status, _ = post(url, "/get_reward", {"query": [QWEN_PROMPT + "five<|im_end|>"], "prompts": [QWEN_PROMPT], "labels": ["5"]})
+    assert status == 200 and seen[1].response_text == "five<|im_end|>", "only the configured tokens are cut"
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    pytest.param("Paris<|im_end|>", "Paris", id="chatml"),
+    pytest.param("Paris<|eot_id|>", "Paris", id="llama3"),
+    pytest.param("Paris</s>", "Paris", id="llama2_mistral"),
+    pytest.param("Paris<end_of_turn>\n<eos>", "Paris", id="gemma"),
+    pytest.param("Paris<|end|><|endoftext|>", "Paris", id="phi3"),
+    pytest.param("Paris<｜end▁of▁sentence｜>", "Paris", id="deepseek"),
+    pytest.param("Paris  ", "Paris  ", id="no_token_text_unchanged"),
+    pytest.param("say </s> then Paris", "say </s> then Paris", id="only_trailing"),
+])
+def test_end_tokens_of_the_common_templates(tokens: str, expected: str) -> None:
+    from graders.platforms.server._models import strip_end_tokens
+
+    assert strip_end_tokens(tokens) == expected
+
+
+def test_dashscope_plain_ground_truth_reaches_references_answer(serve) -> None:
+    """Before: a plain ground_truth was only references.ground_truth: status failed. After: success."""
+    from graders import load_grader
+
+    url = serve(load_grader(ANSWER_MATCH))
+    body = {"func_type": "reward", "ground_truth": "Paris",
+            "agent_output": {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris"}]}}
+    status, reply = post(url, "/api/v1", body)
+    assert status == 200 and reply["status"] == "success" and reply["reward"]["reward_score"] == 1.0, reply
+
+
+def test_one_reference_rule_on_every_platform() -> None:
+    """The mapping table's rows: a plain value is under the platform's name and ``answer``; a dict merges."""
+    from graders.platforms._common import reference_dict
+    from graders.platforms._verl import verl_references
+    from graders.platforms.server._models import dashscope_request, label_references, AgentOutput
+
+    assert label_references("5") == {"label": "5", "answer": "5"}
+    assert label_references('{"answer": "5", "unit": "cm"}') == {"answer": "5", "unit": "cm"}
+    assert verl_references("5") == {"ground_truth": "5", "answer": "5"}
+    assert dashscope_request(AgentOutput(messages=[]), "5", None).extra_params == {"ground_truth": "5", "answer": "5"}
+    assert dashscope_request(AgentOutput(messages=[], rollout_extra={"answer": "old"}), "5", None).extra_params["answer"] == "5"
+    assert reference_dict(None, "label") == {}
+
+
+# ---- defect 5: a seed-001 user file served unchanged -----------------------------------------------
+
+SEED_001_CLASS = '''"""
+自定义奖励计算实现示例
+"""
+from core.base_reward import BaseRewardComputer
+from core.models import RewardRequest, RewardResponse
+
+
+class CustomRewardComputer(BaseRewardComputer):
+    def compute_reward(self, request: RewardRequest) -> RewardResponse:
+        try:
+            response_length = len(request.response)
+            extra_params = request.extra_params
+            if response_length > 100:
+                score = 0.9
+            elif response_length > 50:
+                score = 0.7
+            else:
+                score = 0.5
+            custom_param = extra_params.get('custom_param', 'default')
+            return RewardResponse(
+                score=score,
+                status='success',
+                extra_info={
+                    'custom_logic': True,
+                    'response_length': response_length,
+                    'custom_param': custom_param
+                }
+            )
+        except Exception as e:
+            return RewardResponse(
+                score=0.0,
+                status='fail',
+                detail=f'Error in custom compute_reward: {str(e)}'
+            )
+
+    def health_check(self) -> dict:
+        return {
+            'status': 'healthy',
+            'message': 'Custom reward computer is healthy'
+        }
+'''
+
+
+@pytest.mark.parametrize("class_path", ["implementations.custom_reward:CustomRewardComputer", "implementations/custom_reward.py:CustomRewardComputer"])
+def test_bailian_seed_class_with_core_imports_is_served_unchanged(tmp_path: Path, serve, class_path: str) -> None:
+    """Before: ServerConfigError "No module named 'core'". After: served, and no ``core`` is left installed."""
+    from graders.platforms.server import build_computer, load_server_config
+
+    (tmp_path / "implementations").mkdir()
+    (tmp_path / "implementations" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "implementations" / "custom_reward.py").write_text(SEED_001_CLASS, encoding="utf-8")
+    (tmp_path / "configs").mkdir()
+    config_file = tmp_path / "configs" / "config.yaml"
+    config_file.write_text(f"server:\n  port: 8000\nreward:\n  class: \"{class_path}\"\n", encoding="utf-8")
+    config = load_server_config(config_file)
+    url = serve(build_computer(config), config)
+    assert "core" not in sys.modules and "core.models" not in sys.modules
+    status, reply = post(url, "/compute_reward", {"response": "x" * 60, "extra_params": {"custom_param": "p"}})
+    assert status == 200 and reply["score"] == 0.7 and reply["extra_info"]["custom_param"] == "p"
+
+
+def test_config_without_reward_class_serves_the_default_computer(tmp_path: Path, serve) -> None:
+    from graders.platforms.server import build_computer, load_server_config
+
+    config_file = tmp_path / "config.yaml"
+    # The seed's own file with the class line commented out.
+    config_file.write_text("server:\n  port: 8000\nreward:\n  # class: \"implementations.default_reward:DefaultRewardComputer\"\n"
+                           "logging:\n  enable: true\n", encoding="utf-8")
+    config = load_server_config(config_file)
+    url = serve(build_computer(config), config)
+    assert post(url, "/compute_reward", {"response": " 5 ", "extra_params": {"answer": "5"}})[1]["score"] == 1.0
+    assert post(url, "/compute_reward", {"response": "6", "extra_params": {"solution": "5"}})[1]["score"] == 0.0
+    status, reply = post(url, "/compute_reward", {"response": "6", "extra_params": {}})
+    assert status == 200 and reply["status"] == "fail" and "answer" in reply["detail"]
+
+
+# ---- issue 11: the reward server holds under hostile clients ----------------------------------------
+
+
+def raw_http(url: str, head: bytes, body_parts: list[bytes] = (), *, pause: threading.Event | None = None) -> tuple[int, bytes]:
+    """Send a request by hand on a socket (a declared length, a body that stops coming) and read the answer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(head)
+        for chunk in body_parts:
+            sock.sendall(chunk)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+            more = sock.recv(65536)
+            if not more:
+                break
+            data += more
+        if pause is not None:
+            pause.set()
+        status = int(data.split(b" ", 2)[1])
+        return status, data
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_oversized_body_is_413_before_it_is_read(serve) -> None:
+    from graders import load_grader
+
+    url = serve(load_grader(ANSWER_MATCH), {"server": {"max_body_bytes": 1000}})
+    # A declared 5 GB body: refused from its Content-Length, with not one byte of it sent.
+    head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000000000\r\n\r\n"
+    status, data = raw_http(url, head)
+    assert status == 413 and b"server.max_body_bytes" in data
+    # A chunked body with no length: refused once it passes the limit.
+    chunk = json.dumps({"query": ["x" * 2000]}).encode()
+    head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    status, _ = raw_http(url, head, [b"%x\r\n" % len(chunk) + chunk + b"\r\n0\r\n\r\n"])
+    assert status == 413
+    assert post(url, "/get_reward", {"query": ["5"], "labels": ["5"]}) == (200, {"rewards": [1.0], "scores": [1.0], "extra_logs": {}})
+
+
+def test_a_slow_body_is_408_and_holds_no_worker(serve) -> None:
+    """One worker, no queue: a client that sends half a body and stalls must not take the only slot."""
+    from graders import load_grader
+
+    url = serve(load_grader(ANSWER_MATCH), {"server": {"body_timeout_s": 1}, "thread_pool": {"max_workers": 1, "queue_size": 0}})
+    body = json.dumps({"query": ["5"], "labels": ["5"]}).encode()
+    head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    answered = threading.Event()
+    result: dict[str, Any] = {}
+
+    def slow_client() -> None:
+        result["slow"] = raw_http(url, head, [body[:5]], pause=answered)
+
+    thread = threading.Thread(target=slow_client)
+    thread.start()
+    try:
+        # While the slow client stalls (before its 408), other requests are served: it holds no slot.
+        while not answered.is_set():
+            assert post(url, "/get_reward", {"query": ["5"], "labels": ["5"]})[0] == 200
+            if answered.wait(0.05):
+                break
+    finally:
+        thread.join(30)
+    assert result["slow"][0] == 408 and b"server.body_timeout_s" in result["slow"][1]
+
+
+def test_a_reward_not_ready_in_time_is_504_with_no_reward(serve) -> None:
+    from graders import Grade
+
+    release = threading.Event()
+
+    async def stuck(sample: Any) -> Grade:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return Grade.scored(1.0)
+
+    url = serve(stuck, {"server": {"request_timeout_s": 0.5}})
+    try:
+        status, reply = post(url, "/get_reward", {"query": ["a"], "labels": ["a"]})
+        assert status == 504 and "rewards" not in reply and "server.request_timeout_s" in reply["detail"]
+        status, reply = post(url, "/", {"example": {"contents": [{"role": "user", "parts": [{"text": "q"}]}]},
+                                         "response": {"parts": [{"text": "a"}]}})
+        assert status == 504 and "reward" not in reply
+    finally:
+        release.set()
+
+
+def test_get_reward_without_labels_for_a_grader_that_needs_them_is_422_naming_labels(serve) -> None:
+    """Before: 502 (OpenRLHF retries it 5 times, then fails the step). After: 422 naming ``labels``."""
+    from graders import load_grader
+
+    url = serve(load_grader(ANSWER_MATCH))
+    status, reply = post(url, "/get_reward", {"query": ["Q? 5"], "prompts": ["Q? "]})
+    assert status == 422 and reply["detail"][0]["loc"] == ["body", "labels"] and "answer" in reply["detail"][0]["msg"]
+
+
+def test_a_prompt_over_max_prompt_tokens_is_an_input_error_and_sends_nothing(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graders import load_grader
+    from graders._sample import Sample
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    fake.set_responder(reference_judge)
+    grader = load_grader({"type": "llm", "rubric": "semantic_equivalence_en",
+                          "judge": {"model": "fake-judge", "base_url": fake.base_url, "max_prompt_tokens": 2000}})
+
+    async def grade(text: str) -> Any:
+        return await grader(Sample(messages="Capital of France?", response=text, references={"answer": "Paris"}))
+
+    huge = asyncio.run(grade("Paris " * 20_000))
+    assert huge.status == "invalid" and "max_prompt_tokens" in huge.error
+    assert fake.chat_requests() == []
+    assert asyncio.run(grade("Paris")).score == 1.0
+
+
+def test_serve_on_a_port_in_use_exits_3_with_one_line(tmp_path: Path) -> None:
+    import socket
+
+    config = tmp_path / "config.yaml"
+    config.write_text("reward:\n  grader: g.yaml\n", encoding="utf-8")
+    (tmp_path / "g.yaml").write_text(json.dumps(ANSWER_MATCH), encoding="utf-8")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "graders", "serve", "--config", str(config), "--port", str(port)],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use; stop what holds it or pass --port"]
+    assert proc.stdout == ""
+    help_text = subprocess.run([sys.executable, "-m", "graders", "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "3: the port is already in use" in " ".join(help_text.split())

@@ -173,7 +173,8 @@ def load_object(spec: str, *, base: Path | None = None) -> Any:
     """The object a class path names: ``module.path:Name`` (seed 001), ``pkg.mod.Name`` or
     ``path/file.py:Name`` (DashScope). Modules are found from the current directory, ``base`` (the
     config file's folder) and its parent (the seed keeps ``configs/`` beside the code); files
-    relative to ``base`` first, then to the current directory.
+    relative to ``base`` first, then its parent, then the current directory. A seed-001 file's
+    ``from core.base_reward import ...`` / ``from core.models import ...`` work (:func:`seed_modules`).
 
     Raises:
         ValueError: the path is malformed, or names nothing importable (the message says which).
@@ -202,7 +203,8 @@ def load_object(spec: str, *, base: Path | None = None) -> Any:
 
 
 def _import_path(spec: str, where: str, base: Path | None) -> Any:
-    candidates = [Path(where)] if Path(where).is_absolute() else [p / where for p in ((base,) if base else ()) + (Path.cwd(),)]
+    folders = (base, base.parent, Path.cwd()) if base else (Path.cwd(),)  # the seed keeps configs/ beside the code
+    candidates = [Path(where)] if Path(where).is_absolute() else [p / where for p in folders]
     path = next((c.resolve() for c in candidates if c.is_file()), None)
     if path is None:
         raise ValueError(f"{spec!r}: no file {where} (looked in {', '.join(str(c.parent) for c in candidates)})")
