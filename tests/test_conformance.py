@@ -387,5 +387,62 @@ def test_serve_on_a_port_in_use_exits_3_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use; stop what holds it or pass --port"]
     assert proc.stdout == ""
-    help_text = subprocess.run([sys.executable, "-m", "graders", "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    help_text = CliRunner().invoke(app, ["serve", "--help"], terminal_width=200).output
     assert "3: the port is already in use" in " ".join(help_text.split())
+
+
+# ---- defect 4: TRL before 0.27 calls reward functions synchronously ---------------------------------
+
+
+def trl_0_26_calculate_rewards(reward_func: Any, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any]) -> list[float]:
+    """GRPOTrainer._calculate_rewards of TRL v0.26.0 (trl/trainer/grpo_trainer.py), the callable
+    branch, with torch.tensor replaced by a list of floats."""
+    keys = [key for key in inputs[0] if key not in ["prompt", "completion", "completion_ids"]]
+    reward_kwargs = {key: [example[key] for example in inputs] for key in keys}
+    reward_kwargs["trainer_state"] = object()
+    output_reward_func = reward_func(prompts=prompts, completions=completions, completion_ids=[[1, 2]] * len(prompts), **reward_kwargs)
+    output_reward_func = [reward if reward is not None else float("nan") for reward in output_reward_func]
+    return [float(r) for r in output_reward_func]
+
+
+def test_trl_before_0_27_gets_a_plain_function_that_returns_rewards() -> None:
+    """Before: TRL 0.26 iterated the coroutine ("'coroutine' object is not iterable"). After: rewards."""
+    from graders.platforms import trl_reward_func
+
+    func = trl_reward_func(ANSWER_MATCH, sync=True)
+    assert not asyncio.iscoroutinefunction(func)
+    inputs = [{"prompt": "2+3?", "answer": "5"}, {"prompt": "2+2?", "answer": "4"}]
+    assert trl_0_26_calculate_rewards(func, inputs, ["2+3?", "2+2?"], ["5", "5"]) == [1.0, 0.0]
+
+    async def inside_a_running_loop() -> list[float]:  # e.g. a notebook, or an accelerate launcher with a loop
+        return trl_0_26_calculate_rewards(func, inputs, ["2+3?", "2+2?"], ["5", "4"])
+
+    assert asyncio.run(inside_a_running_loop()) == [1.0, 1.0]
+    assert func.__name__ == "string_match"
+
+
+@pytest.mark.parametrize(("version", "sync"), [
+    ("0.14.0", True), ("0.26.2", True), ("0.9.6", True), ("0.27.0", False), ("0.27.0.dev0", False), ("1.16.0", False), ("1.0.0rc1", False),
+])
+def test_trl_version_decides_sync(version: str, sync: bool) -> None:
+    from graders.platforms._trl import trl_calls_sync
+
+    assert trl_calls_sync(version) is sync
+
+
+def test_trl_default_follows_the_installed_trl() -> None:
+    import importlib.metadata
+
+    from graders.platforms import trl_reward_func
+    from graders.platforms._trl import trl_calls_sync
+
+    try:
+        installed = importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    func = trl_reward_func(ANSWER_MATCH)
+    assert asyncio.iscoroutinefunction(func) is (installed is None or not trl_calls_sync(installed))
