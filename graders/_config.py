@@ -81,7 +81,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from judge import Judge, RubricError
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
@@ -177,6 +177,15 @@ class PythonNode(_Node):
     env: dict[str, str] = Field(default_factory=dict)
     image_tag: str | None = None  # OpenAI's field, accepted so its grader JSON loads; unused
     pass_threshold: float | None = None  # OpenAI's field; unused by the grade itself
+    # The scores this code gives, as its author states them: a python grader's range cannot be read
+    # from its source, and `gradekit export --to openai` exports without --rescale only a range in 0..1.
+    range: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> PythonNode:
+        if self.range is not None and not -1.0 <= self.range[0] <= self.range[1] <= 1.0:
+            raise ValueError(f"range must be [low, high] with -1 <= low <= high <= 1, got {list(self.range)}")
+        return self
 
 
 class WeightedNode(_Node):

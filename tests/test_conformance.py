@@ -446,3 +446,36 @@ def test_trl_default_follows_the_installed_trl() -> None:
         installed = None
     func = trl_reward_func(ANSWER_MATCH)
     assert asyncio.iscoroutinefunction(func) is (installed is None or not trl_calls_sync(installed))
+
+
+# ---- defect 6: gradekit export --to openai of a [-1, 1] grader ---------------------------------------
+
+PY_SOURCE = "def grade(sample, item):\n    return 1.0 if sample['output_text'] == item['answer'] else 0.0\n"
+
+
+@pytest.mark.parametrize(("config", "exported"), [
+    pytest.param({"type": "python", "name": "p", "source": PY_SOURCE}, False, id="python_range_unknown"),
+    pytest.param({"type": "python", "name": "p", "source": PY_SOURCE, "range": [-1, 1]}, False, id="python_declared_minus_one"),
+    pytest.param({"type": "python", "name": "p", "source": PY_SOURCE, "range": [0, 1]}, True, id="python_declared_0_1"),
+    pytest.param({"type": "formula", "name": "f", "formula": "a - b", "graders": {
+        "a": {"type": "string_check", "input": "{{response}}", "reference": "{{references.answer}}"},
+        "b": {"type": "string_check", "input": "{{response}}", "reference": "{{references.other}}"}}}, False, id="formula_can_go_negative"),
+    pytest.param({"type": "formula", "name": "f", "formula": "max(a, b) ^ 2", "graders": {
+        "a": {"type": "string_check", "input": "{{response}}", "reference": "{{references.answer}}"},
+        "b": {"type": "string_match", "expression": "{{references.answer}}", "wrong": 0}}}, True, id="formula_bounded_in_0_1"),
+    pytest.param({"type": "string_match", "expression": "{{references.answer}}"}, False, id="wrong_is_minus_one"),
+])
+def test_openai_export_refuses_a_range_not_known_in_0_1_without_rescale(tmp_path: Path, config: dict, exported: bool) -> None:
+    """Before: a [-1, 1] python grader exported with exit 0. After: exit 2 naming --rescale; with it, exit 0."""
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    path = tmp_path / "grader.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    result = CliRunner().invoke(app, ["export", str(path), "--to", "openai"])
+    if exported:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2 and "--rescale" in result.output, result.output
+        assert CliRunner().invoke(app, ["export", str(path), "--to", "openai", "--rescale"]).exit_code == 0
