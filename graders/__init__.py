@@ -29,7 +29,8 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                      "judge_agreement", "majority_vote", "mean_vote", "pairwise_grader", "pairwise_report",
                      "plot_confusion", "plot_position_bias", "plot_scores", "position_swap", "run_probes", "verbosity"],
     ".platforms": ["BaseRewardComputer", "ExportError", "GraderRewardComputer", "GradingError", "RewardRequest",
-                   "RewardResponse", "RewardServer", "VerlReward", "ark_group_grader", "create_app", "export_openai_grader",
+                   "RewardResponse", "RewardServer", "VerlReward", "ark_group_grader", "ark_single_grader", "create_app",
+                   "export_openai_grader",
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score"],
     ".runs": ["BatchRunError", "RunSummary", "agrade_frame", "grade_file", "grade_file_batch", "grade_frame"],
 })

@@ -479,3 +479,23 @@ def test_openai_export_refuses_a_range_not_known_in_0_1_without_rescale(tmp_path
     else:
         assert result.exit_code == 2 and "--rescale" in result.output, result.output
         assert CliRunner().invoke(app, ["export", str(path), "--to", "openai", "--rescale"]).exit_code == 0
+
+
+# ---- Ark @single_grader: one trajectory in, one reward out ------------------------------------------
+
+
+def test_ark_single_grader_one_trajectory_per_call_from_new_loops(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graders import ark_single_grader
+
+    fake.set_responder(reference_judge)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    plugin = ark_single_grader({"type": "llm", "rubric": "semantic_equivalence_en",
+                                "judge": {"model": "fake-judge", "base_url": fake.base_url}})
+    assert list(__import__("inspect").signature(plugin).parameters) == ["context", "sample", "trajectory"]
+    sample = ChatCompletionSample(**SEED_SAMPLE)
+    results = [asyncio.run(plugin({}, sample, ArkTrajectory(**t))) for t in SEED_TRAJECTORIES]
+    assert [(r.status, r.reward) for r in results] == [(PluginStatus.SUCCESS, 1.0), (PluginStatus.SUCCESS, 0.0)]
+    preset = asyncio.run(plugin({}, sample, ArkTrajectory(**{**SEED_TRAJECTORIES[1], "extra": {"reward": -1}})))
+    assert preset.reward == -1.0, "the rollout's preset reward wins, as in the group grader"
+    discarded = asyncio.run(plugin({}, {**SEED_SAMPLE, "extra": {}}, SEED_TRAJECTORIES[0]))
+    assert discarded.status == PluginStatus.DISCARD and discarded.reward == 0.0 and "references" in discarded.error
