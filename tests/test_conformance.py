@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import threading
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -73,22 +73,6 @@ def post(url: str, path: str, body: Any = None, *, raw: bytes | None = None, hea
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
-
-
-@pytest.fixture
-def serve():
-    from graders import RewardServer, create_app
-
-    servers: list[Any] = []
-
-    def start(computer: Any, config: Any = None) -> str:
-        server = RewardServer(create_app(computer, config), port=0, log_level="warning").start()
-        servers.append(server)
-        return server.url
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 # What OpenRLHF's SingleTurnExecutor sends for a Qwen (ChatML) policy: the query is
@@ -161,7 +145,11 @@ def test_one_reference_rule_on_every_platform() -> None:
     """The mapping table's rows: a plain value is under the platform's name and ``answer``; a dict merges."""
     from graders.platforms._common import reference_dict
     from graders.platforms._verl import verl_references
-    from graders.platforms.server._models import dashscope_request, label_references, AgentOutput
+    from graders.platforms.server._models import (
+        AgentOutput,
+        dashscope_request,
+        label_references,
+    )
 
     assert label_references("5") == {"label": "5", "answer": "5"}
     assert label_references('{"answer": "5", "unit": "cm"}') == {"answer": "5", "unit": "cm"}
@@ -217,8 +205,24 @@ class CustomRewardComputer(BaseRewardComputer):
 
 
 @pytest.mark.parametrize("class_path", ["implementations.custom_reward:CustomRewardComputer", "implementations/custom_reward.py:CustomRewardComputer"])
-def test_bailian_seed_class_with_core_imports_is_served_unchanged(tmp_path: Path, serve, class_path: str) -> None:
+def test_bailian_seed_class_with_core_imports_is_served_unchanged(tmp_path: Path, serve, class_path: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: ServerConfigError "No module named 'core'". After: served, and no ``core`` is left installed."""
+    # The loader puts the config's folders on sys.path and imports ``implementations``: undo both,
+    # so that other tests' ``implementations`` packages (examples/server) import their own.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".") / "implementations").is_dir()])
+    theirs = {n: m for n, m in sys.modules.items() if n.split(".")[0] == "implementations"}
+    for name in theirs:
+        del sys.modules[name]
+    try:
+        serve_seed_class(tmp_path, serve, class_path)
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "implementations"]:
+            del sys.modules[name]
+        sys.modules.update(theirs)
+
+
+def serve_seed_class(tmp_path: Path, serve: Any, class_path: str) -> None:
     from graders.platforms.server import build_computer, load_server_config
 
     (tmp_path / "implementations").mkdir()

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, TypeAdapter
 
-from graders import RewardServer, create_app, load_grader
+from graders import load_grader
 from graders.platforms import export_openai_grader, export_vertex_spec
 from judge import Judge, Limiter, RetryPolicy
 from judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
+from .test_conformance import post
 
 DATA = Path(__file__).parent / "data" / "graders"
 
@@ -47,32 +47,6 @@ def no_extras(value: Any, where: str = "grader") -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             no_extras(item, f"{where}.{key}")
-
-
-@pytest.fixture
-def serve() -> Iterator[Any]:
-    servers: list[RewardServer] = []
-
-    def start(computer: Any, config: Any = None) -> str:
-        server = RewardServer(create_app(computer, config), port=0, log_level="warning").start()
-        servers.append(server)
-        return server.url
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-def post(url: str, path: str, body: Any) -> tuple[int, Any]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
 
 
 async def _no_wait(_: float) -> None:
@@ -139,11 +113,21 @@ def test_no_extras_catches_a_field_the_sdk_does_not_know() -> None:
 
 def test_dashscope_requests_built_with_its_models_and_replies_parsed_with_them(fake: FakeProvider, serve) -> None:
     need("dashscope")
-    from dashscope.finetune.reinforcement.component.data.base_data_model import AgentOutput, RequestMetadata, TaskStatus
-    from dashscope.finetune.reinforcement.component.data.group_reward_input import GroupRewardInput
-    from dashscope.finetune.reinforcement.component.data.group_reward_output import GroupRewardOutput
+    from dashscope.finetune.reinforcement.component.data.base_data_model import (
+        AgentOutput,
+        RequestMetadata,
+        TaskStatus,
+    )
+    from dashscope.finetune.reinforcement.component.data.group_reward_input import (
+        GroupRewardInput,
+    )
+    from dashscope.finetune.reinforcement.component.data.group_reward_output import (
+        GroupRewardOutput,
+    )
     from dashscope.finetune.reinforcement.component.data.reward_input import RewardInput
-    from dashscope.finetune.reinforcement.component.data.reward_output import RewardOutput
+    from dashscope.finetune.reinforcement.component.data.reward_output import (
+        RewardOutput,
+    )
 
     fake.set_responder(lambda body: Reply(status=500) if "BOOM" in json.dumps(body) else reference_judge(body))
     url = serve(llm_grader(fake))

@@ -13,7 +13,6 @@ import typer
 from ..platforms.server import ServerConfigError, build_computer, load_server_config
 from ._common import fail
 
-
 PORT_IN_USE = 3  # exit status when the port is taken: a supervisor can tell it from a broken config (2)
 
 
@@ -37,7 +36,10 @@ def serve(
 
     Exit status: 0 after a clean SIGTERM/SIGINT drain; 2: the config is wrong (the message names the file and key); 3: the port is already in use (one line says so); 1: the server could not start for another reason.
     """
-    from ..platforms.server import RewardServer, create_app  # FastAPI and uvicorn load for this command only
+    from ..platforms.server import (  # FastAPI and uvicorn load for this command only
+        RewardServer,
+        create_app,
+    )
     from ..platforms.server._app import TOKEN_ENV
     from ..platforms.server._run import PortInUse
 

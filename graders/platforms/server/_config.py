@@ -56,7 +56,12 @@ from judge import configure_limiter
 from judge._files import read_data_file
 
 from ..._config import GraderConfigError, load_grader
-from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer, load_object
+from ._computers import (
+    BaseRewardComputer,
+    DefaultRewardComputer,
+    GraderRewardComputer,
+    load_object,
+)
 from ._models import END_TOKENS
 
 

@@ -241,8 +241,8 @@ def strip_end_tokens(text: str, end_tokens: Sequence[str] = END_TOKENS) -> str:
 
 
 # Chat templates whose turns can be read back: ChatML (Qwen, many others) and Llama 3.
-_CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\s*|(?=<\|im_start\|>)|\Z)", re.S)
-_LLAMA3 = re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|\Z)", re.S)
+_CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\s*|(?=<\|im_start\|>)|\Z)", re.DOTALL)
+_LLAMA3 = re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|\Z)", re.DOTALL)
 
 
 def untemplate(prompt: str) -> list[Message] | str:
