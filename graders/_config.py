@@ -89,7 +89,7 @@ from judge._files import read_data_file
 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
-from ._llm import autorater_grader, llm_grader
+from ._llm import autorater_grader, label_model_grader, llm_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._sample import Grade, Grader, Sample, aclose_grader
 from ._string_match import (
@@ -166,6 +166,16 @@ class AutoraterNode(_Node):
     wrong: float = -1.0
 
 
+class LabelModelNode(_Node):
+    """OpenAI's label_model grader JSON: ``model`` is recorded (and exported back); the judge that
+    runs it locally is gradekit's (``judge:``), so validate and a run use your endpoint."""
+
+    model: str | None = None
+    input: list[dict[str, Any]]
+    labels: list[str]
+    passing_labels: list[str]
+
+
 class PythonNode(_Node):
     file: str | None = None
     source: str | None = None
@@ -229,6 +239,7 @@ NODES: dict[str, type[_Node]] = {
     "string_check": StringCheckNode,
     "llm": LlmNode,
     "autorater": AutoraterNode,
+    "label_model": LabelModelNode,
     "python": PythonNode,
     "weighted": WeightedNode,
     "formula": FormulaNode,
@@ -326,6 +337,8 @@ class _Builder:
             prompt = node.prompt if node.prompt is not None else self.path(node.prompt_file or "").read_text(encoding="utf-8")
             return autorater_grader(self.judge(), prompt, parse=node.parse, response_parse=node.response_parse,
                                     expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, LabelModelNode):
+            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")

@@ -503,3 +503,59 @@ def test_ark_single_grader_one_trajectory_per_call_from_new_loops(fake: FakeProv
     assert preset.reward == -1.0, "the rollout's preset reward wins, as in the group grader"
     discarded = asyncio.run(plugin({}, {**SEED_SAMPLE, "extra": {}}, SEED_TRAJECTORIES[0]))
     assert discarded.status == PluginStatus.DISCARD and discarded.reward == 0.0 and "references" in discarded.error
+
+
+# ---- OpenAI label_model: load the JSON, run it locally, export it back ------------------------------
+
+LABEL_MODEL = {
+    "type": "label_model", "name": "sentiment", "model": "gpt-4o-2024-08-06",
+    "input": [{"role": "developer", "content": "Classify the sentiment of the text as positive, neutral or negative."},
+              {"role": "user", "content": "Statement: {{ sample.output_text }}\nTopic: {{ item.topic }}"}],
+    "labels": ["positive", "neutral", "negative"], "passing_labels": ["positive", "neutral"],
+}
+
+
+def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from graders import export_openai_grader, load_grader
+    from graders._sample import Sample
+
+    need_sdk = pytest.importorskip("openai.types.graders")
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+
+    def judge(body: dict) -> Any:
+        from judge.testing import Reply
+
+        user = body["messages"][-1]["content"]
+        label = "negative" if "awful" in user else "positive"
+        assert body["messages"][0]["role"] == "system" and "Classify" in body["messages"][0]["content"]
+        assert body["response_format"]["json_schema"]["schema"]["properties"]["label"]["enum"] == LABEL_MODEL["labels"]
+        return Reply(content=json.dumps({"label": label}))
+
+    fake.set_responder(judge)
+    grader = load_grader({**LABEL_MODEL, "judge": {"model": "fake-judge", "base_url": fake.base_url}})
+
+    async def grade(text: str) -> Any:
+        return await grader(Sample(response=text, references={"topic": "food"}))
+
+    good, bad = asyncio.run(grade("lovely soup")), asyncio.run(grade("awful soup"))
+    assert (good.score, good.status) == (1.0, "ok") and (bad.score, bad.status) == (0.0, "ok")
+    missing = asyncio.run(grader(Sample(response="x", references={})))
+    assert missing.status == "invalid" and "topic" in missing.error
+
+    exported = export_openai_grader(LABEL_MODEL)
+    assert exported == LABEL_MODEL, "loaded from OpenAI's JSON and exported back unchanged"
+    need_sdk.LabelModelGrader.model_validate(exported)
+    # ``gradekit validate`` runs OpenAI's JSON file as it is, on the judge's endpoint.
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    (tmp_path / "label_model.json").write_text(json.dumps(LABEL_MODEL), encoding="utf-8")
+    (tmp_path / "example.json").write_text(json.dumps({"contents": [{"role": "user", "parts": [{"text": "Review it."}]}],
+                                                       "references": {"topic": "food"}}), encoding="utf-8")
+    (tmp_path / "response.txt").write_text("awful soup", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", "--grader", str(tmp_path / "label_model.json"), "--example", str(tmp_path / "example.json"),
+                                      "--response", str(tmp_path / "response.txt"), "--json", "--base-url", fake.base_url,
+                                      "--api-key", "k", "--model", "fake-judge"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["reward"] == 0.0

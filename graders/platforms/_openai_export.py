@@ -79,7 +79,23 @@ class ScoreModelGrader(_Shape):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
 
 
-LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader
+class LabelModelMessage(_Shape):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class LabelModelGrader(_Shape):
+    """OpenAI's label_model (for evals; RFT takes it inside a multi grader only as the SDK types allow)."""
+
+    type: Literal["label_model"] = "label_model"
+    name: str
+    model: str
+    input: list[LabelModelMessage]
+    labels: list[str]
+    passing_labels: list[str]
+
+
+LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader
 
 
 class MultiGrader(_Shape):
@@ -158,6 +174,11 @@ class _Exporter:
                 return self._refuse(node, "score_model cannot extract with a regex (from the judge's reply or the response)")
             return ScoreModelGrader(name=node.name, model=self.model, input=[ScoreModelMessage(role="user", content=prompt)],
                                     range=(-1.0, 1.0), sampling_params={"temperature": 0})
+        if node.kind == "label_model":
+            return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
+                                    passing_labels=list(cfg.passing_labels),
+                                    input=[LabelModelMessage(role=m.get("role", "user"), content=self.template(node, str(m.get("content") or "")))
+                                           for m in cfg.input])
         if node.kind == "llm":
             return self._refuse(node, "a gradekit rubric maps the judge's label to a score; score_model reads a number, and label_model "
                                       "is for evals only")
@@ -272,7 +293,7 @@ def score_range(node: Node) -> Span | None:
     if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match") or (node.kind == "autorater" and cfg.expression):
         low, high = sorted((float(cfg.correct), float(cfg.wrong)))
         return max(-1.0, low), min(1.0, high)
-    if node.kind == "string_check":
+    if node.kind in ("string_check", "label_model"):
         return 0.0, 1.0
     if node.kind == "autorater":
         return -1.0, 1.0
@@ -356,7 +377,7 @@ def _lowest(node: Node) -> float | None:
     cfg: Any = node.cfg
     if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match"):
         return max(-1.0, min(float(cfg.correct), float(cfg.wrong)))
-    if node.kind == "string_check":
+    if node.kind in ("string_check", "label_model"):
         return 0.0
     if node.kind == "autorater":
         return -1.0 if cfg.expression is None else max(-1.0, min(float(cfg.correct), float(cfg.wrong)))

@@ -373,7 +373,7 @@ def expressible(root: Node, entry: Entry) -> list[str]:
     """Why ``root`` cannot run inside a standalone file for ``entry`` (an empty list: it can)."""
     reasons = []
     for node in root.walk():
-        if node.kind in ("llm", "autorater"):
+        if node.kind in ("llm", "autorater", "label_model"):
             reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
