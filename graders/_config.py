@@ -102,6 +102,7 @@ from ._string_match import (
     string_check_grader,
     string_match_grader,
 )
+from ._text_similarity import text_similarity_grader
 from ._vertex import is_vertex_spec, parse_vertex_spec, vertex_grader
 
 
@@ -164,6 +165,15 @@ class AutoraterNode(_Node):
     expression: str | None = None
     correct: float = 1.0
     wrong: float = -1.0
+
+
+class TextSimilarityNode(_Node):
+    """OpenAI's text_similarity grader JSON."""
+
+    input: str
+    reference: str
+    evaluation_metric: str
+    pass_threshold: float | None = None
 
 
 class LabelModelNode(_Node):
@@ -240,6 +250,7 @@ NODES: dict[str, type[_Node]] = {
     "llm": LlmNode,
     "autorater": AutoraterNode,
     "label_model": LabelModelNode,
+    "text_similarity": TextSimilarityNode,
     "python": PythonNode,
     "weighted": WeightedNode,
     "formula": FormulaNode,
@@ -337,6 +348,9 @@ class _Builder:
             prompt = node.prompt if node.prompt is not None else self.path(node.prompt_file or "").read_text(encoding="utf-8")
             return autorater_grader(self.judge(), prompt, parse=node.parse, response_parse=node.response_parse,
                                     expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, TextSimilarityNode):
+            return text_similarity_grader(node.input, node.reference, node.evaluation_metric,  # type: ignore[arg-type]
+                                          pass_threshold=node.pass_threshold, name=name)
         if isinstance(node, LabelModelNode):
             return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
         if isinstance(node, PythonNode):

@@ -559,3 +559,40 @@ def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvid
                                       "--api-key", "k", "--model", "fake-judge"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["reward"] == 0.0
+
+
+# ---- OpenAI text_similarity: load, run locally, export back ------------------------------------------
+
+
+@pytest.mark.parametrize(("metric", "got", "want", "expected"), [
+    pytest.param("fuzzy_match", "kitten", "sitting", 2 * 4 / 13, id="fuzzy_indel_ratio"),
+    pytest.param("fuzzy_match", "same", "same", 1.0, id="fuzzy_equal"),
+    pytest.param("rouge_1", "The cat sat.", "the cat sat on the mat", 2 * 1.0 * 0.5 / 1.5, id="rouge1_f1"),
+    pytest.param("rouge_2", "the cat sat", "the cat sat on the mat", 2 * 1.0 * 0.4 / 1.4, id="rouge2_f1"),
+    pytest.param("rouge_l", "cat the sat", "the cat sat", 2 / 3, id="rougeL_lcs"),
+    pytest.param("bleu", "the cat sat on the mat", "the cat sat on the mat", 1.0, id="bleu_identical"),
+    pytest.param("bleu", "", "the cat", 0.0, id="bleu_empty"),
+    pytest.param("gleu", "the cat sat", "the cat sat", 1.0, id="gleu_identical"),
+    pytest.param("gleu", "a b", "c d", 0.0, id="gleu_disjoint"),
+])
+def test_text_similarity_metrics(metric: str, got: str, want: str, expected: float) -> None:
+    from graders._text_similarity import METRICS
+
+    assert METRICS[metric](got, want) == pytest.approx(expected)
+
+
+def test_text_similarity_from_openai_json_runs_and_exports_back() -> None:
+    from graders import export_openai_grader, load_grader
+    from graders._sample import Sample
+
+    config = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
+              "evaluation_metric": "rouge_l", "pass_threshold": 0.5}
+    grader = load_grader(config)
+    grade = asyncio.run(grader(Sample(response="the cat sat", references={"answer": "the cat sat on the mat"})))
+    assert grade.status == "ok" and grade.score == pytest.approx(2 * 1.0 * 0.5 / 1.5) and grade.metrics["passed"] == 1.0
+    assert asyncio.run(grader(Sample(response="x", references={}))).status == "invalid"
+    assert export_openai_grader(config) == config
+    sdk = pytest.importorskip("openai.types.graders")
+    sdk.TextSimilarityGrader.model_validate(export_openai_grader(config))
+    with pytest.raises(Exception, match="WordNet"):
+        load_grader({**config, "evaluation_metric": "meteor"})

@@ -71,6 +71,8 @@ OPENAI_EXPORTS = {
     "score_model_rescaled": ({"type": "autorater", "name": "judge", "prompt": "Rate {{response}} against {{references.answer}} from -1 to 1."}, True),
     "multi": (DATA / "formula.json", False),
     "weighted_rescaled": (DATA / "weighted.yaml", True),
+    "text_similarity": ({"type": "text_similarity", "name": "close", "input": "{{response}}", "reference": "{{references.answer}}",
+                         "evaluation_metric": "bleu", "pass_threshold": 0.6}, False),
     "label_model": ({"type": "label_model", "name": "tone", "model": "gpt-4o-mini", "labels": ["polite", "rude"], "passing_labels": ["polite"],
                      "input": [{"role": "system", "content": "Label the tone."}, {"role": "user", "content": "{{ sample.output_text }}"}]}, False),
 }

@@ -95,7 +95,16 @@ class LabelModelGrader(_Shape):
     passing_labels: list[str]
 
 
-LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader
+class TextSimilarityGrader(_Shape):
+    type: Literal["text_similarity"] = "text_similarity"
+    name: str
+    input: str
+    reference: str
+    evaluation_metric: str
+    pass_threshold: float | None = None
+
+
+LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader | TextSimilarityGrader
 
 
 class MultiGrader(_Shape):
@@ -174,6 +183,9 @@ class _Exporter:
                 return self._refuse(node, "score_model cannot extract with a regex (from the judge's reply or the response)")
             return ScoreModelGrader(name=node.name, model=self.model, input=[ScoreModelMessage(role="user", content=prompt)],
                                     range=(-1.0, 1.0), sampling_params={"temperature": 0})
+        if node.kind == "text_similarity":
+            return TextSimilarityGrader(name=node.name, input=self.template(node, cfg.input), reference=self.template(node, cfg.reference),
+                                        evaluation_metric=cfg.evaluation_metric, pass_threshold=cfg.pass_threshold)
         if node.kind == "label_model":
             return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
                                     passing_labels=list(cfg.passing_labels),
@@ -293,7 +305,7 @@ def score_range(node: Node) -> Span | None:
     if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match") or (node.kind == "autorater" and cfg.expression):
         low, high = sorted((float(cfg.correct), float(cfg.wrong)))
         return max(-1.0, low), min(1.0, high)
-    if node.kind in ("string_check", "label_model"):
+    if node.kind in ("string_check", "label_model", "text_similarity"):
         return 0.0, 1.0
     if node.kind == "autorater":
         return -1.0, 1.0
@@ -377,7 +389,7 @@ def _lowest(node: Node) -> float | None:
     cfg: Any = node.cfg
     if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match"):
         return max(-1.0, min(float(cfg.correct), float(cfg.wrong)))
-    if node.kind in ("string_check", "label_model"):
+    if node.kind in ("string_check", "label_model", "text_similarity"):
         return 0.0
     if node.kind == "autorater":
         return -1.0 if cfg.expression is None else max(-1.0, min(float(cfg.correct), float(cfg.wrong)))

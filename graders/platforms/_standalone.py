@@ -377,6 +377,8 @@ def expressible(root: Node, entry: Entry) -> list[str]:
             reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
+        elif node.kind == "text_similarity":
+            reasons.append(f"{node.where}: text_similarity has no standalone form yet (export it to OpenAI, where it is native)")
         elif entry == "grade":
             reasons.extend(_openai_gaps(node))
     return reasons
