@@ -96,12 +96,14 @@ class LabelModelGrader(_Shape):
 
 
 class TextSimilarityGrader(_Shape):
+    """No ``pass_threshold``: the grader type has none (openai.types.graders); it belongs to an
+    eval's testing criterion, so it is read from such JSON but not exported."""
+
     type: Literal["text_similarity"] = "text_similarity"
     name: str
     input: str
     reference: str
     evaluation_metric: str
-    pass_threshold: float | None = None
 
 
 LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader | TextSimilarityGrader
@@ -185,7 +187,7 @@ class _Exporter:
                                     range=(-1.0, 1.0), sampling_params={"temperature": 0})
         if node.kind == "text_similarity":
             return TextSimilarityGrader(name=node.name, input=self.template(node, cfg.input), reference=self.template(node, cfg.reference),
-                                        evaluation_metric=cfg.evaluation_metric, pass_threshold=cfg.pass_threshold)
+                                        evaluation_metric=cfg.evaluation_metric)
         if node.kind == "label_model":
             return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
                                     passing_labels=list(cfg.passing_labels),
