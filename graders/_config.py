@@ -91,6 +91,7 @@ from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, label_model_grader, llm_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._relative import relative_group_grader
 from ._sample import Grade, Grader, Sample, aclose_grader
 from ._string_match import (
     MatchOperation,
@@ -223,8 +224,20 @@ class VertexNode(_Node):
     file: str | None = None
 
 
+class RelativeSettings(BaseModel):
+    """``relative:`` of a group config: one judge call ranks all trajectories (graders._relative)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    criteria: str | None = None
+    shuffles: Literal[1, 2] = 2
+    seed: int = 0
+    rubric: str = "group_rank"
+
+
 class GroupNode(_Node):
-    grader: dict[str, Any]
+    grader: dict[str, Any] | None = None
+    relative: RelativeSettings | None = None
     checks: TrajectoryChecks = TrajectoryChecks()
     sample_checks: SampleChecks = SampleChecks()
     on_judge_error: Policy = "RETRY"
@@ -450,6 +463,16 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise GraderConfigError(f"{where}: {problems}") from None
+    if (node.grader is None) == (node.relative is None):
+        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone) and relative (one judge call ranks them all)")
+    if node.relative is not None:
+        r = node.relative
+        rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric
+        try:
+            return relative_group_grader(builder.judge(), criteria=r.criteria, shuffles=r.shuffles, seed=r.seed,
+                                         on_judge_error=node.on_judge_error, rubric=rubric)
+        except (ValueError, RubricError) as e:
+            raise GraderConfigError(f"{where}: relative: {e}") from e
     inner = builder.node(node.grader, "grader")
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
                         on_invalid=node.on_invalid, pass_threshold=node.pass_threshold)

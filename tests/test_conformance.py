@@ -597,3 +597,77 @@ def test_text_similarity_from_openai_json_runs_and_exports_back() -> None:
     assert not sdk.TextSimilarityGrader.model_validate(exported).__pydantic_extra__
     with pytest.raises(Exception, match="WordNet"):
         load_grader({**config, "evaluation_metric": "meteor"})
+
+
+# ---- the relative group judge: one call ranks all n trajectories ---------------------------------------
+
+
+def ranking_judge(biased: bool = False):
+    """Ranks the shown responses by the number each contains (higher is better); ``biased`` ranks
+    them in the order shown instead, whatever they say: the worst case of position bias."""
+    import re as _re
+
+    from judge.testing import Reply
+
+    def respond(body: dict) -> Any:
+        user = body["messages"][-1]["content"]
+        shown = _re.findall(r'<response id="([A-Z])">\n(.*?)\n</response>', user, _re.S)
+        if biased:
+            order = [letter for letter, _ in shown]
+        else:
+            order = [letter for letter, _ in sorted(shown, key=lambda x: -int(_re.search(r"\d+", x[1]).group()))]
+        return Reply(content=f"Compared them.\n<ranking>{' > '.join(order)}</ranking>")
+
+    return respond
+
+
+def relative_plugin(fake: FakeProvider, **relative: Any) -> Any:
+    return ark_group_grader({"type": "group", "relative": relative, "judge": {"model": "fake-judge", "base_url": fake.base_url}})
+
+
+def trajectories(*texts: str) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "assistant", "content": t}]} for t in texts]
+
+
+def test_relative_judge_ranks_in_one_call_per_shuffle_and_maps_back(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    fake.set_responder(ranking_judge())
+    result = asyncio.run(relative_plugin(fake)({}, SEED_SAMPLE, trajectories("score 3", "score 1", "score 2", "score 4")))
+    assert result.status == PluginStatus.SUCCESS, result.error
+    assert result.rewards == pytest.approx([1 / 3, -1.0, -1 / 3, 1.0])
+    assert result.metrics["position_bias"] == 0.0 and result.metrics["shuffles"] == 2.0
+    requests = fake.chat_requests()
+    assert len(requests) == 2, "one judge call per shuffle"
+    shown = [__import__("re").findall(r'<response id="[A-Z]">\n(.*?)\n</response>', r.body["messages"][-1]["content"]) for r in requests]
+    assert sorted(shown[0]) == sorted(shown[1]) and shown[0] == shown[1][::-1], "the second shuffle shows the reverse order"
+    again = asyncio.run(relative_plugin(fake)({}, SEED_SAMPLE, trajectories("score 3", "score 1", "score 2", "score 4")))
+    assert again.rewards == result.rewards
+
+
+def test_relative_judge_measures_position_bias(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    fake.set_responder(ranking_judge(biased=True))
+    result = asyncio.run(relative_plugin(fake)({}, SEED_SAMPLE, trajectories("score 3", "score 1", "score 2")))
+    # Each trajectory's two rewards are opposite (r and -r): they average to 0; the bias is mean |r| = (1 + 0 + 1) / 3.
+    assert result.rewards == pytest.approx([0.0, 0.0, 0.0]) and result.metrics["position_bias"] == pytest.approx(2 / 3)
+    single = asyncio.run(relative_plugin(fake, shuffles=1)({}, SEED_SAMPLE, trajectories("score 3", "score 1", "score 2")))
+    assert sorted(single.rewards) == [-1.0, 0.0, 1.0] and "position_bias" not in single.metrics
+
+
+def test_relative_judge_unreadable_ranking_is_retry_not_a_score(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    from judge.testing import Reply
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    fake.set_responder(lambda body: Reply(content="<ranking>A > A</ranking>"))
+    result = asyncio.run(relative_plugin(fake)({}, SEED_SAMPLE, trajectories("score 3", "score 1")))
+    assert result.status == PluginStatus.RETRY and result.rewards == [] and "parse_failure" in result.error
+
+
+@pytest.mark.parametrize(("text", "n", "expected"), [
+    ("B > A > C", 3, [1, 0, 2]), ("C, A, B", 3, [2, 0, 1]), ("1. B\n2. A", 2, [1, 0]),
+    ("A > B", 3, None), ("A > A > B", 3, None), ("", 2, None), ("B > A > D", 3, None),
+])
+def test_parse_ranking(text: str, n: int, expected: Any) -> None:
+    from graders._relative import parse_ranking
+
+    assert parse_ranking(text, n) == expected
