@@ -91,16 +91,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from judge import Judge, RubricError
+from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._files import read_data_file
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
-from ._llm import autorater_grader, llm_grader
+from ._llm import autorater_grader, label_model_grader, llm_grader
 from ._python import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_MEMORY_MB, DEFAULT_PROCESSES, DEFAULT_TIMEOUT, python_grader
+from ._relative import relative_group_grader
+
 from ._sample import Grade, Grader, Sample, aclose_grader
 from ._sandbox import Isolation
 from ._sandbox import Policy as SandboxPolicy
@@ -114,6 +117,7 @@ from ._string_match import (
     string_check_grader,
     string_match_grader,
 )
+from ._text_similarity import text_similarity_grader
 from ._vertex import is_vertex_spec, parse_vertex_spec, vertex_grader
 
 
@@ -178,6 +182,25 @@ class AutoraterNode(_Node):
     wrong: float = -1.0
 
 
+class TextSimilarityNode(_Node):
+    """OpenAI's text_similarity grader JSON."""
+
+    input: str
+    reference: str
+    evaluation_metric: str
+    pass_threshold: float | None = None
+
+
+class LabelModelNode(_Node):
+    """OpenAI's label_model grader JSON: ``model`` is recorded (and exported back); the judge that
+    runs it locally is gradekit's (``judge:``), so validate and a run use your endpoint."""
+
+    model: str | None = None
+    input: list[dict[str, Any]]
+    labels: list[str]
+    passing_labels: list[str]
+
+
 class _Sandboxed(_Node):
     workers: int | None = None
     sandbox: SandboxPolicy = "auto"
@@ -198,6 +221,15 @@ class PythonNode(_Sandboxed):
     env: dict[str, str] = Field(default_factory=dict)
     image_tag: str | None = None  # OpenAI's field, accepted so its grader JSON loads; unused
     pass_threshold: float | None = None  # OpenAI's field; unused by the grade itself
+    # The scores this code gives, as its author states them: a python grader's range cannot be read
+    # from its source, and `gradekit export --to openai` exports without --rescale only a range in 0..1.
+    range: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> PythonNode:
+        if self.range is not None and not -1.0 <= self.range[0] <= self.range[1] <= 1.0:
+            raise ValueError(f"range must be [low, high] with -1 <= low <= high <= 1, got {list(self.range)}")
+        return self
 
 
 class CodeTestsNode(_Sandboxed):
@@ -222,8 +254,20 @@ class VertexNode(_Node):
     file: str | None = None
 
 
+class RelativeSettings(BaseModel):
+    """``relative:`` of a group config: one judge call ranks all trajectories (graders._relative)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    criteria: str | None = None
+    shuffles: Literal[1, 2] = 2
+    seed: int = 0
+    rubric: str = "group_rank"
+
+
 class GroupNode(_Node):
-    grader: dict[str, Any]
+    grader: dict[str, Any] | None = None
+    relative: RelativeSettings | None = None
     checks: TrajectoryChecks = TrajectoryChecks()
     sample_checks: SampleChecks = SampleChecks()
     on_judge_error: Policy = "RETRY"
@@ -237,6 +281,7 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     base_url: str | None = None
     timeout: float = 60.0
+    max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
 
 
 NODES: dict[str, type[_Node]] = {
@@ -247,6 +292,8 @@ NODES: dict[str, type[_Node]] = {
     "string_check": StringCheckNode,
     "llm": LlmNode,
     "autorater": AutoraterNode,
+    "label_model": LabelModelNode,
+    "text_similarity": TextSimilarityNode,
     "python": PythonNode,
     "code_tests": CodeTestsNode,
     "weighted": WeightedNode,
@@ -298,7 +345,7 @@ class _Builder:
                     self.made_judge = self._judge()
                 else:
                     s = self.settings
-                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout)
+                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout, max_prompt_tokens=s.max_prompt_tokens)
             except ValueError as e:
                 raise GraderConfigError(f"{self.source}: an LLM grader needs a judge: {e}") from e
         return self.made_judge
@@ -346,6 +393,11 @@ class _Builder:
             prompt = node.prompt if node.prompt is not None else self.path(node.prompt_file or "").read_text(encoding="utf-8")
             return autorater_grader(self.judge(), prompt, parse=node.parse, response_parse=node.response_parse,
                                     expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
+        if isinstance(node, TextSimilarityNode):
+            return text_similarity_grader(node.input, node.reference, node.evaluation_metric,  # type: ignore[arg-type]
+                                          pass_threshold=node.pass_threshold, name=name)
+        if isinstance(node, LabelModelNode):
+            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
@@ -454,6 +506,16 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise GraderConfigError(f"{where}: {problems}") from None
+    if (node.grader is None) == (node.relative is None):
+        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone) and relative (one judge call ranks them all)")
+    if node.relative is not None:
+        r = node.relative
+        rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric
+        try:
+            return relative_group_grader(builder.judge(), criteria=r.criteria, shuffles=r.shuffles, seed=r.seed,
+                                         on_judge_error=node.on_judge_error, rubric=rubric)
+        except (ValueError, RubricError) as e:
+            raise GraderConfigError(f"{where}: relative: {e}") from e
     inner = builder.node(node.grader, "grader")
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
                         on_invalid=node.on_invalid, pass_threshold=node.pass_threshold)

@@ -202,3 +202,64 @@ def autorater_grader(
 
     grade.__name__ = name
     return grade
+
+
+def _label_model_dir() -> Path:
+    """The two-block template a label_model rubric renders its (already filled) messages through."""
+    directory = Path(tempfile.mkdtemp(prefix="gradekit-label-model-"))
+    (directory / "label_model.j2").write_text(
+        "{% block system %}{{ system_text }}{% endblock %}\n{% block user %}{{ user_text }}{% endblock %}\n", encoding="utf-8")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
+
+
+@functools.lru_cache(maxsize=None)
+def _label_model_directory() -> Path:
+    return _label_model_dir()
+
+
+def label_model_grader(judge: Judge, messages: list[Mapping[str, str]], labels: list[str], passing_labels: list[str], *,
+                       name: str = "label_model") -> Grader:
+    """OpenAI's ``label_model`` grader, run locally: the judge picks one of ``labels`` (a JSON enum);
+    a label in ``passing_labels`` scores 1, any other 0 (OpenAI's pass/fail of a label grader).
+
+    Args:
+        messages: OpenAI's ``input``: ``[{role, content}]`` whose content may use
+            ``{{ sample.output_text }}`` and ``{{ item.<key> }}`` (gradekit's ``response`` and
+            ``references.<key>`` too). System and developer messages become the system prompt;
+            the others, in order, the user prompt (an assistant turn is marked as such).
+    """
+    if not labels or len(set(labels)) != len(labels):
+        raise ValueError(f"label_model {name!r}: labels must be distinct and at least one")
+    unknown = [p for p in passing_labels if p not in labels]
+    if unknown or not passing_labels:
+        raise ValueError(f"label_model {name!r}: passing_labels must be some of the labels; not labels: {unknown}")
+    schema = {"type": "object", "properties": {"label": {"type": "string", "enum": list(labels)}}, "required": ["label"],
+              "additionalProperties": False}
+    rubric = Rubric.model_validate({
+        "name": name,
+        "description": "OpenAI label_model grader",
+        "template": "label_model.j2",
+        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"}},
+        "output": {"mode": "json_schema", "field": "label", "schema": schema, "rationale_field": None},
+        "labels": {label: 1.0 if label in passing_labels else 0.0 for label in labels},
+        "directory": _label_model_directory(),
+    })
+
+    async def grade(sample: Sample) -> Grade:
+        system, user = [], []
+        try:
+            for message in messages:
+                text = fill_placeholders(str(message.get("content") or ""), sample)
+                role = message.get("role", "user")
+                if role in ("system", "developer"):
+                    system.append(text)
+                else:
+                    user.append(text if role == "user" else f"[{role}]\n{text}")
+        except PlaceholderError as e:
+            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+        verdict = await judge.judge(rubric, {"system_text": "\n\n".join(system), "user_text": "\n\n".join(user)})
+        return grade_from_verdict(verdict, name)
+
+    grade.__name__ = name
+    return grade

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,9 @@ TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
 # One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
 _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+# Above every common context window: a prompt this long is a broken row (a pasted file, a loop in
+# a trajectory), and sending it would only buy a 400 or a very large bill.
+DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
 
 
@@ -155,6 +159,9 @@ class Judge:
             ``score_source`` says per judgement whether that happened or the plain label was used.
         budget: a spend cap (share one between the judges of a run). Past it, a row that misses
             the cache is not sent: its Verdict is ``skipped`` with ``error_kind="budget"``.
+        max_prompt_tokens: a rendered prompt estimated above this many tokens is not sent: its
+            Verdict is an ``input`` error (the row cannot be judged this way), not a request no
+            model accepts. None: no cap.
     """
 
     def __init__(
@@ -171,6 +178,7 @@ class Judge:
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         logprobs: int | None = None,
         budget: Budget | None = None,
+        max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         self.budget = budget
@@ -184,7 +192,12 @@ class Judge:
             api_key = "not-needed"
         # max_retries=0: tenacity is the one owner of retries (ARCHITECTURE invariant); the SDK's
         # own retries would multiply attempts and bypass the shared limiter.
-        self._client = AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout)
+        self._client_options: dict[str, Any] = {"base_url": self.base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout}
+        # One SDK client per event loop: its connection pool belongs to the loop that opened it, and
+        # callers such as Ark's harness (asyncio.run per sample), sync wrappers and notebooks use a
+        # new loop per call. Weak keys: a loop that is gone takes its client with it.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self._idle_client: AsyncOpenAI | None = None  # handed out when no loop runs (configuration, tests)
         self.limiter = limiter if limiter is not None else process_limiter()
         self.cache = cache
         self.retry = retry or RetryPolicy()
@@ -195,6 +208,9 @@ class Judge:
             # In sampling, so the cache key covers it: a reply without logprobs is not reused.
             self.sampling.update(logprobs=True, top_logprobs=logprobs)
         self.logprobs = logprobs
+        if max_prompt_tokens is not None and max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+        self.max_prompt_tokens = max_prompt_tokens
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
         self._shells: dict[tuple[int, str], tuple[Rubric, str]] = {}
@@ -205,14 +221,32 @@ class Judge:
 
     @property
     def client(self) -> AsyncOpenAI:
-        """The SDK client this judge sends with, for control-plane calls (files, batches).
-
-        Calls made through it bypass the cache, the limiter and the retry policy.
+        """The SDK client this judge sends with on the running event loop, for control-plane calls
+        (files, batches). Calls made through it bypass the cache, the limiter and the retry policy.
         """
-        return self._client
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._idle_client is None:
+                self._idle_client = AsyncOpenAI(**self._client_options)
+            return self._idle_client
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = AsyncOpenAI(**self._client_options)
+        return client
 
     async def aclose(self) -> None:
-        await self._client.close()
+        """Close the client of the running loop; clients of loops already closed hold nothing to release."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.close()
+        for other_loop, other in list(self._clients.items()):
+            if other_loop.is_closed():
+                self._clients.pop(other_loop, None)
+        if self._idle_client is not None:
+            idle, self._idle_client = self._idle_client, None
+            await idle.close()
 
     async def __aenter__(self) -> Judge:
         return self
@@ -314,6 +348,11 @@ class Judge:
             messages = rubric.render(row, mode)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        if self.max_prompt_tokens is not None:
+            estimated = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+            if estimated > self.max_prompt_tokens:
+                return finish(status="error", error_kind="input", mode=mode,
+                              error=f"the rendered prompt is about {estimated:,} tokens, over max_prompt_tokens ({self.max_prompt_tokens:,})")
         request = build_request(rubric, messages, mode, self.model, self.sampling)
         key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
@@ -423,7 +462,7 @@ class Judge:
             usage["attempts"] += 1
             # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
             # and skipping model construction halves the client's CPU per judgement.
-            raw = await self._client.chat.completions.with_raw_response.create(**request)
+            raw = await self.client.chat.completions.with_raw_response.create(**request)
         completion = json.loads(raw.content)
         if not isinstance(completion, dict):
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient

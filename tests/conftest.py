@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,20 @@ def reference_judge(body: dict) -> Reply:
     if fmt in ("json_schema", "json_object"):
         return Reply(content=payload)
     return Reply(content=f"<rationale>x</rationale><judgement>{label}</judgement>")
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., str]]:
+    """``serve(computer_or_grader, config=None) -> base URL`` of a reward server on a thread; all stopped at teardown."""
+    from graders import RewardServer, create_app
+
+    servers: list[RewardServer] = []
+
+    def start(computer: Any, config: Any = None) -> str:
+        server = RewardServer(create_app(computer, config), port=0, log_level="warning").start()
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()

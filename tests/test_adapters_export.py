@@ -348,7 +348,7 @@ OPENAI_CASES = {
         "tag": {"weight": 3, "type": "string_match", "expression": "{{references.answer}}", "parse": {"type": "REGEX_EXTRACT", "regex": "<answer>(.*?)</answer>"}, "wrong": 0},
         "num": {"weight": 1, "type": "numeric_match", "expression": "{{ item.n }}", "abs_tol": 0.5, "wrong": 0},
         "exact": {"weight": 1, "type": "string_check", "input": "{{response}}", "reference": "{{references.answer}}"},
-        "len": {"weight": 1, "type": "python", "file": str(DATA / "reward_openai.py")}}}, False),
+        "len": {"weight": 1, "type": "python", "file": str(DATA / "reward_openai.py"), "range": [0, 1]}}}, False),
     "formula_rescaled": ({"type": "formula", "name": "f", "formula": "(a + b ^ 2) / 2 - min(a, 0)", "graders": {
         "a": {"type": "normalized_match", "expression": "{{references.answer}}"},
         "b": {"type": "python", "file": str(DATA / "reward_vertex.py")}}}, True),

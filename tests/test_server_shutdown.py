@@ -99,10 +99,10 @@ def test_bad_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"error: {config}: thread_pool.max_workers: Input should be greater than 0" in result.output
 
-    config.write_text("server:\n  port: 8000\n", encoding="utf-8")
+    config.write_text("server:\n  port: 8000\nreward:\n  grader: g.yaml\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "graders", "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert f"error: {config}: reward: missing" in proc.stderr
+    assert f"error: {config}: reward.grader:" in proc.stderr
 
     result = CliRunner().invoke(app, ["serve", "--config", str(tmp_path / "absent.yaml")])
     assert result.exit_code == 2 and "absent.yaml: cannot read the server config" in result.output

@@ -12,6 +12,8 @@ import typer
 
 from ._common import fail
 
+PORT_IN_USE = 3  # exit status when the port is taken: a supervisor can tell it from a broken config (2)
+
 
 def _is_loopback(host: str) -> bool:
     try:
@@ -31,10 +33,11 @@ def serve(
 
     The first line on stdout is the URL it listens on. SIGTERM stops accepting connections, finishes in-flight requests, closes the grader and exits 0.
 
-    Exit status 2: the config is wrong (the message names the file and key); 1: the server could not start (e.g. the port is taken).
+    Exit status: 0 after a clean SIGTERM/SIGINT drain; 2: the config is wrong (the message names the file and key); 3: the port is already in use (one line says so); 1: the server could not start for another reason.
     """
     from ..platforms.server import RewardServer, ServerConfigError, build_computer, create_app, load_server_config
     from ..platforms.server._app import TOKEN_ENV
+    from ..platforms.server._run import PortInUse
 
     try:
         cfg = load_server_config(config)
@@ -57,5 +60,7 @@ def serve(
                           log_level="info" if enabled else "warning", on_started=announce)
     try:
         server.serve()
+    except PortInUse as e:
+        raise fail(str(e), code=PORT_IN_USE) from e
     except RuntimeError as e:
         raise fail(str(e), code=1) from e

@@ -9,7 +9,7 @@ puts one reward computer behind the HTTP contracts of Bailian, DashScope, Vertex
 from judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
-    "._ark": ["ark_group_grader"],
+    "._ark": ["ark_group_grader", "ark_single_grader"],
     "._common": ["GradingError"],
     "._nodes": ["ExportError"],
     "._openai_export": ["export_openai_grader"],

@@ -67,6 +67,16 @@ class _GroupGraderResult(BaseModel):
     error: str = ""
 
 
+class _SingleGraderResult(BaseModel):
+    """``@single_grader``'s result per the Ark doc's table: one reward plus metrics, status, error.
+    The SDK's class name for it is not in the public docs; this stands in unless the SDK has it."""
+
+    reward: float = 0.0
+    metrics: dict[str, float] = Field(default_factory=dict)
+    status: _PluginStatus = _PluginStatus.SUCCESS
+    error: str = ""
+
+
 try:  # the real SDK, when installed (pip install <ark_sdk tarball>)
     from ark_sdk.types.pipeline_plugin import GroupGraderResult  # type: ignore[import-not-found]
     from ark_sdk.types.pipeline_plugin.pipeline_plugin import PluginContext, PluginStatus  # type: ignore[import-not-found]
@@ -74,7 +84,12 @@ try:  # the real SDK, when installed (pip install <ark_sdk tarball>)
     from ark_sdk.types.pipeline_plugin.rollout import Trajectory as ArkTrajectory  # type: ignore[import-not-found]
 
     HAVE_ARK_SDK = True
+    try:
+        from ark_sdk.types.pipeline_plugin import SingleGraderResult  # type: ignore[import-not-found]
+    except ImportError:
+        SingleGraderResult = _SingleGraderResult  # type: ignore[misc,assignment]
 except ImportError:
+    SingleGraderResult = _SingleGraderResult  # type: ignore[misc,assignment]
     GroupGraderResult = _GroupGraderResult  # type: ignore[misc,assignment]
     PluginStatus = _PluginStatus  # type: ignore[misc,assignment]
     PluginContext = dict  # type: ignore[misc,assignment]  # the doc shows the context as a dict
@@ -161,6 +176,42 @@ def ark_group_grader(
     grade.__annotations__ = {"context": PluginContext, "sample": ChatCompletionSample, "trajectories": list[ArkTrajectory],
                              "return": GroupGraderResult}
     grade.group = run  # type: ignore[attr-defined]  # the gradekit group grader inside, for tests and reuse
+    return grade
+
+
+ArkSingleGrader = Callable[[Any, Any, Any], Awaitable[Any]]
+
+
+def ark_single_grader(
+    grader: Grader | str | Path | Mapping[str, Any] | None = None,
+    *,
+    group: GroupGrader | None = None,
+    checks: TrajectoryChecks | None = None,
+    sample_checks: SampleChecks | None = None,
+    on_judge_error: Policy = "RETRY",
+    on_invalid: Policy = "DISCARD",
+    name: str | None = None,
+) -> ArkSingleGrader:
+    """An Ark ``@single_grader`` plugin function: one trajectory in, one reward out.
+
+    Ark splits the n generations of a sample into n calls of ``grader(context, sample,
+    trajectory)``. The grading is the group grader's over a group of one, so the checks, the
+    preset reward in ``trajectory.extra`` and the status policies are the same as
+    :func:`ark_group_grader`'s; a non-SUCCESS status carries reward 0.0 as a placeholder (Ark
+    reads the status first). Arguments as in :func:`ark_group_grader`.
+    """
+    plugin = ark_group_grader(grader, group=group, checks=checks, sample_checks=sample_checks, on_judge_error=on_judge_error,
+                              on_invalid=on_invalid, name=name)
+
+    async def grade(context: PluginContext, sample: ChatCompletionSample, trajectory: ArkTrajectory) -> SingleGraderResult:
+        result = await plugin(context, sample, [trajectory])
+        reward = result.rewards[0] if result.rewards else 0.0
+        return SingleGraderResult(reward=reward, metrics=dict(result.metrics), status=result.status, error=result.error)
+
+    grade.__name__ = grade.__qualname__ = plugin.__name__.replace("group_grader", "single_grader")
+    grade.__annotations__ = {"context": PluginContext, "sample": ChatCompletionSample, "trajectory": ArkTrajectory,
+                             "return": SingleGraderResult}
+    grade.group = plugin.group  # type: ignore[attr-defined]
     return grade
 
 

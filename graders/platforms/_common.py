@@ -60,6 +60,24 @@ def plain(value: Any) -> Any:
     return value
 
 
+ANSWER_KEY = "answer"
+
+
+def reference_dict(value: Any, name: str, *, answer_key: str | None = ANSWER_KEY) -> dict[str, Any]:
+    """One rule on every platform: a dict reference merges as is; a plain value (OpenRLHF's label,
+    DashScope's or verl's ground truth) is stored under its platform's ``name`` and under
+    ``answer``, so a grader written for ``{{references.answer}}`` works on every platform."""
+    value = plain(value)
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if value is None:
+        return {}
+    references = {name: value}
+    if answer_key:
+        references[answer_key] = value
+    return references
+
+
 def as_row(value: Any, what: str) -> dict[str, Any]:
     """A platform object (a pydantic model from the platform's SDK) or a mapping, as a plain dict."""
     if isinstance(value, Mapping):

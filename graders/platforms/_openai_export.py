@@ -12,16 +12,18 @@ Which OpenAI grader each gradekit grader becomes:
   nested weighted composites are flattened; other nested composites become one ``python`` part.
 
 Score range: OpenAI means rewards to lie in 0..1; gradekit scores lie in [-1, 1]. By default the
-reward is the gradekit score unchanged, and a grader that can score below 0 (a ``wrong: -1``, an
-autorater's [-1, 1]) is refused with the reason. ``rescale=True`` maps every score as
+reward is the gradekit score unchanged, and the export is refused (naming ``--rescale``) unless
+the grader's range is known to lie in 0..1: a part that can score below 0 (a ``wrong: -1``, an
+autorater's [-1, 1]) is named; a python grader counts as known only when it declares
+``range: [low, high]``; weighted and formula composites are bounded from their parts. ``rescale=True`` maps every score as
 ``(score + 1) / 2`` instead (in the python source, or as ``calculate_output``), so -1 -> 0, 0 -> 0.5,
-1 -> 1. Python graders' own ranges cannot be known statically: their scores pass through
-(clamped to [-1, 1], as in gradekit).
+1 -> 1.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,7 +79,34 @@ class ScoreModelGrader(_Shape):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
 
 
-LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader
+class LabelModelMessage(_Shape):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class LabelModelGrader(_Shape):
+    """OpenAI's label_model (for evals; RFT takes it inside a multi grader only as the SDK types allow)."""
+
+    type: Literal["label_model"] = "label_model"
+    name: str
+    model: str
+    input: list[LabelModelMessage]
+    labels: list[str]
+    passing_labels: list[str]
+
+
+class TextSimilarityGrader(_Shape):
+    """No ``pass_threshold``: the grader type has none (openai.types.graders); it belongs to an
+    eval's testing criterion, so it is read from such JSON but not exported."""
+
+    type: Literal["text_similarity"] = "text_similarity"
+    name: str
+    input: str
+    reference: str
+    evaluation_metric: str
+
+
+LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader | TextSimilarityGrader
 
 
 class MultiGrader(_Shape):
@@ -156,6 +185,14 @@ class _Exporter:
                 return self._refuse(node, "score_model cannot extract with a regex (from the judge's reply or the response)")
             return ScoreModelGrader(name=node.name, model=self.model, input=[ScoreModelMessage(role="user", content=prompt)],
                                     range=(-1.0, 1.0), sampling_params={"temperature": 0})
+        if node.kind == "text_similarity":
+            return TextSimilarityGrader(name=node.name, input=self.template(node, cfg.input), reference=self.template(node, cfg.reference),
+                                        evaluation_metric=cfg.evaluation_metric)
+        if node.kind == "label_model":
+            return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
+                                    passing_labels=list(cfg.passing_labels),
+                                    input=[LabelModelMessage(role=m.get("role", "user"), content=self.template(node, str(m.get("content") or "")))
+                                           for m in cfg.input])
         if node.kind == "llm":
             return self._refuse(node, "a gradekit rubric maps the judge's label to a score; score_model reads a number, and label_model "
                                       "is for evals only")
@@ -221,12 +258,25 @@ class _Exporter:
         return self.leaf(part)
 
     def check_range(self, root: Node) -> None:
-        """Without rescale, every part whose scores can go below 0 is named, with the fix."""
+        """Without rescale, the reward must be known to lie in OpenAI's 0..1: every part whose scores
+        can go below 0 is named, with the fix; else the whole grader's range, when it is unknown
+        (a python grader that does not declare ``range``) or outside 0..1, is refused naming --rescale."""
+        before = len(self.reasons)
         for node in _outside_formulas(root):
             low = _lowest(node)
             if low is not None and low < 0:
                 self.reasons.append(f"{node.where}: can score {low:g}, below OpenAI's 0..1; set its wrong score to 0 or export "
                                     "with rescale (--rescale) to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2")
+        if len(self.reasons) > before:
+            return
+        span = score_range(root)
+        fix = "export with --rescale to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2"
+        if span is None:
+            unknown = [n.where for n in root.walk() if n.kind == "python" and getattr(n.cfg, "range", None) is None]
+            why = f" ({', '.join(unknown)} cannot be read for its range: declare it as range: [0, 1] if it scores within 0..1)" if unknown else ""
+            self.reasons.append(f"{root.where}: its scores are not known to lie in OpenAI's 0..1{why}; {fix}")
+        elif span[0] < 0 or span[1] > 1:
+            self.reasons.append(f"{root.where}: can score {span[0]:g}..{span[1]:g}, outside OpenAI's 0..1; {fix}")
 
 
 def _flatten(node: Node, scale: float = 1.0, prefix: str = "") -> list[tuple[str, float, Node]]:
@@ -248,12 +298,100 @@ def _outside_formulas(node: Node) -> list[Node]:
     return [node]
 
 
+Span = tuple[float, float]
+
+
+def score_range(node: Node) -> Span | None:
+    """The lowest and highest reward a grader can give, where its config says (None: unknown)."""
+    cfg: Any = node.cfg
+    if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match") or (node.kind == "autorater" and cfg.expression):
+        low, high = sorted((float(cfg.correct), float(cfg.wrong)))
+        return max(-1.0, low), min(1.0, high)
+    if node.kind in ("string_check", "label_model", "text_similarity"):
+        return 0.0, 1.0
+    if node.kind == "autorater":
+        return -1.0, 1.0
+    if node.kind == "python":
+        declared = getattr(cfg, "range", None)
+        return (float(declared[0]), float(declared[1])) if declared is not None else None
+    if node.kind == "weighted":
+        spans = [(w or 0.0, score_range(part)) for _, w, part in node.parts]
+        total = sum(w for w, _ in spans)
+        if total <= 0 or any(span is None for _, span in spans):
+            return None
+        return (sum(w * span[0] for w, span in spans) / total, sum(w * span[1] for w, span in spans) / total)  # type: ignore[index]
+    if node.kind == "formula" and node.formula:
+        names = {name: score_range(part) for name, _, part in node.parts}
+        try:
+            return _interval(ast.parse(node.formula.replace("^", "**").strip(), mode="eval").body, names)
+        except (_Unknown, SyntaxError):
+            return None
+    return None
+
+
+class _Unknown(Exception):
+    """A formula whose range interval arithmetic cannot bound."""
+
+
+def _interval(node: ast.AST, names: Mapping[str, Span | None]) -> Span:
+    """Interval arithmetic over a formula's AST: a bound that holds for every value of the parts."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return float(node.value), float(node.value)
+    if isinstance(node, ast.Name):
+        span = names.get(node.id)
+        if span is None:
+            raise _Unknown
+        return span
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        lo, hi = _interval(node.operand, names)
+        return (-hi, -lo) if isinstance(node.op, ast.USub) else (lo, hi)
+    if isinstance(node, ast.BinOp):
+        (a, b), (c, d) = _interval(node.left, names), _interval(node.right, names)
+        if isinstance(node.op, ast.Add):
+            return a + c, b + d
+        if isinstance(node.op, ast.Sub):
+            return a - d, b - c
+        if isinstance(node.op, ast.Mult):
+            products = (a * c, a * d, b * c, b * d)
+            return min(products), max(products)
+        if isinstance(node.op, ast.Div) and (c > 0 or d < 0):
+            quotients = (a / c, a / d, b / c, b / d)
+            return min(quotients), max(quotients)
+        if isinstance(node.op, ast.Pow) and c == d and float(c).is_integer() and c >= 0:
+            n = int(c)
+            ends = (a ** n, b ** n)
+            low = 0.0 if n % 2 == 0 and a < 0 < b else min(ends)
+            return low, max(ends)
+        raise _Unknown
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        spans = [_interval(arg, names) for arg in node.args]
+        name = node.func.id
+        if name == "min" and spans:
+            return min(s[0] for s in spans), min(s[1] for s in spans)
+        if name == "max" and spans:
+            return max(s[0] for s in spans), max(s[1] for s in spans)
+        if len(spans) == 1:
+            lo, hi = spans[0]
+            if name == "abs":
+                return (0.0 if lo < 0 < hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+            if name in ("floor", "ceil"):
+                fn = math.floor if name == "floor" else math.ceil
+                return float(fn(lo)), float(fn(hi))
+            if name == "exp":
+                return math.exp(lo), math.exp(hi)
+            if name == "sqrt" and lo >= 0:
+                return math.sqrt(lo), math.sqrt(hi)
+            if name == "log" and lo > 0:
+                return math.log(lo), math.log(hi)
+    raise _Unknown
+
+
 def _lowest(node: Node) -> float | None:
     """The lowest score a leaf can give, when its config says (None: only known at run time)."""
     cfg: Any = node.cfg
     if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match"):
         return max(-1.0, min(float(cfg.correct), float(cfg.wrong)))
-    if node.kind == "string_check":
+    if node.kind in ("string_check", "label_model", "text_similarity"):
         return 0.0
     if node.kind == "autorater":
         return -1.0 if cfg.expression is None else max(-1.0, min(float(cfg.correct), float(cfg.wrong)))

@@ -430,13 +430,15 @@ def expressible(root: Node, entry: Entry) -> list[str]:
     """Why ``root`` cannot run inside a standalone file for ``entry`` (an empty list: it can)."""
     reasons = []
     for node in root.walk():
-        if node.kind in ("llm", "autorater"):
+        if node.kind in ("llm", "autorater", "label_model"):
             reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
         elif node.kind == "code_tests" and entry == "grade":
             reasons.append(f"{node.where}: code_tests starts a python subprocess per test case; OpenAI's python grader "
                            "does not document running subprocesses, so it is exported to Vertex's evaluate() only")
+        elif node.kind == "text_similarity":
+            reasons.append(f"{node.where}: text_similarity has no standalone form yet (export it to OpenAI, where it is native)")
         elif entry == "grade":
             reasons.extend(_openai_gaps(node))
     return reasons

@@ -7,6 +7,12 @@ add ``log_extra``, ``log_metric`` and ``environments``. It logs the rewards unde
 ``__name__``. A ``None`` reward means "not applicable to this row" and is skipped; an exception
 stops training.
 
+TRL 0.27 (huggingface/trl#4567) is the first to await an ``async def`` reward function; earlier
+versions (GRPOTrainer since 0.14) call it synchronously and would get a coroutine. ``sync=None``
+(the default) reads the installed TRL's version and returns a plain function for TRL < 0.27,
+which runs the grading on a private event loop in a thread (so it also works when TRL's caller
+already runs a loop); ``sync=True``/``False`` decides it explicitly.
+
 Mapping: ``prompts[i]`` (a string, or chat messages in the conversational format) -> the prompt;
 ``completions[i]`` (a string, or ``[{"role": "assistant", "content": ...}]``) -> the response;
 the aligned columns -> ``references`` (``columns`` adds aliases, e.g. ``{"answer": "solution"}``).
@@ -15,8 +21,13 @@ the aligned columns -> ``references`` (``columns`` adds aliases, e.g. ``{"answer
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import itertools
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+
+from judge import SyncRunner
 
 from .._sample import Grade, Sample
 from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, grader_name, plain, resolve_grader
@@ -44,6 +55,7 @@ def trl_reward_func(
     on_invalid: float | None = None,
     on_error: float | None | RaisePolicy = "raise",
     columns: Mapping[str, str] | None = None,
+    sync: bool | None = None,
 ) -> TrlRewardFunc:
     """An async TRL reward function over a grader (a Grader, or a config file or mapping).
 
@@ -55,6 +67,8 @@ def trl_reward_func(
         on_error: a judge error that outlived its retries: "raise" (the default: TRL stops, as
             it would for any failing reward function), None (skipped) or a fixed score.
         columns: extra reference names for dataset columns, ``{reference_key: column}``.
+        sync: return a plain (synchronous) function, as TRL before 0.27 needs; None: decide by
+            the installed TRL's version (an async function when TRL is absent or >= 0.27).
 
     The completions are graded concurrently; judge calls pass the judge's shared limiter.
     When TRL passes ``log_metric``, the share of invalid and judge-error rows is logged as
@@ -94,6 +108,39 @@ def trl_reward_func(
             log_metric(f"{label}/judge_errors", sum(g.status == "error" for g in grades) / n)
         return [value(g, i) for i, g in enumerate(grades)]
 
-    reward.__name__ = reward.__qualname__ = label
-    reward.grader = inner  # type: ignore[attr-defined]  # close it with graders.aclose_grader(reward.grader)
-    return reward
+    if sync is None:
+        sync = trl_calls_sync()
+    func: Any = reward
+    if sync:
+        runner: list[SyncRunner] = []
+        lock = threading.Lock()
+
+        def sync_reward(prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Any] | None = None,
+                        **kwargs: Any) -> list[float | None]:
+            # One private loop for every call: the judge's connections and the limiter live across steps.
+            with lock:
+                if not runner:
+                    runner.append(SyncRunner())
+            return runner[0].run(reward(prompts, completions, completion_ids, **kwargs))
+
+        func = sync_reward
+    func.__name__ = func.__qualname__ = label
+    func.grader = inner  # close it with graders.aclose_grader(reward.grader)
+    return func  # type: ignore[no-any-return]
+
+
+ASYNC_SINCE = (0, 27)  # huggingface/trl#4567: "Support async reward functions", first released in v0.27.0
+
+
+def trl_calls_sync(version: str | None = None) -> bool:
+    """Whether this TRL (the installed one by default) calls reward functions synchronously (< 0.27)."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("trl")
+        except importlib.metadata.PackageNotFoundError:
+            return False  # no TRL here: the current contract (async) is the one documented
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits or 0))
+    return tuple(numbers) < ASYNC_SINCE

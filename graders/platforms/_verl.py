@@ -32,7 +32,7 @@ from typing import Any
 from judge import SyncRunner
 
 from .._sample import Grade, Grader, Sample, aclose_grader
-from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, plain, resolve_grader
+from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, plain, reference_dict, resolve_grader
 
 VerlPolicy = float | RaisePolicy
 RESULT_KEYS = ("score", "reward", "ok", "invalid", "judge_error")
@@ -40,13 +40,9 @@ RESULT_KEYS = ("score", "reward", "ok", "invalid", "judge_error")
 
 def verl_references(ground_truth: Any, reference_key: str | None = "answer") -> dict[str, Any]:
     """``ground_truth`` as references: a dict merges; anything else is ``ground_truth`` and ``reference_key``."""
-    value = plain(ground_truth)
-    if isinstance(value, Mapping):
-        return dict(value)
-    references = {"ground_truth": value}
-    if reference_key:
-        references[reference_key] = value
-    return references
+    if plain(ground_truth) is None:
+        return {"ground_truth": None, **({reference_key: None} if reference_key else {})}
+    return reference_dict(ground_truth, "ground_truth", answer_key=reference_key)
 
 
 class VerlReward:

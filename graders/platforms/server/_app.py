@@ -8,14 +8,19 @@
 ``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}``
 =====================  ===================================================================
 
-Every route: 400 when the body is not JSON; 422 when it is JSON the contract cannot read (the
+Every route: 413 when the body is over ``server.max_body_bytes`` (refused from its
+Content-Length before it is read); 408 when it has not arrived within ``server.body_timeout_s``
+(a request takes a worker only once its body is in); 504 with no reward when the reward is not
+ready within ``server.request_timeout_s``; 400 when the body is not JSON; 422 when it is JSON the contract cannot read (the
 ``detail`` names the field); 401 without the bearer token, when one is set (``/health`` is
 open); 503 "Server is busy" with ``Retry-After`` when the pool is full, decided before the body
 is parsed (so under overload a malformed request may see 503 first: shedding load must cost
 less than serving it); 500 ``{"message"}`` when the computer raised. A reward that failed (judge error, invalid sample under ``invalid: fail``)
 is each contract's failure: seed 001 answers 200 ``status: fail``, DashScope 200
-``status: failed``; Vertex and OpenRLHF have no failure field, so they get 502 (OpenRLHF retries
-a non-2xx five times, then fails the step) -- never a made-up score.
+``status: failed``; Vertex and OpenRLHF have no failure field, so a judge error gets 502 (OpenRLHF
+retries a non-2xx five times, then fails the step) and an input that can never succeed (an
+invalid sample: a missing reference, e.g. ``/get_reward`` without ``labels``) gets 422 naming the
+field, since retrying it would only fail the step later -- never a made-up score.
 
 The body is parsed here rather than by FastAPI's typed parameters: the contracts need 400 for
 broken JSON (FastAPI says 422) and clients such as ``curl -d`` send no JSON content type.
@@ -57,6 +62,7 @@ from ._models import (
     label_references,
     openrlhf_reply,
     split_query,
+    untemplate,
     vertex_reply,
 )
 from ._pool import Busy, WorkPool
@@ -105,8 +111,18 @@ def _parse(model: type[M], data: Any) -> M:
         raise _Refusal(422, {"detail": detail}, "unprocessable") from None
 
 
-def _failed(failures: Sequence[tuple[str, RewardResponse]]) -> _Refusal:
-    """Vertex and OpenRLHF have no failure field: a failed reward is a 502 naming each failed item."""
+def _failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | None = None) -> _Refusal:
+    """Vertex and OpenRLHF have no failure field: a failed reward is a 502 naming each failed item,
+    or 422 when an item is invalid (it would fail again however often the platform retried);
+    ``missing`` names the request field whose absence explains it (OpenRLHF's ``labels``)."""
+    invalid = [(where, r) for where, r in failures if r.extra_info.get("grade_status") == "invalid"]
+    if invalid:
+        detail = []
+        for where, r in invalid:
+            loc = [missing] if missing else (["query", int(where[6:-1])] if where.startswith("query[") else ["example"])
+            msg = r.detail or "the sample cannot be graded"
+            detail.append({"loc": ["body", *loc], "msg": f"missing: {msg}" if missing else msg, "type": "missing" if missing else "value_error"})
+        return _Refusal(422, {"detail": detail}, "unprocessable")
     items = [{"item": where, "detail": r.detail or "reward failed", **({"grade_status": r.extra_info["grade_status"]}
               if "grade_status" in r.extra_info else {})} for where, r in failures]
     error = "; ".join(f"{i['item']}: {i['detail']}" if i["item"] else i["detail"] for i in items)
@@ -144,12 +160,18 @@ class _Engine:
 
 
 def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """Refusals become their response; an exception from the computer becomes 500 ``{"message"}``."""
+    """Refusals become their response; an exception from the computer becomes 500 ``{"message"}``;
+    a reward not ready within ``server.request_timeout_s`` is cancelled and answered 504."""
 
     @functools.wraps(handler)
     async def run(request: Request) -> Response:
+        limit = request.app.state.config.server.request_timeout_s
         try:
-            return await handler(request)
+            return await asyncio.wait_for(handler(request), limit)
+        except asyncio.TimeoutError:
+            _set_outcome(request, "timeout")
+            return JSONResponse({"detail": f"the reward was not ready within server.request_timeout_s ({limit:g} s); no reward"},
+                                status_code=504)
         except _Refusal as refusal:
             _set_outcome(request, refusal.outcome)
             return refusal.response()
@@ -180,6 +202,72 @@ class _BearerAuth:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BodyLimits:
+    """Reads a reward route's whole body before the request takes a place in the pool: 413 past
+    ``max_bytes`` (from Content-Length, before a byte is read, or while streaming a chunked body),
+    408 when it has not arrived within ``timeout_s``. A slow or huge upload then holds no worker
+    slot and no more memory than the limit; the body is replayed to the app as one message."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, paths: frozenset[str]) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.paths = app, max_bytes, timeout_s, paths
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, detail: str, outcome: str) -> None:
+        scope.setdefault("state", {})["gradekit_outcome"] = outcome
+        # Connection: close -- the rest of the body is never read, so the connection cannot be reused.
+        await JSONResponse({"detail": detail}, status_code=status, headers={"Connection": "close"})(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the request body is over server.max_body_bytes ({self.max_bytes:,} bytes)"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send, 413, too_large, "too large")
+            return
+        chunks: list[bytes] = []
+
+        async def read() -> bool:
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return False
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise _TooLarge
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return True
+
+        try:
+            complete = await asyncio.wait_for(read(), self.timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(scope, receive, send, 408, f"the request body did not arrive within server.body_timeout_s "
+                               f"({self.timeout_s:g} s)", "body timeout")
+            return
+        except _TooLarge:
+            await self._refuse(scope, receive, send, 413, too_large, "too large")
+            return
+        if not complete:
+            return  # the client went away; nobody to answer
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)
 
 
 class _Admission:
@@ -372,19 +460,22 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         requests = []
         for i, query in enumerate(batch.query):
             prompt = batch.prompts[i] if batch.prompts is not None else None
-            answer = split_query(query, prompt)
+            answer = split_query(query, prompt, cfg.openrlhf.end_tokens)
             if answer is None:
                 raise _unprocessable(["query", i], f"does not contain prompts[{i}], so the response cannot be split off")
             references = label_references(batch.labels[i]) if batch.labels is not None else {}
-            requests.append(RewardRequest(prompt=prompt or None, response=answer, extra_params=references))
+            # The prompt arrives with the chat template applied: ChatML and Llama 3 are read back into messages.
+            requests.append(RewardRequest(prompt=untemplate(prompt) if prompt else None, response=answer, extra_params=references,
+                                          metadata={"templated_prompt": prompt} if prompt else None))
         responses = await engine.compute_all(requests)
         failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
         if failures:
-            raise _failed(failures)
+            raise _failed(failures, missing="labels" if batch.labels is None else None)
         _set_outcome(request, "success")
         return JSONResponse(openrlhf_reply(responses))
 
-    app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the token check
+    app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the body is in
+    app.add_middleware(_BodyLimits, max_bytes=cfg.server.max_body_bytes, timeout_s=cfg.server.body_timeout_s, paths=REWARD_ROUTES)
     token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None
     if token:
         app.add_middleware(_BearerAuth, token=token)

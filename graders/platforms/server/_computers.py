@@ -7,12 +7,14 @@ A computer answers one RewardRequest with one RewardResponse. ``compute_reward``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import sys
+import types
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -94,7 +96,55 @@ class GraderRewardComputer(BaseRewardComputer):
         await aclose_grader(self.grader)
 
 
+class DefaultRewardComputer(BaseRewardComputer):
+    """What a config without ``reward.class`` serves, as Bailian's service does: 1.0 when the
+    response, trimmed, equals the row's reference (``extra_params`` key ``answer``, else
+    ``solution``, ``ground_truth`` or ``label``), else 0.0; a row without one fails, naming the keys."""
+
+    KEYS = ("answer", "solution", "ground_truth", "label")
+
+    def compute_reward(self, request: RewardRequest) -> RewardResponse:
+        key = next((k for k in self.KEYS if request.extra_params.get(k) is not None), None)
+        if key is None:
+            return RewardResponse(status="fail", detail=f"extra_params has none of {', '.join(self.KEYS)}: nothing to compare the response with",
+                                  extra_info={"grade_status": "invalid"})
+        match = request.response.strip() == str(request.extra_params[key]).strip()
+        return RewardResponse(score=1.0 if match else 0.0, status="success", extra_info={"reference_key": key})
+
+    def health_check(self) -> dict[str, Any]:
+        return {"status": "healthy", "message": "default reward computer (exact match against extra_params)"}
+
+
 # ---- "module.path:Name", "pkg.mod.Name" and "path/file.py:Name" ---------------------------------
+
+
+@contextlib.contextmanager
+def seed_modules() -> Iterator[None]:
+    """Bailian's ``core.base_reward`` and ``core.models`` while a user's file is imported.
+
+    Seed 001's reward classes start with ``from core.base_reward import BaseRewardComputer`` and
+    ``from core.models import RewardRequest, RewardResponse``: the modules of Bailian's own
+    service. They are provided for the import only and removed after it, so no top-level ``core``
+    package is installed; a project that has its own importable ``core`` keeps it.
+    """
+    if "core" in sys.modules or importlib.util.find_spec("core") is not None:
+        yield
+        return
+    core = types.ModuleType("core", "Bailian's reward service modules, as gradekit provides them while importing a reward class.")
+    core.__path__ = []  # a package, so that its submodules import
+    base = types.ModuleType("core.base_reward")
+    base.BaseRewardComputer = BaseRewardComputer  # type: ignore[attr-defined]
+    models = types.ModuleType("core.models")
+    models.RewardRequest, models.RewardResponse = RewardRequest, RewardResponse  # type: ignore[attr-defined]
+    core.base_reward, core.models = base, models  # type: ignore[attr-defined]
+    added = {"core": core, "core.base_reward": base, "core.models": models}
+    sys.modules.update(added)
+    try:
+        yield
+    finally:
+        for name, module in added.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
 
 
 def _import_file(path: Path) -> Any:
@@ -123,7 +173,8 @@ def load_object(spec: str, *, base: Path | None = None) -> Any:
     """The object a class path names: ``module.path:Name`` (seed 001), ``pkg.mod.Name`` or
     ``path/file.py:Name`` (DashScope). Modules are found from the current directory, ``base`` (the
     config file's folder) and its parent (the seed keeps ``configs/`` beside the code); files
-    relative to ``base`` first, then to the current directory.
+    relative to ``base`` first, then its parent, then the current directory. A seed-001 file's
+    ``from core.base_reward import ...`` / ``from core.models import ...`` work (:func:`seed_modules`).
 
     Raises:
         ValueError: the path is malformed, or names nothing importable (the message says which).
@@ -133,18 +184,14 @@ def load_object(spec: str, *, base: Path | None = None) -> Any:
         where, _, attr = spec.rpartition(".")
     if not where or not attr or not attr.isidentifier():
         raise ValueError(f"{spec!r} is not 'module.path:Name', 'pkg.module.Name' or 'path/file.py:Name'")
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    if not is_file:
+        for folder in [Path.cwd(), *((base, base.parent) if base else ())]:
+            if str(folder) not in sys.path:
+                sys.path.append(str(folder))
     try:
-        if where.endswith(".py") or "/" in where or "\\" in where:
-            candidates = [Path(where)] if Path(where).is_absolute() else [p / where for p in ((base,) if base else ()) + (Path.cwd(),)]
-            path = next((c.resolve() for c in candidates if c.is_file()), None)
-            if path is None:
-                raise ValueError(f"{spec!r}: no file {where} (looked in {', '.join(str(c.parent) for c in candidates)})")
-            module = _import_file(path)
-        else:
-            for folder in [Path.cwd(), *((base, base.parent) if base else ())]:
-                if str(folder) not in sys.path:
-                    sys.path.append(str(folder))
-            module = importlib.import_module(where)
+        with seed_modules():
+            module = _import_path(spec, where, base) if is_file else importlib.import_module(where)
     except ValueError:
         raise
     except Exception as e:  # the user's module may raise anything while importing
@@ -153,3 +200,12 @@ def load_object(spec: str, *, base: Path | None = None) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise ValueError(f"{spec!r}: {where} has no {attr!r}") from None
+
+
+def _import_path(spec: str, where: str, base: Path | None) -> Any:
+    folders = (base, base.parent, Path.cwd()) if base else (Path.cwd(),)  # the seed keeps configs/ beside the code
+    candidates = [Path(where)] if Path(where).is_absolute() else [p / where for p in folders]
+    path = next((c.resolve() for c in candidates if c.is_file()), None)
+    if path is None:
+        raise ValueError(f"{spec!r}: no file {where} (looked in {', '.join(str(c.parent) for c in candidates)})")
+    return _import_file(path)

@@ -7,8 +7,16 @@
       host: 127.0.0.1            # default loopback; 0.0.0.0 to serve other machines
       auth_token: null           # or env GRADEKIT_SERVER_TOKEN: bearer token on every route but /health
       graceful_timeout: 30       # seconds SIGTERM waits for in-flight requests
+      max_body_bytes: 10485760   # a larger body is 413, refused before it is read (10 MiB)
+      body_timeout_s: 10         # a body that has not arrived by then is 408; no worker is held meanwhile
+      request_timeout_s: 120     # a reward not ready by then is 504 with no reward, so a training step never hangs
+    openrlhf:
+      end_tokens: [...]          # special tokens cut off the end of /get_reward's response (default: the
+                                 # common chat templates' end-of-turn/end-of-text tokens); [] keeps them
     reward:
-      class: "implementations.default_reward:DefaultRewardComputer"   # or "path/file.py:Class"
+      class: "implementations.default_reward:DefaultRewardComputer"   # or "path/file.py:Class"; the seed's
+                                 # core.base_reward / core.models imports work unchanged; without class
+                                 # and grader: DefaultRewardComputer (exact match against extra_params.answer)
       # grader: grader.yaml      # instead of class: any gradekit grader file (relative to this file)
       # invalid: fail            # with grader: what an invalid sample answers (fail | zero)
     health_check:
@@ -48,7 +56,13 @@ from judge import configure_limiter
 from judge._files import read_data_file
 
 from ..._config import GraderConfigError, load_grader
-from ._computers import BaseRewardComputer, GraderRewardComputer, load_object
+from ._computers import (
+    BaseRewardComputer,
+    DefaultRewardComputer,
+    GraderRewardComputer,
+    load_object,
+)
+from ._models import END_TOKENS
 
 
 class ServerConfigError(ValueError):
@@ -64,6 +78,13 @@ class ServerSection(_Section):
     port: int = Field(8000, ge=0, le=65535)
     auth_token: str | None = None
     graceful_timeout: float = Field(30.0, gt=0)
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    body_timeout_s: float = Field(10.0, gt=0)
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
+class OpenRLHFSection(_Section):
+    end_tokens: list[str] = Field(default_factory=lambda: list(END_TOKENS))
 
 
 class RewardSection(_Section):
@@ -73,8 +94,8 @@ class RewardSection(_Section):
 
     @model_validator(mode="after")
     def _one(self) -> RewardSection:
-        if (self.class_ is None) == (self.grader is None):
-            raise ValueError("give exactly one of reward.class (a BaseRewardComputer) and reward.grader (a grader file)")
+        if self.class_ is not None and self.grader is not None:
+            raise ValueError("give one of reward.class (a BaseRewardComputer) and reward.grader (a grader file), not both")
         if self.invalid is not None and self.grader is None:
             raise ValueError("reward.invalid applies to reward.grader; a reward.class sets its own policy")
         return self
@@ -111,9 +132,10 @@ class ServerConfig(_Section):
     logging: LoggingSection = LoggingSection()
     thread_pool: ThreadPoolSection = ThreadPoolSection()
     limiter: LimiterSection = LimiterSection()
+    openrlhf: OpenRLHFSection = OpenRLHFSection()
     _source: Path | None = PrivateAttr(default=None)
 
-    @field_validator("server", "health_check", "logging", "thread_pool", "limiter", mode="before")
+    @field_validator("server", "health_check", "logging", "thread_pool", "limiter", "openrlhf", mode="before")
     @classmethod
     def _empty_section(cls, v: Any) -> Any:
         return {} if v is None else v
@@ -157,23 +179,20 @@ def parse_server_config(data: Any, source: Path | None = None) -> ServerConfig:
 
 
 def load_server_config(path: str | Path) -> ServerConfig:
-    """Read and validate a server config file; ``reward`` is required here."""
+    """Read and validate a server config file (without ``reward.class`` or ``reward.grader`` it
+    serves the default computer, as Bailian's service does)."""
     path = Path(path)
     try:
         data = read_data_file(path, "server config")
     except ValueError as e:
         raise ServerConfigError(str(e)) from e
-    if isinstance(data, dict) and "reward" not in data:
-        raise ServerConfigError(f"{path}: reward: missing; give reward.class (a BaseRewardComputer) or reward.grader (a grader file)")
     return parse_server_config(data, path)
 
 
 def build_computer(config: ServerConfig) -> BaseRewardComputer:
     """The computer ``reward`` names, built after the process's judge limiter is configured
     (every judge of the process shares it; its concurrency defaults to the worker count)."""
-    reward = config.reward
-    if reward is None:
-        raise ServerConfigError(f"{config.source}: reward: missing; give reward.class or reward.grader")
+    reward = config.reward or RewardSection()
     lim = config.limiter
     try:
         configure_limiter(rps=lim.rps, tpm=lim.tpm, concurrency=lim.concurrency or config.thread_pool.max_workers,
@@ -189,7 +208,8 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
         except (GraderConfigError, ValueError, OSError) as e:
             raise ServerConfigError(f"{config.source}: reward.grader: {e}") from e
         return GraderRewardComputer(grader, invalid=reward.invalid or "fail", name=path.stem)
-    assert reward.class_ is not None
+    if reward.class_ is None:
+        return DefaultRewardComputer()
     try:
         factory = load_object(reward.class_, base=config.base)
     except ValueError as e:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..._sample import Message
+from .._common import reference_dict
 
 # ---- Bailian seed 001: POST /compute_reward ---------------------------------------------------
 
@@ -110,11 +112,8 @@ class DashScopeGroupRewardInput(BaseModel):
 
 
 def _merge_gold(references: dict[str, Any], value: Any, key: str) -> None:
-    """A dict of gold fields merges into references; anything else goes under ``key``."""
-    if isinstance(value, Mapping):
-        references.update(value)
-    elif value is not None:
-        references[key] = value
+    """A dict of gold fields merges into references; anything else goes under ``key`` and ``answer``."""
+    references.update(reference_dict(value, key))
 
 
 def dashscope_request(output: AgentOutput, ground_truth: Any, request_metadata: Mapping[str, Any] | None) -> RewardRequest:
@@ -206,19 +205,63 @@ class OpenRLHFRequest(BaseModel):
     labels: list[Any] | None = None
 
 
-def split_query(query: str, prompt: str | None) -> str | None:
+# The end-of-turn, end-of-text and padding tokens of the common chat templates. OpenRLHF decodes
+# the query with skip_special_tokens=False, so the response ends in them (ChatML/Qwen, Llama 3,
+# Mistral/Llama 2, Gemma, Phi-3, DeepSeek, gpt-oss).
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>", "<eos>",
+              "<pad>", "<|end|>", "<|return|>", "<｜end▁of▁sentence｜>", "<|EOT|>")
+
+
+def split_query(query: str, prompt: str | None, end_tokens: Sequence[str] = END_TOKENS) -> str | None:
     """The response: the query minus its prompt prefix (or what follows the prompt's first
-    occurrence, when the decode added a leading token); None when the prompt is not in it."""
-    if not prompt:
-        return query
-    if query.startswith(prompt):
-        return query[len(prompt):]
-    at = query.find(prompt)
-    return query[at + len(prompt):] if at >= 0 else None
+    occurrence, when the decode added a leading token), minus trailing ``end_tokens`` and the
+    whitespace between them; None when the prompt is not in it."""
+    if prompt:
+        if query.startswith(prompt):
+            query = query[len(prompt):]
+        else:
+            at = query.find(prompt)
+            if at < 0:
+                return None
+            query = query[at + len(prompt):]
+    return strip_end_tokens(query, end_tokens)
+
+
+def strip_end_tokens(text: str, end_tokens: Sequence[str] = END_TOKENS) -> str:
+    """``text`` without the special tokens it ends in (however many, and the whitespace around
+    them); a text that ends in none is returned unchanged."""
+    tokens = [t for t in end_tokens if t]
+    stripped = False
+    while True:
+        trimmed = text.rstrip()
+        token = next((t for t in tokens if trimmed.endswith(t)), None)
+        if token is None:
+            return trimmed if stripped else text
+        text, stripped = trimmed[: -len(token)], True
+
+
+# Chat templates whose turns can be read back: ChatML (Qwen, many others) and Llama 3.
+_CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\s*|(?=<\|im_start\|>)|\Z)", re.DOTALL)
+_LLAMA3 = re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|\Z)", re.DOTALL)
+
+
+def untemplate(prompt: str) -> list[Message] | str:
+    """A templated prompt as chat messages when its template is ChatML or Llama 3 (the empty
+    assistant turn the template opens for generation dropped), else the text unchanged, so
+    ``{{question}}`` is the user's question rather than the template's markup."""
+    for pattern in (_CHATML, _LLAMA3):
+        turns = [(role, content.strip()) for role, content in pattern.findall(prompt)]
+        if turns:
+            if turns[-1][0] == "assistant" and not turns[-1][1]:
+                turns.pop()
+            if turns and all(role in ("system", "user", "assistant", "tool", "developer") for role, _ in turns):
+                return [Message(role=role, content=content) for role, content in turns]
+    return prompt
 
 
 def label_references(label: Any) -> dict[str, Any]:
-    """A label that is a JSON object (or a dict) merges into references; anything else is ``label``."""
+    """A label that is a JSON object (or a dict) merges into references; anything else is
+    ``label`` and ``answer`` (OpenRLHF's usual ``--label_key answer``)."""
     if isinstance(label, str) and label.lstrip().startswith("{"):
         try:
             parsed = json.loads(label)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +59,27 @@ class _Uvicorn(uvicorn.Server):
                 signal.signal(sig, original)
 
 
+class PortInUse(RuntimeError):
+    """The address the server was to listen on is taken."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on ``host:port``, as uvicorn would bind it (SO_REUSEADDR, so a
+    restart right after a stop does not wait out TIME_WAIT); PortInUse when another process has it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} on {host} is already in use; stop what holds it or pass --port") from None
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 class RewardServer:
     """Serves an app on ``host:port`` with graceful shutdown.
 
@@ -85,9 +108,16 @@ class RewardServer:
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def serve(self) -> None:
-        """Serve in the foreground until SIGTERM/SIGINT; raises RuntimeError if it could not start."""
+        """Serve in the foreground until SIGTERM/SIGINT.
+
+        Raises:
+            PortInUse: the address is taken (checked by binding before uvicorn starts, which would
+                otherwise log several lines and exit on its own).
+            RuntimeError: it could not start for another reason.
+        """
         self._server.freeze_gc = True  # this process is the server's: its startup objects stay for good
-        self._server.run()
+        sock = bind_socket(self.host, self._server.config.port)
+        self._server.run(sockets=[sock])
         if not self._server.started:
             raise RuntimeError("the reward server did not start (see the log above)")
 

@@ -1,0 +1,133 @@
+"""OpenAI's ``text_similarity`` grader, run locally: fuzzy match, BLEU, GLEU and ROUGE, standard library only.
+
+The score is the metric itself, in 0..1 (OpenAI's grader returns it too; ``pass_threshold`` only
+decides pass/fail). Definitions, so that a number can be checked by hand:
+
+- ``fuzzy_match``: the normalised Indel similarity of the two strings, ``2 * LCS / (len(a) + len(b))``
+  over characters (rapidfuzz's ``fuzz.ratio`` / 100).
+- ``bleu``: sentence BLEU-4 over whitespace tokens, uniform weights, brevity penalty, and a zero
+  n-gram match count smoothed to 0.1 (NLTK's ``method1``), so a short answer is not 0 outright.
+- ``gleu``: Google-BLEU: min(precision, recall) of all 1..4-gram matches (NLTK's ``sentence_gleu``).
+- ``rouge_1`` .. ``rouge_5``, ``rouge_l``: F1 of n-gram (or longest-common-subsequence) overlap over
+  lower-cased alphanumeric tokens (the ``rouge-score`` package's tokenizer, no stemming).
+
+``meteor`` (needs WordNet) and ``cosine`` (needs an embeddings endpoint) are refused when the
+grader is built, naming the reason, rather than computed some other way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
+
+Metric = Literal["fuzzy_match", "bleu", "gleu", "meteor", "cosine", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"]
+UNSUPPORTED = {"meteor": "meteor needs WordNet's synonym data, which gradekit does not ship",
+               "cosine": "cosine compares embeddings; gradekit does not call an embeddings endpoint yet"}
+_MAX_CHARS = 20_000  # fuzzy_match is quadratic in the lengths: longer texts are compared on their first 20,000 characters
+
+
+def _lcs(a: Sequence[object], b: Sequence[object]) -> int:
+    if len(a) < len(b):
+        a, b = b, a
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def fuzzy_match(got: str, want: str) -> float:
+    got, want = got[:_MAX_CHARS], want[:_MAX_CHARS]
+    if not got and not want:
+        return 1.0
+    return 2 * _lcs(got, want) / (len(got) + len(want))
+
+
+def _ngrams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
+    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+
+
+def bleu(got: str, want: str) -> float:
+    hyp, ref = got.split(), want.split()
+    if not hyp or not ref:
+        return 0.0
+    logs = 0.0
+    for n in range(1, 5):
+        counts, total = _ngrams(hyp, n), max(len(hyp) - n + 1, 0)
+        if total == 0:
+            return 0.0
+        matches = sum(min(c, _ngrams(ref, n)[g]) for g, c in counts.items())
+        logs += math.log((matches or 0.1) / total) / 4
+    penalty = 1.0 if len(hyp) > len(ref) else math.exp(1 - len(ref) / len(hyp))
+    return penalty * math.exp(logs)
+
+
+def gleu(got: str, want: str) -> float:
+    hyp, ref = got.split(), want.split()
+    hyp_grams = sum((_ngrams(hyp, n) for n in range(1, 5)), Counter())
+    ref_grams = sum((_ngrams(ref, n) for n in range(1, 5)), Counter())
+    total_hyp, total_ref = sum(hyp_grams.values()), sum(ref_grams.values())
+    if not total_hyp or not total_ref:
+        return 0.0
+    matches = sum((hyp_grams & ref_grams).values())
+    return min(matches / total_hyp, matches / total_ref)
+
+
+def _rouge_tokens(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+
+
+def _f1(overlap: int, got: int, want: int) -> float:
+    if not got or not want or not overlap:
+        return 0.0
+    precision, recall = overlap / got, overlap / want
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge_n(n: int) -> Callable[[str, str], float]:
+    def score(got: str, want: str) -> float:
+        hyp, ref = _ngrams(_rouge_tokens(got), n), _ngrams(_rouge_tokens(want), n)
+        return _f1(sum((hyp & ref).values()), sum(hyp.values()), sum(ref.values()))
+
+    return score
+
+
+def rouge_l(got: str, want: str) -> float:
+    hyp, ref = _rouge_tokens(got), _rouge_tokens(want)
+    return _f1(_lcs(hyp, ref), len(hyp), len(ref))
+
+
+METRICS: dict[str, Callable[[str, str], float]] = {
+    "fuzzy_match": fuzzy_match, "bleu": bleu, "gleu": gleu, "rouge_l": rouge_l, **{f"rouge_{n}": rouge_n(n) for n in range(1, 6)},
+}
+
+
+def text_similarity_grader(input: str, reference: str, evaluation_metric: Metric, *, pass_threshold: float | None = None,
+                           name: str = "text_similarity") -> Grader:
+    """OpenAI's text_similarity: ``input`` and ``reference`` are templates (``{{ sample.output_text }}``,
+    ``{{ item.answer }}``); the score is the metric in 0..1; ``metrics["passed"]`` says whether it
+    reached ``pass_threshold``."""
+    if evaluation_metric in UNSUPPORTED:
+        raise ValueError(f"text_similarity {name!r}: {UNSUPPORTED[evaluation_metric]}; use another evaluation_metric")
+    metric = METRICS.get(evaluation_metric)
+    if metric is None:
+        raise ValueError(f"text_similarity {name!r}: unknown evaluation_metric {evaluation_metric!r}; one of {', '.join(sorted(METRICS))}")
+
+    async def grade(sample: Sample) -> Grade:
+        try:
+            got, want = fill_placeholders(input, sample), fill_placeholders(reference, sample)
+        except PlaceholderError as e:
+            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+        value = max(0.0, min(1.0, metric(got, want)))
+        metrics = {} if pass_threshold is None else {"passed": float(value >= pass_threshold)}
+        return Grade.scored(value, metrics=metrics, debug=[f"{name}: {evaluation_metric} = {value:.4f}"])
+
+    grade.__name__ = name
+    return grade
