@@ -54,6 +54,7 @@ def grade(
     batch: bool = typer.Option(False, "--batch", help="Send the judge requests through the provider's Batch API (cheaper, slower); resumable from OUTPUT.batch.json."),
     batch_poll: float = typer.Option(10.0, "--batch-poll", help="With --batch: seconds before the first re-poll, doubling up to 5 minutes."),
     group_by: str = typer.Option(None, "--group-by", help="COLUMN whose rows are one prompt's responses: report the reward spread (all-equal groups, mean, variance, too easy / too hard)."),
+    encoding: str = typer.Option(None, "--encoding", help="Read a CSV/JSONL INPUT in this encoding (latin-1, cp1252, gbk, ...) [default: UTF-8, with or without a BOM]."),
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
@@ -61,8 +62,14 @@ def grade(
     is run again: OUTPUT.checkpoint.json says how much of OUTPUT is final, and rows judged but not
     yet written come back from the cache. A run over a finished OUTPUT does nothing and says so.
 
+    One run writes OUTPUT at a time (OUTPUT.lock); OUTPUT is never the INPUT, not even through a
+    link. A row that cannot be read (bad bytes, a CSV cell over 128 KiB, JSON nested too deep, a
+    damaged Parquet page) is an error row for that row.
+
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
-    one row per input row), 2 when the run could not start (bad file, rubric or option).
+    one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
+    its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
+    not writable).
     """
     import asyncio
 
@@ -73,7 +80,8 @@ def grade(
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, file_format
+    from ..runs._io import InputError, codec, file_format
+    from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
 
     if (rubric is None) == (grader_file is None):
@@ -93,14 +101,17 @@ def grade(
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
-        if output.resolve() == input.resolve():
-            raise InputError(f"{output}: the output would overwrite the input")
+        check_not_input(input, output)
+        if encoding is not None:
+            codec(encoding)  # an unknown name fails here, before any request
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
     if on_conflict not in ("tie", "first", "third") or (on_conflict == "third") != bool(tiebreak_model):
         raise fail("--on-conflict is tie, first, or third together with --tiebreak-model")
     if replay and not replay.exists():
         raise fail(f"{replay}: no such cassette to replay")
+    if batch and encoding:
+        raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and (record or replay):
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
@@ -142,14 +153,16 @@ def grade(
             if spec is None:
                 endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
                 summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, input, output, variables, concurrency,
-                                                  show_progress, err, group_by, not restart))
+                                                  show_progress, err, group_by, not restart, encoding))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
                                                  None if json_output else err))
             elif spec.pairwise is not None:
-                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak))
+                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak,
+                                                    encoding))
             else:
-                summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err, group_by, not restart))
+                summary = asyncio.run(_run(judge, spec, input, output, variables, show_progress, err, group_by, not restart,
+                                           encoding))
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     finally:
@@ -168,7 +181,7 @@ def grade(
 
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show_progress: bool, err: Console,
-               group_by: str | None = None, resume: bool = True) -> RunSummary:
+               group_by: str | None = None, resume: bool = True, encoding: str | None = None) -> RunSummary:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..runs._file import grade_file
@@ -176,13 +189,14 @@ async def _run(judge: Judge, spec, source: Path, destination: Path, variables: d
 
     async with judge:
         if not show_progress:
-            return await grade_file(judge, spec, source, destination, variables, group_by=group_by, resume=resume)
-        total = count_rows(source)
+            return await grade_file(judge, spec, source, destination, variables, group_by=group_by, resume=resume,
+                                    encoding=encoding)
+        total = count_rows(source, encoding)
         columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=err, transient=True) as progress:
             task = progress.add_task("grade", total=total)
             return await grade_file(judge, spec, source, destination, variables, on_row=lambda _: progress.advance(task),
-                                    group_by=group_by, resume=resume)
+                                    group_by=group_by, resume=resume, encoding=encoding)
 
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
@@ -214,7 +228,7 @@ def sample_mapping(pairs: list[str]) -> dict[str, str]:
 
 async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: dict[str, str | None], source: Path,
                       destination: Path, mapping: dict[str, str], concurrency: int, show_progress: bool, err: Console,
-                      group_by: str | None, resume: bool) -> RunSummary:
+                      group_by: str | None, resume: bool, encoding: str | None = None) -> RunSummary:
     """A grader config over the file; its LLM nodes share the command line's judge, limiter and cache.
 
     The checkpoint is keyed by the config's bytes and the judge endpoint the command line names
@@ -232,12 +246,12 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
     settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
         run = functools.partial(grade_file_with, grader, source, destination, mapping, concurrency=concurrency + 2,
-                                settings=settings, group_by=group_by, resume=resume)
+                                settings=settings, group_by=group_by, resume=resume, encoding=encoding)
         if not show_progress:
             return await run()
         columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=err, transient=True) as progress:
-            task = progress.add_task("grade", total=count_rows(source))
+            task = progress.add_task("grade", total=count_rows(source, encoding))
             return await run(on_row=lambda _: progress.advance(task))
     finally:
         await grader.aclose()
@@ -257,13 +271,13 @@ async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variab
 
 
 async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
-                        on_conflict: str, tiebreak: Judge | None) -> PairwiseRunSummary:
+                        on_conflict: str, tiebreak: Judge | None, encoding: str | None = None) -> PairwiseRunSummary:
     from ..calibration._pairwise import grade_pairwise_file
 
     async with judge:
         try:
             return await grade_pairwise_file(judge, spec, source, destination, variables, swap=swap,
-                                             on_conflict=on_conflict, tiebreak=tiebreak)  # type: ignore[arg-type]
+                                             on_conflict=on_conflict, tiebreak=tiebreak, encoding=encoding)  # type: ignore[arg-type]
         finally:
             if tiebreak is not None:
                 await tiebreak.aclose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -26,7 +27,10 @@ from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
 from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows, written_rows
+from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
+
+logger = logging.getLogger("gradekit.runs")
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
 
@@ -57,6 +61,7 @@ class RunSummary(BaseModel):
     saved_tokens: int = 0  # tokens of the replies this run took from the cache
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
+    warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -72,9 +77,9 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str]) -> None:
+def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
     """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs."""
-    header = input_columns(path)
+    header = input_columns(path, encoding)
     if header is None:
         return
     for var, column in mapping.items():
@@ -160,21 +165,24 @@ async def grade_file(
     group_by: str | None = None,
     *,
     resume: bool = True,
+    encoding: str | None = None,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
     Workers pull rows from the reader, so memory is bounded by the concurrency, not the file;
     finished rows wait in a small reorder buffer until every earlier row is written. With
     ``resume`` (the default) an interrupted run of the same command continues where it stopped
-    and a finished one is not redone; ``resume=False`` starts over.
+    and a finished one is not redone; ``resume=False`` starts over. ``encoding`` reads a CSV or
+    JSONL input in another encoding than UTF-8.
     """
-    check_columns(source, rubric, mapping)
+    check_columns(source, rubric, mapping, encoding)
+    extra = {"encoding": encoding} if encoding else {}
     return await run_file(
-        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping), judge.limiter.concurrency + 2,
+        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume,
+        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume, encoding=encoding,
     )
 
 
@@ -207,6 +215,7 @@ async def grade_file_with(
     on_row: Callable[[Grade], None] | None = None,
     group_by: str | None = None,
     resume: bool = True,
+    encoding: str | None = None,
 ) -> RunSummary:
     """Grade every row of ``source`` with any grader (a config file's, a composite, a python one).
 
@@ -214,7 +223,7 @@ async def grade_file_with(
     references under their own names. ``settings`` identify the grader for the checkpoint (the
     CLI passes the config file's hash): a checkpoint from other settings is not resumed.
     """
-    rows = RowMapping.build(mapping, input_columns(source))
+    rows = RowMapping.build(mapping, input_columns(source, encoding))
 
     async def run(sample: Sample) -> Grade:
         try:
@@ -224,12 +233,13 @@ async def grade_file_with(
 
     return await run_file(
         source, destination, GRADER_COLUMNS, GRADER_TYPES,
-        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {})},
+        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
+         **({"encoding": encoding} if encoding else {})},
         concurrency,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume,
+        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, encoding=encoding,
     )
 
 
@@ -248,13 +258,27 @@ async def run_file(
     on_row: Callable[[O], None] | None = None,
     group_by: str | None = None,
     resume: bool = True,
+    encoding: str | None = None,
+    lock: bool = True,
 ) -> RunSummary:
-    """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row."""
-    header = input_columns(source)
+    """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
+
+    It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
+    already does.
+    """
+    if lock:
+        with output_lock(source, destination):
+            return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
+                                  judge_row=judge_row, input_error=input_error, to_row=to_row, on_row=on_row,
+                                  group_by=group_by, resume=resume, encoding=encoding, lock=False)
+    header = input_columns(source, encoding)
     if group_by is not None and header is not None and group_by not in header:
         raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
     checkpoint = Checkpoint(source, destination, settings)
     state = checkpoint.load() if resume else None
+    warnings = [checkpoint.warning] if resume and checkpoint.warning else []
+    for warning in warnings:
+        logger.warning("warning: %s", warning)
     if state is not None and state.get("complete"):
         summary = _Tally.restore(state["tally"]).summary(0.0)
         summary.already_complete = True
@@ -264,8 +288,11 @@ async def run_file(
         return summary
     tally = _Tally.restore(state["tally"]) if state else _Tally()
     mark = state["mark"] if state else None
-    writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
-                       types=column_types(source, destination, header, result_types, result_columns), resume=mark)
+    try:
+        writer = RowWriter(destination, columns=output_columns(header, result_columns) if header is not None else None,
+                           types=column_types(source, destination, header, result_types, result_columns), resume=mark)
+    except OSError as e:  # a read-only file or folder, a full disk: before any request
+        raise InputError(f"cannot write {destination}: {e.strerror or e}") from e
     done = writer.rows
     # A resumed run's spread covers the whole output: the rows written before are read back once.
     spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
@@ -282,7 +309,7 @@ async def run_file(
     finished = False
     try:
         await stream_in_order(source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit,
-                              skip=done, on_mark=lambda at: checkpoint.save(at, tally.state()), close=False)
+                              skip=done, on_mark=lambda at: checkpoint.save(at, tally.state()), close=False, encoding=encoding)
         finished = True
     finally:
         writer.close(complete=finished)
@@ -293,6 +320,7 @@ async def run_file(
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
+    summary.warnings = warnings
     return summary
 
 
@@ -327,6 +355,7 @@ async def stream_in_order(
     skip: int = 0,
     on_mark: Callable[[dict[str, Any]], None] | None = None,
     close: bool = True,
+    encoding: str | None = None,
 ) -> None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
@@ -336,16 +365,19 @@ async def stream_in_order(
     turns a row (and its number) into what ``judge_row`` takes, raising RowError; the first
     ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
     ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
+    ``emit`` is called as each row is written, in input order, so whatever it counts at a mark
+    is exactly the rows written: a resumed run's summary counts each output row once.
     """
-    rows = enumerate(read_rows(source, skip=skip), start=skip + 1)
-    pending: dict[int, dict[str, Any]] = {}
+    rows = enumerate(read_rows(source, skip=skip, encoding=encoding), start=skip + 1)
+    pending: dict[int, tuple[dict[str, Any], Any]] = {}
     next_to_write = skip + 1
     last_mark = time.monotonic()
 
     def write_ready() -> None:
         nonlocal next_to_write
         while next_to_write in pending:
-            writer.write(pending.pop(next_to_write))
+            out_row, outcome = pending.pop(next_to_write)
+            writer.write(emit(next_to_write, out_row, outcome))
             next_to_write += 1
 
     def flush() -> None:
@@ -368,7 +400,7 @@ async def stream_in_order(
                     outcome = input_error(str(e))
                 if outcome.status != "ok" and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
-            pending[number] = emit(number, out_row, outcome)
+            pending[number] = (out_row, outcome)
             flush()
 
     try:
