@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._common import fail, print_json
+from ._common import fail, print_json, warnings_to_stderr
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
     from judge import Budget, Judge
@@ -84,6 +84,7 @@ def grade(
     from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
 
+    warnings_to_stderr()
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
     if record and replay:
