@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -20,8 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from graders.cli import app
-from graders.runs._lock import lock_path
-from judge.testing import FakeProvider
+from judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
 
@@ -54,6 +52,9 @@ def _wait_for(condition, process: subprocess.Popen | None = None, what: str = ""
         if process is not None and process.poll() is not None:
             pytest.fail(f"the run ended before {what}: {process.communicate()}")
         if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+                pytest.fail(f"never saw {what}: {process.communicate()}")
             pytest.fail(f"never saw {what}")
         time.sleep(0.02)
 
@@ -70,6 +71,10 @@ class Gate:
             while not self.open.is_set():
                 await asyncio.sleep(0.01)
         return reference_judge(body)
+
+
+def lock_path(output: Path) -> Path:
+    return output.with_name(output.name + ".lock")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -89,8 +94,8 @@ def test_a_second_run_on_the_same_output_exits_2_naming_the_pid_and_a_killed_hol
             assert second.exit_code == 2, second.output
             assert f"pid {first.pid}" in second.output and "Traceback" not in second.output
             assert len(other.chat_requests()) == 0  # refused before any request
-            first.send_signal(signal.SIGKILL)
         finally:
+            first.kill()  # SIGKILL: what the next run must survive (and the cleanup when an assertion failed)
             first.wait(timeout=30)
         gate.open.set()
         # The kernel dropped the dead run's flock: the lock file it left behind does not block the next run.
@@ -182,29 +187,63 @@ def test_a_stale_checkpoint_pointing_inside_a_row_starts_over_instead_of_writing
 
 def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
     """Rows judged but waiting behind a slow earlier row were in the checkpoint's counts, then judged again."""
+    from graders.runs._file import MARK_EVERY_S
+
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 20
     _write_input(source, n)
-    gate_a, gate_b = Gate(2), Gate(3)  # rows 3 and 4 hold; the rest are judged and wait to be written
+    gate_a, gate_b = Gate(0), Gate(2)  # rows 1 and 3 hold; the others are judged and wait to be written
 
     async def responder(body: dict):
-        return await (gate_a if "question 2?" in body["messages"][-1]["content"] else gate_b)(body)
+        return await (gate_a if "question 0?" in body["messages"][-1]["content"] else gate_b)(body)
 
     with FakeProvider(responder=responder) as fake:
         run = _start(fake, tmp_path, source, output)
         try:
             _wait_for(lambda: len({r.body["messages"][-1]["content"] for r in fake.chat_requests()}) == n, run, "every row asked")
             _wait_for(lambda: sum(1 for r in fake.chat_requests() if r.status == 200) == n - 2, run, "the other rows answered")
-            gate_a.open.set()  # row 3 is written: a checkpoint of 3 rows, with rows 5-20 judged but not written
-            _wait_for(lambda: _checkpoint(output).exists() and json.loads(_checkpoint(output).read_text())["mark"]["rows"] == 3,
-                      run, "a checkpoint of 3 rows")
-            run.send_signal(signal.SIGKILL)
+            # Nothing is written yet, so no checkpoint either; a checkpoint is due once MARK_EVERY_S has
+            # passed, so the rows written when row 1 arrives are checkpointed at once.
+            time.sleep(MARK_EVERY_S * 2)
+            gate_a.open.set()  # rows 1-2 are written: a checkpoint of 2 rows, with rows 4-20 judged but not written
+            _wait_for(lambda: _checkpoint(output).exists() and json.loads(_checkpoint(output).read_text())["mark"]["rows"] == 2,
+                      run, "a checkpoint of 2 rows")
         finally:
+            run.kill()  # SIGKILL
             run.wait(timeout=30)
         gate_b.open.set()
         resumed = _grade(fake, tmp_path, source, output, "--json")
     assert resumed.exit_code == 0, resumed.output
     summary = json.loads(resumed.output)
-    assert summary["resumed_from"] == 3
+    assert summary["resumed_from"] == 2
     assert (summary["rows"], summary["ok"], sum(summary["label_counts"].values())) == (n, n, n)
     assert [r["id"] for r in _jsonl(output)] == list(range(n))
+
+
+@pytest.mark.parametrize("kind", ["grader", "pairwise", "batch"])
+def test_every_kind_of_file_run_takes_the_output_lock(tmp_path, kind) -> None:
+    """--grader, pairwise and --batch runs refuse a locked output too (held here by this process, on its own descriptor)."""
+    from graders.runs._lock import output_lock
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    if kind == "pairwise":
+        source.write_text(json.dumps({"instruction": "q", "output_1": "a", "output_2": "b", "label": 1}) + "\n", encoding="utf-8")
+        how = ["-r", "llmbar_pairwise"]
+    elif kind == "grader":
+        _write_input(source, 2)
+        config = tmp_path / "match.yaml"
+        config.write_text("type: string_match\nexpression: '{{references.answer}}'\noperation: PARTIAL_MATCH\n", encoding="utf-8")
+        how = ["--grader", str(config), "--map", "references.answer=prediction", "--map", "response=prediction"]
+    else:
+        _write_input(source, 2)
+        how = ["-r", "semantic_equivalence_en", "--batch"]
+    # Automatic replies fit a JSON schema; the pairwise rubric reads "Output (a)" from text.
+    with FakeProvider(responder=(lambda body: Reply(content="Output (a)")) if kind == "pairwise" else None) as fake:
+        with output_lock(source, output):
+            held = CliRunner().invoke(app, ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
+        assert held.exit_code == 2 and f"pid {os.getpid()}" in held.output, held.output
+        assert not fake.requests and not output.exists()
+        free = CliRunner().invoke(app, ["grade", str(source), *how, "-o", str(output), "--batch-poll", "0.01"] if kind == "batch"
+                                  else ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
+    assert free.exit_code == 0, free.output
+    assert output.exists() and not lock_path(output).exists()
