@@ -160,7 +160,8 @@ def test_a_finished_output_edited_since_is_graded_again_with_a_warning(tmp_path)
     with FakeProvider(responder=reference_judge) as fake:
         assert _grade(fake, tmp_path, source, output).exit_code == 0
         lines = output.read_text(encoding="utf-8").splitlines(keepends=True)
-        output.write_text("".join(lines[:10] + lines[11:]), encoding="utf-8")  # a row lost since
+        # Rewritten since (a row lost, the rest re-spaced): longer than the checkpoint says, one row short.
+        output.write_text("".join(line.rstrip("\n") + " " * 20 + "\n" for line in lines[:10] + lines[11:]), encoding="utf-8")
         again = _grade(fake, tmp_path, source, output)
         assert len(fake.chat_requests()) == 30  # graded again from the cache
     assert again.exit_code == 0, again.output
