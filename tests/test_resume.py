@@ -105,17 +105,23 @@ def test_sigkill_mid_run_then_the_same_command_finishes_without_repeats(tmp_path
     output = tmp_path / f"out{suffix}"
     _write_input(source)
     with FakeProvider(responder=reference_judge, latency=0.02) as fake:
-        env = _env(fake, tmp_path, GRADEKIT_PARQUET_PART_ROWS="20")
+        # Each run sends its own API key, so the provider's log tells whose a request was. Counting the
+        # killed run's requests right after the kill raced: a request it wrote just before dying sits in
+        # the socket buffer and reaches the provider's log later, where it was counted as the resumed
+        # run's ("one request more than expected", seen once with .parquet).
+        env = _env(fake, tmp_path, GRADEKIT_PARQUET_PART_ROWS="20", OPENAI_API_KEY="killed-run")
         _kill_when_checkpointed(_command(source, output), env, output.with_name(output.name + ".checkpoint.json"), 30)
-        sent_before = len(fake.chat_requests())
-        assert sent_before < ROWS  # it really was cut off mid-run
         with sqlite3.connect(tmp_path / "cache.sqlite3") as db:
             judged = db.execute("SELECT count(*) FROM responses").fetchone()[0]  # replies the killed run received
+        env = {**env, "OPENAI_API_KEY": "resumed-run"}
         done = subprocess.run(_command(source, output, "--group-by", "id"), env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr + done.stdout
         assert "resumed:" in done.stdout and f"{ROWS} groups" in done.stdout  # the spread read the rows written before the kill
         asked = _questions_sent(fake)
-        sent_after = len(fake.chat_requests()) - sent_before
+        by_run = Counter(r.headers.get("authorization") for r in fake.chat_requests())
+        sent_before, sent_after = by_run["Bearer killed-run"], by_run["Bearer resumed-run"]
+        assert sent_before + sent_after == len(fake.chat_requests())
+        assert sent_before < ROWS  # it really was cut off mid-run
     assert _output_ids(output) == list(range(ROWS))  # exactly one row per input row, in input order
     # Every row the killed run had judged (written or only cached) is not asked again; only the
     # requests in flight at the kill, whose replies never arrived, are sent a second time.

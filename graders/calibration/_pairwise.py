@@ -35,7 +35,8 @@ from judge import Judge, Rubric, Verdict
 
 from ..runs._file import _variables, check_columns, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
-from ..runs._io import RowWriter, input_columns
+from ..runs._io import InputError, RowWriter, input_columns
+from ..runs._lock import output_lock
 
 ConflictRule = Literal["tie", "first", "third", "vote"]
 CONFLICT_RULES: tuple[str, ...] = ("tie", "first", "third", "vote")
@@ -254,17 +255,32 @@ async def grade_pairwise_file(
     label_column: str | None = "label",
     convention: Literal["llmbar", "skip"] = "llmbar",
     on_row: Callable[[PairVerdict], None] | None = None,
+    encoding: str | None = None,
 ) -> PairwiseRunSummary:
     """Grade every pair in ``source`` into ``destination``: one output row per input row, in order.
 
     When the rows carry ``label_column`` (the gold winner, 1 or 2), the summary's ``report`` has
     LLMBar's Acc and Agr and the position-bias figures, computed with :func:`pairwise_report`.
+    The output is locked while it is written, as for any file run.
     """
+    with output_lock(source, destination):
+        return await _pairwise_file(judge, rubric, source, destination, mapping, swap=swap, on_conflict=on_conflict,
+                                    tiebreak=tiebreak, label_column=label_column, convention=convention, on_row=on_row,
+                                    encoding=encoding)
+
+
+async def _pairwise_file(judge: Judge, rubric: Rubric, source: Path, destination: Path, mapping: Mapping[str, str], *,
+                         swap: bool, on_conflict: ConflictRule, tiebreak: Judge | None, label_column: str | None,
+                         convention: Literal["llmbar", "skip"], on_row: Callable[[PairVerdict], None] | None,
+                         encoding: str | None) -> PairwiseRunSummary:
     grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
-    check_columns(source, rubric, mapping)
-    header = input_columns(source)
+    check_columns(source, rubric, mapping, encoding)
+    header = input_columns(source, encoding)
     columns = output_columns(header, PAIRWISE_COLUMNS) if header is not None else None
-    writer = RowWriter(destination, columns=columns)
+    try:
+        writer = RowWriter(destination, columns=columns)
+    except OSError as e:  # a read-only file or folder: before any request
+        raise InputError(f"cannot write {destination}: {e.strerror or e}") from e
     outcomes: dict[int, tuple[Any, PairVerdict | None]] = {}
     started = time.perf_counter()
 
@@ -281,7 +297,7 @@ async def grade_pairwise_file(
     # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
     workers = max(1, judge.limiter.concurrency // (2 if swap else 1)) + 2
     await stream_in_order(source, writer, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
-                          judge_row=grade, input_error=input_error, emit=emit)
+                          judge_row=grade, input_error=input_error, emit=emit, encoding=encoding)
     # Acc / Agr need both orders: without the swap there is nothing to compare.
     return _summarise([outcomes[k] for k in sorted(outcomes)], label_column if swap else None, convention,
                       time.perf_counter() - started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import typer
@@ -17,3 +18,19 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def print_json(payload: dict[str, Any]) -> None:
     typer.echo(json.dumps({"version": JSON_VERSION, **payload}, ensure_ascii=False, indent=2))
+
+
+class _Echo(logging.Handler):
+    """Library warnings (a checkpoint started over, a corrupt cache moved aside) as plain lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(self.format(record), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
+
+
+def warnings_to_stderr() -> None:
+    """Show a file run's warnings (``gradekit.runs``, ``gradekit.cache``) to the user, once, whatever logging is set up."""
+    for name in ("gradekit.runs", "gradekit.cache"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _Echo) for h in logger.handlers):
+            logger.addHandler(_Echo(logging.WARNING))
+            logger.propagate = False  # not twice when the host logs to stderr too

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._common import fail, print_json
+from ._common import fail, print_json, warnings_to_stderr
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
     from judge import Budget, Judge
@@ -56,6 +56,7 @@ def grade(
     keep_going: bool = typer.Option(False, "--keep-going", help="Grade every row even when the judge looks broken (no circuit breaker: every failing row becomes an error row)."),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Grade again, in place, the rows of an earlier run's OUTPUT whose status is error with a transient kind (server_error, timeout, rate_limited); every other row stays as it is."),
     progress_every: float = typer.Option(10.0, "--progress-every", metavar="S", help="When stderr is not a terminal: print a progress line every S seconds (0: none)."),
+    encoding: str = typer.Option(None, "--encoding", help="Read a CSV/JSONL INPUT in this encoding (latin-1, cp1252, gbk, ...) [default: UTF-8, with or without a BOM]."),
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
@@ -69,9 +70,15 @@ def grade(
     the checkpoint is saved; fix the judge and run the same command again to resume. --keep-going
     turns this off. --retry-errors grades again the rows an outage left as errors.
 
+    One run writes OUTPUT at a time (OUTPUT.lock); OUTPUT is never the INPUT, not even through a
+    link. A row that cannot be read (bad bytes, a CSV cell over 128 KiB, JSON nested too deep, a
+    damaged Parquet page) is an error row for that row.
+
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
-    one row per input row), 2 when the run could not start (bad file, rubric or option), 3 when
-    the judge looks broken and the run stopped early (resumable), 130 on Ctrl-C (resumable).
+    one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
+    its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
+    not writable), 3 when the judge looks broken and the run stopped early (resumable), 130 on
+    Ctrl-C (resumable).
     """
     import asyncio
 
@@ -83,10 +90,12 @@ def grade(
     from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
     from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, file_format
+    from ..runs._io import InputError, codec, file_format
+    from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
 
+    warnings_to_stderr()
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
     if record and replay:
@@ -104,14 +113,17 @@ def grade(
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
-        if output.resolve() == input.resolve():
-            raise InputError(f"{output}: the output would overwrite the input")
+        check_not_input(input, output)
+        if encoding is not None:
+            codec(encoding)  # an unknown name fails here, before any request
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
     if on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model):
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
     if replay and not replay.exists():
         raise fail(f"{replay}: no such cassette to replay")
+    if batch and encoding:
+        raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and (record or replay):
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
@@ -152,8 +164,9 @@ def grade(
     traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
     err = Console(stderr=True)
     show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
-                 done=0 if retry_errors else already_written(output, restart))
-    run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors}
+                 done=0 if retry_errors else already_written(output, restart), encoding=encoding)
+    run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors,
+                   "encoding": encoding}
     try:
         with traffic:
             if spec is None:
@@ -164,7 +177,8 @@ def grade(
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
                                                  None if json_output else err))
             elif spec.pairwise is not None:
-                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak))
+                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak,
+                                                    encoding))
             else:
                 summary = asyncio.run(_run(judge, spec, input, output, variables, show, run_options))
     except (InputError, BatchRunError, GraderConfigError) as e:
@@ -199,16 +213,18 @@ def grade(
 class _Show:
     """How the command shows a live run: a bar on a terminal, else a line every ``every`` seconds."""
 
-    def __init__(self, err: Console, *, bar: bool, every: float, done: int) -> None:
-        self.err, self.bar, self.every, self.done = err, bar, every, done
+    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None) -> None:
+        self.err, self.bar, self.every, self.done, self.encoding = err, bar, every, done, encoding
 
     def progress(self, source: Path):  # -> RunProgress
         from ..runs._io import count_rows
         from ._progress import RunProgress
 
         # Counting is a pass over the input: a bar needs it now, the lines only once the first is due.
-        return RunProgress(count_rows(source) if self.bar else lambda: count_rows(source), self.err, every=self.every,
-                           bar=self.bar, done=self.done)
+        def count() -> int:
+            return count_rows(source, self.encoding)
+
+        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done)
 
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
@@ -286,13 +302,13 @@ async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variab
 
 
 async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
-                        on_conflict: str, tiebreak: Judge | None) -> PairwiseRunSummary:
+                        on_conflict: str, tiebreak: Judge | None, encoding: str | None = None) -> PairwiseRunSummary:
     from ..calibration._pairwise import grade_pairwise_file
 
     async with judge:
         try:
             return await grade_pairwise_file(judge, spec, source, destination, variables, swap=swap,
-                                             on_conflict=on_conflict, tiebreak=tiebreak)  # type: ignore[arg-type]
+                                             on_conflict=on_conflict, tiebreak=tiebreak, encoding=encoding)  # type: ignore[arg-type]
         finally:
             if tiebreak is not None:
                 await tiebreak.aclose()

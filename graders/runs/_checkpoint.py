@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import fingerprint
+from ._io import fingerprint, tail_hash, text_rows_before
 
 
 class Checkpoint:
@@ -24,7 +24,13 @@ class Checkpoint:
         self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}
 
     def load(self) -> dict[str, Any] | None:
-        """The saved state, if it belongs to this input, these settings and an output still there."""
+        """The saved state, if it belongs to this input, these settings and the output as it is now.
+
+        A checkpoint that disagrees with the output (edited, stale, or the output changed since)
+        is not trusted: ``warning`` says why, and the run starts over rather than lose rows or
+        append to a torn line.
+        """
+        self.warning: str | None = None
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -35,9 +41,35 @@ class Checkpoint:
         parts = self.destination.with_name(self.destination.name + ".parts")
         if not (self.destination.exists() or (mark.get("parts") and parts.is_dir())):
             return None  # the output (or a Parquet run's parts) is gone: start over
-        if "offset" in mark and self.destination.stat().st_size < int(mark["offset"]):
-            return None  # the output was cut shorter than the checkpoint says: start over
+        try:
+            problem = self._disagreement(state, mark, parts)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            problem = f"it cannot be checked against the output ({type(e).__name__}: {e})"
+        if problem is not None:
+            self.warning = f"{self.path} does not match {self.destination}: {problem}; grading every row again"
+            return None
         return state
+
+    def _disagreement(self, state: Mapping[str, Any], mark: Mapping[str, Any], parts: Path) -> str | None:
+        """Why the output is not what the checkpoint says (rows, size, the hash of its last bytes), or None."""
+        rows = int(mark["rows"])
+        if "offset" in mark:  # CSV / JSONL
+            offset, size = int(mark["offset"]), self.destination.stat().st_size
+            if size < offset or (state.get("complete") and size != offset):
+                return f"the output has {size} bytes where the checkpoint says {offset}"
+            if "tail" in mark and tail_hash(self.destination, offset) != mark["tail"]:
+                return "the last row it claims differs from the output's"
+            found = text_rows_before(self.destination, offset)
+            if found != rows:
+                return f"it claims {rows} rows, the output holds {found}"
+            return None
+        import pyarrow.parquet as pq
+
+        if state.get("complete"):
+            found = pq.ParquetFile(self.destination).metadata.num_rows
+        else:
+            found = sum(pq.ParquetFile(parts / f"part-{n:05d}.parquet").metadata.num_rows for n in range(int(mark.get("parts", 0))))
+        return None if found == rows else f"it claims {rows} rows, the output holds {found}"
 
     def save(self, mark: Mapping[str, Any], tally: Mapping[str, Any], complete: bool = False) -> None:
         temporary = self.path.with_name(self.path.name + ".tmp")

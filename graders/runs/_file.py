@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -28,7 +29,10 @@ from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
 from ._io import InputError, RowError, RowWriter, file_format, input_columns, parquet_schema, read_rows, written_rows
+from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
+
+logger = logging.getLogger("gradekit.runs")
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached",
                   "raw_reply", "attempts"]
@@ -61,6 +65,7 @@ class RunSummary(BaseModel):
     saved_tokens: int = 0  # tokens of the replies this run took from the cache
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
+    warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -76,9 +81,9 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str]) -> None:
+def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
     """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs."""
-    header = input_columns(path)
+    header = input_columns(path, encoding)
     if header is None:
         return
     for var, column in mapping.items():
@@ -171,25 +176,29 @@ async def grade_file(
     resume: bool = True,
     keep_going: bool = False,
     retry_errors: bool = False,
+    encoding: str | None = None,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
     Workers pull rows from the reader, so memory is bounded by the concurrency, not the file;
     finished rows wait in a small reorder buffer until every earlier row is written. With
     ``resume`` (the default) an interrupted run of the same command continues where it stopped
-    and a finished one is not redone; ``resume=False`` starts over.
+    and a finished one is not redone; ``resume=False`` starts over. ``encoding`` reads a CSV or
+    JSONL input in another encoding than UTF-8.
+
 
     A broken judge (dead endpoint, wrong key or model) stops the run early with
     :class:`~judge._breaker.BreakerTripped` unless ``keep_going``; ``retry_errors`` grades again
     the rows an earlier run left with a transient error. See :func:`run_file`.
     """
-    check_columns(source, rubric, mapping)
+    check_columns(source, rubric, mapping, encoding)
+    extra = {"encoding": encoding} if encoding else {}
     return await run_file(
-        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping), judge.limiter.concurrency + 2,
+        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
+        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
 
 
@@ -232,6 +241,7 @@ async def grade_file_with(
     resume: bool = True,
     keep_going: bool = False,
     retry_errors: bool = False,
+    encoding: str | None = None,
 ) -> RunSummary:
     """Grade every row of ``source`` with any grader (a config file's, a composite, a python one).
 
@@ -241,7 +251,7 @@ async def grade_file_with(
     The judges of the grader's LLM nodes report to the run's circuit breaker as in
     :func:`grade_file`; ``keep_going`` and ``retry_errors`` are as there.
     """
-    rows = RowMapping.build(mapping, input_columns(source))
+    rows = RowMapping.build(mapping, input_columns(source, encoding))
 
     async def run(sample: Sample) -> Grade:
         try:
@@ -251,12 +261,13 @@ async def grade_file_with(
 
     return await run_file(
         source, destination, GRADER_COLUMNS, GRADER_TYPES,
-        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {})},
+        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
+         **({"encoding": encoding} if encoding else {})},
         concurrency,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
+        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
 
 
@@ -277,6 +288,8 @@ async def run_file(
     resume: bool = True,
     keep_going: bool = False,
     retry_errors: bool = False,
+    encoding: str | None = None,
+    lock: bool = True,
 ) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
@@ -285,12 +298,24 @@ async def run_file(
     checkpoint is saved and :class:`BreakerTripped` is raised, so the same call resumes once the
     judge is fixed. ``retry_errors`` grades again, in place, the rows of an earlier run's output
     (finished or not) that failed for a transient reason, and keeps every other row as it is.
+
+    It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
+    already does.
     """
-    header = input_columns(source)
+    if lock:
+        with output_lock(source, destination):
+            return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
+                                  judge_row=judge_row, input_error=input_error, to_row=to_row, on_row=on_row,
+                                  group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
+                                  encoding=encoding, lock=False)
+    header = input_columns(source, encoding)
     if group_by is not None and header is not None and group_by not in header:
         raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
     checkpoint = Checkpoint(source, destination, settings)
     state = checkpoint.load() if resume or retry_errors else None
+    warnings = [checkpoint.warning] if (resume or retry_errors) and checkpoint.warning else []
+    for warning in warnings:
+        logger.warning("warning: %s", warning)
     previous: Iterator[dict[str, Any]] | None = None
     if retry_errors:
         if state is None and (destination.exists() or checkpoint.path.exists()):
@@ -310,8 +335,11 @@ async def run_file(
     # --retry-errors writes a new copy beside the output and swaps it in when done: the earlier
     # output is read while the new one is written, and stays whole if this run stops.
     target = _retry_path(destination) if previous is not None else destination
-    writer = RowWriter(target, columns=output_columns(header, result_columns) if header is not None else None,
-                       types=column_types(source, destination, header, result_types, result_columns), resume=mark)
+    try:
+        writer = RowWriter(target, columns=output_columns(header, result_columns) if header is not None else None,
+                           types=column_types(source, destination, header, result_types, result_columns), resume=mark)
+    except OSError as e:  # a read-only file or folder, a full disk: before any request
+        raise InputError(f"cannot write {target}: {e.strerror or e}") from e
     done = writer.rows
     # A resumed run's spread covers the whole output: the rows written before are read back once.
     spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
@@ -343,7 +371,7 @@ async def run_file(
             trip = await stream_in_order(
                 source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
                 on_mark=(lambda at: checkpoint.save(at, tally.state())) if previous is None else None, close=False,
-                breaker=breaker, previous=previous, reuse=reuse)
+                breaker=breaker, previous=previous, reuse=reuse, encoding=encoding)
         finished = trip is None
     finally:
         if previous is None and not finished and trip is not None:
@@ -362,6 +390,7 @@ async def run_file(
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
+    summary.warnings = warnings
     if trip is not None:
         kept = writer.rows if previous is None else 0
         where = (f"{destination} holds the first {kept} rows and its checkpoint is saved" if previous is None
@@ -451,6 +480,7 @@ async def stream_in_order(
     breaker: Breaker | None = None,
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    encoding: str | None = None,
 ) -> Trip | None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
@@ -460,6 +490,8 @@ async def stream_in_order(
     turns a row (and its number) into what ``judge_row`` takes, raising RowError; the first
     ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
     ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
+    ``emit`` is called as each row is written, in input order, so whatever it counts at a mark
+    is exactly the rows written: a resumed run's summary counts each output row once.
 
     With a ``breaker``, a row that failed the way a broken judge fails is not written until the
     judge has answered well after it (or the run ends); once the breaker trips no row is started,
@@ -467,7 +499,7 @@ async def stream_in_order(
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
     judge it again) make a run that keeps some of an earlier output's rows.
     """
-    rows = enumerate(read_rows(source, skip=skip), start=skip + 1)
+    rows = enumerate(read_rows(source, skip=skip, encoding=encoding), start=skip + 1)
     pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
     kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1

@@ -8,13 +8,17 @@ written as numbered part files beside the output and joined into the output when
 
 from __future__ import annotations
 
+import codecs
 import csv
 import itertools
 import json
 import math
 import os
+import re
 import shutil
+import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +29,15 @@ FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "pa
 PARQUET_BATCH = 8192  # rows per Arrow batch read; memory per batch, not per file
 TEXT_MARK_ROWS = 5000  # CSV/JSONL: a checkpoint at least this often (and at least every MARK_EVERY_S)
 PARQUET_PART_EVERY_S = 5.0  # Parquet: a part at least this often while rows trickle in
+CSV_CELL_LIMIT = 128 * 1024  # characters in one CSV cell: the csv module's default limit, kept as a per-row error
+FIRST_ROWS = 2  # data rows that must decode, with the header, before a file is taken to be in its encoding
+_PROBE_BYTES = 1 << 20  # at most this much of a file is read to check its encoding up front
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes surrogateescape kept because they did not decode
+
+# The csv module's own limit raises mid-file and ends the iteration of the whole file; with no
+# limit in the reader, a long cell is found per row (CSV_CELL_LIMIT) and that row alone fails.
+# The setting is process-wide, but it only ever widens what csv accepts.
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
 def _part_rows() -> int:
@@ -66,50 +79,132 @@ class RowError(ValueError):
     """One input row is unusable; it still gets an output row, with this as its error."""
 
 
-def read_rows(path: Path, skip: int = 0) -> Iterator[dict[str, Any] | RowError]:
+def codec(encoding: str | None) -> str:
+    """The codec a CSV/JSONL file is read with: UTF-8 unless ``--encoding`` names another.
+
+    UTF-8 is read as ``utf-8-sig`` so a byte order mark (Excel writes one) is not part of the first
+    column's name.
+    """
+    name = encoding or "utf-8"
+    try:
+        found = codecs.lookup(name).name
+    except LookupError:
+        raise InputError(f"unknown encoding {name!r} (--encoding takes a Python codec name: utf-8, latin-1, cp1252, gbk, ...)") from None
+    return "utf-8-sig" if found == "utf-8" else found
+
+
+def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
 
     ``skip`` passes over rows a resumed run has already written, without parsing them where
-    the format allows (JSONL lines, Parquet row groups).
+    the format allows (JSONL lines, Parquet row groups). A row with bytes that do not decode,
+    a CSV cell over ``CSV_CELL_LIMIT``, JSON nested past the parser's depth or a damaged Parquet
+    page is that row's RowError, never the end of the file.
     """
     kind = file_format(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if kind == "parquet":
         yield from _parquet_rows(path, skip)
-        return
-    with path.open(encoding="utf-8", newline="") as handle:
-        if kind == "csv":
-            reader = csv.DictReader(handle)
-            if reader.fieldnames is None:
-                return
-            for number, row in enumerate(reader, start=1):
-                if number <= skip:
+    elif kind == "csv":
+        yield from _csv_rows(path, skip, codec(encoding))
+    else:
+        yield from _jsonl_rows(path, skip, codec(encoding))
+
+
+def _csv_rows(path: Path, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
+    # surrogateescape: a stray byte that does not decode becomes that row's error, not the file's.
+    # utf-8 (not utf-8-sig, which decodes slower) with the BOM taken off the first name by hand.
+    with path.open(encoding="utf-8" if name == "utf-8-sig" else name, errors="surrogateescape", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            return
+        if header:
+            header[0] = header[0].removeprefix("\ufeff")
+        width = len(header)
+        number = 0
+        for cells in reader:
+            if not cells:
+                continue  # a blank line is no row (as csv.DictReader has it)
+            number += 1
+            if number <= skip:
+                continue
+            if len(cells) > width:
+                yield RowError(f"{path} row {number}: {len(cells) - width} more cell(s) than the header has columns")
+                continue
+            whole = "".join(cells)  # one length check and one search for a clean row, the common case
+            if len(whole) > CSV_CELL_LIMIT or _ESCAPED.search(whole) is not None:
+                problem = _bad_cell(header, cells, name)
+                if problem is not None:
+                    yield RowError(f"{path} row {number}: {problem}")
                     continue
-                if None in row:  # more cells than header columns
-                    yield RowError(f"{path} row {number}: {len(row[None])} more cell(s) than the header has columns")
-                else:
-                    yield dict(row)
-        else:
-            number = 0
-            for line in handle:
-                if not line.strip():
-                    continue
-                number += 1
-                if number <= skip:
-                    continue
+            row: dict[str, Any] = dict(zip(header, cells))
+            if len(cells) < width:
+                row.update(dict.fromkeys(header[len(cells):]))  # missing cells are None, as csv.DictReader has them
+            yield row
+
+
+def _bad_cell(header: list[str], cells: list[str], name: str) -> str | None:
+    for column, value in zip(header, cells):
+        if len(value) > CSV_CELL_LIMIT:
+            return (f"column {column!r} holds a cell of {len(value):,} characters, over the CSV limit of {CSV_CELL_LIMIT:,}; "
+                    "use JSONL or Parquet for cells this long")
+        if (bad := _ESCAPED.search(value)) is not None:
+            return (f"column {column!r} holds byte 0x{ord(bad.group()) - 0xDC00:02x}, which is not valid {_display(name)} "
+                    "(name the file's encoding with --encoding)")
+    return None
+
+
+def _display(name: str) -> str:
+    return "UTF-8" if name == "utf-8-sig" else name
+
+
+def _jsonl_rows(path: Path, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
+    number = 0
+    offset = 0
+    utf8 = name == "utf-8-sig"
+    with path.open("rb") as handle:
+        for raw in handle:
+            start, offset = offset, offset + len(raw)
+            if start == 0 and utf8 and raw.startswith(codecs.BOM_UTF8):
+                raw, start = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+            if not raw.strip():
+                continue
+            number += 1
+            if number <= skip:
+                continue
+            if utf8:  # the fast path: orjson reads UTF-8 bytes itself; anything it refuses takes the path below
                 try:
-                    value = _loads(line)
-                except json.JSONDecodeError as e:
-                    yield RowError(f"{path} row {number}: not valid JSON ({e.msg} at column {e.colno})")
-                    continue
-                if not isinstance(value, dict):
-                    yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+                    value = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    pass
                 else:
-                    yield value
+                    if isinstance(value, dict):
+                        yield value
+                        continue
+            try:
+                line = raw.decode(name)
+            except UnicodeDecodeError as e:
+                yield RowError(f"{path} row {number}: byte {start + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)} "
+                               "(name the file's encoding with --encoding)")
+                continue
+            try:
+                value = _loads(line)
+            except json.JSONDecodeError as e:
+                yield RowError(f"{path} row {number}: not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            except RecursionError:
+                yield RowError(f"{path} row {number}: JSON nested deeper than the parser's limit ({sys.getrecursionlimit()} levels)")
+                continue
+            if not isinstance(value, dict):
+                yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+            else:
+                yield value
 
 
-def _parquet_rows(path: Path, skip: int) -> Iterator[dict[str, Any]]:
+def _parquet_rows(path: Path, skip: int) -> Iterator[dict[str, Any] | RowError]:
+    """Row group by row group: a damaged page fails the rest of its group's rows, and the next group reads on."""
     import pyarrow.parquet as pq
 
     try:
@@ -117,31 +212,67 @@ def _parquet_rows(path: Path, skip: int) -> Iterator[dict[str, Any]]:
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise InputError(f"{path}: not a readable Parquet file ({e})") from e
     with handle:
-        groups = []
+        start = 0  # rows before this row group
         for group in range(handle.num_row_groups):
-            rows = handle.metadata.row_group(group).num_rows
-            if not groups and skip >= rows:
-                skip -= rows  # a whole row group already written: not even read
-            else:
-                groups.append(group)
-        if not groups:
-            return
-        for batch in handle.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups):
-            rows = batch.to_pylist()
-            if skip:
-                rows, skip = rows[skip:], max(0, skip - len(rows))
-            yield from rows
+            size = handle.metadata.row_group(group).num_rows
+            if start + size <= skip:
+                start += size  # a whole row group already written: not even read
+                continue
+            done = start  # rows of the file yielded or skipped so far
+            try:
+                for batch in handle.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group]):
+                    rows = batch.to_pylist()
+                    first = done
+                    done += len(rows)
+                    yield from rows[max(0, skip - first):]
+            except Exception as e:  # ArrowInvalid, OSError, ...: a corrupt page or a bad decompression
+                cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+                for number in range(max(done, skip) + 1, start + size + 1):
+                    yield RowError(f"{path} row {number}: unreadable Parquet data in row group {group} ({cause})")
+            start += size
 
 
-def input_columns(path: Path) -> list[str] | None:
-    """The columns every row has, when the format says so up front (CSV header, Parquet schema)."""
+def input_columns(path: Path, encoding: str | None = None) -> list[str] | None:
+    """The columns every row has, when the format says so up front (CSV header, Parquet schema).
+
+    Called before any request, it also stops a file that cannot be a good input: one whose
+    first rows are not in its encoding, or whose columns repeat a name.
+    """
     kind = file_format(path)
-    if kind == "csv":
-        with path.open(encoding="utf-8", newline="") as handle:
-            return next(csv.reader(handle), [])
     if kind == "parquet":
-        return list(parquet_schema(path).names)
-    return None
+        columns = list(parquet_schema(path).names)
+    else:
+        check_encoding(path, encoding)
+        if kind == "jsonl":
+            return None
+        with path.open(encoding=codec(encoding), errors="surrogateescape", newline="") as handle:
+            columns = next(csv.reader(handle), [])
+    repeated = [name for name, n in Counter(columns).items() if n > 1]
+    if repeated:
+        raise InputError(f"{path}: duplicate column names {', '.join(map(repr, repeated))}; give each column its own name")
+    return columns
+
+
+def check_encoding(path: Path, encoding: str | None = None) -> None:
+    """Stop before any request when the header or first rows of a CSV/JSONL file do not decode.
+
+    Such a file is in another encoding (an Excel export in Latin-1, say), and every row would
+    fail; a bad byte further on is only that row's error (see :func:`read_rows`).
+    """
+    name = codec(encoding)
+    offset = 0
+    with path.open("rb") as handle:
+        for count, raw in enumerate(handle):
+            try:
+                raw.decode(name)
+            except UnicodeDecodeError as e:
+                raise InputError(
+                    f"{path}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)}, so the file is in "
+                    "another encoding; name it with --encoding, e.g. --encoding latin-1 or --encoding cp1252 for an Excel export"
+                ) from None
+            offset += len(raw)
+            if count >= FIRST_ROWS or offset >= _PROBE_BYTES:
+                return
 
 
 def parquet_schema(path: Path) -> Any:
@@ -153,7 +284,7 @@ def parquet_schema(path: Path) -> Any:
         raise InputError(f"{path}: not a readable Parquet file ({e})") from e
 
 
-def count_rows(path: Path) -> int:
+def count_rows(path: Path, encoding: str | None = None) -> int:
     """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse)."""
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
@@ -162,7 +293,7 @@ def count_rows(path: Path) -> int:
     if file_format(path) == "jsonl":
         with path.open("rb") as handle:
             return sum(1 for line in handle if line.strip())
-    return sum(1 for _ in read_rows(path))
+    return sum(1 for _ in read_rows(path, encoding=encoding))
 
 
 def written_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -176,6 +307,36 @@ def fingerprint(path: Path) -> dict[str, Any]:
     """Enough to tell that an input file is the one a checkpoint was written for."""
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+TAIL_BYTES = 4096
+
+
+def tail_hash(path: Path, offset: int) -> str:
+    """A hash of the last bytes before ``offset``: the end of the last row a checkpoint claims."""
+    import hashlib
+
+    with path.open("rb") as handle:
+        handle.seek(max(0, offset - TAIL_BYTES))
+        return hashlib.sha256(handle.read(min(offset, TAIL_BYTES))).hexdigest()
+
+
+def text_rows_before(path: Path, offset: int) -> int:
+    """How many rows the first ``offset`` bytes of a CSV/JSONL output hold (CSV cells may span lines, so parse)."""
+
+    def lines() -> Iterator[bytes]:
+        left = offset
+        with path.open("rb") as handle:
+            for raw in handle:
+                if left <= 0:
+                    return
+                yield raw[:left]
+                left -= len(raw)
+
+    if file_format(path) == "jsonl":
+        return sum(1 for raw in lines() if raw.strip())
+    records = sum(1 for _ in csv.reader(raw.decode("utf-8", "surrogateescape") for raw in lines()))
+    return max(0, records - 1)  # the header
 
 
 class RowWriter:
@@ -240,13 +401,15 @@ class RowWriter:
             return {"rows": self.rows, "parts": self._parts.flush()}
         assert self._handle is not None
         self._handle.flush()
-        return {"rows": self.rows, "offset": self._handle.tell()}
+        offset = self._handle.tell()
+        return {"rows": self.rows, "offset": offset, "tail": tail_hash(self.path, offset)}
 
     def mark_after_close(self) -> dict[str, Any]:
-        """Where a finished output ends (its size lets a later run see it was not cut short)."""
+        """Where a finished output ends (its size and tail let a later run see it was not cut short or edited)."""
         if self.kind == "parquet":
             return {"rows": self.rows}
-        return {"rows": self.rows, "offset": self.path.stat().st_size}
+        offset = self.path.stat().st_size
+        return {"rows": self.rows, "offset": offset, "tail": tail_hash(self.path, offset)}
 
     def written(self) -> Iterator[dict[str, Any]]:
         """The rows a resumed output already holds (read back, e.g. for a summary over the whole file)."""
@@ -265,7 +428,7 @@ class RowWriter:
         if self.kind == "parquet":
             self._parts.close(complete)
         elif self._handle is not None:
-            if self._csv is None and complete and self._columns and not self.rows:
+            if self.kind == "csv" and self._csv is None and complete and self._columns and not self.rows:
                 csv.DictWriter(self._handle, fieldnames=self._columns).writeheader()  # an empty input still gets a header
             self._handle.close()
 

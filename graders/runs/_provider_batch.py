@@ -55,6 +55,7 @@ from ._file import (
     run_file,
 )
 from ._io import InputError, RowError, fingerprint, read_rows
+from ._lock import output_lock
 
 ENDPOINT = "/v1/chat/completions"
 MAX_BATCH_BYTES = 190_000_000  # the Batch API takes files up to 200 MB; keep a margin for the multipart wrapping
@@ -136,12 +137,13 @@ async def grade_file_batch(
         raise InputError(f"rubric {rubric.name!r} is pairwise: batch mode grades single-output rubrics only")
     if not source.exists():
         raise InputError(f"{source}: no such file")
-    check_columns(source, rubric, mapping)
-    run = _BatchRun(judge, rubric, source, destination, mapping, state_path or state_path_for(destination),
-                    poll_interval=poll_interval, max_poll_interval=max_poll_interval,
-                    max_lines=max_requests_per_batch, max_bytes=max_batch_bytes, group_by=group_by,
-                    on_event=on_event or (lambda _: None))
-    return await run.go(resume)
+    with output_lock(source, destination):  # held from the first upload to the last row written
+        check_columns(source, rubric, mapping)
+        run = _BatchRun(judge, rubric, source, destination, mapping, state_path or state_path_for(destination),
+                        poll_interval=poll_interval, max_poll_interval=max_poll_interval,
+                        max_lines=max_requests_per_batch, max_bytes=max_batch_bytes, group_by=group_by,
+                        on_event=on_event or (lambda _: None))
+        return await run.go(resume)
 
 
 class _BatchRun:
@@ -384,7 +386,7 @@ class _BatchRun:
             self.source, self.destination, RESULT_COLUMNS, RESULT_TYPES, self.settings, 1,
             prepare=prepare, judge_row=stored,
             input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-            to_row=result_row, group_by=self.group_by, resume=self.resumed,
+            to_row=result_row, group_by=self.group_by, resume=self.resumed, lock=False,
             keep_going=True,  # the results are in already: there is no judge left to stop sending to
         )
         summary.wall_s = time.perf_counter() - self.started

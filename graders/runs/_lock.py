@@ -1,0 +1,93 @@
+"""One writer per output: an exclusive lock beside the output, and an output that is never the input.
+
+Two runs writing one output at once interleave rows and tear lines; an output that is a hard
+link (or symlink) to the input truncates the input when it is opened for writing. Both are
+refused before the output is touched or any request is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._io import InputError
+
+
+class OutputLocked(InputError):
+    """Another process holds the output's lock; the message names its pid."""
+
+
+def lock_path(destination: Path) -> Path:
+    return destination.with_name(destination.name + ".lock")
+
+
+def check_not_input(source: Path, destination: Path) -> None:
+    """Refuse an output that is the input, by path or by inode (a hard link, a symlink)."""
+    try:
+        same = destination.resolve() == source.resolve() or (destination.exists() and os.path.samefile(source, destination))
+    except OSError:
+        return  # the input's own absence is reported by the reader, with its name
+    if same:
+        raise InputError(f"{destination} is the same file as the input {source}; writing it would destroy the input. "
+                         "Choose another output path")
+
+
+@contextlib.contextmanager
+def output_lock(source: Path, destination: Path) -> Iterator[None]:
+    """Hold ``<output>.lock`` (``fcntl.flock``, the pid inside) while a run writes ``destination``.
+
+    The kernel drops a flock when its process dies, so a SIGKILLed run never leaves a stale lock;
+    a second run fails at once (no waiting) naming the pid that holds it. Raises InputError for
+    an output that is the input or a folder that cannot be written (exit 2 in the CLI).
+    """
+    check_not_input(source, destination)
+    path = lock_path(destination)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot write {destination}: cannot create its folder ({e.strerror})") from e
+    fd = _acquire(path, destination)
+    try:
+        yield
+    finally:
+        # Unlink while still holding it: a run that opened the old file sees an inode that is gone and retries.
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _acquire(path: Path, destination: Path) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise InputError(f"cannot write {destination}: {e.strerror} in {path.parent} "
+                             "(the output's folder must be writable: it holds the output, its lock and checkpoint)") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise OutputLocked(f"{destination} is being written by another run (pid {holder}); wait for it to end, "
+                               f"or stop it, then run this command again") from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current != os.fstat(fd).st_ino:  # the holder released and unlinked it between our open and flock
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return text if text.isdigit() else "unknown"

@@ -1,0 +1,250 @@
+"""One writer per output, the input is sacred, and a checkpoint is checked against the output it describes.
+
+Real `gradekit grade` subprocesses where a second process or a kill is the point; in-process otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from graders.cli import app
+from judge.testing import FakeProvider, Reply
+
+from .conftest import reference_judge
+
+
+def _write_input(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"id": i, "question": f"question {i}?", "references": [f"answer {i}"],
+                                        "prediction": f"answer {i}"}) + "\n" for i in range(n)), encoding="utf-8")
+
+
+def _args(source: Path, output: Path, *extra: str) -> list[str]:
+    return ["grade", str(source), "-r", "semantic_equivalence_en", "-o", str(output), "--concurrency", "4", *extra]
+
+
+def _env(fake: FakeProvider, tmp_path: Path) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k", "GRADEKIT_CACHE": str(tmp_path / "cache.sqlite3")}
+
+
+def _grade(fake: FakeProvider, tmp_path: Path, source: Path, output: Path, *extra: str):
+    return CliRunner().invoke(app, _args(source, output, *extra), env=_env(fake, tmp_path))
+
+
+def _start(fake: FakeProvider, tmp_path: Path, source: Path, output: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "graders", *_args(source, output, *extra)], env={**os.environ, **_env(fake, tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, process: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + 60  # a safety net only: the test waits for a state, not for time
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the run ended before {what}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+                pytest.fail(f"never saw {what}: {process.communicate()}")
+            pytest.fail(f"never saw {what}")
+        time.sleep(0.02)
+
+
+class Gate:
+    """A responder that holds the questions it is told to until the test opens the gate."""
+
+    def __init__(self, *held: int) -> None:
+        self.held = {f"question {i}?" for i in held}
+        self.open = threading.Event()
+
+    async def __call__(self, body: dict):
+        if any(q in body["messages"][-1]["content"] for q in self.held):
+            while not self.open.is_set():
+                await asyncio.sleep(0.01)
+        return reference_judge(body)
+
+
+def lock_path(output: Path) -> Path:
+    return output.with_name(output.name + ".lock")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_second_run_on_the_same_output_exits_2_naming_the_pid_and_a_killed_holder_frees_it(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 20)
+    gate = Gate(*range(20))
+    with FakeProvider(responder=gate) as fake, FakeProvider(responder=reference_judge) as other:
+        first = _start(fake, tmp_path, source, output)
+        try:
+            _wait_for(lambda: fake.chat_requests(), first, "the first run's requests")  # it holds the lock by now
+            assert lock_path(output).read_text().strip() == str(first.pid)
+            second = _grade(other, tmp_path, source, output)
+            assert second.exit_code == 2, second.output
+            assert f"pid {first.pid}" in second.output and "Traceback" not in second.output
+            assert len(other.chat_requests()) == 0  # refused before any request
+        finally:
+            first.kill()  # SIGKILL: what the next run must survive (and the cleanup when an assertion failed)
+            first.wait(timeout=30)
+        gate.open.set()
+        # The kernel dropped the dead run's flock: the lock file it left behind does not block the next run.
+        third = _grade(other, tmp_path, source, output)
+    assert third.exit_code == 0, third.output
+    assert [r["id"] for r in _jsonl(output)] == list(range(20))
+    assert not lock_path(output).exists()
+
+
+def test_two_runs_started_together_on_one_output_leave_one_whole_output(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 40)
+    with FakeProvider(responder=reference_judge, latency=0.01) as fake:
+        runs = [_start(fake, tmp_path, source, output) for _ in range(2)]
+        results = [(p.wait(timeout=120), p.communicate()) for p in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, (_, err) in results if code == 2)
+    assert "being written by another run (pid" in loser
+    assert [r["id"] for r in _jsonl(output)] == list(range(40))
+
+
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_an_output_that_is_the_input_by_inode_is_refused(tmp_path, link) -> None:
+    source = tmp_path / "in.jsonl"
+    _write_input(source, 5)
+    before = source.read_bytes()
+    output = tmp_path / "out.jsonl"
+    os.link(source, output) if link == "hard" else output.symlink_to(source)
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(fake, tmp_path, source, output)
+        assert len(fake.chat_requests()) == 0
+    assert result.exit_code == 2 and "same file as the input" in result.output
+    assert source.read_bytes() == before
+
+
+def test_a_read_only_output_folder_is_exit_2_with_a_message(tmp_path) -> None:
+    source = tmp_path / "in.jsonl"
+    _write_input(source, 3)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    command = [sys.executable, "-m", "graders", *_args(source, folder / "out.jsonl")]
+    if os.geteuid() == 0:  # root writes anywhere: drop the capability that lets it, as an ordinary user lacks it
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv cannot be made to respect a read-only folder")
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *command]
+    with FakeProvider(responder=reference_judge) as fake:
+        result = subprocess.run(command, env={**os.environ, **_env(fake, tmp_path)}, capture_output=True, text=True, timeout=120)
+        assert len(fake.chat_requests()) == 0
+    assert result.returncode == 2, result.stderr
+    assert "cannot write" in result.stderr and "Permission denied" in result.stderr and "Traceback" not in result.stderr
+
+
+def _checkpoint(output: Path) -> Path:
+    return output.with_name(output.name + ".checkpoint.json")
+
+
+def test_a_finished_output_edited_since_is_graded_again_with_a_warning(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 30)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(fake, tmp_path, source, output).exit_code == 0
+        lines = output.read_text(encoding="utf-8").splitlines(keepends=True)
+        # Rewritten since (a row lost, the rest re-spaced): longer than the checkpoint says, one row short.
+        output.write_text("".join(line.rstrip("\n") + " " * 20 + "\n" for line in lines[:10] + lines[11:]), encoding="utf-8")
+        again = _grade(fake, tmp_path, source, output)
+        assert len(fake.chat_requests()) == 30  # graded again from the cache
+    assert again.exit_code == 0, again.output
+    assert "already complete" not in again.output and "does not match" in again.output
+    assert [r["id"] for r in _jsonl(output)] == list(range(30))
+
+
+def test_a_stale_checkpoint_pointing_inside_a_row_starts_over_instead_of_writing_a_torn_line(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 30)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(fake, tmp_path, source, output).exit_code == 0
+        state = json.loads(_checkpoint(output).read_text(encoding="utf-8"))
+        cut = len("".join(output.read_text(encoding="utf-8").splitlines(keepends=True)[:10]).encode())
+        # An earlier run's checkpoint: 10 rows, but its offset lands 7 bytes into the eleventh row of this output.
+        state.update(complete=False, mark={"rows": 10, "offset": cut + 7})
+        state["tally"] = {**state["tally"], "verdicts": 10, "ok": 10}
+        _checkpoint(output).write_text(json.dumps(state), encoding="utf-8")
+        again = _grade(fake, tmp_path, source, output, "--json")
+    assert again.exit_code == 0, again.output
+    assert "does not match" in again.output
+    assert [r["id"] for r in _jsonl(output)] == list(range(30))  # every line whole, each row once
+
+
+def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
+    """Rows judged but waiting behind a slow earlier row were in the checkpoint's counts, then judged again."""
+    from graders.runs._file import MARK_EVERY_S
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    n = 20
+    _write_input(source, n)
+    gate_a, gate_b = Gate(0), Gate(2)  # rows 1 and 3 hold; the others are judged and wait to be written
+
+    async def responder(body: dict):
+        return await (gate_a if "question 0?" in body["messages"][-1]["content"] else gate_b)(body)
+
+    with FakeProvider(responder=responder) as fake:
+        run = _start(fake, tmp_path, source, output)
+        try:
+            _wait_for(lambda: len({r.body["messages"][-1]["content"] for r in fake.chat_requests()}) == n, run, "every row asked")
+            _wait_for(lambda: sum(1 for r in fake.chat_requests() if r.status == 200) == n - 2, run, "the other rows answered")
+            # Nothing is written yet, so no checkpoint either; a checkpoint is due once MARK_EVERY_S has
+            # passed, so the rows written when row 1 arrives are checkpointed at once.
+            time.sleep(MARK_EVERY_S * 2)
+            gate_a.open.set()  # rows 1-2 are written: a checkpoint of 2 rows, with rows 4-20 judged but not written
+            _wait_for(lambda: _checkpoint(output).exists() and json.loads(_checkpoint(output).read_text())["mark"]["rows"] == 2,
+                      run, "a checkpoint of 2 rows")
+        finally:
+            run.kill()  # SIGKILL
+            run.wait(timeout=30)
+        gate_b.open.set()
+        resumed = _grade(fake, tmp_path, source, output, "--json")
+    assert resumed.exit_code == 0, resumed.output
+    summary = json.loads(resumed.output)
+    assert summary["resumed_from"] == 2
+    assert (summary["rows"], summary["ok"], sum(summary["label_counts"].values())) == (n, n, n)
+    assert [r["id"] for r in _jsonl(output)] == list(range(n))
+
+
+@pytest.mark.parametrize("kind", ["grader", "pairwise", "batch"])
+def test_every_kind_of_file_run_takes_the_output_lock(tmp_path, kind) -> None:
+    """--grader, pairwise and --batch runs refuse a locked output too (held here by this process, on its own descriptor)."""
+    from graders.runs._lock import output_lock
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    if kind == "pairwise":
+        source.write_text(json.dumps({"instruction": "q", "output_1": "a", "output_2": "b", "label": 1}) + "\n", encoding="utf-8")
+        how = ["-r", "llmbar_pairwise"]
+    elif kind == "grader":
+        _write_input(source, 2)
+        config = tmp_path / "match.yaml"
+        config.write_text("type: string_match\nexpression: '{{references.answer}}'\noperation: PARTIAL_MATCH\n", encoding="utf-8")
+        how = ["--grader", str(config), "--map", "references.answer=prediction", "--map", "response=prediction"]
+    else:
+        _write_input(source, 2)
+        how = ["-r", "semantic_equivalence_en", "--batch"]
+    # Automatic replies fit a JSON schema; the pairwise rubric reads "Output (a)" from text.
+    with FakeProvider(responder=(lambda body: Reply(content="Output (a)")) if kind == "pairwise" else None) as fake:
+        with output_lock(source, output):
+            held = CliRunner().invoke(app, ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
+        assert held.exit_code == 2 and f"pid {os.getpid()}" in held.output, held.output
+        assert not fake.requests and not output.exists()
+        free = CliRunner().invoke(app, ["grade", str(source), *how, "-o", str(output), "--batch-poll", "0.01"] if kind == "batch"
+                                  else ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
+    assert free.exit_code == 0, free.output
+    assert output.exists() and not lock_path(output).exists()
