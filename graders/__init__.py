@@ -31,5 +31,5 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     ".platforms": ["BaseRewardComputer", "ExportError", "GraderRewardComputer", "GradingError", "RewardRequest",
                    "RewardResponse", "RewardServer", "VerlReward", "ark_group_grader", "create_app", "export_openai_grader",
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score"],
-    ".runs": ["BatchRunError", "RunSummary", "agrade_frame", "grade_file", "grade_file_batch", "grade_frame"],
+    ".runs": ["BatchRunError", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch", "grade_frame"],
 })

@@ -16,7 +16,9 @@ once, none is duplicated. Replies that had arrived come back from the cache.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 from ._ray_worker import JudgeWorker, WorkerSpec
 
 RAY_EXTRA = "pip install 'gradekit[ray]'"
+NAMESPACE = "gradekit"
 MAX_WORKERS = 64
 ROW_ATTEMPTS = 3  # a row whose actor died this many times gets an error row instead of a fourth actor
 
@@ -59,7 +62,7 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
     """
     ray = import_ray()
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"namespace": "gradekit", "log_to_driver": False, "configure_logging": False}
+        kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
         if address == "local":
             ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
         else:
@@ -93,8 +96,9 @@ class ActorPool:
     def __init__(self, spec: WorkerSpec, workers: int, *, batch: int, lost: Callable[[str], Any], cpus_per_actor: float = 1.0) -> None:
         self.ray = import_ray()
         self.spec, self.batch, self.lost = spec, batch, lost
-        self._remote = self.ray.remote(JudgeWorker).options(num_cpus=cpus_per_actor, scheduling_strategy="SPREAD",
-                                                           max_concurrency=max(1000, 4 * batch))
+        self._run, self._numbers = uuid.uuid4().hex[:8], itertools.count()
+        self._remote = self.ray.remote(JudgeWorker)
+        self._options = {"num_cpus": cpus_per_actor, "scheduling_strategy": "SPREAD", "max_concurrency": max(1000, 4 * batch)}
         self.actors: list[Any] = [self._start() for _ in range(workers)]
         self._load: dict[Any, int] = dict.fromkeys(self.actors, 0)
         self._queue: list[tuple[Any, asyncio.Future[Any], int]] = []
@@ -107,7 +111,9 @@ class ActorPool:
         return len(self.actors) * self.batch * 2
 
     def _start(self) -> Any:
-        return self._remote.remote(self.spec)
+        # Named, so that `ray list actors` shows whose they are (and a test can kill one).
+        name = f"gradekit-judge-{self._run}-{next(self._numbers)}"
+        return self._remote.options(name=name, namespace=NAMESPACE, **self._options).remote(self.spec)
 
     def ready(self, timeout: float = 120.0) -> None:
         """Wait until every actor is built; an actor that cannot build its judge or grader fails here, once."""
@@ -209,7 +215,9 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
     from ._rows import RowMapping
     from judge import Verdict
 
-    size = batch or max(spec.concurrency + 2, 64)
+    # A judge request dwarfs an actor call: batches as large as an actor's concurrency keep few rows
+    # in a killed actor's hands. A grader may be pure CPU: 64 rows per call pay for the call.
+    size = batch or (spec.concurrency + 2 if spec.rubric is not None else max(spec.concurrency + 2, 64))
     cpus = cluster_cpus()
     if spec.rubric is not None:
         rubric = spec.rubric
