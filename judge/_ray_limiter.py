@@ -162,6 +162,7 @@ class RayLimiter:
         self._permits: deque[float] = deque()  # booked request times, this process's monotonic clock
         self._tokens = 0.0  # leased tokens not yet spent (negative: spent beyond the lease)
         self._waiting = 0
+        self._hold_checked = 0.0
         self.held_seconds = 0.0
         self.calls = 0  # actor calls made: the cost side of the batching
 
@@ -241,8 +242,10 @@ class RayLimiter:
                 await self._take_tokens(min(float(estimated_tokens), self.tpm))
             if self.rps:
                 await _sleep_until(await self._request_time())
-            elif not self.tpm:
-                await self._reserve(0, 0)  # no rates: only learn of a cluster-wide hold
+            elif not self.tpm and time.monotonic() - self._hold_checked > self.lease_s:
+                # No rates: only learn of a cluster-wide hold, at most once a lease, not once a request.
+                self._hold_checked = time.monotonic()
+                await self._reserve(0, 0)
             await self._local._wait_out_hold(None)  # a 429 elsewhere in this process while this one waited
             yield
 

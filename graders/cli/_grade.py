@@ -35,7 +35,7 @@ def grade(
     rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
     tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
     concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
-    limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes through Redis: redis://host:port/db [default: this process only]."),
+    limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray]."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
     timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
     cache_path: str = typer.Option(None, "--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster reaches [default: $GRADEKIT_CACHE, else the user cache dir]."),
