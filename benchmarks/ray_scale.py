@@ -96,10 +96,19 @@ def run_overhead(rows: int, tmp: Path) -> None:
     on_ray = asyncio.run(grade_file_ray(spec, source, tmp / "det-ray.jsonl", mapping, workers=2, settings={"bench": 1}, resume=False,
                                         batch=256))
     ray_s = time.perf_counter() - started
+    # The fixed cost of a run (actors started, judge/grader imported and built in each): a 1-row run.
+    one = tmp / "one.jsonl"
+    one.write_text(source.open(encoding="utf-8").readline(), encoding="utf-8")
+    started = time.perf_counter()
+    asyncio.run(grade_file_ray(spec, one, tmp / "one-out.jsonl", mapping, workers=2, settings={"bench": 1}, resume=False))
+    fixed_s = time.perf_counter() - started
     same = (tmp / "det-local.jsonl").read_bytes() == (tmp / "det-ray.jsonl").read_bytes()
     print(f"    local streaming runner {local_s:7.1f} s ({local.rows / local_s:8.0f} rows/s)")
     print(f"    --ray, 2 actors        {ray_s:7.1f} s ({on_ray.rows / ray_s:8.0f} rows/s); ray/local wall {ray_s / local_s:.2f}; "
           f"identical output: {same}")
+    marginal = max(1e-9, ray_s - fixed_s)
+    print(f"    of which start-up (a 1-row run) {fixed_s:.1f} s; per row after it {rows / marginal:8.0f} rows/s, "
+          f"{marginal / local_s:.2f} of the local wall")
 
 
 class _Taker:

@@ -61,6 +61,8 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
     cluster's GCS; ``ray://HOST:PORT`` connects through Ray Client.
     """
     ray = import_ray()
+    if address not in ("auto", "local"):
+        _probe(address)
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
         if address == "local":
@@ -68,6 +70,19 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
         else:
             ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Fail at once on an address nothing listens at: ray.init would retry it for minutes."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConnectionError(f"{address!r} is not auto, local, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({exc})") from exc
 
 
 def cluster_cpus() -> int:
