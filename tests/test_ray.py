@@ -119,6 +119,26 @@ def test_ray_without_ray_installed_exits_2_naming_the_extra(tmp_path: Path) -> N
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_an_address_nothing_listens_at_exits_2_at_once(tmp_path: Path) -> None:
+    _need_ray()
+    import socket
+
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    source = _rows(tmp_path / "in.jsonl", 2)
+    with FakeProvider() as fake:
+        result = CliRunner().invoke(app, ["grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / "o.jsonl"), "--base-url",
+                                          fake.base_url, "--api-key", "k", "--ray", f"127.0.0.1:{port}"])
+        assert fake.chat_requests() == []
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port}" in result.output and "Traceback" not in result.output
+
+
 # ---- the file runner on the cluster -------------------------------------------------------
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:
