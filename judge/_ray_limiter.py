@@ -30,7 +30,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -63,8 +63,9 @@ class LimiterActor:
     clocks need not agree.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._budgets: dict[str, _Budget] = {}
+        self._clock = clock  # tests step a clock of their own: the schedule is arithmetic, not timing
 
     def _budget(self, budget: str, rps: float | None, tpm: float | None) -> _Budget:
         state = self._budgets.get(budget)
@@ -81,7 +82,7 @@ class LimiterActor:
         is how much of a Retry-After hold is left (0 if none).
         """
         state = self._budget(budget, rps, tpm)
-        now = time.monotonic()
+        now = self._clock()
         start = max(now, state.hold_until)
         interval = 0.0
         rate = state.learnt_rps or state.rps
@@ -100,7 +101,7 @@ class LimiterActor:
     def hold(self, budget: str, seconds: float) -> None:
         """A Retry-After: no booking of this budget starts before it ends."""
         state = self._budgets.setdefault(budget, _Budget(None, None))
-        state.hold_until = max(state.hold_until, time.monotonic() + seconds)
+        state.hold_until = max(state.hold_until, self._clock() + seconds)
 
     def set_rate(self, key: str, rps: float | None = None, tpm: float | None = None) -> None:
         """Set (or clear with None) a learnt rate on every budget of ``key``, overriding the told one."""
