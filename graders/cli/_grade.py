@@ -55,7 +55,7 @@ def grade(
     batch_poll: float = typer.Option(10.0, "--batch-poll", help="With --batch: seconds before the first re-poll, doubling up to 5 minutes."),
     group_by: str = typer.Option(None, "--group-by", help="COLUMN whose rows are one prompt's responses: report the reward spread (all-equal groups, mean, variance, too easy / too hard)."),
     ray_address: str = typer.Option(None, "--ray", metavar="ADDRESS", help="Judge the rows on a Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; --rps/--tpm then hold for the whole cluster (needs gradekit[ray])."),
-    ray_workers: int = typer.Option(None, "--ray-workers", metavar="N", help="With --ray: judge actors [default: one per CPU of the cluster, at most 64]."),
+    ray_workers: int = typer.Option(None, "--ray-workers", metavar="N", help="With --ray: judge actors (default: one per CPU of the cluster, at most 64)."),
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
