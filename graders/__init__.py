@@ -36,5 +36,6 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "RewardResponse", "RewardServer", "VerlReward", "ark_group_grader", "ark_single_grader", "create_app",
                    "export_openai_grader",
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score"],
-    ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_file", "grade_file_batch", "grade_frame"],
+    ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
+              "grade_frame"],
 })

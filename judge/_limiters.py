@@ -18,11 +18,12 @@ def limiter_from_url(
     burst: float = 2.0,
     key: str = "default",
 ) -> RequestLimiter:
-    """Build the limiter a URL names: in-process by default, shared through Redis on request.
+    """Build the limiter a URL names: in-process by default, shared through Redis or Ray on request.
 
     Args:
         url: None or ``memory://`` for the in-process :class:`Limiter`; ``redis://host:port/db``
-            (also ``rediss://``, ``redis+unix://``) for a :class:`SharedLimiter`.
+            (also ``rediss://``, ``redis+unix://``) for a :class:`SharedLimiter`; ``ray`` for a
+            :class:`RayLimiter`, one limiter actor for the Ray cluster this process is part of.
         rps: requests per second (for all processes together when shared).
         tpm: tokens per minute (likewise).
         concurrency: requests in flight at once, always per process.
@@ -33,10 +34,17 @@ def limiter_from_url(
     Raises:
         ValueError: an unknown URL scheme or a bad limit.
         ConnectionError: Redis does not answer a PING; the message names the URL (password hidden).
-            Checked here, when the limiter is built, so a run fails before its first request.
+            Or the Ray limiter actor cannot be reached. Checked here, when the limiter is built,
+            so a run fails before its first request.
     """
     if url is None or url.strip() in ("", "memory://"):
         return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
+    if url.strip() in ("ray", "ray://"):
+        from ._ray_limiter import RayLimiter  # Ray loads only when asked for
+
+        ray_limiter = RayLimiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
+        ray_limiter.check()
+        return ray_limiter
     from ._shared_limiter import SharedLimiter  # Redis support loads only when asked for
 
     limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
@@ -52,7 +60,8 @@ def configure_limiter(rps: float | None = None, tpm: float | None = None, concur
     """Set the process-wide limiter that every Judge without an explicit one shares.
 
     ``url`` (``redis://host:port/db``) shares the rates with other processes through Redis, as
-    ``gradekit grade --limiter`` does; ``key`` names that shared budget.
+    ``gradekit grade --limiter`` does; ``url="ray"`` shares them with every process of the Ray
+    cluster through one limiter actor; ``key`` names that shared budget.
     """
     global _process_limiter
     if url is None:
@@ -63,8 +72,25 @@ def configure_limiter(rps: float | None = None, tpm: float | None = None, concur
 
 
 def process_limiter() -> RequestLimiter:
-    """The process-wide limiter (ARCHITECTURE: every request of a process passes one limiter)."""
+    """The process-wide limiter (ARCHITECTURE: every request of a process passes one limiter).
+
+    Unless configured, it is built from the environment the CLI reads too: ``GRADEKIT_LIMITER``
+    (``redis://...`` or ``ray``), ``GRADEKIT_RPS``, ``GRADEKIT_TPM``, ``GRADEKIT_CONCURRENCY`` and
+    ``GRADEKIT_LIMITER_KEY``. That is how reward workers a platform starts (verl, OpenRLHF on
+    Ray) share one limit without a line of their own code.
+    """
     global _process_limiter
     if _process_limiter is None:
-        _process_limiter = Limiter()
+        _process_limiter = _limiter_from_env()
     return _process_limiter
+
+
+def _limiter_from_env() -> RequestLimiter:
+    import os
+
+    env = os.environ
+    if not any(env.get(name) for name in ("GRADEKIT_LIMITER", "GRADEKIT_RPS", "GRADEKIT_TPM", "GRADEKIT_CONCURRENCY")):
+        return Limiter()
+    rps, tpm = env.get("GRADEKIT_RPS"), env.get("GRADEKIT_TPM")
+    return limiter_from_url(env.get("GRADEKIT_LIMITER") or None, rps=float(rps) if rps else None, tpm=float(tpm) if tpm else None,
+                            concurrency=int(env.get("GRADEKIT_CONCURRENCY") or 16), key=env.get("GRADEKIT_LIMITER_KEY") or "default")

@@ -17,6 +17,7 @@ ErrorKind = Literal[
     "not_recorded",  # --replay: the cassette has no reply for this request
     "input",  # the row lacks a variable the rubric needs
     "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
+    "worker_lost",  # --ray: every Ray actor that took this row died before answering (see graders/runs/_ray.py)
 ]
 
 

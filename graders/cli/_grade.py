@@ -34,10 +34,10 @@ def grade(
     rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
     tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
     concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
-    limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes through Redis: redis://host:port/db [default: this process only]."),
+    limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray]."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
     timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
-    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
+    cache_path: str = typer.Option(None, "--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster reaches [default: $GRADEKIT_CACHE, else the user cache dir]."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
     mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
     record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
@@ -57,6 +57,8 @@ def grade(
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Grade again, in place, the rows of an earlier run's OUTPUT whose status is error with a transient kind (server_error, timeout, rate_limited); every other row stays as it is."),
     progress_every: float = typer.Option(10.0, "--progress-every", metavar="S", help="When stderr is not a terminal: print a progress line every S seconds (0: none)."),
     encoding: str = typer.Option(None, "--encoding", help="Read a CSV/JSONL INPUT in this encoding (latin-1, cp1252, gbk, ...) [default: UTF-8, with or without a BOM]."),
+    ray_address: str = typer.Option(None, "--ray", metavar="ADDRESS", help="Judge the rows on a Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; --rps/--tpm then hold for the whole cluster (needs gradekit[ray])."),
+    ray_workers: int = typer.Option(None, "--ray-workers", metavar="N", help="With --ray: judge actors (default: one per CPU of the cluster, at most 64)."),
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
@@ -74,15 +76,18 @@ def grade(
     link. A row that cannot be read (bad bytes, a CSV cell over 128 KiB, JSON nested too deep, a
     damaged Parquet page) is an error row for that row.
 
+    With --ray ADDRESS the rows are judged by a pool of Ray actors and this process writes OUTPUT:
+    the same file, order, summary and resuming as a local run.
+
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
     one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
     its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
-    not writable), 3 when the judge looks broken and the run stopped early (resumable), 130 on
+    not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable), 130 on
     Ctrl-C (resumable).
     """
     import asyncio
 
-    from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+    from judge import Budget, Judge, RubricError, limiter_from_url, load_prices, load_rubric, open_cache
     from judge._breaker import BreakerTripped
     from judge._client import DEFAULT_MODEL
 
@@ -105,7 +110,7 @@ def grade(
     # Read here rather than as the option's envvar: --no-cache must win over a GRADEKIT_CACHE in the shell.
     env_cache = os.environ.get("GRADEKIT_CACHE")
     if cache_path is None and env_cache and not no_cache and not (record or replay):
-        cache_path = Path(env_cache)
+        cache_path = env_cache
     try:
         spec = load_rubric(rubric) if rubric is not None else None
         variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
@@ -134,9 +139,31 @@ def grade(
         raise fail("--retry-errors grades again the error rows of an earlier live run: it excludes --restart, --batch and pairwise rubrics")
     if progress_every < 0:
         raise fail("--progress-every takes seconds >= 0 (0: no progress lines)")
+    if ray_workers is not None and ray_address is None:
+        raise fail("--ray-workers needs --ray ADDRESS")
+    if ray_workers is not None and not 1 <= ray_workers <= 1024:
+        raise fail("--ray-workers is a number of actors from 1 to 1024")
+    if ray_address is not None:
+        if batch or record or replay or max_cost is not None or max_tokens is not None or tiebreak_model or group_by:
+            raise fail("--ray works without --batch, --record/--replay, --max-cost/--max-tokens, --tiebreak-model and --group-by")
+        if spec is not None and spec.pairwise is not None:
+            raise fail("--ray grades single-answer rubrics and graders; a pairwise rubric runs without --ray")
+        from ..runs._ray import RayMissing, import_ray
+
+        try:
+            import_ray()
+        except RayMissing as e:
+            raise fail(str(e)) from e
 
     # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
-    cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
+    try:
+        cache = None if no_cache or ((record or replay) and cache_path is None) else open_cache(cache_path)
+    except ConnectionError as e:  # a redis:// cache that does not answer: before any request
+        raise fail(str(e)) from e
+    if ray_address is not None:
+        return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
+                             api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
+                             concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output, resume=not restart)
     try:
         # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
         limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency,
@@ -361,3 +388,78 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
                       " the rows already judged come from the cache.[/yellow]", highlight=False)
     for example in s.error_examples:
         console.print(f"  [red]{example}[/red]", markup=True, highlight=False)
+
+
+def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
+                  variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
+                  limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
+                  cache_path: str | None, cache, json_output: bool, resume: bool) -> None:
+    """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
+    import asyncio
+
+    from judge import Judge
+    from judge._client import DEFAULT_MODEL
+
+    from .._config import GraderConfigError
+    from ..runs._file import rubric_settings
+    from ..runs._io import InputError
+    from ..runs._ray import RayInfo, alive_nodes, connect, default_workers, grade_file_ray, worker_spec
+
+    import ray
+
+    no_cache = cache is None
+    if cache is not None:
+        cache.close()  # the actors open their own; this process sends no request
+    key = limiter_key or f"{base_url or 'default'}|{model or 'default'}"
+    try:
+        gcs = connect(address)
+    except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
+        raise fail(f"--ray {address}: cannot reach the Ray cluster: {e}") from e
+    try:
+        count = workers or default_workers()
+        # Without --limiter, --rps/--tpm and Retry-After holds are the cluster's one limiter actor.
+        limiter = limiter_url or "ray"
+        if limiter == "ray" and (rps or tpm):
+            from judge import limiter_from_url
+
+            try:
+                limiter_from_url("ray", rps=rps, tpm=tpm, concurrency=concurrency, key=key)  # the actor exists before the first row
+            except (ValueError, ConnectionError) as e:
+                raise fail(str(e)) from e
+        # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
+        if spec is not None:
+            probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout)
+            settings = rubric_settings(probe, spec, variables)
+        else:
+            if not grader_file.exists():
+                raise fail(f"{grader_file}: no such grader config")
+            from .._config import load_grader
+            from .._sample import aclose_grader
+
+            try:  # built here too, only for its name (part of the checkpoint) and to fail before any actor starts
+                local = load_grader(grader_file, judge=lambda: None)  # type: ignore[arg-type,return-value]
+            except GraderConfigError as e:
+                raise fail(str(e)) from e
+            asyncio.run(aclose_grader(local))
+            settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
+                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url}
+        ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
+                         limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
+                         cache=cache_path, no_cache=no_cache)
+        try:
+            summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume))
+        except (InputError, GraderConfigError) as e:
+            raise fail(str(e)) from e
+        except ray.exceptions.RayError as e:  # an actor that cannot build its judge or grader, a cluster gone
+            raise fail(f"--ray {address}: {type(e).__name__}: {e}") from e
+        info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
+    finally:
+        ray.shutdown()
+    if json_output:
+        what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
+        print_json({"output": str(destination), **what, "model": model or DEFAULT_MODEL, **summary.model_dump(),
+                    "ray": info.model_dump()})
+    else:
+        _print_summary(summary, destination, Console())
+        Console(highlight=False).print(f"ray: {info.workers} workers on {info.nodes} nodes of {info.address}")
+    raise typer.Exit(1 if summary.errors or summary.skipped else 0)

@@ -5,6 +5,8 @@ Every input row gets exactly one output row. The streaming runner (``_file``) re
 the output's lock (``_lock``), and can send its requests through the provider's Batch API
 instead (``_provider_batch``). pandas
 users get the same path in memory (``_frame``); ``_cassette`` records and replays judge traffic.
+On a Ray cluster (``_ray``) actors (``_ray_worker``) judge the rows the same loop reads and
+writes; ``_ray_dataset`` adds grade columns to a user's own Ray Data pipeline.
 """
 
 from judge._lazy import lazy_names
@@ -13,4 +15,5 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],
     "._frame": ["agrade_frame", "grade_frame"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],
+    "._ray_dataset": ["grade_dataset"],
 })

@@ -1,0 +1,296 @@
+"""`gradekit grade --ray`, the cluster's limiter actor and grade_dataset, on a real two-node Ray cluster.
+
+Real parts only: a head and a second node started here (ray.cluster_utils.Cluster, one CPU
+each, no dashboard, shut down after this module), judge actors in Ray's own worker processes,
+`gradekit grade` subprocesses and the FakeProvider over HTTP with its server-side token bucket.
+Rate assertions count what the fake saw on its own clock and answered 429; each comes with a
+control that must break the same rule. Without Ray the module skips, except in CI (CI set),
+where a missing Ray fails it: `.ci/run` installs `gradekit[ray]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from judge import load_rubric
+from judge.testing import FakeProvider
+
+RUBRIC = "semantic_equivalence_en"
+
+
+def _need_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("Ray is missing; CI must install it (pip install 'gradekit[ray]')")
+        pytest.skip("Ray is not installed: pip install 'gradekit[ray]'")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A head node and a second node on this machine, one CPU each; this process is a driver of it."""
+    _need_ray()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace="gradekit", log_to_driver=False)
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADEKIT_", "OPENAI_", "RAY_"))}
+    return {**env, **extra}
+
+
+def _rows(path: Path, n: int, tag: str = "q") -> Path:
+    path.write_text("".join(json.dumps({"id": i, "question": f"{tag}-{i:03d}", "references": ["x"], "prediction": "y"}) + "\n"
+                            for i in range(n)), encoding="utf-8")
+    return path
+
+
+def _grade(source: Path, output: Path, base_url: str, *options: str) -> list[str]:
+    return [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(output), "--base-url", base_url,
+            "--api-key", "k", "--model", "fake-judge", "--json", *options]
+
+
+def _settings(base_url: str, source: Path) -> dict:
+    """The checkpoint settings `gradekit grade -r RUBRIC` computes, for in-process runs."""
+    from judge import Judge
+    from graders.runs._file import rubric_settings
+
+    rubric = load_rubric(RUBRIC)
+    return rubric_settings(Judge("fake-judge", base_url=base_url, api_key="k"), rubric, {v: v for v in rubric.variables})
+
+
+def _spec(base_url: str, **options):
+    from graders.runs._ray import worker_spec
+
+    settings = {"limiter": "ray", "limiter_key": f"{base_url}|fake-judge", "rps": None, "tpm": None, "concurrency": 4,
+                "cache": None, "no_cache": True, **options}
+    return worker_spec(rubric=load_rubric(RUBRIC), model="fake-judge", base_url=base_url, api_key="k", timeout=30, **settings)
+
+
+def _run(spec, source: Path, output: Path, base_url: str, **options):
+    from graders.runs._ray import grade_file_ray
+
+    rubric = load_rubric(RUBRIC)
+    return asyncio.run(grade_file_ray(spec, source, output, {v: v for v in rubric.variables}, settings=_settings(base_url, source),
+                                      **options))
+
+
+def _ids(path: Path) -> list[int]:
+    return [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# ---- without Ray --------------------------------------------------------------------------
+
+def test_ray_without_ray_installed_exits_2_naming_the_extra(tmp_path: Path) -> None:
+    """A `ray` package that fails to import stands for a machine without the extra."""
+    shadow = tmp_path / "shadow" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    source = _rows(tmp_path / "in.jsonl", 2)
+    env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", "")]))
+    with FakeProvider() as fake:
+        done = subprocess.run(_grade(source, tmp_path / "out.jsonl", fake.base_url, "--ray", "auto"), env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert fake.chat_requests() == []
+    assert done.returncode == 2, done.stderr
+    assert "gradekit[ray]" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_address_nothing_listens_at_exits_2_at_once(tmp_path: Path) -> None:
+    _need_ray()
+    import socket
+
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    source = _rows(tmp_path / "in.jsonl", 2)
+    with FakeProvider() as fake:
+        result = CliRunner().invoke(app, ["grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / "o.jsonl"), "--base-url",
+                                          fake.base_url, "--api-key", "k", "--ray", f"127.0.0.1:{port}"])
+        assert fake.chat_requests() == []
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port}" in result.output and "Traceback" not in result.output
+
+
+# ---- the file runner on the cluster -------------------------------------------------------
+
+def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:
+    """`--ray` is a drop-in: same file, order and summary; resumes what a local run left."""
+    source = _rows(tmp_path / "in.jsonl", 60)
+    with FakeProvider() as fake:
+        reference = tmp_path / "reference.jsonl"
+        done = subprocess.run(_grade(source, reference, fake.base_url, "--no-cache"), env=_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+    with FakeProvider(latency=0.05) as fake:
+        output = tmp_path / "out.jsonl"
+        cache = str(tmp_path / "cache.sqlite3")
+        local = subprocess.Popen(_grade(source, output, fake.base_url, "--concurrency", "2", "--cache", cache), env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        checkpoint = output.with_name(output.name + ".checkpoint.json")
+        deadline = time.monotonic() + 60
+        while not (checkpoint.exists() and json.loads(checkpoint.read_text() or "{}").get("mark")):
+            assert local.poll() is None and time.monotonic() < deadline, local.communicate()
+            time.sleep(0.05)
+        local.send_signal(signal.SIGKILL)
+        local.communicate()
+        done = subprocess.run(_grade(source, output, fake.base_url, "--cache", cache, "--ray", cluster, "--ray-workers", "2",
+                                     "--rps", "50"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["ray"]["nodes"] == 2 and summary["ray"]["workers"] == 2
+    assert summary["ray"]["address"]
+    assert 0 < summary["resumed_from"] < 60
+    assert summary["rows"] == summary["ok"] == 60
+    # Rows judged before the kill but not yet written come back from the cache: only "cached" and the
+    # tokens (a cache hit costs none) may differ from the reference.
+    ours, theirs = ([json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()] for p in (output, reference))
+    assert [list(row) for row in ours] == [list(row) for row in theirs]
+    volatile = ("cached", "prompt_tokens", "completion_tokens")
+    assert [{k: v for k, v in row.items() if k not in volatile} for row in ours] == \
+        [{k: v for k, v in row.items() if k not in volatile} for row in theirs]
+    assert _ids(output) == list(range(60))
+
+
+def test_an_actor_killed_mid_run_loses_no_row_and_duplicates_none(cluster: str, tmp_path: Path) -> None:
+    import ray
+
+    source = _rows(tmp_path / "in.jsonl", 80)
+    output = tmp_path / "out.jsonl"
+    killed: list[str] = []
+
+    def kill_one(_verdict) -> None:
+        if not killed and len(fake.chat_requests()) >= 20:
+            name = sorted(n for n in ray.util.list_named_actors() if n.startswith("gradekit-judge-"))[0]
+            ray.kill(ray.get_actor(name, namespace="gradekit"), no_restart=True)
+            killed.append(name)
+
+    with FakeProvider(latency=0.1) as fake:
+        cache = str(tmp_path / "cache.sqlite3")
+        summary = _run(_spec(fake.base_url, cache=cache, no_cache=False), source, output, fake.base_url, workers=2,
+                       on_row=kill_one)
+        sent = len(fake.chat_requests())
+    assert killed
+    assert summary.rows == summary.ok == 80
+    assert _ids(output) == list(range(80))  # every row once, in order
+    # Redone rows whose reply had arrived came from the cache: only what was in flight went again.
+    assert sent <= 80 + 2 * (4 + 2)
+    with pytest.raises(ValueError):
+        ray.get_actor(killed[0], namespace="gradekit")
+
+
+RPS = 10
+
+
+def test_actors_on_two_nodes_share_one_limit_and_the_control_breaks_it(cluster: str, tmp_path: Path) -> None:
+    """4 actors sharing --rps 10 against a fake enforcing 10 req/s: at most 1% answered 429.
+
+    Control: the same 4 actors each with an in-process limiter of 10 req/s send 4x the limit.
+    """
+    source = _rows(tmp_path / "in.jsonl", 60)
+    with FakeProvider(rate_limit_rps=RPS) as fake:
+        summary = _run(_spec(fake.base_url, rps=RPS), source, tmp_path / "shared.jsonl", fake.base_url, workers=4)
+        shared = fake.chat_requests()
+    with FakeProvider(rate_limit_rps=RPS) as fake:
+        _run(_spec(fake.base_url, rps=RPS, limiter="memory://"), source, tmp_path / "apart.jsonl", fake.base_url, workers=4)
+        apart = fake.chat_requests()
+    assert summary.ok == 60
+    refused = sum(r.status == 429 for r in shared)
+    assert refused <= 0.01 * len(shared), f"{refused} of {len(shared)} answered 429 under one shared limit"
+    assert sum(r.status == 429 for r in apart) > 0.1 * len(apart)
+
+
+def test_the_limiter_actor_restarts_and_permits_go_on(cluster: str) -> None:
+    import ray
+
+    from judge import RayLimiter
+
+    limiter = RayLimiter(rps=100, key="restart-test")
+    limiter.check()
+
+    async def take(n: int) -> None:
+        for _ in range(n):
+            async with limiter.slot():
+                pass
+
+    asyncio.run(take(5))
+    actor = ray.get_actor("gradekit-limiter", namespace="gradekit")
+    ray.kill(actor, no_restart=False)
+    asyncio.run(take(5))  # a new event loop, and a restarted actor behind the same handle
+    stats = ray.get(actor.stats.remote())
+    assert stats["restart-test|100|None"]["granted"] >= 1  # the restarted actor served this budget
+
+
+def test_a_hold_told_by_one_process_delays_another(cluster: str) -> None:
+    """Retry-After is cluster-wide: a hold told through one limiter moves the other's next booking past it."""
+    from judge import RayLimiter
+
+    first, second = RayLimiter(rps=50, key="hold-test"), RayLimiter(rps=50, key="hold-test")
+    first.hold(120.0)  # sent without waiting for the answer, as after a 429
+    deadline = time.monotonic() + 60
+    while True:  # the hold is fire-and-forget: wait for it to land, however slow the machine
+        start, _ = asyncio.run(second._reserve(1, 0))
+        if start - time.monotonic() > 60 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert start - time.monotonic() > 60  # the booking starts after the hold, not now
+    assert second._local._resume_at - time.monotonic() > 60  # and the second process holds locally too
+
+
+def test_gradekit_limiter_ray_in_the_environment_makes_a_workers_process_limiter_the_actor(cluster: str) -> None:
+    import ray
+
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": {"GRADEKIT_LIMITER": "ray", "GRADEKIT_RPS": "7"}})
+    def which() -> tuple[str, float | None]:
+        from judge import process_limiter
+
+        limiter = process_limiter()
+        return type(limiter).__name__, limiter.rps  # type: ignore[attr-defined]
+
+    assert ray.get(which.remote()) == ("RayLimiter", 7.0)
+
+
+def test_grade_dataset_adds_grade_columns_lazily(cluster: str) -> None:
+    import ray.data
+
+    from graders import grade_dataset
+
+    rows = [{"id": i, "question": f"q-{i}", "references": ["x"], "prediction": "y"} for i in range(12)]
+    rows[3]["prediction"] = None  # a row lacking a variable gets its error row, not a failed batch
+    with FakeProvider() as fake:
+        ds = grade_dataset(ray.data.from_items(rows), RUBRIC, workers=2, concurrency=4, base_url=fake.base_url, model="fake-judge",
+                           api_key="k")
+        assert fake.chat_requests() == []  # lazy: nothing is judged until the dataset is consumed
+        out = sorted(ds.take_all(), key=lambda r: r["id"])
+        assert len(fake.chat_requests()) == 11
+    assert [r["id"] for r in out] == list(range(12))
+    assert all(r["status"] == "ok" for i, r in enumerate(out) if i != 3)
+    assert out[3]["status"] == "error" and out[3]["error_kind"] == "input"
+    assert {"score", "label", "status", "error_kind", "question"} <= set(out[0])
