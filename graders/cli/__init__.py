@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import _calibrate, _export, _grade, _llmbar, _render, _rubrics, _validate
-from . import _serve
+from . import _report, _serve, _view
 
 app = typer.Typer(
     name="gradekit",
@@ -22,6 +22,8 @@ app.command("llmbar")(_llmbar.llmbar)
 app.command("validate")(_validate.validate)
 app.command("export")(_export.export)
 app.command("serve")(_serve.serve)
+app.command("view")(_view.view)
+app.command("report")(_report.report)
 
 
 def main() -> None:

@@ -1,0 +1,483 @@
+"""A graded file as a queryable table: DuckDB pages, filters, sorts and searches it off the heap.
+
+The file is copied once into a DuckDB database in a temporary folder (columnar, compressed,
+spilled to disk past ``memory_limit``), so a million-row output never sits whole in Python's
+memory and every filter is a SQL scan. The copy runs in the background: until it is done, the
+unfiltered pages come straight from the file (DuckDB reads the first rows and stops), so the
+first page shows in well under a second; filters, sorts, searches and the summary wait for it.
+
+A row's ``index`` is its 0-based position in the file: the table's ``rowid``, which follows the
+file because the copy keeps insertion order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..runs._io import InputError, file_format
+
+TABLE = "results"
+TEXT = "_text"  # the lowercased text columns of a row, joined: what ?q= searches
+HUMAN = "human_label"  # the human label beside each row: from --labels, or the input's own gold label
+HISTOGRAM_BINS = 20
+MAX_LIMIT = 1000
+DISAGREEMENTS_LISTED = 200
+
+
+class ViewError(ValueError):
+    """The file cannot be viewed (unreadable, unsupported, a bad --labels join); the message says why."""
+
+
+class RowFilter(BaseModel):
+    """What ``/api/rows`` narrows the rows by; every field optional, all of them combine with AND."""
+
+    status: str | None = None  # one status, or several comma-separated
+    label: str | None = None  # the judge's label (``winner`` for pairwise files)
+    error_kind: str | None = None
+    score_min: float | None = None
+    score_max: float | None = None
+    q: str | None = None  # case-insensitive text search over every text column
+    disagree: bool = False  # the judge's label differs from the human label
+    flipped: bool = False  # pairwise: the two orders disagree
+    sort: str | None = None  # a column, "-column" for descending; default: file order
+
+
+class Page(BaseModel):
+    total: int
+    offset: int
+    limit: int
+    rows: list[dict[str, Any]]
+    ready: bool = True  # False: the file is still being indexed (only unfiltered pages are answered)
+
+
+class Labels(BaseModel):
+    """Human labels from a second file, joined on a key column."""
+
+    path: Path
+    on: str
+    column: str = "label"
+
+
+FOLDER_PREFIX = "gradekit-view-"
+
+
+def _sweep() -> None:
+    """Remove the databases of viewers that were killed (SIGKILL skips close()): their pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, someone else's
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _reader(path: Path, careful: bool = False) -> str:
+    """The DuckDB table function reading ``path``; ``careful`` samples every row for the column types."""
+    kind = file_format(path)
+    name = _literal(str(path))
+    sample = ", sample_size=-1" if careful else ""
+    if kind == "jsonl":
+        return f"read_json({name}, format='newline_delimited'{sample})"
+    if kind == "csv":
+        return f"read_csv({name}, header=true{sample})"
+    return f"read_parquet({name})"
+
+
+def _plain(value: Any) -> Any:
+    """A DuckDB value as JSON: NaN/inf become None (JSON has neither), decimals floats, the rest as is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    try:
+        return float(value)  # Decimal
+    except (TypeError, ValueError):
+        return str(value)  # dates, UUIDs, blobs
+
+
+class ResultsFile:
+    """A graded file (JSONL, CSV or Parquet; a rubric, pairwise or ``--grader`` output) opened for viewing.
+
+    Thread-safe: each query runs on its own DuckDB cursor, so a web server may call it from a pool.
+    ``close()`` removes the temporary database.
+    """
+
+    def __init__(self, path: str | Path, *, labels: Labels | None = None, memory_limit: str = "256MB",
+                 background: bool = True) -> None:
+        import duckdb  # the view extra; imported here so that `gradekit --help` never loads it
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ViewError(f"{self.path}: no such file")
+        try:
+            file_format(self.path)
+        except InputError as e:
+            raise ViewError(str(e)) from None
+        self.labels = labels
+        self.warnings: list[str] = []
+        _sweep()
+        self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+        self._db = duckdb.connect(str(self._folder / "view.duckdb"))
+        self._db.execute(f"SET memory_limit={_literal(memory_limit)}")
+        self._db.execute(f"SET temp_directory={_literal(str(self._folder / 'spill'))}")
+        self._db.execute("SET preserve_insertion_order=true")
+        self._ready = threading.Event()
+        self._failure: ViewError | None = None
+        self._reader = _reader(self.path)
+        try:
+            self.total_rows = self._count()
+            self.columns = self._file_columns()
+        except ViewError:
+            self.close()
+            raise
+        self._types: dict[str, str] = {}
+        if background:
+            threading.Thread(target=self._load, name="gradekit-view-load", daemon=True).start()
+        else:
+            self._load()
+            self.wait()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _error(self, exc: Exception) -> ViewError:
+        return ViewError(f"{self.path}: {str(exc).splitlines()[0]}")
+
+    def _count(self) -> int:
+        import duckdb
+
+        for careful in (False, True):
+            self._reader = _reader(self.path, careful)
+            try:
+                return int(self._db.cursor().execute(f"SELECT count(*) FROM {self._reader}").fetchone()[0])
+            except duckdb.Error as e:
+                failure = e
+        raise self._error(failure)
+
+    def _file_columns(self) -> list[str]:
+        import duckdb
+
+        try:
+            return [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()]
+        except duckdb.Error as e:
+            raise self._error(e) from None
+
+    def _load(self) -> None:
+        import duckdb
+
+        try:
+            db = self._db.cursor()
+            described = db.execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
+            text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind != "BOOLEAN"
+                    and not any(t in kind for t in ("INT", "DOUBLE", "FLOAT", "DECIMAL", "DATE", "TIME"))]
+            searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
+            db.execute(f"CREATE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {self._reader}")
+            self._types = {name: kind for name, kind, *_ in db.execute(f"DESCRIBE {TABLE}").fetchall() if name != TEXT}
+            self.columns = list(self._types)
+            self._attach_human_labels(db)
+        except duckdb.Error as e:
+            self._failure = self._error(e)
+        except ViewError as e:
+            self._failure = e
+        finally:
+            self._ready.set()
+
+    def _attach_human_labels(self, db: Any) -> None:
+        """Add ``human_label``: from the --labels file joined on its key, else the input's own gold label."""
+        import duckdb
+
+        source: str | None = None
+        if self.labels is not None:
+            labels, on, column = self.labels.path, self.labels.on, self.labels.column
+            if on not in self._types:
+                raise ViewError(f"{self.path}: no column {on!r} to join the labels on (--on)")
+            try:
+                db.execute(f"CREATE TABLE human AS SELECT CAST({_quote(on)} AS VARCHAR) AS k, "
+                           f"NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {_reader(labels, True)}")
+            except duckdb.Error as e:
+                raise ViewError(f"labels file {labels}: {str(e).splitlines()[0]}") from None
+            twice = db.execute("SELECT k FROM human WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 LIMIT 1").fetchone()
+            if twice is not None:
+                raise ViewError(f"labels file {labels}: key {on}={twice[0]!r} appears twice")
+            source = f"(SELECT h.v FROM human h WHERE h.k = CAST({TABLE}.{_quote(on)} AS VARCHAR))"
+        else:
+            gold = "label" if self.kind == "pairwise" else "input_label"
+            if gold in self._types:
+                source = f"NULLIF(trim(CAST({_quote(gold)} AS VARCHAR)), '')"
+        if source is None:
+            return
+        db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {HUMAN} VARCHAR")
+        db.execute(f"UPDATE {TABLE} SET {HUMAN} = {source}")
+        self._types[HUMAN] = "VARCHAR"
+        self.columns.append(HUMAN)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the file is indexed; raise its ViewError if it could not be."""
+        done = self._ready.wait(timeout)
+        if self._failure is not None:
+            raise self._failure
+        return done
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failure is None
+
+    def close(self) -> None:
+        self._ready.wait()  # the loader thread still writes into the folder
+        self._db.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    # -- what kind of output ---------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """``pairwise`` (two orders), ``grader`` (a --grader run: score_<part> columns), or ``rubric``."""
+        if "winner_ab" in self.columns:
+            return "pairwise"
+        if "label" not in self.columns and any(c.startswith(("score_", "metric_")) for c in self.columns):
+            return "grader"
+        return "rubric"
+
+    @property
+    def judge_column(self) -> str | None:
+        column = "winner" if self.kind == "pairwise" else "label"
+        return column if column in self.columns else None
+
+    @property
+    def has_human_labels(self) -> bool:
+        return HUMAN in self._types
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def _where(self, f: RowFilter) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+
+        def column(name: str, flag: str) -> str:
+            if name not in self._types:
+                raise ViewError(f"{flag}: this file has no {name!r} column")
+            return _quote(name)
+
+        if f.status:
+            wanted = [s.strip() for s in f.status.split(",") if s.strip()]
+            clauses.append(f"CAST({column('status', 'status')} AS VARCHAR) IN ({', '.join('?' * len(wanted))})")
+            params += wanted
+        if f.label:
+            judge = self.judge_column
+            if judge is None:
+                raise ViewError("label: this file has no judge label column")
+            clauses.append(f"CAST({_quote(judge)} AS VARCHAR) = ?")
+            params.append(f.label)
+        if f.error_kind:
+            clauses.append(f"CAST({column('error_kind', 'error_kind')} AS VARCHAR) = ?")
+            params.append(f.error_kind)
+        if f.score_min is not None:
+            clauses.append(f"TRY_CAST({column('score', 'score_min')} AS DOUBLE) >= ?")
+            params.append(f.score_min)
+        if f.score_max is not None:
+            clauses.append(f"TRY_CAST({column('score', 'score_max')} AS DOUBLE) <= ?")
+            params.append(f.score_max)
+        if f.q:
+            clauses.append(f"contains({TEXT}, ?)")
+            params.append(f.q.lower())
+        if f.disagree:
+            clauses.append(self._disagrees())
+        if f.flipped:
+            clauses.append(f"CAST({column('agree', 'flipped')} AS VARCHAR) IN ('false', 'False', '0')")
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def _disagrees(self) -> str:
+        if not self.has_human_labels or self.judge_column is None:
+            raise ViewError("disagree: no human labels (give --labels FILE --on KEY)")
+        ok = "CAST(status AS VARCHAR) = 'ok' AND " if "status" in self._types else ""
+        return f"({ok}{HUMAN} IS NOT NULL AND CAST({_quote(self.judge_column)} AS VARCHAR) IS DISTINCT FROM {HUMAN})"
+
+    def _order(self, sort: str | None) -> str:
+        if not sort:
+            return "rowid"
+        name, descending = (sort[1:], True) if sort.startswith("-") else (sort, False)
+        if name == "index":
+            return "rowid DESC" if descending else "rowid"
+        if name not in self._types:
+            raise ViewError(f"sort: no column {name!r}")
+        return f"{_quote(name)} {'DESC' if descending else 'ASC'} NULLS LAST, rowid"
+
+    def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cursor = self._db.cursor().execute(sql, list(params))
+        names = [d[0] for d in cursor.description]
+        return [{name: _plain(value) for name, value in zip(names, row)} for row in cursor.fetchall()]
+
+    def rows(self, f: RowFilter | None = None, offset: int = 0, limit: int = 50) -> Page:
+        """One page of rows matching ``f``, each with its 0-based ``index`` in the file."""
+        f = f or RowFilter()
+        offset, limit = max(0, offset), max(0, min(limit, MAX_LIMIT))
+        unfiltered = f.model_dump(exclude_defaults=True) in ({}, {"sort": "index"})
+        if unfiltered and not self._ready.is_set():
+            rows = self._fetch(f"SELECT * FROM {self._reader} LIMIT {limit} OFFSET {offset}")
+            return Page(total=self.total_rows, offset=offset, limit=limit, ready=False,
+                        rows=[{"index": offset + i, **row} for i, row in enumerate(rows)])
+        self.wait()
+        where, params = self._where(f)
+        total = self._db.cursor().execute(f"SELECT count(*) FROM {TABLE}{where}", params).fetchone()[0]
+        listed = ", ".join(_quote(c) for c in self._types)
+        rows = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE}{where} ORDER BY {self._order(f.sort)} "
+                           f"LIMIT {limit} OFFSET {offset}", params)
+        return Page(total=int(total), offset=offset, limit=limit, rows=rows)
+
+    def row(self, index: int) -> dict[str, Any] | None:
+        """The row at 0-based ``index``, whole; None past the end."""
+        if index < 0 or index >= self.total_rows:
+            return None
+        if not self._ready.is_set():
+            found = self._fetch(f"SELECT * FROM {self._reader} LIMIT 1 OFFSET {int(index)}")
+            return {"index": index, **found[0]} if found else None
+        self.wait()
+        listed = ", ".join(_quote(c) for c in self._types)
+        found = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} WHERE rowid = ?", [index])
+        return found[0] if found else None
+
+    def worst(self, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` rows, the worst first: errors, then disagreements with the human label, then the rest."""
+        self.wait()
+        rank = []
+        if "status" in self._types:
+            rank.append("CASE WHEN CAST(status AS VARCHAR) NOT IN ('ok') THEN 0 ELSE 1 END")
+        if self.has_human_labels and self.judge_column is not None:
+            rank.append(f"CASE WHEN {self._disagrees()} THEN 0 ELSE 1 END")
+        if "agree" in self._types:
+            rank.append("CASE WHEN CAST(agree AS VARCHAR) IN ('false', 'False', '0') THEN 0 ELSE 1 END")
+        listed = ", ".join(_quote(c) for c in self._types)
+        order = ", ".join([*rank, "rowid"])
+        return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
+
+    # -- the summary -----------------------------------------------------------------------------
+
+    def _counts(self, column: str) -> dict[str, int]:
+        if column not in self._types:
+            return {}
+        found = self._db.cursor().execute(
+            f"SELECT CAST({_quote(column)} AS VARCHAR) AS v, count(*) AS n FROM {TABLE} WHERE {_quote(column)} IS NOT NULL "
+            "GROUP BY v ORDER BY n DESC, v").fetchall()
+        return {str(v): int(n) for v, n in found}
+
+    def _scores(self, column: str) -> dict[str, Any] | None:
+        if column not in self._types:
+            return None
+        db = self._db.cursor()
+        value = f"TRY_CAST({_quote(column)} AS DOUBLE)"
+        n, mean, low, high = db.execute(f"SELECT count({value}), avg({value}), min({value}), max({value}) FROM {TABLE} "
+                                        f"WHERE isfinite({value})").fetchone()
+        # The reward range [-1, 1] is the histogram's range; a file outside it widens it.
+        lo, hi = min(-1.0, low if low is not None else -1.0), max(1.0, high if high is not None else 1.0)
+        width = (hi - lo) / HISTOGRAM_BINS
+        bins = [0] * HISTOGRAM_BINS
+        for b, count in db.execute(f"SELECT least({HISTOGRAM_BINS - 1}, CAST(floor(({value} - ?) / ?) AS INTEGER)) AS b, count(*) "
+                                   f"FROM {TABLE} WHERE isfinite({value}) GROUP BY b", [lo, width]).fetchall():
+            bins[int(b)] = int(count)
+        return {"count": int(n), "mean": _plain(mean), "min": _plain(low), "max": _plain(high),
+                "histogram": [{"low": round(lo + i * width, 9), "high": round(lo + (i + 1) * width, 9), "count": c}
+                              for i, c in enumerate(bins)]}
+
+    def _agreement(self) -> dict[str, Any] | None:
+        """Confusion matrix (rows: human, columns: judge), accuracy and Cohen's kappa over judged, labelled rows."""
+        if not self.has_human_labels or self.judge_column is None:
+            return None
+        db = self._db.cursor()
+        judge = f"CAST({_quote(self.judge_column)} AS VARCHAR)"
+        ok = "CAST(status AS VARCHAR) = 'ok'" if "status" in self._types else "TRUE"
+        labelled, failures = db.execute(f"SELECT count(*), count(*) FILTER (WHERE NOT ({ok}) OR {judge} IS NULL) FROM {TABLE} "
+                                        f"WHERE {HUMAN} IS NOT NULL").fetchone()
+        cells = db.execute(f"SELECT {HUMAN}, {judge}, count(*) FROM {TABLE} WHERE {HUMAN} IS NOT NULL AND {ok} AND {judge} IS NOT NULL "
+                           "GROUP BY ALL").fetchall()
+        labels = sorted({h for h, _, _ in cells} | {j for _, j, _ in cells})
+        at = {label: i for i, label in enumerate(labels)}
+        matrix = [[0] * len(labels) for _ in labels]
+        for h, j, n in cells:
+            matrix[at[h]][at[j]] = int(n)
+        judged = sum(map(sum, matrix))
+        agreed = sum(matrix[i][i] for i in range(len(labels)))
+        accuracy = agreed / judged if judged else None
+        kappa = None
+        if judged:
+            expected = sum(sum(matrix[i]) * sum(row[i] for row in matrix) for i in range(len(labels))) / judged ** 2
+            kappa = (accuracy - expected) / (1 - expected) if expected < 1 else None  # type: ignore[operator]
+        disagreements = self._fetch(
+            f"SELECT rowid AS \"index\", {HUMAN}, {judge} AS judge_label FROM {TABLE} WHERE {self._disagrees()} "
+            f"ORDER BY rowid LIMIT {DISAGREEMENTS_LISTED}")
+        return {"labelled": int(labelled), "judged": judged, "failures": int(failures), "agreed": agreed,
+                "disagreed": judged - agreed, "accuracy": accuracy, "kappa": kappa,
+                "confusion": {"labels": labels, "matrix": matrix}, "disagreements": disagreements,
+                "human_source": f"{self.labels.path} ({self.labels.column} on {self.labels.on})" if self.labels
+                else ("label" if self.kind == "pairwise" else "input_label")}
+
+    def summary(self) -> dict[str, Any]:
+        """Counts by status, label and error kind, the score histogram, tokens, pairwise and human-label agreement."""
+        self.wait()
+        db = self._db.cursor()
+        tokens = None
+        if {"prompt_tokens", "completion_tokens"} <= set(self._types):
+            p, c = db.execute(f"SELECT sum(TRY_CAST(prompt_tokens AS BIGINT)), sum(TRY_CAST(completion_tokens AS BIGINT)) "
+                              f"FROM {TABLE}").fetchone()
+            tokens = {"prompt": int(p or 0), "completion": int(c or 0), "total": int(p or 0) + int(c or 0)}
+        cost = None
+        for name in ("cost_usd", "cost"):
+            if name in self._types:
+                cost = _plain(db.execute(f"SELECT sum(TRY_CAST({_quote(name)} AS DOUBLE)) FROM {TABLE}").fetchone()[0])
+                break
+        pairwise = None
+        if self.kind == "pairwise":
+            pairwise = {"agree": self._counts("agree"), "decided_by": self._counts("decided_by"),
+                        "winner_ab": self._counts("winner_ab"), "winner_ba": self._counts("winner_ba")}
+        # A --grader run's score_<part> columns; a pairwise file's score_ab/score_ba are its orders, not parts.
+        parts = {} if self.kind == "pairwise" else {c[len("score_"):]: self._scores(c) for c in self._types if c.startswith("score_")}
+        return {
+            "file": str(self.path), "format": file_format(self.path), "kind": self.kind, "rows": self.total_rows,
+            "columns": self.columns, "judge_column": self.judge_column,
+            "status": self._counts("status"), "labels": self._counts(self.judge_column) if self.judge_column else {},
+            "error_kinds": self._counts("error_kind"), "score": self._scores("score"), "parts": parts,
+            "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": self._agreement(),
+            "warnings": self.warnings,
+        }
+
+
+def as_filter(query: Mapping[str, str]) -> RowFilter:
+    """``/api/rows`` query parameters -> RowFilter; empty values mean no filter."""
+    def flag(name: str) -> bool:
+        return (query.get(name) or "").lower() in ("1", "true", "yes", "on")
+
+    def number(name: str) -> float | None:
+        text = (query.get(name) or "").strip()
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ViewError(f"{name}: {text!r} is not a number") from None
+
+    return RowFilter(status=query.get("status") or None, label=query.get("label") or None,
+                     error_kind=query.get("error_kind") or None, score_min=number("score_min"), score_max=number("score_max"),
+                     q=query.get("q") or None, disagree=flag("disagree"), flipped=flag("flipped"), sort=query.get("sort") or None)
