@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ..runs._file import _variables, check_columns, keep_input, output_columns, stream_in_order
+from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
 from ..runs._io import RowWriter, input_columns
 
@@ -29,7 +29,7 @@ Decision = Literal["agree", "single", "tie", "first", "third"]
 PAIRWISE_COLUMNS = [
     "winner", "score", "status", "error_kind", "error", "decided_by", "agree",
     "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba", "rationale_ab", "rationale_ba",
-    "prompt_tokens", "completion_tokens", "cached",
+    "prompt_tokens", "completion_tokens", "cached", "raw_ab", "raw_ba",
 ]
 
 
@@ -192,6 +192,8 @@ def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
         "prompt_tokens": sum(v.prompt_tokens for v in pair.verdicts),
         "completion_tokens": sum(v.completion_tokens for v in pair.verdicts),
         "cached": all(v.cached for v in pair.verdicts),
+        "raw_ab": failed_reply(ab),
+        "raw_ba": failed_reply(ba),
     }
 
 

@@ -28,7 +28,7 @@ from ._checkpoint import Checkpoint
 from ._io import InputError, RowError, RowWriter, file_format, fingerprint, input_columns, parquet_schema, read_rows, written_rows
 from .._spread import SpreadReport, SpreadTally
 
-RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached"]
+RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached", "raw"]
 
 
 class RunSummary(BaseModel):
@@ -119,11 +119,20 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "prompt_tokens": verdict.prompt_tokens,
         "completion_tokens": verdict.completion_tokens,
         "cached": verdict.cached,
+        "raw": failed_reply(verdict),
     }
 
 
+def failed_reply(verdict: Verdict | None) -> str | None:
+    """The judge's reply when it could not be read (parse failure, truncation, refusal): what `gradekit view` shows.
+
+    An ok verdict's reply is its label and rationale already; keeping only the failures' keeps files small.
+    """
+    return verdict.raw if verdict is not None and verdict.status == "error" else None
+
+
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
-                "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool"}
+                "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool", "raw": "string"}
 
 
 def column_types(source: Path, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
