@@ -57,7 +57,6 @@ def view(
     from judge import RubricError, load_rubric
 
     from ..platforms.server._run import RewardServer
-    from ..runs._io import InputError
     from ..view import view_app
 
     judge_rubric = None
@@ -85,7 +84,9 @@ def view(
         server = RewardServer(app, host=host, port=port, graceful_timeout=2.0, log_level="warning", on_started=announce)
         try:
             server.serve()
-        except (RuntimeError, InputError) as e:
+        except RuntimeError as e:
             raise fail(f"could not serve on {host}:{port}: {e}", code=1) from e
+        except SystemExit as e:  # uvicorn's own exit when it cannot bind (its reason is logged above)
+            raise fail(f"could not serve on {host}:{port} (is the port taken? --port 0 picks a free one)", code=1) from e
     finally:
         results.close()

@@ -68,6 +68,8 @@ class Labels(BaseModel):
 
 
 FOLDER_PREFIX = "gradekit-view-"
+_NOT_TEXT = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+             "UHUGEINT", "FLOAT", "DOUBLE", "DATE", "TIME", "INTERVAL"}
 
 
 def _sweep() -> None:
@@ -92,15 +94,24 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _reader(path: Path, careful: bool = False) -> str:
-    """The DuckDB table function reading ``path``; ``careful`` samples every row for the column types."""
+def _reader(path: Path, careful: bool = False, lenient: bool = False, types: Mapping[str, str] | None = None) -> str:
+    """The DuckDB table function reading ``path``.
+
+    ``careful`` samples every row for the column types (slower; for a value that does not fit the
+    type the first rows suggested); ``lenient`` reads past broken lines (a JSONL line a killed
+    writer cut short becomes a row of nulls, so indexes still match the file; a broken CSV row is
+    skipped); ``types`` fixes column types (JSONL: all columns; CSV: those named).
+    """
     kind = file_format(path)
     name = _literal(str(path))
-    sample = ", sample_size=-1" if careful else ""
+    options = (", sample_size=-1" if careful else "") + (", ignore_errors=true" if lenient else "")
+    if types:
+        spec = "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in types.items()) + "}"
+        options += f", columns={spec}" if kind == "jsonl" else f", types={spec}"
     if kind == "jsonl":
-        return f"read_json({name}, format='newline_delimited'{sample})"
+        return f"read_json({name}, format='newline_delimited'{options})"
     if kind == "csv":
-        return f"read_csv({name}, header=true{sample})"
+        return f"read_csv({name}, header=true{options})"
     return f"read_parquet({name})"
 
 
@@ -147,17 +158,20 @@ class ResultsFile:
         self._db.execute(f"SET temp_directory={_literal(str(self._folder / 'spill'))}")
         self._db.execute("SET preserve_insertion_order=true")
         self._ready = threading.Event()
+        self._loader: threading.Thread | None = None
         self._failure: ViewError | None = None
         self._reader = _reader(self.path)
         try:
             self.total_rows = self._count()
             self.columns = self._file_columns()
+            self._check_labels()
         except ViewError:
             self.close()
             raise
         self._types: dict[str, str] = {}
         if background:
-            threading.Thread(target=self._load, name="gradekit-view-load", daemon=True).start()
+            self._loader = threading.Thread(target=self._load, name="gradekit-view-load", daemon=True)
+            self._loader.start()
         else:
             self._load()
             self.wait()
@@ -170,13 +184,38 @@ class ResultsFile:
     def _count(self) -> int:
         import duckdb
 
-        for careful in (False, True):
-            self._reader = _reader(self.path, careful)
+        first: duckdb.Error | None = None
+        attempts = [(False, False), (True, False)] + ([(True, True)] if file_format(self.path) != "parquet" else [])
+        for careful, lenient in attempts:
+            self._reader = _reader(self.path, careful, lenient)
             try:
-                return int(self._db.cursor().execute(f"SELECT count(*) FROM {self._reader}").fetchone()[0])
+                count = int(self._db.cursor().execute(f"SELECT count(*) FROM {self._reader}").fetchone()[0])
+                self._reader = self._typed(careful, lenient)
             except duckdb.Error as e:
-                failure = e
-        raise self._error(failure)
+                first = first or e
+                continue
+            self._careful, self._lenient = careful, lenient
+            if lenient and first is not None:
+                shown = "show as empty rows" if file_format(self.path) == "jsonl" else "are left out"
+                self.warnings.append(f"some lines could not be read and {shown}; the first: {str(first).splitlines()[0]}")
+            return count
+        raise self._error(first)  # type: ignore[arg-type]
+
+    def _typed(self, careful: bool, lenient: bool) -> str:
+        """The reader with text type for columns that are empty in every sampled row.
+
+        DuckDB types such a column NULL and then drops its later values silently; a graded file
+        has many (``error``, ``raw``: empty until the first failure), so they are read as text.
+        """
+        described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
+        # JSON: mixed types (ids that are numbers and strings); as text a string shows without its quotes.
+        empty = {name for name, kind, *_ in described if kind.strip('"') in ("NULL", "JSON")}
+        if not empty:
+            return self._reader
+        types = {name: ("VARCHAR" if name in empty else kind) for name, kind, *_ in described}
+        if file_format(self.path) == "csv":
+            types = {name: "VARCHAR" for name in empty}
+        return _reader(self.path, careful, lenient, types)
 
     def _file_columns(self) -> list[str]:
         import duckdb
@@ -186,16 +225,43 @@ class ResultsFile:
         except duckdb.Error as e:
             raise self._error(e) from None
 
+    def _check_labels(self) -> None:
+        """Fail now, not in the background, when --labels cannot be joined: a wrong key or column is a typo to fix."""
+        import duckdb
+
+        if self.labels is None:
+            return
+        if self.labels.on not in self.columns:
+            raise ViewError(f"{self.path}: no column {self.labels.on!r} to join the labels on (--on)")
+        try:
+            names = [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {_reader(self.labels.path, True)}").fetchall()]
+        except (duckdb.Error, InputError) as e:
+            raise ViewError(f"labels file {self.labels.path}: {str(e).splitlines()[0]}") from None
+        for name in (self.labels.on, self.labels.column):
+            if name not in names:
+                raise ViewError(f"labels file {self.labels.path}: no column {name!r} (it has: {', '.join(names)})")
+
     def _load(self) -> None:
         import duckdb
 
         try:
             db = self._db.cursor()
             described = db.execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
-            text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind != "BOOLEAN"
-                    and not any(t in kind for t in ("INT", "DOUBLE", "FLOAT", "DECIMAL", "DATE", "TIME"))]
+            # Every column but numbers, booleans and times is searchable text (nested JSON as its JSON text).
+            text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind not in _NOT_TEXT
+                    and not kind.startswith(("DECIMAL", "TIMESTAMP"))]
             searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
-            db.execute(f"CREATE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {self._reader}")
+            try:
+                db.execute(f"CREATE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {self._reader}")
+            except (duckdb.ConversionException, duckdb.InvalidInputException):
+                if self._careful:
+                    raise
+                # A later value does not fit the type the first rows suggested: type from every row (slower).
+                self._careful = True
+                self._reader = _reader(self.path, True, self._lenient)
+                self._reader = self._typed(True, self._lenient)
+                self._load()
+                return
             self._types = {name: kind for name, kind, *_ in db.execute(f"DESCRIBE {TABLE}").fetchall() if name != TEXT}
             self.columns = list(self._types)
             self._attach_human_labels(db)
@@ -247,7 +313,8 @@ class ResultsFile:
         return self._ready.is_set() and self._failure is None
 
     def close(self) -> None:
-        self._ready.wait()  # the loader thread still writes into the folder
+        if self._loader is not None:
+            self._loader.join()  # it still writes into the folder
         self._db.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
