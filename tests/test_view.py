@@ -108,6 +108,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                      encoding="utf-8")
     with FakeProvider(responder=pair_reply) as fake:
         grade(str(pairs), "-r", "llmbar_pairwise", "-o", str(folder / "pairs_out.jsonl"), "--base-url", fake.base_url)
+    for name in ("out.jsonl", "out.csv", "out.parquet", "pairs_out.jsonl"):
+        assert (folder / name).is_file(), name
     return {"jsonl": folder / "out.jsonl", "csv": folder / "out.csv", "parquet": folder / "out.parquet",
             "labels": labels, "pairs": folder / "pairs_out.jsonl", "folder": folder}
 

@@ -64,7 +64,7 @@
         if (y === null || y === undefined) return -1;
         return (x < y ? -1 : 1) * (desc ? -1 : 1);
       });
-    } else rows = rows.slice().sort((a, b) => a.index - b.index);
+    } // else: the report's own order, the worst rows first
     return { total: rows.length, rows: rows.slice(from, from + limit) };
   }
   const source = MODE === "server" ? {
