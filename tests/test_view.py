@@ -87,9 +87,19 @@ def grade(*args: str) -> None:
     assert result.exit_code in (0, 1), result.output  # 1: some rows are judge errors, which the fixture wants
 
 
+_GRADED: dict[Path, dict[str, Path]] = {}
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("view")
+    """The graded files, made once per session (the browser tests import this fixture too)."""
+    base = tmp_path_factory.getbasetemp()
+    if base not in _GRADED:
+        _GRADED[base] = _grade_all(tmp_path_factory.mktemp("view"))
+    return _GRADED[base]
+
+
+def _grade_all(folder: Path) -> dict[str, Path]:
     source = folder / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in input_rows()), encoding="utf-8")
     with FakeProvider(responder=judge_reply) as fake:

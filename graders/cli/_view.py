@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from ._common import fail
+from ._serve import _is_loopback
 
 LABELS_HELP = "CSV/JSONL/Parquet with human labels, joined to OUTPUT on --on: adds agreement and a 'disagrees' filter."
 
@@ -71,6 +72,8 @@ def view(
         if not sep or not var or not column:
             raise fail(f"--map {pair!r}: expected VAR=COLUMN")
         pairs[var] = column
+    if not _is_loopback(host):
+        typer.echo(f"warning: serving on {host}: anyone who can reach the port can read {output}", err=True)
     results = open_results(output, labels, on, human_column, background=True)
     try:
         app = view_app(results, rubric=judge_rubric, mapping=pairs)

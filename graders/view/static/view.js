@@ -178,6 +178,7 @@
     if (mine !== generation) return; // a newer request is on its way: its answer wins
     total = page.total;
     $("total").textContent = total.toLocaleString();
+    $("noun").textContent = total === 1 ? "row matches" : "rows match";
     $("range").textContent = page.rows.length ? ` (showing ${(offset + 1).toLocaleString()}–${(offset + page.rows.length).toLocaleString()})` : "";
     $("state").textContent = page.ready === false ? "indexing the file for filters…" : "";
     if (!columns && page.rows.length) columns = pickColumns(page.rows[0]);
@@ -223,7 +224,8 @@
     body.replaceChildren(...parts);
     $("row-view").hidden = false;
     const rendered = await source.prompt(index);
-    if (!rendered) prompt.replaceChildren(el("p", { class: "muted" }, "start `gradekit view` with --rubric NAME to see it"));
+    if (!rendered) prompt.replaceChildren(el("p", { class: "muted" },
+      MODE === "report" ? "not in the report" : "start `gradekit view` with --rubric NAME to see it"));
     else if (rendered.error) prompt.replaceChildren(el("p", {}, `rubric ${rendered.rubric}: ${rendered.error}`));
     else if (rendered.messages_ba) prompt.replaceChildren(el("div", { class: "orders" },
       el("div", {}, el("h3", {}, "ab"), messages(rendered.messages)), el("div", {}, el("h3", {}, "ba"), messages(rendered.messages_ba))));
