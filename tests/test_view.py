@@ -317,6 +317,36 @@ def test_pairwise_output_the_two_orders_disagree(files: dict[str, Path]) -> None
         results.close()
 
 
+GRADER = """
+type: weighted
+parts:
+  exact: {weight: 3, type: string_match, expression: "{{references.answer}}", operation: EXACT_MATCH,
+          parse: {type: REGEX_EXTRACT, regex: "<answer>(.*?)</answer>"}}
+  loose: {weight: 1, type: string_match, expression: "{{references.answer}}", operation: PARTIAL_MATCH}
+"""
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet"])
+def test_a_grader_output_summarises_each_part(tmp_path: Path, suffix: str) -> None:
+    from graders.view import ResultsFile, RowFilter
+
+    config, source, output = tmp_path / "g.yaml", tmp_path / "in.jsonl", tmp_path / f"out.{suffix}"
+    config.write_text(GRADER, encoding="utf-8")
+    rows = [{"id": 1, "response": "<answer>4</answer>", "answer": "4"}, {"id": 2, "response": "<answer>5</answer> or 6", "answer": "6"},
+            {"id": 3, "response": "<answer>1</answer>"}]  # no answer: status invalid
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    result = runner.invoke(app, ["grade", str(source), "--grader", str(config), "-o", str(output)])
+    assert result.exit_code in (0, 1) and output.is_file(), result.output
+    results = ResultsFile(output, background=False)
+    try:
+        summary = results.summary()
+        assert summary["kind"] == "grader" and summary["status"] == {"ok": 2, "invalid": 1}
+        assert {k: (v["count"], v["mean"]) for k, v in summary["parts"].items()} == {"exact": (2, 0.0), "loose": (2, 1.0)}
+        assert [r["index"] for r in results.rows(RowFilter(status="invalid")).rows] == [2]
+    finally:
+        results.close()
+
+
 def test_pairwise_prompt_shows_both_orders(files: dict[str, Path]) -> None:
     from graders.view._prompt import render_prompt
     from judge import load_rubric

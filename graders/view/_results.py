@@ -12,6 +12,7 @@ file because the copy keeps insertion order.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -325,7 +326,7 @@ class ResultsFile:
         """``pairwise`` (two orders), ``grader`` (a --grader run: score_<part> columns), or ``rubric``."""
         if "winner_ab" in self.columns:
             return "pairwise"
-        if "label" not in self.columns and any(c.startswith(("score_", "metric_")) for c in self.columns):
+        if "label" not in self.columns and ("parts" in self.columns or any(c.startswith(("score_", "metric_")) for c in self.columns)):
             return "grader"
         return "rubric"
 
@@ -451,11 +452,12 @@ class ResultsFile:
             "GROUP BY v ORDER BY n DESC, v").fetchall()
         return {str(v): int(n) for v, n in found}
 
-    def _scores(self, column: str) -> dict[str, Any] | None:
-        if column not in self._types:
+    def _scores(self, column: str, value: str | None = None) -> dict[str, Any] | None:
+        """Count, mean, range and histogram of a score column (or of the SQL expression ``value``)."""
+        if value is None and column not in self._types:
             return None
         db = self._db.cursor()
-        value = f"TRY_CAST({_quote(column)} AS DOUBLE)"
+        value = value or f"TRY_CAST({_quote(column)} AS DOUBLE)"
         n, mean, low, high = db.execute(f"SELECT count({value}), avg({value}), min({value}), max({value}) FROM {TABLE} "
                                         f"WHERE isfinite({value})").fetchone()
         # The reward range [-1, 1] is the histogram's range; a file outside it widens it.
@@ -501,6 +503,24 @@ class ResultsFile:
                 "human_source": f"{self.labels.path} ({self.labels.column} on {self.labels.on})" if self.labels
                 else ("label" if self.kind == "pairwise" else "input_label")}
 
+    def _parts(self) -> dict[str, Any]:
+        """Per-part scores of a composite grader: a --grader run's ``parts`` object, or ``score_<part>`` columns (frames).
+
+        A pairwise file's score_ab/score_ba are its two orders, not parts.
+        """
+        if self.kind == "pairwise":
+            return {}
+        parts = {c[len("score_"):]: self._scores(c) for c in self._types if c.startswith("score_")}
+        if "parts" in self._types:
+            as_json = "TRY_CAST(parts AS JSON)"
+            names = self._db.cursor().execute(
+                f"SELECT DISTINCT unnest(json_keys({as_json})) AS k FROM {TABLE} WHERE json_type({as_json}) = 'OBJECT' ORDER BY k LIMIT 100"
+            ).fetchall()
+            for (name,) in names:
+                path = _literal("$." + json.dumps(name))
+                parts[name] = self._scores(name, f"TRY_CAST(json_extract_string({as_json}, {path}) AS DOUBLE)")
+        return parts
+
     def summary(self) -> dict[str, Any]:
         """Counts by status, label and error kind, the score histogram, tokens, pairwise and human-label agreement."""
         self.wait()
@@ -519,8 +539,7 @@ class ResultsFile:
         if self.kind == "pairwise":
             pairwise = {"agree": self._counts("agree"), "decided_by": self._counts("decided_by"),
                         "winner_ab": self._counts("winner_ab"), "winner_ba": self._counts("winner_ba")}
-        # A --grader run's score_<part> columns; a pairwise file's score_ab/score_ba are its orders, not parts.
-        parts = {} if self.kind == "pairwise" else {c[len("score_"):]: self._scores(c) for c in self._types if c.startswith("score_")}
+        parts = self._parts()
         return {
             "file": str(self.path), "format": file_format(self.path), "kind": self.kind, "rows": self.total_rows,
             "columns": self.columns, "judge_column": self.judge_column,
