@@ -399,15 +399,25 @@ class ResultsFile:
         names = [d[0] for d in cursor.description]
         return [{name: _plain(value) for name, value in zip(names, row)} for row in cursor.fetchall()]
 
+    def _early(self, window: str) -> list[dict[str, Any]] | None:
+        """Rows straight from the file while the copy is made; None when that fails (the copy will say why)."""
+        import duckdb
+
+        try:
+            return self._fetch(f"SELECT * FROM {self._reader} {window}")
+        except duckdb.Error:
+            return None
+
     def rows(self, f: RowFilter | None = None, offset: int = 0, limit: int = 50) -> Page:
         """One page of rows matching ``f``, each with its 0-based ``index`` in the file."""
         f = f or RowFilter()
         offset, limit = max(0, offset), max(0, min(limit, MAX_LIMIT))
         unfiltered = f.model_dump(exclude_defaults=True) in ({}, {"sort": "index"})
         if unfiltered and not self._ready.is_set():
-            rows = self._fetch(f"SELECT * FROM {self._reader} LIMIT {limit} OFFSET {offset}")
-            return Page(total=self.total_rows, offset=offset, limit=limit, ready=False,
-                        rows=[{"index": offset + i, **row} for i, row in enumerate(rows)])
+            early = self._early(f"LIMIT {limit} OFFSET {offset}")
+            if early is not None:
+                return Page(total=self.total_rows, offset=offset, limit=limit, ready=False,
+                            rows=[{"index": offset + i, **row} for i, row in enumerate(early)])
         self.wait()
         where, params = self._where(f)
         total = self._db.cursor().execute(f"SELECT count(*) FROM {TABLE}{where}", params).fetchone()[0]
@@ -421,8 +431,9 @@ class ResultsFile:
         if index < 0 or index >= self.total_rows:
             return None
         if not self._ready.is_set():
-            found = self._fetch(f"SELECT * FROM {self._reader} LIMIT 1 OFFSET {int(index)}")
-            return {"index": index, **found[0]} if found else None
+            early = self._early(f"LIMIT 1 OFFSET {int(index)}")
+            if early is not None:
+                return {"index": index, **early[0]} if early else None
         self.wait()
         listed = ", ".join(_quote(c) for c in self._types)
         found = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} WHERE rowid = ?", [index])
