@@ -49,9 +49,8 @@ def pair_reply(body: dict) -> Reply:
     """Prefers the output holding "good" when the instruction says so; otherwise always the first shown (orders flip)."""
     user = body["messages"][-1]["content"]
     if "steady" in user:
-        first = user.index("Output (a)")
-        second = user.index("Output (b)", first)
-        return Reply(content="Output (a)" if "good" in user[first:second] else "Output (b)")
+        shown_first = user[user.index("<output_a>"):user.index("</output_a>")]
+        return Reply(content="Output (a)" if "good" in shown_first else "Output (b)")
     return Reply(content="Output (a)")
 
 
@@ -307,7 +306,7 @@ def test_pairwise_output_the_two_orders_disagree(files: dict[str, Path]) -> None
         assert results.kind == "pairwise" and results.judge_column == "winner"
         flipped = results.rows(RowFilter(flipped=True), limit=100)
         expected = [i for i, r in enumerate(rows) if r["agree"] is False]
-        assert expected and [r["index"] for r in flipped.rows] == expected
+        assert 0 < len(expected) < len(rows) and [r["index"] for r in flipped.rows] == expected
         summary = results.summary()
         assert summary["pairwise"]["agree"] == {str(k).lower(): v for k, v in Counter(r["agree"] for r in rows).items()}
         assert summary["labels"] == dict(Counter(r["winner"] for r in rows))

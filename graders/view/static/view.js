@@ -161,7 +161,9 @@
 
   // ---- the rows table -------------------------------------------------------------------------
   function pickColumns(row) {
-    const keys = Object.keys(row), fixed = ["index", "status", judgeColumn, "score", "error_kind", "human_label", "agree"];
+    // The judge's column: winner in a pairwise file (there "label" is the input's gold label), else label.
+    const keys = Object.keys(row), judge = keys.includes("winner") ? "winner" : "label";
+    const fixed = ["index", "status", judge, "score", "error_kind", "human_label", "agree"];
     const chosen = fixed.filter((k) => keys.includes(k));
     for (const k of keys) if (!RESULT.has(k) && !k.startsWith("input_") && chosen.length < fixed.length + 3) chosen.push(k);
     if (keys.includes("rationale")) chosen.push("rationale");
@@ -211,8 +213,9 @@
     const pair = "winner_ab" in row;  // a pairwise row shows raw_ab / raw_ba in its orders
     const raw = RAW.filter((k) => k in row && row[k] !== null && !(pair && (k === "raw_ab" || k === "raw_ba")));
     parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
-      : el("p", { id: "raw-reply", class: "muted" }, row.error ? `not stored in this output; the error says: ${row.error}`
-        : "not stored in this output (it has no raw column)")));
+      : el("p", { id: "raw-reply", class: "muted" }, RAW.some((k) => k in row)
+        ? (pair ? "kept per order above when an order failed" : "none kept: the verdict was read (the raw reply is kept for failed verdicts)")
+        : row.error ? `not stored in this output; the error says: ${row.error}` : "not stored in this output (it has no raw column)")));
     const inputs = el("dl", { id: "inputs" });
     for (const [k, v] of Object.entries(row)) if (!RESULT.has(k)) inputs.append(el("dt", {}, k), el("dd", {}, show(v)));
     parts.push(...section("input columns", inputs));
