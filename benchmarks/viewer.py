@@ -77,6 +77,12 @@ def timed(url: str, repeat: int = 3) -> tuple[float, dict]:
     return statistics.median(times), body
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far: a figure the other load on the machine does not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -118,8 +124,10 @@ def main() -> None:
             listening = time.perf_counter() - started
             first = get(f"{url}/api/rows?offset=0&limit=50")
             first_page = time.perf_counter() - started
+            first_cpu = cpu_seconds(proc.pid)
             get(f"{url}/api/summary")  # waits for the columnar copy: filters run on it
             indexed = time.perf_counter() - started
+            indexed_cpu = cpu_seconds(proc.pid)
             filtered_s, filtered = timed(f"{url}/api/rows?status=error&limit=50")
             deep_s, _ = timed(f"{url}/api/rows?status=error&offset=20000&limit=50")
             search_s, searched = timed(f"{url}/api/rows?q=quokka%20summit&limit=50")
@@ -149,6 +157,8 @@ def main() -> None:
         print(f"{'measure':58} {'seconds':>8} {'/ baseline':>11}  target")
         for name, seconds, target in results:
             print(f"{name:58} {seconds:8.3f} {seconds / base_s:11.3f}  {target or ''}")
+        print(f"{'viewer CPU seconds at the first page / when indexed':58} {first_cpu:8.2f} / {indexed_cpu:.2f}")
+        print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(f"{'viewer peak RSS (VmHWM)':58} {rss:7.0f}M {'':11}  < 500 MB")
 
 
