@@ -26,10 +26,7 @@ def open_results(output: Path, labels: Path | None, on: str | None, human_column
     if labels is not None and not labels.is_file():
         raise fail(f"{labels}: no such labels file")
     try:
-        results = ResultsFile(output, labels=Labels(path=labels, on=on, column=human_column) if labels else None, background=background)
-        if not background:
-            results.wait()
-        return results
+        return ResultsFile(output, labels=Labels(path=labels, on=on, column=human_column) if labels else None, background=background)
     except ViewError as e:
         raise fail(str(e)) from e
 

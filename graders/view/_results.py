@@ -174,7 +174,11 @@ class ResultsFile:
             self._loader.start()
         else:
             self._load()
-            self.wait()
+            try:
+                self.wait()
+            except ViewError:
+                self.close()
+                raise
 
     # -- loading -------------------------------------------------------------------------------
 
