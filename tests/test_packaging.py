@@ -37,6 +37,8 @@ def test_wheel_ships_every_rubric(wheel: Path) -> None:
     for template in sorted((ROOT / "prompts").glob("*.j2")):
         assert f"judge/prompts/{template.name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+    for asset in ("index.html", "view.js", "view.css"):  # gradekit view's page: no CDN, so it ships in the wheel
+        assert f"graders/view/static/{asset}" in names
 
 
 def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp_path: Path) -> None:

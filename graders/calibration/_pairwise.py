@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 
-from ..runs._file import _variables, check_columns, keep_input, output_columns, stream_in_order
+from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
 from ..runs._io import InputError, RowWriter, input_columns
 from ..runs._lock import output_lock
@@ -48,7 +48,7 @@ UNREADABLE = frozenset({"parse_failure", "refusal", "truncated"})
 PAIRWISE_COLUMNS = [
     "winner", "score", "status", "error_kind", "error", "decided_by", "agree", "orders_read",
     "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba", "rationale_ab", "rationale_ba",
-    "prompt_tokens", "completion_tokens", "cached",
+    "prompt_tokens", "completion_tokens", "cached", "raw_reply_ab", "raw_reply_ba",
 ]
 
 
@@ -239,6 +239,8 @@ def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
         "prompt_tokens": sum(v.prompt_tokens for v in pair.verdicts),
         "completion_tokens": sum(v.completion_tokens for v in pair.verdicts),
         "cached": all(v.cached for v in pair.verdicts),
+        "raw_reply_ab": failed_reply(ab),
+        "raw_reply_ba": failed_reply(ba),
     }
 
 

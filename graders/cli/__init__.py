@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _rubrics, _serve, _validate
+from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
 app = typer.Typer(
     name="gradekit",
@@ -51,6 +51,8 @@ app.command("probe")(_probe.probe)
 app.command("validate")(_validate.validate)
 app.command("export")(_export.export)
 app.command("serve")(_serve.serve)
+app.command("view")(_view.view)
+app.command("report")(_report.report)
 
 
 def main() -> None:

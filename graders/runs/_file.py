@@ -130,9 +130,18 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "cached": verdict.cached,
         # Why a row failed: what the judge said and how often it was asked. On failed rows only, so an
         # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
-        "raw_reply": verdict.raw[:RAW_REPLY_CHARS] if verdict.status != "ok" and verdict.raw else None,
+        "raw_reply": failed_reply(verdict),
         "attempts": verdict.attempts if verdict.status != "ok" else None,
     }
+
+
+def failed_reply(verdict: Verdict | None) -> str | None:
+    """The judge's reply when the verdict failed (parse failure, truncation, refusal), cut to RAW_REPLY_CHARS.
+
+    An ok verdict's reply is its label and rationale already, and an ok row must read the same
+    whether it came from the judge or the cache: only failures keep it, which also keeps files small.
+    """
+    return verdict.raw[:RAW_REPLY_CHARS] if verdict is not None and verdict.status != "ok" and verdict.raw else None
 
 
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",

@@ -1,0 +1,92 @@
+"""`gradekit view`: a local results browser over a graded file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ._common import fail
+from ._serve import _is_loopback
+
+LABELS_HELP = "CSV/JSONL/Parquet with human labels, joined to OUTPUT on --on: adds agreement and a 'disagrees' filter."
+
+
+def open_results(output: Path, labels: Path | None, on: str | None, human_column: str, *, background: bool) -> Any:
+    """Open OUTPUT for viewing (the CLI's errors are exit status 2 with the reason)."""
+    try:
+        import duckdb  # noqa: F401  (the view extra)
+    except ImportError:
+        raise fail("gradekit view and report need DuckDB: pip install 'gradekit[view]'") from None
+    from ..view import Labels, ResultsFile, ViewError
+
+    if (labels is None) != (on is None):
+        raise fail("--labels and --on go together: the labels file and the column both files share")
+    if labels is not None and not labels.is_file():
+        raise fail(f"{labels}: no such labels file")
+    try:
+        return ResultsFile(output, labels=Labels(path=labels, on=on, column=human_column) if labels else None, background=background)
+    except ViewError as e:
+        raise fail(str(e)) from e
+
+
+def view(
+    output: Path = typer.Argument(..., help="A graded file (JSONL, CSV or Parquet) from `gradekit grade`, pairwise or --grader."),
+    labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
+    on: str = typer.Option(None, "--on", help="Column both files share, e.g. id (with --labels)."),
+    human_column: str = typer.Option("label", "--human-column", help="Column of the labels file holding the human label."),
+    rubric: str = typer.Option(None, "-r", "--rubric", help="The rubric the file was graded with: the row view shows the judge prompt rendered again."),
+    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN, as given to `gradekit grade` (with --rubric)."),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="GRADEKIT_VIEW_HOST", help="Bind address; only this machine can see the page unless told otherwise."),
+    port: int = typer.Option(8520, "--port", envvar="GRADEKIT_VIEW_PORT", help="Port; 0 picks a free one."),
+    no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser."),
+) -> None:
+    """Serve a page over OUTPUT: rows table with paging, sorting, filters and search, a row view, a summary.
+
+    JSON API: GET /api/summary, GET /api/rows?offset=&limit=&status=&label=&error_kind=&score_min=&score_max=&q=&disagree=&flipped=&sort=,
+    GET /api/rows/{index}, GET /api/rows/{index}/prompt (see docs/view.md).
+
+    The first line on stdout is the page's URL. Runs until Ctrl-C/SIGTERM.
+    Exit status 2: OUTPUT, --labels or --rubric cannot be used (the message says why); 1: the server could not start (e.g. the port is taken).
+    """
+    import webbrowser
+
+    from judge import RubricError, load_rubric
+
+    from ..platforms.server._run import RewardServer
+    from ..view import view_app
+
+    judge_rubric = None
+    if rubric is not None:
+        try:
+            judge_rubric = load_rubric(rubric)
+        except (RubricError, OSError, ValueError) as e:
+            raise fail(f"--rubric {rubric}: {e}") from e
+    pairs = {}
+    for pair in mapping:
+        var, sep, column = pair.partition("=")
+        if not sep or not var or not column:
+            raise fail(f"--map {pair!r}: expected VAR=COLUMN")
+        pairs[var] = column
+    if not _is_loopback(host):
+        typer.echo(f"warning: serving on {host}: anyone who can reach the port can read {output}", err=True)
+    results = open_results(output, labels, on, human_column, background=True)
+    try:
+        app = view_app(results, rubric=judge_rubric, mapping=pairs)
+
+        def announce(server: RewardServer) -> None:
+            typer.echo(server.url)  # first line of stdout: what tests and scripts read
+            typer.echo(f"viewing {output} ({results.total_rows:,} rows); Ctrl-C stops", err=True)
+            if not no_browser:
+                webbrowser.open(server.url)
+
+        server = RewardServer(app, host=host, port=port, graceful_timeout=2.0, log_level="warning", on_started=announce)
+        try:
+            server.serve()
+        except RuntimeError as e:
+            raise fail(f"could not serve on {host}:{port}: {e}", code=1) from e
+        except SystemExit as e:  # uvicorn's own exit when it cannot bind (its reason is logged above)
+            raise fail(f"could not serve on {host}:{port} (is the port taken? --port 0 picks a free one)", code=1) from e
+    finally:
+        results.close()

@@ -1,0 +1,476 @@
+"""A graded file as a queryable table: DuckDB pages, filters, sorts and searches it off the heap.
+
+The file is copied once into a DuckDB database in a temporary folder (columnar, compressed,
+spilled to disk past ``memory_limit``), so a million-row output never sits whole in Python's
+memory and every filter is a SQL scan. The copy runs in the background: until it is done, the
+unfiltered pages come straight from the file (DuckDB reads the first rows and stops), so the
+first page shows in well under a second; filters, sorts, searches and the summary wait for it.
+
+A row's ``index`` is its 0-based position in the file: the table's ``rowid``, which follows the
+file because the copy keeps insertion order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..runs._io import InputError, file_format
+
+TABLE = "results"
+TEXT = "_text"  # the lowercased text columns of a row, joined: what ?q= searches
+HUMAN = "human_label"  # the human label beside each row: from --labels, or the input's own gold label
+HISTOGRAM_BINS = 20
+MAX_LIMIT = 1000
+DISAGREEMENTS_LISTED = 200
+
+
+class ViewError(ValueError):
+    """The file cannot be viewed (unreadable, unsupported, a bad --labels join); the message says why."""
+
+
+class RowFilter(BaseModel):
+    """What ``/api/rows`` narrows the rows by; every field optional, all of them combine with AND."""
+
+    status: str | None = None  # one status, or several comma-separated
+    label: str | None = None  # the judge's label (``winner`` for pairwise files)
+    error_kind: str | None = None
+    score_min: float | None = None
+    score_max: float | None = None
+    q: str | None = None  # case-insensitive text search over every text column
+    disagree: bool = False  # the judge's label differs from the human label
+    flipped: bool = False  # pairwise: the two orders disagree
+    sort: str | None = None  # a column, "-column" for descending; default: file order
+
+
+class Page(BaseModel):
+    total: int
+    offset: int
+    limit: int
+    rows: list[dict[str, Any]]
+    ready: bool = True  # False: the file is still being indexed (only unfiltered pages are answered)
+
+
+class Labels(BaseModel):
+    """Human labels from a second file, joined on a key column."""
+
+    path: Path
+    on: str
+    column: str = "label"
+
+
+FOLDER_PREFIX = "gradekit-view-"
+_NOT_TEXT = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+             "UHUGEINT", "FLOAT", "DOUBLE", "DATE", "TIME", "INTERVAL"}
+
+
+def _sweep() -> None:
+    """Remove the databases of viewers that were killed (SIGKILL skips close()): their pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, someone else's
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _reader(path: Path, careful: bool = False, lenient: bool = False, types: Mapping[str, str] | None = None) -> str:
+    """The DuckDB table function reading ``path``.
+
+    ``careful`` samples every row for the column types (slower; for a value that does not fit the
+    type the first rows suggested); ``lenient`` reads past broken lines (a JSONL line a killed
+    writer cut short becomes a row of nulls, so indexes still match the file; a broken CSV row is
+    skipped); ``types`` fixes column types (JSONL: all columns; CSV: those named).
+    """
+    kind = file_format(path)
+    name = _literal(str(path))
+    options = (", sample_size=-1" if careful else "") + (", ignore_errors=true" if lenient else "")
+    if types:
+        spec = "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in types.items()) + "}"
+        options += f", columns={spec}" if kind == "jsonl" else f", types={spec}"
+    if kind == "jsonl":
+        return f"read_json({name}, format='newline_delimited'{options})"
+    if kind == "csv":
+        return f"read_csv({name}, header=true{options})"
+    return f"read_parquet({name})"
+
+
+def _plain(value: Any) -> Any:
+    """A DuckDB value as JSON: NaN/inf become None (JSON has neither), decimals floats, the rest as is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    try:
+        return float(value)  # Decimal
+    except (TypeError, ValueError):
+        return str(value)  # dates, UUIDs, blobs
+
+
+class ResultsFile:
+    """A graded file (JSONL, CSV or Parquet; a rubric, pairwise or ``--grader`` output) opened for viewing.
+
+    Thread-safe: each query runs on its own DuckDB cursor, so a web server may call it from a pool.
+    ``close()`` removes the temporary database.
+    """
+
+    def __init__(self, path: str | Path, *, labels: Labels | None = None, memory_limit: str = "256MB",
+                 background: bool = True) -> None:
+        import duckdb  # the view extra; imported here so that `gradekit --help` never loads it
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ViewError(f"{self.path}: no such file")
+        try:
+            file_format(self.path)
+        except InputError as e:
+            raise ViewError(str(e)) from None
+        self.labels = labels
+        self.warnings: list[str] = []
+        _sweep()
+        self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+        self._db = duckdb.connect(str(self._folder / "view.duckdb"))
+        self._db.execute(f"SET memory_limit={_literal(memory_limit)}")
+        self._db.execute(f"SET temp_directory={_literal(str(self._folder / 'spill'))}")
+        self._db.execute("SET preserve_insertion_order=true")
+        self._ready = threading.Event()
+        self._loader: threading.Thread | None = None
+        self._failure: ViewError | None = None
+        self._reader = _reader(self.path)
+        try:
+            self.total_rows = self._count()
+            self.columns = self._file_columns()
+            self._check_labels()
+        except ViewError:
+            self.close()
+            raise
+        self._types: dict[str, str] = {}
+        if background:
+            self._loader = threading.Thread(target=self._load, name="gradekit-view-load", daemon=True)
+            self._loader.start()
+        else:
+            self._load()
+            try:
+                self.wait()
+            except ViewError:
+                self.close()
+                raise
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _error(self, exc: Exception) -> ViewError:
+        return ViewError(f"{self.path}: {str(exc).splitlines()[0]}")
+
+    def _count(self) -> int:
+        import duckdb
+
+        first: duckdb.Error | None = None
+        attempts = [(False, False), (True, False)] + ([(True, True)] if file_format(self.path) != "parquet" else [])
+        for careful, lenient in attempts:
+            self._reader = _reader(self.path, careful, lenient)
+            try:
+                count = int(self._db.cursor().execute(f"SELECT count(*) FROM {self._reader}").fetchone()[0])
+                self._reader = self._typed(careful, lenient)
+            except duckdb.Error as e:
+                first = first or e
+                continue
+            self._careful, self._lenient = careful, lenient
+            if lenient and first is not None:
+                shown = "show as empty rows" if file_format(self.path) == "jsonl" else "are left out"
+                self.warnings.append(f"some lines could not be read and {shown}; the first: {str(first).splitlines()[0]}")
+            return count
+        raise self._error(first)  # type: ignore[arg-type]
+
+    def _typed(self, careful: bool, lenient: bool) -> str:
+        """The reader with text type for columns that are empty in every sampled row.
+
+        DuckDB types such a column NULL and then drops its later values silently; a graded file
+        has many (``error``, ``raw_reply``: empty until the first failure), so they are read as text.
+        """
+        described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
+        # JSON: mixed types (ids that are numbers and strings); as text a string shows without its quotes.
+        empty = {name for name, kind, *_ in described if kind.strip('"') in ("NULL", "JSON")}
+        if not empty:
+            return self._reader
+        types = {name: ("VARCHAR" if name in empty else kind) for name, kind, *_ in described}
+        if file_format(self.path) == "csv":
+            types = {name: "VARCHAR" for name in empty}
+        return _reader(self.path, careful, lenient, types)
+
+    def _file_columns(self) -> list[str]:
+        import duckdb
+
+        try:
+            return [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()]
+        except duckdb.Error as e:
+            raise self._error(e) from None
+
+    def _check_labels(self) -> None:
+        """Fail now, not in the background, when --labels cannot be joined: a wrong key or column is a typo to fix."""
+        import duckdb
+
+        if self.labels is None:
+            return
+        if self.labels.on not in self.columns:
+            raise ViewError(f"{self.path}: no column {self.labels.on!r} to join the labels on (--on)")
+        try:
+            names = [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {_reader(self.labels.path, True)}").fetchall()]
+        except (duckdb.Error, InputError) as e:
+            raise ViewError(f"labels file {self.labels.path}: {str(e).splitlines()[0]}") from None
+        for name in (self.labels.on, self.labels.column):
+            if name not in names:
+                raise ViewError(f"labels file {self.labels.path}: no column {name!r} (it has: {', '.join(names)})")
+
+    def _load(self) -> None:
+        import duckdb
+
+        try:
+            db = self._db.cursor()
+            described = db.execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
+            # Every column but numbers, booleans and times is searchable text (nested JSON as its JSON text).
+            text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind not in _NOT_TEXT
+                    and not kind.startswith(("DECIMAL", "TIMESTAMP"))]
+            searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
+            try:
+                db.execute(f"CREATE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {self._reader}")
+            except (duckdb.ConversionException, duckdb.InvalidInputException):
+                if self._careful:
+                    raise
+                # A later value does not fit the type the first rows suggested: type from every row (slower).
+                self._careful = True
+                self._reader = _reader(self.path, True, self._lenient)
+                self._reader = self._typed(True, self._lenient)
+                self._load()
+                return
+            self._types = {name: kind for name, kind, *_ in db.execute(f"DESCRIBE {TABLE}").fetchall() if name != TEXT}
+            self.columns = list(self._types)
+            self._attach_human_labels(db)
+        except duckdb.Error as e:
+            self._failure = self._error(e)
+        except ViewError as e:
+            self._failure = e
+        finally:
+            self._ready.set()
+
+    def _attach_human_labels(self, db: Any) -> None:
+        """Add ``human_label``: from the --labels file joined on its key, else the input's own gold label."""
+        import duckdb
+
+        source: str | None = None
+        if self.labels is not None:
+            labels, on, column = self.labels.path, self.labels.on, self.labels.column
+            if on not in self._types:
+                raise ViewError(f"{self.path}: no column {on!r} to join the labels on (--on)")
+            try:
+                db.execute(f"CREATE TABLE human AS SELECT CAST({_quote(on)} AS VARCHAR) AS k, "
+                           f"NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {_reader(labels, True)}")
+            except duckdb.Error as e:
+                raise ViewError(f"labels file {labels}: {str(e).splitlines()[0]}") from None
+            twice = db.execute("SELECT k FROM human WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 LIMIT 1").fetchone()
+            if twice is not None:
+                raise ViewError(f"labels file {labels}: key {on}={twice[0]!r} appears twice")
+            source = f"(SELECT h.v FROM human h WHERE h.k = CAST({TABLE}.{_quote(on)} AS VARCHAR))"
+        else:
+            gold = "label" if self.kind == "pairwise" else "input_label"
+            if gold in self._types:
+                source = f"NULLIF(trim(CAST({_quote(gold)} AS VARCHAR)), '')"
+        if source is None:
+            return
+        db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {HUMAN} VARCHAR")
+        db.execute(f"UPDATE {TABLE} SET {HUMAN} = {source}")
+        self._types[HUMAN] = "VARCHAR"
+        self.columns.append(HUMAN)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the file is indexed; raise its ViewError if it could not be."""
+        done = self._ready.wait(timeout)
+        if self._failure is not None:
+            raise self._failure
+        return done
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failure is None
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.join()  # it still writes into the folder
+        self._db.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    # -- what kind of output ---------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """``pairwise`` (two orders), ``grader`` (a --grader run: score_<part> columns), or ``rubric``."""
+        if "winner_ab" in self.columns:
+            return "pairwise"
+        if "label" not in self.columns and ("parts" in self.columns or any(c.startswith(("score_", "metric_")) for c in self.columns)):
+            return "grader"
+        return "rubric"
+
+    @property
+    def judge_column(self) -> str | None:
+        column = "winner" if self.kind == "pairwise" else "label"
+        return column if column in self.columns else None
+
+    @property
+    def has_human_labels(self) -> bool:
+        return HUMAN in self._types
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def _where(self, f: RowFilter) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+
+        def column(name: str, flag: str) -> str:
+            if name not in self._types:
+                raise ViewError(f"{flag}: this file has no {name!r} column")
+            return _quote(name)
+
+        if f.status:
+            wanted = [s.strip() for s in f.status.split(",") if s.strip()]
+            clauses.append(f"CAST({column('status', 'status')} AS VARCHAR) IN ({', '.join('?' * len(wanted))})")
+            params += wanted
+        if f.label:
+            judge = self.judge_column
+            if judge is None:
+                raise ViewError("label: this file has no judge label column")
+            clauses.append(f"CAST({_quote(judge)} AS VARCHAR) = ?")
+            params.append(f.label)
+        if f.error_kind:
+            clauses.append(f"CAST({column('error_kind', 'error_kind')} AS VARCHAR) = ?")
+            params.append(f.error_kind)
+        if f.score_min is not None:
+            clauses.append(f"TRY_CAST({column('score', 'score_min')} AS DOUBLE) >= ?")
+            params.append(f.score_min)
+        if f.score_max is not None:
+            clauses.append(f"TRY_CAST({column('score', 'score_max')} AS DOUBLE) <= ?")
+            params.append(f.score_max)
+        if f.q:
+            clauses.append(f"contains({TEXT}, ?)")
+            params.append(f.q.lower())
+        if f.disagree:
+            clauses.append(self._disagrees())
+        if f.flipped:
+            clauses.append(f"CAST({column('agree', 'flipped')} AS VARCHAR) IN ('false', 'False', '0')")
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def _disagrees(self) -> str:
+        if not self.has_human_labels or self.judge_column is None:
+            raise ViewError("disagree: no human labels (give --labels FILE --on KEY)")
+        ok = "CAST(status AS VARCHAR) = 'ok' AND " if "status" in self._types else ""
+        return f"({ok}{HUMAN} IS NOT NULL AND CAST({_quote(self.judge_column)} AS VARCHAR) IS DISTINCT FROM {HUMAN})"
+
+    def _order(self, sort: str | None) -> str:
+        if not sort:
+            return "rowid"
+        name, descending = (sort[1:], True) if sort.startswith("-") else (sort, False)
+        if name == "index":
+            return "rowid DESC" if descending else "rowid"
+        if name not in self._types:
+            raise ViewError(f"sort: no column {name!r}")
+        return f"{_quote(name)} {'DESC' if descending else 'ASC'} NULLS LAST, rowid"
+
+    def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cursor = self._db.cursor().execute(sql, list(params))
+        names = [d[0] for d in cursor.description]
+        return [{name: _plain(value) for name, value in zip(names, row)} for row in cursor.fetchall()]
+
+    def _early(self, window: str) -> list[dict[str, Any]] | None:
+        """Rows straight from the file while the copy is made; None when that fails (the copy will say why)."""
+        import duckdb
+
+        try:
+            return self._fetch(f"SELECT * FROM {self._reader} {window}")
+        except duckdb.Error:
+            return None
+
+    def rows(self, f: RowFilter | None = None, offset: int = 0, limit: int = 50) -> Page:
+        """One page of rows matching ``f``, each with its 0-based ``index`` in the file."""
+        f = f or RowFilter()
+        offset, limit = max(0, offset), max(0, min(limit, MAX_LIMIT))
+        unfiltered = f.model_dump(exclude_defaults=True) in ({}, {"sort": "index"})
+        if unfiltered and not self._ready.is_set():
+            early = self._early(f"LIMIT {limit} OFFSET {offset}")
+            if early is not None:
+                return Page(total=self.total_rows, offset=offset, limit=limit, ready=False,
+                            rows=[{"index": offset + i, **row} for i, row in enumerate(early)])
+        self.wait()
+        where, params = self._where(f)
+        total = self._db.cursor().execute(f"SELECT count(*) FROM {TABLE}{where}", params).fetchone()[0]
+        listed = ", ".join(_quote(c) for c in self._types)
+        rows = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE}{where} ORDER BY {self._order(f.sort)} "
+                           f"LIMIT {limit} OFFSET {offset}", params)
+        return Page(total=int(total), offset=offset, limit=limit, rows=rows)
+
+    def row(self, index: int) -> dict[str, Any] | None:
+        """The row at 0-based ``index``, whole; None past the end."""
+        if index < 0 or index >= self.total_rows:
+            return None
+        if not self._ready.is_set():
+            early = self._early(f"LIMIT 1 OFFSET {int(index)}")
+            if early is not None:
+                return {"index": index, **early[0]} if early else None
+        self.wait()
+        listed = ", ".join(_quote(c) for c in self._types)
+        found = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} WHERE rowid = ?", [index])
+        return found[0] if found else None
+
+    def worst(self, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` rows, the worst first: errors, then disagreements with the human label, then the rest."""
+        self.wait()
+        rank = []
+        if "status" in self._types:
+            rank.append("CASE WHEN CAST(status AS VARCHAR) NOT IN ('ok') THEN 0 ELSE 1 END")
+        if self.has_human_labels and self.judge_column is not None:
+            rank.append(f"CASE WHEN {self._disagrees()} THEN 0 ELSE 1 END")
+        if "agree" in self._types:
+            rank.append("CASE WHEN CAST(agree AS VARCHAR) IN ('false', 'False', '0') THEN 0 ELSE 1 END")
+        listed = ", ".join(_quote(c) for c in self._types)
+        order = ", ".join([*rank, "rowid"])
+        return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
+
+
+def as_filter(query: Mapping[str, str]) -> RowFilter:
+    """``/api/rows`` query parameters -> RowFilter; empty values mean no filter."""
+    def flag(name: str) -> bool:
+        return (query.get(name) or "").lower() in ("1", "true", "yes", "on")
+
+    def number(name: str) -> float | None:
+        text = (query.get(name) or "").strip()
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ViewError(f"{name}: {text!r} is not a number") from None
+
+    return RowFilter(status=query.get("status") or None, label=query.get("label") or None,
+                     error_kind=query.get("error_kind") or None, score_min=number("score_min"), score_max=number("score_max"),
+                     q=query.get("q") or None, disagree=flag("disagree"), flipped=flag("flipped"), sort=query.get("sort") or None)

@@ -1,0 +1,122 @@
+"""The summary of an opened graded file: counts, score histograms, tokens, pairwise orders, agreement with human labels.
+
+Every figure is one SQL aggregate over the viewer's columnar copy; nothing iterates rows in Python.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..runs._io import file_format
+from ._results import DISAGREEMENTS_LISTED, HISTOGRAM_BINS, HUMAN, TABLE, ResultsFile, _literal, _plain, _quote
+
+
+def _counts(r: ResultsFile, column: str) -> dict[str, int]:
+    if column not in r._types:
+        return {}
+    found = r._db.cursor().execute(
+        f"SELECT CAST({_quote(column)} AS VARCHAR) AS v, count(*) AS n FROM {TABLE} WHERE {_quote(column)} IS NOT NULL "
+        "GROUP BY v ORDER BY n DESC, v").fetchall()
+    return {str(v): int(n) for v, n in found}
+
+
+def _scores(r: ResultsFile, column: str, value: str | None = None) -> dict[str, Any] | None:
+    """Count, mean, range and histogram of a score column (or of the SQL expression ``value``)."""
+    if value is None and column not in r._types:
+        return None
+    db = r._db.cursor()
+    value = value or f"TRY_CAST({_quote(column)} AS DOUBLE)"
+    n, mean, low, high = db.execute(f"SELECT count({value}), avg({value}), min({value}), max({value}) FROM {TABLE} "
+                                    f"WHERE isfinite({value})").fetchone()
+    # The reward range [-1, 1] is the histogram's range; a file outside it widens it.
+    lo, hi = min(-1.0, low if low is not None else -1.0), max(1.0, high if high is not None else 1.0)
+    width = (hi - lo) / HISTOGRAM_BINS
+    bins = [0] * HISTOGRAM_BINS
+    for b, count in db.execute(f"SELECT least({HISTOGRAM_BINS - 1}, CAST(floor(({value} - ?) / ?) AS INTEGER)) AS b, count(*) "
+                               f"FROM {TABLE} WHERE isfinite({value}) GROUP BY b", [lo, width]).fetchall():
+        bins[int(b)] = int(count)
+    return {"count": int(n), "mean": _plain(mean), "min": _plain(low), "max": _plain(high),
+            "histogram": [{"low": round(lo + i * width, 9), "high": round(lo + (i + 1) * width, 9), "count": c}
+                          for i, c in enumerate(bins)]}
+
+
+def _agreement(r: ResultsFile) -> dict[str, Any] | None:
+    """Confusion matrix (rows: human, columns: judge), accuracy and Cohen's kappa over judged, labelled rows."""
+    if not r.has_human_labels or r.judge_column is None:
+        return None
+    db = r._db.cursor()
+    judge = f"CAST({_quote(r.judge_column)} AS VARCHAR)"
+    ok = "CAST(status AS VARCHAR) = 'ok'" if "status" in r._types else "TRUE"
+    labelled, failures = db.execute(f"SELECT count(*), count(*) FILTER (WHERE NOT ({ok}) OR {judge} IS NULL) FROM {TABLE} "
+                                    f"WHERE {HUMAN} IS NOT NULL").fetchone()
+    cells = db.execute(f"SELECT {HUMAN}, {judge}, count(*) FROM {TABLE} WHERE {HUMAN} IS NOT NULL AND {ok} AND {judge} IS NOT NULL "
+                       "GROUP BY ALL").fetchall()
+    labels = sorted({h for h, _, _ in cells} | {j for _, j, _ in cells})
+    at = {label: i for i, label in enumerate(labels)}
+    matrix = [[0] * len(labels) for _ in labels]
+    for h, j, n in cells:
+        matrix[at[h]][at[j]] = int(n)
+    judged = sum(map(sum, matrix))
+    agreed = sum(matrix[i][i] for i in range(len(labels)))
+    accuracy = agreed / judged if judged else None
+    kappa = None
+    if judged:
+        expected = sum(sum(matrix[i]) * sum(row[i] for row in matrix) for i in range(len(labels))) / judged ** 2
+        kappa = (accuracy - expected) / (1 - expected) if expected < 1 else None  # type: ignore[operator]
+    disagreements = r._fetch(
+        f"SELECT rowid AS \"index\", {HUMAN}, {judge} AS judge_label FROM {TABLE} WHERE {r._disagrees()} "
+        f"ORDER BY rowid LIMIT {DISAGREEMENTS_LISTED}")
+    return {"labelled": int(labelled), "judged": judged, "failures": int(failures), "agreed": agreed,
+            "disagreed": judged - agreed, "accuracy": accuracy, "kappa": kappa,
+            "confusion": {"labels": labels, "matrix": matrix}, "disagreements": disagreements,
+            "human_source": f"{r.labels.path} ({r.labels.column} on {r.labels.on})" if r.labels
+            else ("label" if r.kind == "pairwise" else "input_label")}
+
+
+def _parts(r: ResultsFile) -> dict[str, Any]:
+    """Per-part scores of a composite grader: a --grader run's ``parts`` object, or ``score_<part>`` columns (frames).
+
+    A pairwise file's score_ab/score_ba are its two orders, not parts.
+    """
+    if r.kind == "pairwise":
+        return {}
+    parts = {c[len("score_"):]: _scores(r, c) for c in r._types if c.startswith("score_")}
+    if "parts" in r._types:
+        as_json = "TRY_CAST(parts AS JSON)"
+        names = r._db.cursor().execute(
+            f"SELECT DISTINCT unnest(json_keys({as_json})) AS k FROM {TABLE} WHERE json_type({as_json}) = 'OBJECT' ORDER BY k LIMIT 100"
+        ).fetchall()
+        for (name,) in names:
+            path = _literal("$." + json.dumps(name))
+            parts[name] = _scores(r, name, f"TRY_CAST(json_extract_string({as_json}, {path}) AS DOUBLE)")
+    return parts
+
+
+def summarise(r: ResultsFile) -> dict[str, Any]:
+    """Counts by status, label and error kind, the score histogram, tokens, pairwise and human-label agreement."""
+    r.wait()  # the figures are over the whole file, so the copy must be done
+    db = r._db.cursor()
+    tokens = None
+    if {"prompt_tokens", "completion_tokens"} <= set(r._types):
+        p, c = db.execute(f"SELECT sum(TRY_CAST(prompt_tokens AS BIGINT)), sum(TRY_CAST(completion_tokens AS BIGINT)) "
+                          f"FROM {TABLE}").fetchone()
+        tokens = {"prompt": int(p or 0), "completion": int(c or 0), "total": int(p or 0) + int(c or 0)}
+    cost = None
+    for name in ("cost_usd", "cost"):
+        if name in r._types:
+            cost = _plain(db.execute(f"SELECT sum(TRY_CAST({_quote(name)} AS DOUBLE)) FROM {TABLE}").fetchone()[0])
+            break
+    pairwise = None
+    if r.kind == "pairwise":
+        pairwise = {"agree": _counts(r, "agree"), "decided_by": _counts(r, "decided_by"),
+                    "winner_ab": _counts(r, "winner_ab"), "winner_ba": _counts(r, "winner_ba")}
+    parts = _parts(r)
+    return {
+        "file": str(r.path), "format": file_format(r.path), "kind": r.kind, "rows": r.total_rows,
+        "columns": r.columns, "judge_column": r.judge_column,
+        "status": _counts(r, "status"), "labels": _counts(r, r.judge_column) if r.judge_column else {},
+        "error_kinds": _counts(r, "error_kind"), "score": _scores(r, "score"), "parts": parts,
+        "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r),
+        "warnings": r.warnings,
+    }

@@ -1,0 +1,251 @@
+// gradekit view / report: one small script, no dependencies.
+// Server mode asks the JSON API (filtering and paging run on the server, over the whole file);
+// report mode answers the same questions from the rows inlined in the HTML file.
+"use strict";
+(function () {
+  const MODE = document.body.dataset.mode === "report" ? "report" : "server";
+  const DATA = JSON.parse(document.getElementById("gradekit-data").textContent || "null");
+  const PAGE = 50;
+  const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens",
+    "completion_tokens", "cached", "winner", "decided_by", "agree", "winner_ab", "winner_ba", "label_ab", "label_ba",
+    "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba"]);
+  const RAW = ["raw_reply", "raw_reply_ab", "raw_reply_ba"];
+  const $ = (id) => document.getElementById(id);
+  let summary = null, offset = 0, total = 0, columns = null, judgeColumn = "label";
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "onclick") node.addEventListener("click", v); else if (v !== undefined && v !== null) node.setAttribute(k, v);
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+    return node;
+  }
+  const show = (v) => v === null || v === undefined ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+  const pct = (v) => v === null || v === undefined ? "n/a" : (100 * v).toFixed(1) + "%";
+  const num = (v, d = 3) => v === null || v === undefined ? "n/a" : Number(v).toFixed(d);
+
+  // ---- data: the API, or the report's inlined rows ------------------------------------------
+  async function api(path) {
+    const response = await fetch(path);
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    return body;
+  }
+  function params() {
+    const form = $("filters"), out = {};
+    for (const name of ["status", "label", "error_kind", "score_min", "score_max", "q"]) {
+      const value = form.elements[name].value.trim();
+      if (value) out[name] = value;
+    }
+    for (const name of ["disagree", "flipped"]) if (form.elements[name].checked) out[name] = "true";
+    if ($("sort").value) out.sort = $("sort").value;
+    return out;
+  }
+  function disagrees(row) {
+    return row.status === "ok" && row.human_label !== null && row.human_label !== undefined &&
+      show(row[judgeColumn]) !== show(row.human_label);
+  }
+  function localRows(p, from, limit) {
+    const q = (p.q || "").toLowerCase(), statuses = p.status ? p.status.split(",") : null;
+    let rows = DATA.rows.filter((r) =>
+      (!statuses || statuses.includes(show(r.status))) && (!p.label || show(r[judgeColumn]) === p.label) &&
+      (!p.error_kind || show(r.error_kind) === p.error_kind) &&
+      (p.score_min === undefined || (r.score !== null && r.score >= Number(p.score_min))) &&
+      (p.score_max === undefined || (r.score !== null && r.score <= Number(p.score_max))) &&
+      (!p.disagree || disagrees(r)) && (!p.flipped || r.agree === false || r.agree === "false") &&
+      (!q || Object.entries(r).some(([k, v]) => typeof v === "string" && v.toLowerCase().includes(q))));
+    if (p.sort) {
+      const desc = p.sort.startsWith("-"), key = desc ? p.sort.slice(1) : p.sort;
+      rows = rows.slice().sort((a, b) => {
+        const x = a[key], y = b[key];
+        if (x === y) return a.index - b.index;
+        if (x === null || x === undefined) return 1;
+        if (y === null || y === undefined) return -1;
+        return (x < y ? -1 : 1) * (desc ? -1 : 1);
+      });
+    } // else: the report's own order, the worst rows first
+    return { total: rows.length, rows: rows.slice(from, from + limit) };
+  }
+  const source = MODE === "server" ? {
+    summary: () => api("/api/summary"),
+    rows: (p, from, limit) => api("/api/rows?" + new URLSearchParams({ ...p, offset: from, limit })),
+    row: (i) => api("/api/rows/" + i),
+    prompt: (i) => fetch("/api/rows/" + i + "/prompt").then((r) => r.ok ? r.json() : null),
+  } : {
+    summary: async () => DATA.summary,
+    rows: async (p, from, limit) => localRows(p, from, limit),
+    row: async (i) => DATA.rows.find((r) => r.index === i),
+    prompt: async () => null,
+  };
+
+  // ---- the summary ----------------------------------------------------------------------------
+  function counts(title, table, filter) {
+    const body = el("tbody");
+    for (const [key, n] of Object.entries(table || {})) {
+      const name = filter ? el("a", { "data-filter": filter, "data-value": key, onclick: () => setFilter(filter, key) }, key) : key;
+      body.append(el("tr", {}, el("td", {}, name), el("td", { class: "n" }, n.toLocaleString())));
+    }
+    return el("div", { class: "card" }, el("h3", {}, title), el("table", { class: "counts" }, body));
+  }
+  function histogram(title, score) {
+    const card = el("div", { class: "card" }, el("h3", {}, title));
+    if (!score || !score.count) { card.append(el("p", { class: "muted" }, "no scores")); return card; }
+    const ns = "http://www.w3.org/2000/svg", w = 240, h = 80, bins = score.histogram, most = Math.max(...bins.map((b) => b.count));
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("class", "hist"); svg.setAttribute("width", w); svg.setAttribute("height", h + 14);
+    bins.forEach((b, i) => {
+      const rect = document.createElementNS(ns, "rect"), bh = most ? Math.max(b.count ? 1 : 0, (h * b.count) / most) : 0;
+      rect.setAttribute("x", (i * w) / bins.length + 1); rect.setAttribute("width", w / bins.length - 2);
+      rect.setAttribute("y", h - bh); rect.setAttribute("height", bh);
+      const tip = document.createElementNS(ns, "title"); tip.textContent = `[${num(b.low, 2)}, ${num(b.high, 2)}): ${b.count}`;
+      rect.append(tip); svg.append(rect);
+    });
+    for (const [x, text, anchor] of [[0, num(bins[0].low, 1), "start"], [w, num(bins[bins.length - 1].high, 1), "end"]]) {
+      const t = document.createElementNS(ns, "text");
+      t.setAttribute("x", x); t.setAttribute("y", h + 12); t.setAttribute("text-anchor", anchor); t.textContent = text; svg.append(t);
+    }
+    card.append(svg, el("div", { class: "muted" }, `mean ${num(score.mean)} over ${score.count.toLocaleString()} scores`));
+    return card;
+  }
+  function renderSummary(s) {
+    summary = s; judgeColumn = s.judge_column || "label";
+    $("kind").textContent = s.kind; $("file").textContent = s.file;
+    $("label-name").textContent = judgeColumn;
+    const box = $("summary"); box.replaceChildren();
+    box.append(el("div", { class: "card" }, el("h3", {}, "rows"), el("div", { class: "big", id: "summary-rows" }, s.rows.toLocaleString())));
+    box.append(counts("status", s.status, "status"), counts(judgeColumn === "winner" ? "winner" : "labels", s.labels, "label"));
+    if (Object.keys(s.error_kinds || {}).length) box.append(counts("errors by kind", s.error_kinds, "error_kind"));
+    box.append(histogram("score", s.score));
+    for (const [part, score] of Object.entries(s.parts || {})) box.append(histogram("score of " + part, score));
+    if (s.tokens) {
+      box.append(el("div", { class: "card" }, el("h3", {}, "tokens"),
+        el("div", {}, `prompt ${s.tokens.prompt.toLocaleString()}`), el("div", {}, `completion ${s.tokens.completion.toLocaleString()}`),
+        s.cost_usd !== null && s.cost_usd !== undefined ? el("div", {}, `cost $${num(s.cost_usd, 4)}`) : null));
+    }
+    if (s.pairwise) {
+      box.append(counts("orders agree", s.pairwise.agree), counts("decided by", s.pairwise.decided_by));
+      $("flipped-box").hidden = false;
+    }
+    if (s.warnings && s.warnings.length) box.append(el("div", { class: "card" }, el("h3", {}, "warnings"), ...s.warnings.map((w) => el("div", {}, w))));
+    for (const [name, table] of [["status", s.status], ["label", s.labels], ["error_kind", s.error_kinds]]) {
+      const select = $("filter-" + name), current = select.value;
+      select.replaceChildren(el("option", { value: "" }, "any"), ...Object.keys(table || {}).map((k) => el("option", { value: k }, k)));
+      select.value = current;
+    }
+    const sort = $("sort"), current = sort.value;
+    sort.replaceChildren(el("option", { value: "" }, "file order"));
+    for (const c of s.columns) sort.append(el("option", { value: c }, c + " ↑"), el("option", { value: "-" + c }, c + " ↓"));
+    sort.value = current;
+    renderAgreement(s.agreement);
+  }
+  function renderAgreement(a) {
+    const box = $("agreement");
+    if (!a) { box.hidden = true; return; }
+    box.hidden = false; $("disagree-box").hidden = false;
+    const labels = a.confusion.labels;
+    const head = el("tr", {}, el("th", {}, "human \\ judge"), ...labels.map((l) => el("th", {}, l)));
+    const rows = a.confusion.matrix.map((row, i) =>
+      el("tr", {}, el("th", {}, labels[i]), ...row.map((n, j) => el("td", { class: i === j ? "diag" : "" }, n))));
+    const list = el("ul", { id: "disagreements" }, ...a.disagreements.map((d) =>
+      el("li", {}, el("a", { href: "#", "data-index": d.index, onclick: (e) => { e.preventDefault(); openRow(d.index); } },
+        `row ${d.index}`), `: human ${d.human_label}, judge ${show(d.judge_label)}`)));
+    box.replaceChildren(
+      el("div", { class: "card" }, el("h3", {}, "agreement with human labels"),
+        el("div", { class: "big", id: "accuracy" }, pct(a.accuracy)), el("div", {}, `Cohen's kappa ${num(a.kappa)}`),
+        el("div", { class: "muted" }, `${a.judged.toLocaleString()} judged of ${a.labelled.toLocaleString()} labelled, ` +
+          `${a.failures.toLocaleString()} judge failures; human labels: ${a.human_source}`)),
+      el("div", { class: "card" }, el("h3", {}, "confusion (rows: human)"), el("table", { class: "confusion" }, el("thead", {}, head), el("tbody", {}, ...rows))),
+      el("div", { class: "card" }, el("h3", {}, `disagreements (${a.disagreed.toLocaleString()})`), list));
+  }
+
+  // ---- the rows table -------------------------------------------------------------------------
+  function pickColumns(row) {
+    // The judge's column: winner in a pairwise file (there "label" is the input's gold label), else label.
+    const keys = Object.keys(row), judge = keys.includes("winner") ? "winner" : "label";
+    const fixed = ["index", "status", judge, "score", "error_kind", "human_label", "agree"];
+    const chosen = fixed.filter((k) => keys.includes(k));
+    for (const k of keys) if (!RESULT.has(k) && !k.startsWith("input_") && chosen.length < fixed.length + 3) chosen.push(k);
+    if (keys.includes("rationale")) chosen.push("rationale");
+    return chosen;
+  }
+  function setFilter(name, value) {
+    $("filter-" + name).value = value; offset = 0; load();
+  }
+  let generation = 0;
+  async function load() {
+    const mine = ++generation;
+    let page;
+    try { page = await source.rows(params(), offset, PAGE); } catch (e) { $("total").textContent = "error: " + e.message; return; }
+    if (mine !== generation) return; // a newer request is on its way: its answer wins
+    total = page.total;
+    $("total").textContent = total.toLocaleString();
+    $("noun").textContent = total === 1 ? "row matches" : "rows match";
+    $("range").textContent = page.rows.length ? ` (showing ${(offset + 1).toLocaleString()}–${(offset + page.rows.length).toLocaleString()})` : "";
+    $("state").textContent = page.ready === false ? "indexing the file for filters…" : "";
+    if (!columns && page.rows.length) columns = pickColumns(page.rows[0]);
+    const table = $("rows-table");
+    table.tHead.replaceChildren(el("tr", {}, ...(columns || []).map((c) => el("th", { onclick: () => { const s = $("sort"); s.value = s.value === c ? "-" + c : c; offset = 0; load(); } }, c))));
+    table.tBodies[0].replaceChildren(...page.rows.map((row) => el("tr", { "data-index": row.index, onclick: () => openRow(row.index) },
+      ...columns.map((c) => el("td", { class: c === "status" ? "status-" + row[c] : null, title: show(row[c]).slice(0, 500) }, show(row[c]).slice(0, 200))))));
+    $("prev").disabled = offset === 0; $("next").disabled = offset + PAGE >= total;
+  }
+
+  // ---- one row --------------------------------------------------------------------------------
+  function section(title, ...content) { return [el("h3", {}, title), ...content]; }
+  function messages(list) {
+    return el("div", {}, ...list.map((m) => el("div", { class: "message" }, el("b", {}, m.role), el("pre", {}, m.content))));
+  }
+  async function openRow(index) {
+    const row = await source.row(index);
+    if (!row) return;
+    $("row-title").textContent = `row ${index}`;
+    const body = $("row-body"), parts = [];
+    const verdict = el("dl", { id: "verdict" });
+    for (const k of ["status", judgeColumn, "score", "human_label", "error_kind", "error", "decided_by", "agree"])
+      if (k in row && row[k] !== null) verdict.append(el("dt", {}, k), el("dd", { class: k === "status" ? "status-" + row[k] : null }, show(row[k])));
+    parts.push(...section("verdict", verdict));
+    if ("winner_ab" in row) {
+      const order = (sfx, title) => el("div", {}, el("h3", {}, title), el("dl", {}, ...["winner", "label", "score", "rationale", "raw_reply"].flatMap((k) =>
+        (k + "_" + sfx) in row ? [el("dt", {}, k), el("dd", {}, show(row[k + "_" + sfx]))] : [])));
+      parts.push(el("div", { class: "orders", id: "orders" }, order("ab", "input order (ab)"), order("ba", "swapped order (ba)")));
+    } else if (row.rationale) parts.push(...section("rationale", el("pre", { id: "rationale" }, row.rationale)));
+    const pair = "winner_ab" in row;  // a pairwise row shows raw_reply_ab / raw_reply_ba in its orders
+    const raw = RAW.filter((k) => k in row && row[k] !== null && !(pair && (k === "raw_reply_ab" || k === "raw_reply_ba")));
+    parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
+      : el("p", { id: "raw-reply", class: "muted" }, RAW.some((k) => k in row)
+        ? (pair ? "kept per order above when an order failed" : "none kept: the verdict was read (the raw reply is kept for failed verdicts)")
+        : row.error ? `not stored in this output; the error says: ${row.error}` : "not stored in this output (it has no raw column)")));
+    const inputs = el("dl", { id: "inputs" });
+    for (const [k, v] of Object.entries(row)) if (!RESULT.has(k)) inputs.append(el("dt", {}, k), el("dd", {}, show(v)));
+    parts.push(...section("input columns", inputs));
+    const other = el("dl", {});
+    for (const k of ["prompt_tokens", "completion_tokens", "cached"]) if (k in row) other.append(el("dt", {}, k), el("dd", {}, show(row[k])));
+    parts.push(...section("tokens", other));
+    const prompt = el("div", { id: "prompt" }, el("p", { class: "muted" }, MODE === "server" ? "rendering…" : "not in the report"));
+    parts.push(...section("judge prompt", prompt));
+    body.replaceChildren(...parts);
+    $("row-view").hidden = false;
+    const rendered = await source.prompt(index);
+    if (!rendered) prompt.replaceChildren(el("p", { class: "muted" },
+      MODE === "report" ? "not in the report" : "start `gradekit view` with --rubric NAME to see it"));
+    else if (rendered.error) prompt.replaceChildren(el("p", {}, `rubric ${rendered.rubric}: ${rendered.error}`));
+    else if (rendered.messages_ba) prompt.replaceChildren(el("div", { class: "orders" },
+      el("div", {}, el("h3", {}, "ab"), messages(rendered.messages)), el("div", {}, el("h3", {}, "ba"), messages(rendered.messages_ba))));
+    else prompt.replaceChildren(messages(rendered.messages));
+  }
+
+  // ---- wiring ---------------------------------------------------------------------------------
+  $("filters").addEventListener("change", () => { offset = 0; load(); });
+  $("filters").addEventListener("submit", (e) => { e.preventDefault(); offset = 0; load(); });
+  let typing = null;
+  $("filter-q").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(() => { offset = 0; load(); }, 300); });
+  $("filters").addEventListener("reset", () => setTimeout(() => { offset = 0; load(); }, 0));
+  $("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); load(); });
+  $("next").addEventListener("click", () => { if (offset + PAGE < total) { offset += PAGE; load(); } });
+  $("close").addEventListener("click", () => { $("row-view").hidden = true; });
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") $("row-view").hidden = true; });
+  load();
+  source.summary().then(renderSummary, (e) => { $("state").textContent = "summary failed: " + e.message; });
+  if (MODE === "report") $("state").textContent = DATA.note || "";
+})();

@@ -1,0 +1,151 @@
+"""The results browser and the report in a real headless Chromium (Debian's package, driven by Playwright).
+
+Skipped where chromium or Playwright is missing on a developer's machine; in CI (CI set) their
+absence fails, since `.ci/run` installs both. `GRADEKIT_SCREENSHOT=1` also saves the page to
+docs/view.png (the README's picture).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from graders.cli import app
+
+from .test_view import UNREADABLE, files, read, start_view, stop_view  # noqa: F401  (files: the graded-file fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run", "--disable-sync"]
+INSTALL = "apt-get install chromium; pip install playwright"
+TIMEOUT_MS = 60_000  # generous: a shared CI machine; nothing here asserts a duration
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must install it ({INSTALL})")
+    pytest.skip(f"{reason}: {INSTALL}")
+
+
+@pytest.fixture(scope="module")
+def browser(files: dict[str, Path]) -> Iterator[Any]:  # noqa: F811  (graded first: Playwright's loop then owns this thread)
+    pytest.importorskip("duckdb", reason="gradekit view needs the view extra")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright for Python is not installed")
+    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
+        _missing("chromium is not installed")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    problems: list[str] = []
+    tab.on("pageerror", lambda e: problems.append(str(e)))
+    yield tab
+    context.close()
+    assert not problems, problems  # a script error on the page fails the test
+
+
+@pytest.fixture(scope="module")
+def view(files: dict[str, Path]) -> Iterator[str]:  # noqa: F811
+    proc, url = start_view(str(files["jsonl"]), "--labels", str(files["labels"]), "--on", "id", "--rubric", "semantic_equivalence_en")
+    yield url
+    stop_view(proc)
+
+
+def test_table_shows_the_first_rows_and_the_total(page: Any, view: str, files: dict[str, Path]) -> None:  # noqa: F811
+    rows = read(files["jsonl"])
+    page.goto(view)
+    page.wait_for_function("document.querySelectorAll('#rows-table tbody tr').length === 50")
+    assert page.inner_text("#total") == str(len(rows))
+    first = page.locator("#rows-table tbody tr").first
+    assert first.get_attribute("data-index") == "0" and rows[0]["id"] in first.inner_text()
+    page.wait_for_selector("#summary-rows")
+    assert page.inner_text("#summary-rows") == str(len(rows))
+    page.wait_for_selector("#accuracy")  # --labels: the agreement card
+    if os.environ.get("GRADEKIT_SCREENSHOT"):
+        page.screenshot(path=str(ROOT / "docs" / "view.png"))
+
+
+def test_status_filter_shows_exactly_the_error_rows(page: Any, view: str, files: dict[str, Path]) -> None:  # noqa: F811
+    rows = read(files["jsonl"])
+    errors = [str(i) for i, r in enumerate(rows) if r["status"] == "error"]
+    page.goto(view)
+    page.wait_for_selector("#filter-status option[value=error]", state="attached")
+    page.select_option("#filter-status", "error")
+    page.wait_for_function(f"document.getElementById('total').textContent === '{len(errors)}'")
+    page.wait_for_function(f"document.querySelectorAll('#rows-table tbody tr').length === {len(errors)}")
+    shown = page.locator("#rows-table tbody tr")
+    assert [shown.nth(i).get_attribute("data-index") for i in range(shown.count())] == errors
+    assert all("error" in shown.nth(i).inner_text() for i in range(shown.count()))
+
+
+def test_clicking_a_row_opens_its_raw_reply_and_prompt(page: Any, view: str, files: dict[str, Path]) -> None:  # noqa: F811
+    rows = read(files["jsonl"])
+    failed = next(i for i, r in enumerate(rows) if r["status"] == "error")
+    page.goto(f"{view}")
+    page.wait_for_selector("#filter-q")
+    page.fill("#filter-q", rows[failed]["id"])
+    page.wait_for_function("document.getElementById('total').textContent === '1'")
+    page.click(f"#rows-table tbody tr[data-index='{failed}']")
+    page.wait_for_selector("#row-view:not([hidden]) #raw-reply")
+    assert page.inner_text("#raw-reply") == UNREADABLE
+    assert rows[failed]["prediction"] in page.inner_text("#inputs")
+    page.wait_for_function("document.querySelector('#prompt .message') !== null")  # rendered again from --rubric
+    assert rows[failed]["prediction"] in page.inner_text("#prompt")
+    if os.environ.get("GRADEKIT_SCREENSHOT"):
+        page.screenshot(path=str(ROOT / "docs" / "view-row.png"))
+
+
+def test_disagreement_list_opens_the_row(page: Any, view: str, files: dict[str, Path]) -> None:  # noqa: F811
+    page.goto(view)
+    link = page.locator("#disagreements a").first
+    link.wait_for()
+    index = link.get_attribute("data-index")
+    link.click()
+    page.wait_for_function(f"document.getElementById('row-title').textContent === 'row {index}'")
+    assert "human_label" in page.inner_text("#verdict")
+
+
+def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["report", str(files["jsonl"]), "-o", str(out), "--labels", str(files["labels"]), "--on", "id"])
+    assert result.exit_code == 0, result.output
+    requested: list[str] = []
+
+    def only_the_file(route: Any) -> None:
+        requested.append(route.request.url)
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            route.abort()
+
+    page.route("**/*", only_the_file)
+    page.goto(out.as_uri())
+    page.wait_for_function("document.querySelectorAll('#rows-table tbody tr').length === 50")
+    rows = read(files["jsonl"])
+    assert page.inner_text("#total") == str(len(rows))
+    errors = sum(r["status"] == "error" for r in rows)
+    first = page.locator("#rows-table tbody tr").first
+    assert "error" in first.inner_text()  # the worst first
+    page.select_option("#filter-status", "error")
+    page.wait_for_function(f"document.getElementById('total').textContent === '{errors}'")
+    page.locator("#rows-table tbody tr").first.click()
+    page.wait_for_selector("#row-view:not([hidden]) #raw-reply")
+    assert page.inner_text("#raw-reply") == UNREADABLE
+    assert requested == [out.as_uri()]  # the file itself, and nothing else
