@@ -17,6 +17,7 @@ def limiter_from_url(
     concurrency: int = 16,
     burst: float = 2.0,
     key: str = "default",
+    adapt: bool = True,
 ) -> RequestLimiter:
     """Build the limiter a URL names: in-process by default, shared through Redis on request.
 
@@ -29,6 +30,9 @@ def limiter_from_url(
         burst: per-process pacing bucket in requests.
         key: names the shared budget; processes share only when URL, key, rps and tpm agree.
             Ignored in memory.
+        adapt: pace to the limit the provider's replies show (rate-limit headers, 429s) below
+            ``rps``, or without it; False (``--no-adapt``) paces to ``rps``/``tpm`` only.
+            Shared through Redis, the learnt rate is one for every process with the same key.
 
     Raises:
         ValueError: an unknown URL scheme or a bad limit.
@@ -36,10 +40,10 @@ def limiter_from_url(
             Checked here, when the limiter is built, so a run fails before its first request.
     """
     if url is None or url.strip() in ("", "memory://"):
-        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
+        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, adapt=adapt)
     from ._shared_limiter import SharedLimiter  # Redis support loads only when asked for
 
-    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
+    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key, adapt=adapt)
     limiter.check()
     return limiter
 
@@ -48,17 +52,18 @@ _process_limiter: RequestLimiter | None = None
 
 
 def configure_limiter(rps: float | None = None, tpm: float | None = None, concurrency: int = 16, *,
-                      url: str | None = None, key: str = "default") -> RequestLimiter:
+                      url: str | None = None, key: str = "default", adapt: bool = True) -> RequestLimiter:
     """Set the process-wide limiter that every Judge without an explicit one shares.
 
     ``url`` (``redis://host:port/db``) shares the rates with other processes through Redis, as
-    ``gradekit grade --limiter`` does; ``key`` names that shared budget.
+    ``gradekit grade --limiter`` does; ``key`` names that shared budget. ``adapt=False`` keeps to
+    the told rates only (see :func:`limiter_from_url`).
     """
     global _process_limiter
     if url is None:
-        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
+        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, adapt=adapt)
     else:
-        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key)
+        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key, adapt=adapt)
     return _process_limiter
 
 

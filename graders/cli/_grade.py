@@ -36,6 +36,7 @@ def grade(
     tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
     concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
     limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes through Redis: redis://host:port/db [default: this process only]."),
+    no_adapt: bool = typer.Option(False, "--no-adapt", envvar="GRADEKIT_NO_ADAPT", help="Do not pace to the limit the provider's replies show (x-ratelimit-* headers, 429s); pace only to --rps/--tpm, if given."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
     timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
     cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
@@ -60,6 +61,9 @@ def grade(
     An interrupted run (Ctrl-C, a crash, SIGKILL) continues where it stopped when the same command
     is run again: OUTPUT.checkpoint.json says how much of OUTPUT is final, and rows judged but not
     yet written come back from the cache. A run over a finished OUTPUT does nothing and says so.
+
+    Without --rps/--tpm the run paces itself to the limit the provider's replies show: its
+    x-ratelimit-* headers, else its 429s (AIMD); --no-adapt turns that off. See docs/pacing.md.
 
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
     one row per input row), 2 when the run could not start (bad file, rubric or option).
@@ -112,7 +116,7 @@ def grade(
     cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
     try:
         # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
-        limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency,
+        limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency, adapt=not no_adapt,
                                    key=limiter_key or f"{base_url or 'default'}|{model or 'default'}")
     except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
         raise fail(str(e)) from e
@@ -155,11 +159,14 @@ def grade(
     finally:
         if cache is not None:
             cache.close()
+    pacing = limiter.pacing()  # the rate the run held at its end, learnt or told
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
+        summary.pacing = pacing
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
-        print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump()})
+        print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
+                    "pacing": pacing.model_dump()})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
@@ -302,6 +309,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
     table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
+    if s.pacing is not None:
+        held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
+        table.add_row("pacing", f"{s.pacing.mode}: {held}")
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
 from judge._rubric import rubric_fingerprint
+from judge._pacing import Pacing
 
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
@@ -57,6 +58,7 @@ class RunSummary(BaseModel):
     saved_tokens: int = 0  # tokens of the replies this run took from the cache
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
+    pacing: Pacing | None = None  # filled by the CLI from the limiter: how the run paced itself at its end
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
