@@ -44,23 +44,33 @@ class RequestLimiter(Protocol):
 
 
 class Gcra:
-    """A schedule of send times at a rate that may change between requests (GCRA, as a virtual clock).
+    """Send instants at a rate that may change between requests (GCRA, a virtual clock).
 
-    aiolimiter's bucket has one rate for life; a learnt rate moves with every reply. Each request
-    takes the next free instant, ``1 / rate`` after the previous one; ``burst`` requests may go
-    together after an idle spell, so the event loop's wake-up delays are not lost.
+    aiolimiter's bucket has one rate for life; a learnt rate moves with every reply. A request
+    takes the next free instant only when it has come (``take``), so a waiter that slept on an
+    old, slower rate asks again at the new one instead of keeping a reservation made at the old
+    one. ``burst`` requests may go together after an idle spell, so the event loop's wake-up
+    delays are not lost.
     """
 
     def __init__(self, burst: float = 2.0) -> None:
         self.burst = burst
         self._next = 0.0
 
-    def delay(self, rate: float, now: float) -> float:
-        """Reserve the next send instant at ``rate``; the seconds to wait for it."""
+    def take(self, rate: float, now: float, *, reserve: bool = False) -> float:
+        """0 if the request may go now (the instant is taken), else the seconds until it may.
+
+        With ``reserve`` the instant is taken even when it lies ahead (the caller will wait for it).
+        """
         interval = 1.0 / rate
         start = max(self._next, now - (self.burst - 1) * interval)
+        if start > now and not reserve:
+            return start - now
         self._next = start + interval
         return max(0.0, start - now)
+
+
+_RECHECK_S = 0.1  # a pacing waiter looks at the learnt rate again at least this often
 
 
 class Limiter:
@@ -105,6 +115,7 @@ class Limiter:
             return
         self._loop = loop
         self._semaphore = asyncio.Semaphore(self.concurrency)
+        self._pace_lock = asyncio.Lock()
         # Near-steady pacing: a bucket of two requests absorbs the event loop's wake-up delays (with
         # one, each delay is lost and the pace falls ~4% short), while staying far below a provider's
         # own burst, so network jitter does not meet 429s at the edge of a burst as large as its.
@@ -130,12 +141,20 @@ class Limiter:
             yield
 
     async def _pace(self) -> None:
-        """Wait for the learnt rate, where it is below the told one (which aiolimiter already keeps)."""
-        rate = self.pacer.rate()
-        if rate is not None and (self.rps is None or rate < self.rps):
-            delay = self._schedule.delay(rate, time.monotonic())
-            if delay > 0:
-                await self._sleep(delay)
+        """Wait for the learnt rate, where it is below the told one (which aiolimiter already keeps).
+
+        One waiter at a time (the others queue on the lock, in order), re-reading the rate while it waits.
+        """
+        async with self._pace_lock:
+            while (rate := self.pacer.rate()) is not None and (self.rps is None or rate < self.rps):
+                # An injected sleep (tests) does not pass time: reserve the instant and "wait" once.
+                recorded = self._sleep is not asyncio.sleep
+                delay = self._schedule.take(rate, time.monotonic(), reserve=recorded)
+                if delay <= 0 or recorded:
+                    if delay > 0:
+                        await self._sleep(delay)
+                    return
+                await asyncio.sleep(min(delay, _RECHECK_S))
 
     def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
         """Learn the provider's limit from one reply (see judge._pacing)."""

@@ -91,8 +91,11 @@ def _bucket_rate(headers: Mapping[str, str], what: str) -> float | None:
         return share
     # Keep a reserve for the requests already in flight; spend what is above it over a couple of
     # seconds, and below it send slower than the limit until the bucket refills.
-    reserve = max(2.0, share * 0.5)
     reset = parse_duration(headers.get(f"x-ratelimit-reset-{what}"))
+    # The reset time is when the bucket is full again: what remains plus what refills until then is
+    # its size. Half a second of the limit is the reserve, but never more than half the bucket.
+    size = remaining + reset * share if reset is not None else None
+    reserve = max(1.0, min(share * 0.5, size * 0.5 if size else share * 0.5))
     spread = _SPREAD_S if reset is None else max(0.5, min(_SPREAD_S, reset if remaining < reserve else _SPREAD_S))
     return max(share * 0.25, share + (remaining - reserve) / spread)
 

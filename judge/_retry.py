@@ -116,23 +116,35 @@ class RetryPolicy(BaseModel):
             kwargs["before_sleep"] = before_sleep
         spent = _Spent()
 
-        def stop(state: RetryCallState) -> bool:
+        def count(state: RetryCallState) -> BaseException | None:
+            """Book this attempt's outcome once (tenacity asks wait and stop in an order that varies by version)."""
             exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, openai.RateLimitError):
-                spent.consecutive_429 += 1
-                return spent.waited_429 >= self.rate_limit_budget
-            spent.consecutive_429 = 0
-            spent.failures += 1
+            if spent.counted < state.attempt_number:
+                spent.counted = state.attempt_number
+                if isinstance(exc, openai.RateLimitError):
+                    spent.consecutive_429 += 1
+                else:
+                    spent.consecutive_429 = 0
+                    spent.failures += 1
+            return exc
+
+        def stop(state: RetryCallState) -> bool:
+            if isinstance(count(state), openai.RateLimitError):
+                pending = spent.last_wait if spent.waited_for == state.attempt_number else 0.0  # decided, not yet slept
+                return spent.waited_429 - pending >= self.rate_limit_budget
             # Time spent waiting out 429s is the provider's pacing, not the failure's.
             return spent.failures >= self.max_attempts or state.seconds_since_start - spent.waited_429 >= self.max_elapsed
 
         def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
+            exc = count(state)
             if not isinstance(exc, openai.RateLimitError):
                 return self.wait(state)
-            seconds = min(self.rate_limited_wait(exc, spent.consecutive_429), self.rate_limit_budget - spent.waited_429)
+            if spent.waited_for == state.attempt_number:
+                return spent.last_wait  # asked twice for one attempt: the same answer
+            seconds = max(0.0, min(self.rate_limited_wait(exc, spent.consecutive_429), self.rate_limit_budget - spent.waited_429))
             spent.waited_429 += seconds
-            return max(0.0, seconds)
+            spent.waited_for, spent.last_wait = state.attempt_number, seconds
+            return seconds
 
         return AsyncRetrying(
             stop=stop,
@@ -150,3 +162,5 @@ class _Spent:
         self.failures = 0
         self.consecutive_429 = 0
         self.waited_429 = 0.0
+        self.counted = 0  # the last attempt number booked
+        self.waited_for, self.last_wait = 0, 0.0
