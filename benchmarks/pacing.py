@@ -92,6 +92,8 @@ def main() -> None:
         if want("shared"):
             redis, url = start_redis(directory)
             try:
+                report("baseline: two processes sharing Redis, --rps 20 told", run("sharedtold", directory, rows // 2,
+                       [("--limiter", url, "--rps", "20"), ("--limiter", url, "--rps", "20")], rate_limit_rps=20), 20)
                 report("two processes sharing Redis, headers, limit 20", run("shared", directory, rows // 2,
                        [("--limiter", url), ("--limiter", url)], rate_limit_rps=20), 20)
             finally:

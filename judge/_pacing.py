@@ -14,8 +14,9 @@ Two ways to learn, chosen by what the server says:
   share plus what remains above a small reserve spread over a couple of seconds, so requests
   are spread out instead of emptying the bucket and then waiting; a falling ``remaining``
   (another job on the same key) slows us below the limit until it recovers.
-- ``aimd``: no headers. Slow start from a safe rate (doubling every half second while nothing
-  is refused), then additive increase; a 429 cuts the rate to 0.9 of what the server accepted
+- ``aimd``: no headers. Unpaced until the first 429 (a server that never refuses is not slowed);
+  then slow start from a safe rate (doubling every half second while nothing is refused), then
+  additive increase; a 429 cuts the rate to 0.9 of what the server accepted
   over the last seconds (never below half the current rate), at most once per round trip, as
   TCP does. Retry-After is honoured by the limiter's hold, separately.
 
@@ -80,11 +81,17 @@ def _number(headers: Mapping[str, str], name: str) -> float | None:
     return number if number >= 0 else None
 
 
-def _bucket_rate(headers: Mapping[str, str], what: str) -> float | None:
-    """Units per second to send at from one family of headers (``requests`` or ``tokens``)."""
+def _bucket_rate(headers: Mapping[str, str], what: str, *, told: bool = False) -> float | None:
+    """Units per second to send at from one family of headers (``requests`` or ``tokens``).
+
+    Under a told limit (``told``) only the stated limit counts: a told pace keeps the bucket near
+    empty by design, and reading that as "another job is eating it" would slow a run the user paced.
+    """
     limit = _number(headers, f"x-ratelimit-limit-{what}")
     if not limit:
         return None
+    if told:
+        return limit / 60
     share = limit / 60 * _HEADER_SHARE  # OpenAI states limits per minute
     remaining = _number(headers, f"x-ratelimit-remaining-{what}")
     if remaining is None:
@@ -96,8 +103,7 @@ def _bucket_rate(headers: Mapping[str, str], what: str) -> float | None:
     # its size. Half a second of the limit is the reserve, but never more than half the bucket.
     size = remaining + reset * share if reset is not None else None
     reserve = max(1.0, min(share * 0.5, size * 0.5 if size else share * 0.5))
-    spread = _SPREAD_S if reset is None else max(0.5, min(_SPREAD_S, reset if remaining < reserve else _SPREAD_S))
-    return max(share * 0.25, share + (remaining - reserve) / spread)
+    return max(share * 0.5, share + (remaining - reserve) / _SPREAD_S)
 
 
 class Pacer:
@@ -120,6 +126,7 @@ class Pacer:
         self._cut = -1.0  # when a 429 last cut the rate: replies to requests sent before it are old news
         self._accepted: deque[float] = deque()
         self._tokens_per_request = 0.0
+        self._heard = False  # no reply yet
         self.version = 0  # bumped whenever the learnt rate changes, so a backend knows to publish it
 
     # ---- what a backend asks -----------------------------------------------------------------
@@ -132,6 +139,8 @@ class Pacer:
         """Requests per second to pace at now; None when nothing limits the rate."""
         if not self.adapt:
             return self.ceiling
+        if not self._heard and self.ceiling is None:
+            return START_RPS  # until the first reply says what the server allows, go gently
         learnt = self._learnt
         if self._mode == "aimd":
             learnt = self._grown(self._clock())
@@ -151,6 +160,7 @@ class Pacer:
         if not self.adapt:
             return
         now = self._clock()
+        self._heard = True
         if tokens > 0:
             self._tokens_per_request = tokens if not self._tokens_per_request else 0.9 * self._tokens_per_request + 0.1 * tokens
         from_headers = self._from_headers(headers)
@@ -162,6 +172,8 @@ class Pacer:
         if status == 429:
             self._refused(now, sent_at)
         elif 200 <= status < 300:
+            if self._started is None:
+                self._started = now
             self._accepted.append(now)
             while self._accepted and self._accepted[0] < now - _WINDOW_S:
                 self._accepted.popleft()
@@ -173,13 +185,14 @@ class Pacer:
         now = self._clock()
         if mode == "aimd" and self._mode == "aimd":
             self._slow_start = self._slow_start and rps >= (self._grown(now) or 0)
-        self._mode, self._learnt, self._changed = mode, rps, now
+        self._mode, self._learnt, self._changed, self._heard = mode, rps, now, True
 
     # ---- internals -----------------------------------------------------------------------------
 
     def _from_headers(self, headers: Mapping[str, str]) -> float | None:
-        requests = _bucket_rate(headers, "requests")
-        tokens = _bucket_rate(headers, "tokens")
+        told = self.ceiling is not None
+        requests = _bucket_rate(headers, "requests", told=told)
+        tokens = _bucket_rate(headers, "tokens", told=told)
         if tokens is not None and self._tokens_per_request > 0:
             tokens = tokens / self._tokens_per_request
         else:
@@ -194,12 +207,13 @@ class Pacer:
         self._mode, self._learnt, self._changed = mode, rate, self._clock()
 
     def _grown(self, now: float) -> float | None:
-        """The AIMD rate now: the last one set, grown for the time since (slow start or additive)."""
-        if self._started is None:
-            self._started = self._changed = now
-            self._learnt = START_RPS
+        """The AIMD rate now: the last one set, grown for the time since (slow start or additive).
+
+        None until the first 429: a server that never refuses (a local vLLM) is not paced at all.
+        """
         rate = self._learnt
-        assert rate is not None
+        if rate is None:
+            return None
         elapsed = now - self._changed
         if self._slow_start:
             rate *= 2 ** min(40.0, elapsed / _DOUBLING_S)
@@ -222,10 +236,16 @@ class Pacer:
     def _refused(self, now: float, sent_at: float | None) -> None:
         if sent_at is not None and sent_at < self._cut:
             return  # sent before the last cut: the cut already answered for it
-        current = self._grown(now) or START_RPS
         accepted = self._accepted_rate(now)
+        self._cut = now
+        current = self._grown(now)
+        if current is None:
+            # The first 429 of an unpaced run: a limit exists. Slow start from a safe rate (or half of
+            # what was accepted so far), doubling until the next 429 shows where the limit is.
+            self._started = self._started if self._started is not None else now
+            self._set("aimd", max(START_RPS, 0.5 * (accepted or 0.0)))
+            return
         # What the server accepted while refusing is its limit; without a measure yet, halve.
         cut = min(current, accepted) * 0.9 if accepted else current * 0.5
         self._slow_start = False
-        self._cut = now
         self._set("aimd", cut)
