@@ -55,7 +55,7 @@ def report(label: str, result: dict, limit: float, *, since: float | None = None
             f"= {refused / max(1, len(requests)):6.1%}   rows lost {lost:3d}   pacing at end: {pacing}")
     if since is not None and settle_limit is not None:
         after = answered_rate(ok, result["started"] + since)
-        line += f"\n{'':<58} after the drop: {after / settle_limit:6.3f} of {settle_limit:g}/s"
+        line += f"\n{'':<58} after the change: {after / settle_limit:6.3f} of {settle_limit:g}/s"
     print(line, flush=True)
 
 

@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._limiter": ["Limiter", "estimate_tokens"],
     "._limiters": ["configure_limiter", "limiter_from_url", "process_limiter"],
     "._normalize": ["normalize_label"],
+    "._pacing": ["Pacer", "Pacing"],
     "._parse": ["ParseFailure", "Parsed", "match_label", "parse_reply"],
     "._retry": ["RetryPolicy", "is_transient", "retry_after_seconds"],
     "._rubric": ["AskMode", "Rubric", "RubricError", "RubricInputError", "list_rubrics", "load_rubric"],

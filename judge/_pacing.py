@@ -149,7 +149,7 @@ class Pacer:
         return learnt if self.ceiling is None else min(self.ceiling, learnt)
 
     def pacing(self) -> Pacing:
-        rate = self.rate()
+        rate = self.rate() if self._heard or self.ceiling is not None else None  # a run that sent nothing learnt nothing
         told = self.ceiling is not None and (rate is None or rate >= self.ceiling)
         return Pacing(mode="fixed" if told or not self.adapt else self._mode, rps=None if rate is None else round(rate, 3))
 

@@ -35,7 +35,7 @@ def test_wheel_ships_every_rubric(tmp_path: Path) -> None:
 def test_judge_public_names() -> None:
     assert judge.__all__ == sorted(judge.__all__)
     assert judge.__all__ == [
-        "AskMode", "Budget", "ErrorKind", "Judge", "JudgeCache", "Limiter", "ModelPrice", "ParseFailure", "Parsed", "RetryPolicy", "Rubric",
+        "AskMode", "Budget", "ErrorKind", "Judge", "JudgeCache", "Limiter", "ModelPrice", "Pacer", "Pacing", "ParseFailure", "Parsed", "RetryPolicy", "Rubric",
         "RubricError", "RubricInputError", "SharedLimiter", "SyncRunner", "Verdict", "build_request", "cache_key", "clamp",
         "configure_limiter", "cost_usd", "default_cache_path", "estimate_tokens", "is_transient", "limiter_from_url", "list_rubrics", "load_prices", "load_rubric",
         "match_label", "normalize_label", "parse_reply", "process_limiter", "retry_after_seconds",
