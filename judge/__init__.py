@@ -14,6 +14,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._limiter": ["Limiter", "estimate_tokens"],
     "._limiters": ["configure_limiter", "limiter_from_url", "process_limiter"],
     "._normalize": ["normalize_label"],
+    "._pacing": ["Pacer", "Pacing"],
     "._ray_limiter": ["RayLimiter"],
     "._redis_cache": ["RedisJudgeCache", "open_cache"],
     "._parse": ["ParseFailure", "Parsed", "match_label", "parse_reply"],

@@ -460,15 +460,22 @@ class Judge:
             if breaker is not None and breaker.tripped is not None:
                 raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
             usage["attempts"] += 1
-            # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
-            # and skipping model construction halves the client's CPU per judgement.
-            raw = await self.client.chat.completions.with_raw_response.create(**request)
+            sent_at = time.monotonic()
+            try:
+                # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
+                # and skipping model construction halves the client's CPU per judgement.
+                raw = await self.client.chat.completions.with_raw_response.create(**request)
+            except openai.APIStatusError as refused:
+                # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
+                self.limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
+                raise
         completion = json.loads(raw.content)
         if not isinstance(completion, dict):
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
         spent = completion.get("usage") or {}
         usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
         usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
+        self.limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
         await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         if not completion.get("choices"):
             raise ValueError("completion has no choices")  # a malformed 200: transient

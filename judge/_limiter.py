@@ -6,11 +6,13 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
+
+from ._pacing import Pacer, Pacing
 
 _CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
 
@@ -33,6 +35,43 @@ class RequestLimiter(Protocol):
 
     def hold(self, seconds: float) -> None: ...
 
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn the provider's limit from one reply (status, rate-limit headers); see judge._pacing."""
+
+    def pacing(self) -> Pacing:
+        """How the limiter paces now: ``headers``, ``aimd`` or ``fixed``, and the rate it holds."""
+        ...
+
+
+class Gcra:
+    """Send instants at a rate that may change between requests (GCRA, a virtual clock).
+
+    aiolimiter's bucket has one rate for life; a learnt rate moves with every reply. A request
+    takes the next free instant only when it has come (``take``), so a waiter that slept on an
+    old, slower rate asks again at the new one instead of keeping a reservation made at the old
+    one. ``burst`` requests may go together after an idle spell, so the event loop's wake-up
+    delays are not lost.
+    """
+
+    def __init__(self, burst: float = 2.0) -> None:
+        self.burst = burst
+        self._next = 0.0
+
+    def take(self, rate: float, now: float, *, reserve: bool = False) -> float:
+        """0 if the request may go now (the instant is taken), else the seconds until it may.
+
+        With ``reserve`` the instant is taken even when it lies ahead (the caller will wait for it).
+        """
+        interval = 1.0 / rate
+        start = max(self._next, now - (self.burst - 1) * interval)
+        if start > now and not reserve:
+            return start - now
+        self._next = start + interval
+        return max(0.0, start - now)
+
+
+_RECHECK_S = 0.1  # a pacing waiter looks at the learnt rate again at least this often
+
 
 class Limiter:
     """Paces every judge request of a process.
@@ -40,6 +79,8 @@ class Limiter:
     aiolimiter's leaky bucket does the pacing; its state is rebuilt when a new event loop uses
     the limiter (the sync façade runs its own loop), because aiolimiter futures belong to one loop.
     A Retry-After from the server pauses every request, not only the one that got the 429.
+    Without a told ``rps`` (or below it) the limiter paces at the rate its :class:`Pacer` learns
+    from the replies (``adapt=False`` turns that off).
     """
 
     def __init__(
@@ -49,6 +90,7 @@ class Limiter:
         concurrency: int = 16,
         burst: float = 2.0,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
+        adapt: bool = True,
     ) -> None:
         if burst < 1:
             raise ValueError("burst must be at least one request")
@@ -59,7 +101,10 @@ class Limiter:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.rps, self.tpm, self.concurrency, self.burst = rps, tpm, concurrency, burst
-        self._sleep = sleep if sleep is not None else asyncio.sleep  # tests record Retry-After holds instead of waiting
+        # Tests record Retry-After holds and learnt-pace waits instead of waiting.
+        self._sleep = sleep if sleep is not None else asyncio.sleep
+        self.pacer = Pacer(ceiling=rps, adapt=adapt)
+        self._schedule = Gcra(burst)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume_at = 0.0
         self.held_seconds = 0.0
@@ -70,6 +115,7 @@ class Limiter:
             return
         self._loop = loop
         self._semaphore = asyncio.Semaphore(self.concurrency)
+        self._pace_lock = asyncio.Lock()
         # Near-steady pacing: a bucket of two requests absorbs the event loop's wake-up delays (with
         # one, each delay is lost and the pace falls ~4% short), while staying far below a provider's
         # own burst, so network jitter does not meet 429s at the edge of a burst as large as its.
@@ -90,8 +136,32 @@ class Limiter:
                 await self._requests.acquire()
             if self._tokens is not None and estimated_tokens:
                 await self._tokens.acquire(min(float(estimated_tokens), self._tokens.max_rate))
+            await self._pace()
             await self._wait_out_hold(seen)  # a 429 may have paused the process while this one waited to be paced
             yield
+
+    async def _pace(self) -> None:
+        """Wait for the learnt rate, where it is below the told one (which aiolimiter already keeps).
+
+        One waiter at a time (the others queue on the lock, in order), re-reading the rate while it waits.
+        """
+        async with self._pace_lock:
+            while (rate := self.pacer.rate()) is not None and (self.rps is None or rate < self.rps):
+                # An injected sleep (tests) does not pass time: reserve the instant and "wait" once.
+                recorded = self._sleep is not asyncio.sleep
+                delay = self._schedule.take(rate, time.monotonic(), reserve=recorded)
+                if delay <= 0 or recorded:
+                    if delay > 0:
+                        await self._sleep(delay)
+                    return
+                await asyncio.sleep(min(delay, _RECHECK_S))
+
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn the provider's limit from one reply (see judge._pacing)."""
+        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
+
+    def pacing(self) -> Pacing:
+        return self.pacer.pacing()
 
     async def _wait_out_hold(self, waited_for: float | None) -> float:
         """Sleep until a Retry-After hold ends, unless it is the hold this request already waited out."""

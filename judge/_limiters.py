@@ -17,6 +17,7 @@ def limiter_from_url(
     concurrency: int = 16,
     burst: float = 2.0,
     key: str = "default",
+    adapt: bool = True,
 ) -> RequestLimiter:
     """Build the limiter a URL names: in-process by default, shared through Redis or Ray on request.
 
@@ -30,6 +31,9 @@ def limiter_from_url(
         burst: per-process pacing bucket in requests.
         key: names the shared budget; processes share only when URL, key, rps and tpm agree.
             Ignored in memory.
+        adapt: pace to the limit the provider's replies show (rate-limit headers, 429s) below
+            ``rps``, or without it; False (``--no-adapt``) paces to ``rps``/``tpm`` only.
+            Shared through Redis, the learnt rate is one for every process with the same key.
 
     Raises:
         ValueError: an unknown URL scheme or a bad limit.
@@ -38,16 +42,16 @@ def limiter_from_url(
             so a run fails before its first request.
     """
     if url is None or url.strip() in ("", "memory://"):
-        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
+        return Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, adapt=adapt)
     if url.strip() in ("ray", "ray://"):
         from ._ray_limiter import RayLimiter  # Ray loads only when asked for
 
-        ray_limiter = RayLimiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
+        ray_limiter = RayLimiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key, adapt=adapt)
         ray_limiter.check()
         return ray_limiter
     from ._shared_limiter import SharedLimiter  # Redis support loads only when asked for
 
-    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key)
+    limiter = SharedLimiter(url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=key, adapt=adapt)
     limiter.check()
     return limiter
 
@@ -56,18 +60,19 @@ _process_limiter: RequestLimiter | None = None
 
 
 def configure_limiter(rps: float | None = None, tpm: float | None = None, concurrency: int = 16, *,
-                      url: str | None = None, key: str = "default") -> RequestLimiter:
+                      url: str | None = None, key: str = "default", adapt: bool = True) -> RequestLimiter:
     """Set the process-wide limiter that every Judge without an explicit one shares.
 
     ``url`` (``redis://host:port/db``) shares the rates with other processes through Redis, as
     ``gradekit grade --limiter`` does; ``url="ray"`` shares them with every process of the Ray
-    cluster through one limiter actor; ``key`` names that shared budget.
+    cluster through one limiter actor; ``key`` names that shared budget. ``adapt=False`` keeps to
+    the told rates only (see :func:`limiter_from_url`).
     """
     global _process_limiter
     if url is None:
-        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency)
+        _process_limiter = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, adapt=adapt)
     else:
-        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key)
+        _process_limiter = limiter_from_url(url, rps=rps, tpm=tpm, concurrency=concurrency, key=key, adapt=adapt)
     return _process_limiter
 
 

@@ -30,11 +30,12 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ._limiter import Limiter
+from ._pacing import Pacer, Pacing
 
 ACTOR_NAME = "gradekit-limiter"
 NAMESPACE = "gradekit"
@@ -151,9 +152,14 @@ class RayLimiter:
     """
 
     def __init__(self, *, rps: float | None = None, tpm: float | None = None, concurrency: int = 16, burst: float = 2.0,
-                 key: str = "default", lease_s: float = LEASE_S, actor_name: str = ACTOR_NAME, namespace: str = NAMESPACE) -> None:
+                 key: str = "default", lease_s: float = LEASE_S, actor_name: str = ACTOR_NAME, namespace: str = NAMESPACE,
+                 adapt: bool = True) -> None:
         # Validates the numbers; keeps the per-process concurrency cap and local Retry-After holds.
-        self._local = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst)
+        self._local = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, adapt=False)
+        # Self-pacing: each worker learns from its own replies and hands a changed rate to the actor,
+        # which paces every worker of the key to it (below a told rps, never above).
+        self.pacer = Pacer(ceiling=rps, adapt=adapt)
+        self._published_version = self.pacer.version
         self._local.rps = self._local.tpm = None  # the pacing is the actor's
         self.rps, self.tpm, self.key, self.lease_s = rps, tpm, key, lease_s
         self.budget = f"{key}|{rps}|{tpm}"
@@ -263,6 +269,23 @@ class RayLimiter:
             self._handle().hold.remote(self.budget, seconds)  # fire and forget: the local hold stands meanwhile
         except Exception:  # noqa: BLE001 -- a missing actor must not turn a 429 into a crash; the local hold stands
             pass
+
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn from one reply (judge._pacing); a changed learnt rate goes to the actor for the whole cluster."""
+        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
+        if self.pacer.version == self._published_version:
+            return
+        self._published_version = self.pacer.version
+        pacing = self.pacer.pacing()
+        if pacing.mode == "fixed" or pacing.rps is None:
+            return
+        try:
+            self._handle().set_rate.remote(self.key, self.pacer.rate(), None)  # fire and forget, like a hold
+        except Exception:  # noqa: BLE001 -- a missing actor must not turn a reply into a crash; the told rate stands
+            pass
+
+    def pacing(self) -> Pacing:
+        return self.pacer.pacing()
 
     def set_rate(self, rps: float | None = None, tpm: float | None = None) -> None:
         """Override the told rates of this key's budgets with learnt ones, cluster-wide (None clears)."""

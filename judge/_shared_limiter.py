@@ -16,6 +16,10 @@ What is shared and what stays local:
   that got it.
 - the concurrency cap and the smooth local pacing (``burst``) stay per process: an inner
   :class:`Limiter` does them, so a single process behaves as it does without Redis.
+- the learnt rate (self-pacing, judge._pacing): each process's :class:`Pacer` learns from its own
+  replies and publishes what it learns to a Redis hash; every process adopts the latest one
+  (read at most every quarter second), and all of them take their send times from one GCRA
+  schedule in Redis (a Lua script on Redis's clock), so the learnt rate is one budget for all.
 
 A slot that is not free is waited for, never failed: the waiter sleeps until the window's reset
 time (when the oldest request leaves the moving window; for tokens at least the time the deficit
@@ -26,18 +30,36 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ._limiter import Limiter
+from ._pacing import Pacer, Pacing
 
 _SCHEMES = ("redis", "rediss", "redis+unix")
 _KEY_PREFIX = "gradekit"
 _MIN_POLL = 0.005  # never poll Redis faster than this, whatever a reset time says
+_PACE_REFRESH = 0.25  # seconds between reads of the shared learnt rate
+_PACE_TTL_MS = 600_000  # a learnt rate nobody confirms for ten minutes is forgotten
+# The next send instant at a rate that may change per call (GCRA), on Redis's clock for every process.
+_GCRA_SCRIPT = """
+local t = redis.call('time')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('get', KEYS[1]) or '0')
+local start = math.max(tat, now - (tonumber(ARGV[2]) - 1) * interval)
+if start > now then
+    return string.format('%.6f', start - now)
+end
+redis.call('set', KEYS[1], string.format('%.6f', start + interval), 'PX', ARGV[3])
+return '0'
+
+"""
 # Atomically lengthen (never shorten) the shared Retry-After hold.
 _HOLD_SCRIPT = """
 if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then
@@ -80,6 +102,7 @@ class SharedLimiter:
         concurrency: requests in flight at once, per process.
         burst: per-process pacing bucket, as in :class:`Limiter`.
         key: names the budget in Redis; processes with different keys do not share.
+        adapt: learn the provider's limit from replies, one learnt rate for every process.
 
     A Redis that does not answer raises :class:`ConnectionError` naming the URL: at once from
     :meth:`check` (which :func:`limiter_from_url` calls), else from the first ``slot``.
@@ -94,12 +117,19 @@ class SharedLimiter:
         concurrency: int = 16,
         burst: float = 2.0,
         key: str = "default",
+        adapt: bool = True,
     ) -> None:
         scheme = urllib.parse.urlsplit(url).scheme.removeprefix("async+")
         if scheme not in _SCHEMES:
             raise ValueError(f"a shared limiter needs a redis://, rediss:// or redis+unix:// URL, not {_redact(url)!r}")
         # Validates rps, tpm, concurrency and burst, and does the per-process part of the work.
-        self._local = Limiter(rps=rps, tpm=None, concurrency=concurrency, burst=burst)
+        # Its own learning is off: a per-process learnt rate would let each process take the whole limit.
+        self._local = Limiter(rps=rps, tpm=None, concurrency=concurrency, burst=burst, adapt=False)
+        self.pacer = Pacer(ceiling=rps, adapt=adapt)
+        self._pace_key, self._gcra_key = f"{_KEY_PREFIX}:pace/{key}", f"{_KEY_PREFIX}:gcra/{key}"
+        self._published_version = 0
+        self._stamp = ""  # the shared rate's stamp last adopted or published, so our own is not re-adopted
+        self._read_at = -math.inf
         self.url, self.rps, self.tpm, self.burst, self.key = url, rps, tpm, burst, key
         self._storage_url = "async+" + url.removeprefix("async+")
         self._client_url = url.removeprefix("async+").replace("redis+unix://", "unix://", 1)
@@ -177,7 +207,7 @@ class SharedLimiter:
         if self._loop is not None:
             self._redis.connection_pool.disconnect()  # the previous loop's sockets
         self._redis = self._client()
-        self._request_poll, self._token_poll = asyncio.Lock(), asyncio.Lock()
+        self._request_poll, self._token_poll, self._pace_lock = asyncio.Lock(), asyncio.Lock(), asyncio.Lock()
         self._loop = loop
 
     async def _redis_call(self, call: Callable[[], Any]) -> Any:
@@ -258,7 +288,75 @@ class SharedLimiter:
                 await self._acquire(self._requests, self._request_poll, "rps", 1, after_hold=True)
             elif self._tokens is not None:
                 await self._wait_for_shared_hold()
+            await self._pace()
             yield
+
+    # ---- self-pacing: one learnt rate, one schedule, for every process ------------------------
+
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn from one reply; publish a changed rate to the other processes (in the background)."""
+        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
+        if self.pacer.version == self._published_version:
+            return
+        self._published_version = self.pacer.version
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._bind()
+        pacing = self.pacer.pacing()
+        if pacing.rps is None or pacing.mode == "fixed":
+            return
+        self._stamp = f"{os.getpid()}:{id(self)}:{self._published_version}"
+        mapping = {"mode": pacing.mode, "rps": repr(self.pacer.rate()), "stamp": self._stamp}
+        task = asyncio.ensure_future(self._redis_call(lambda: self._publish_rate(mapping)))
+        self._publishing.add(task)
+        task.add_done_callback(self._published)
+
+    async def _publish_rate(self, mapping: dict[str, str]) -> None:
+        await self._redis.hset(self._pace_key, mapping)
+        await self._redis.pexpire(self._pace_key, _PACE_TTL_MS)
+
+    async def _adopt_shared_rate(self) -> None:
+        """Take the rate another process learnt, if it published one since we last looked."""
+        now = time.monotonic()
+        if now - self._read_at < _PACE_REFRESH:
+            return
+        self._read_at = now
+        shared = await self._redis_call(lambda: self._redis.hgetall(self._pace_key))
+        fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in (shared or {}).items()}
+        if not fields or fields.get("stamp") == self._stamp:
+            return
+        try:
+            rps = float(fields["rps"])
+        except (KeyError, ValueError):
+            return
+        if fields.get("mode") in ("headers", "aimd") and rps > 0:
+            self._stamp = fields.get("stamp", "")
+            self.pacer.adopt(fields["mode"], rps)  # type: ignore[arg-type]
+
+    async def _pace(self) -> None:
+        """Wait for this request's instant in the shared schedule at the learnt rate (below a told one)."""
+        if not self.pacer.adapt:
+            return
+        async with self._pace_lock:  # one waiter per process asks Redis; the others queue here
+            while True:
+                await self._adopt_shared_rate()
+                rate = self.pacer.rate()
+                if rate is None or (self.rps is not None and rate >= self.rps):
+                    return
+                # A fifth of a second's worth may go together: two processes' wake-up delays on a busy
+                # machine add up, and the schedule reclaims them instead of losing them (the
+                # learnt rate keeps a reserve in the provider's bucket for exactly this).
+                args = [f"{1 / rate:.6f}", repr(max(self.burst, rate * 0.2)), _PACE_TTL_MS]
+                delay = float(await self._redis_call(lambda: self._redis.eval(_GCRA_SCRIPT, keys=[self._gcra_key], args=args)))
+                if delay <= 0:
+                    return
+                await asyncio.sleep(max(_MIN_POLL, min(delay, _PACE_REFRESH / 2)))  # then ask again, at the rate then
+
+    def pacing(self) -> Pacing:
+        return self.pacer.pacing()
 
     async def settle(self, estimated_tokens: int, actual_tokens: int) -> None:
         """Charge what the server's usage says the request really cost beyond the estimate."""

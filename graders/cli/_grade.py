@@ -35,6 +35,7 @@ def grade(
     tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
     concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
     limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray]."),
+    no_adapt: bool = typer.Option(False, "--no-adapt", envvar="GRADEKIT_NO_ADAPT", help="Do not pace to the limit the provider's replies show (x-ratelimit-* headers, 429s); pace only to --rps/--tpm, if given."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
     timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
     cache_path: str = typer.Option(None, "--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster reaches [default: $GRADEKIT_CACHE, else the user cache dir]."),
@@ -78,6 +79,9 @@ def grade(
 
     With --ray ADDRESS the rows are judged by a pool of Ray actors and this process writes OUTPUT:
     the same file, order, summary and resuming as a local run.
+
+    Without --rps/--tpm the run paces itself to the limit the provider's replies show: its
+    x-ratelimit-* headers, else its 429s (AIMD); --no-adapt turns that off. See docs/pacing.md.
 
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
     one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
@@ -161,12 +165,16 @@ def grade(
     except ConnectionError as e:  # a redis:// cache that does not answer: before any request
         raise fail(str(e)) from e
     if ray_address is not None:
-        return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
-                             api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
-                             concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output, resume=not restart)
+        try:
+            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
+                                 api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
+                                 concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
+                                 resume=not restart, adapt=not no_adapt)
+        except BreakerTripped as e:
+            raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
     try:
         # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
-        limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency,
+        limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency, adapt=not no_adapt,
                                    key=limiter_key or f"{base_url or 'default'}|{model or 'default'}")
     except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
         raise fail(str(e)) from e
@@ -211,13 +219,7 @@ def grade(
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
-        # Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed.
-        if json_output:
-            partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
-            print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
-                        "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial})
-        err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
-        raise typer.Exit(3) from None
+        raise _breaker_exit(e, output, json_output, err) from None
     except KeyboardInterrupt:
         err.print(f"interrupted: the rows finished so far are saved in {output}; run the same command again to resume "
                   "(rows already judged come back from the cache).", highlight=False, markup=False, soft_wrap=True)
@@ -225,16 +227,31 @@ def grade(
     finally:
         if cache is not None:
             cache.close()
+    pacing = limiter.pacing()  # the rate the run held at its end, learnt or told
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
+        summary.pacing = pacing
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
-        print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump()})
+        print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
+                    "pacing": pacing.model_dump()})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
         _print_summary(summary, output, Console())
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
+
+
+def _breaker_exit(e, output: Path, json_output: bool, err: Console) -> typer.Exit:
+    """Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed."""
+    from ..runs._file import RunSummary
+
+    if json_output:
+        partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
+        print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
+                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial})
+    err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
+    return typer.Exit(3)
 
 
 class _Show:
@@ -375,6 +392,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
     table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
+    if s.pacing is not None:
+        held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
+        table.add_row("pacing", f"{s.pacing.mode}: {held}")
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
@@ -393,7 +413,7 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
-                  cache_path: str | None, cache, json_output: bool, resume: bool) -> None:
+                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -423,7 +443,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
             from judge import limiter_from_url
 
             try:
-                limiter_from_url("ray", rps=rps, tpm=tpm, concurrency=concurrency, key=key)  # the actor exists before the first row
+                limiter_from_url("ray", rps=rps, tpm=tpm, concurrency=concurrency, key=key, adapt=adapt)  # the actor exists before the first row
             except (ValueError, ConnectionError) as e:
                 raise fail(str(e)) from e
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
@@ -445,7 +465,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                         "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
-                         cache=cache_path, no_cache=no_cache)
+                         cache=cache_path, no_cache=no_cache, adapt=adapt)
         try:
             summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume))
         except (InputError, GraderConfigError) as e:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from judge import Judge, Rubric, Verdict
 from judge._breaker import JUDGE_FAILURES, TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
 from judge._rubric import rubric_fingerprint
+from judge._pacing import Pacing
 
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
@@ -66,6 +67,7 @@ class RunSummary(BaseModel):
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
     warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
+    pacing: Pacing | None = None  # filled by the CLI from the limiter: how the run paced itself at its end
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:

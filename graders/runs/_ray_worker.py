@@ -31,6 +31,7 @@ class WorkerSpec(BaseModel):
     rps: float | None = None
     tpm: float | None = None
     concurrency: int = 16
+    adapt: bool = True  # self-pacing to the provider's rate-limit headers and 429s (--no-adapt: False)
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
 
@@ -47,7 +48,8 @@ class JudgeWorker:
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
-        self.limiter = limiter_from_url(spec.limiter, rps=spec.rps, tpm=spec.tpm, concurrency=spec.concurrency, key=spec.limiter_key)
+        self.limiter = limiter_from_url(spec.limiter, rps=spec.rps, tpm=spec.tpm, concurrency=spec.concurrency, key=spec.limiter_key,
+                                       adapt=spec.adapt)
 
         def make_judge() -> Judge:
             return Judge(spec.model, base_url=spec.base_url, api_key=spec.api_key, timeout=spec.timeout, limiter=self.limiter,

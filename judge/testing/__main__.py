@@ -24,12 +24,24 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     parser.add_argument("--rps", type=float, default=None, help="server-side rate limit (requests/s)")
     parser.add_argument("--burst", type=float, default=None, help="token-bucket capacity (default: rps)")
+    parser.add_argument("--tpm", type=float, default=None, help="server-side token limit (tokens/minute)")
+    parser.add_argument("--no-rate-headers", action="store_true",
+                        help="send no x-ratelimit-* headers (429s still carry Retry-After)")
+    parser.add_argument("--schedule", type=_schedule, default=[],
+                        help="the limit changes over time: SECONDS:RPS,... counted from start, e.g. 8:10")
     parser.add_argument("--model", default="fake-judge")
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--reject-json-object", action="store_true")
     parser.add_argument("--reject-tools", action="store_true")
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
     return parser.parse_args(argv)
+
+
+def _schedule(text: str) -> list[tuple[float, float]]:
+    try:
+        return [(float(at), float(rps)) for at, rps in (part.split(":") for part in text.split(",") if part.strip())]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SECONDS:RPS,..., e.g. 8:10, not {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = args.script.read_text(encoding="utf-8").splitlines()
         script = [Reply.model_validate_json(line) for line in lines if line.strip()]
     fake = FakeProvider(script=script, latency=args.latency, rate_limit_rps=args.rps,
-                        rate_limit_burst=args.burst, reject_json_schema=args.reject_json_schema,
+                        rate_limit_burst=args.burst, rate_limit_headers=not args.no_rate_headers,
+                        rate_limit_schedule=args.schedule, rate_limit_tpm=args.tpm, reject_json_schema=args.reject_json_schema,
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
                         model=args.model, host=args.host, port=args.port)
     stop = threading.Event()

@@ -215,6 +215,17 @@ def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model
             "model": body.get("model") or model, "choices": [choice], "usage": usage}
 
 
+def openai_duration(seconds: float) -> str:
+    """A duration as OpenAI's rate-limit headers write it: ``120ms``, ``1.5s``, ``6m0s``."""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{round(rest, 3):g}s"
+
+
 # --------------------------------------------------------------------------------------------
 # 4. The server
 # --------------------------------------------------------------------------------------------
@@ -236,8 +247,10 @@ class FakeProvider:
     scripted to fail, expire or be cancelled (``batch_faults``); ``shuffle_batch_output``
     returns result lines out of input order, as a real provider may.
 
-    Each ``POST /v1/chat/completions`` is recorded, then rate limited (token bucket, if
-    ``rate_limit_rps``), then checked against the ``reject_*`` capability flags, and finally
+    Each ``POST /v1/chat/completions`` is recorded, then rate limited (token buckets, if
+    ``rate_limit_rps`` or ``rate_limit_tpm``; the request limit may change on a
+    ``rate_limit_schedule`` of ``(seconds after start, rps)`` pairs, and every reply carries
+    OpenAI's ``x-ratelimit-*`` headers unless ``rate_limit_headers=False``), then checked against the ``reject_*`` capability flags, and finally
     answered with the next scripted :class:`Reply`, else ``responder(body)``, else
     :func:`auto_reply`. Requests answered 429/400 by those checks do not consume the script.
 
@@ -254,6 +267,9 @@ class FakeProvider:
         latency: float = 0.0,
         rate_limit_rps: float | None = None,
         rate_limit_burst: float | None = None,
+        rate_limit_headers: bool = True,
+        rate_limit_schedule: Iterable[tuple[float, float]] = (),
+        rate_limit_tpm: float | None = None,
         reject_json_schema: bool = False,
         reject_tools: bool = False,
         reject_json_object: bool = False,
@@ -281,9 +297,15 @@ class FakeProvider:
         self._responder = responder
         self._requests: list[RecordedRequest] = []
         self._counter = itertools.count(1)
-        self._capacity = max(1.0, rate_limit_burst if rate_limit_burst is not None else (rate_limit_rps or 1.0))
+        self.rate_limit_burst = rate_limit_burst
+        self.rate_limit_headers = rate_limit_headers
+        self.rate_limit_schedule = sorted((float(t), float(r)) for t, r in rate_limit_schedule)
+        self.rate_limit_tpm = rate_limit_tpm
+        self._capacity = self._bucket_size(rate_limit_rps)
         self._tokens = self._capacity
-        self._refilled = time.monotonic()
+        self._refilled = self._started = time.monotonic()
+        self._tpm_tokens = (rate_limit_tpm or 0) / 60  # one second's worth of tokens per minute
+        self.rate_limited = 0  # requests answered 429 by the rate limit
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -374,6 +396,7 @@ class FakeProvider:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._stopping = asyncio.Event()
+        self._started = self._refilled = time.monotonic()  # the rate-limit schedule counts from here
         self._thread = threading.Thread(target=self._run, name="judge-fake-provider", daemon=True)
         self._thread.start()
         while not self._server.started:
@@ -444,25 +467,73 @@ class FakeProvider:
             return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")
         if record.body is None:
             return error_response(400, "Request body must be a JSON object.")
-        return (self._rate_limited() or self._rejected(record.body)
-                or await self._answer(record.body))
+        refused, limits = self._rate_limited(record.body)
+        if refused is not None:
+            return refused
+        response = self._rejected(record.body) or await self._answer(record.body)
+        response.headers.update(limits)
+        return response
 
-    def _rate_limited(self) -> Response | None:
-        """Token bucket: capacity ``rate_limit_burst``, refilled at ``rate_limit_rps``/s."""
+    def _bucket_size(self, rps: float | None) -> float:
+        return max(1.0, self.rate_limit_burst if self.rate_limit_burst is not None else (rps or 1.0))
+
+    def _scheduled_rps(self, now: float) -> float | None:
+        """The limit in force now: ``rate_limit_rps``, or the last schedule entry whose time has come."""
         rps = self.rate_limit_rps
-        if not rps:
-            return None
+        for at, scheduled in self.rate_limit_schedule:
+            if now - self._started >= at:
+                rps = scheduled
+        return rps
+
+    def _rate_limited(self, body: dict[str, Any]) -> tuple[Response | None, dict[str, str]]:
+        """Token buckets: requests (capacity ``rate_limit_burst``, refilled at the scheduled rps) and
+        tokens per minute. Returns the 429 (or None) and the ``x-ratelimit-*`` headers to send."""
         with self._lock:
             now = time.monotonic()
-            self._tokens = min(self._capacity, self._tokens + (now - self._refilled) * rps)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return None
-            wait = (1 - self._tokens) / rps
-        headers = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))}
-        return error_response(429, f"Rate limit reached: {rps:g} requests per second. Please retry after {wait:.3f}s.",
-                              code="rate_limit_exceeded", headers=headers)
+            rps = self._scheduled_rps(now)
+            tpm = self.rate_limit_tpm
+            if not rps and not tpm:
+                return None, {}
+            elapsed, self._refilled = now - self._refilled, now
+            if rps:
+                capacity = self._bucket_size(rps)
+                self._capacity = capacity
+                self._tokens = min(capacity, self._tokens + elapsed * rps)
+            if tpm:
+                self._tpm_tokens = min(tpm / 60, self._tpm_tokens + elapsed * tpm / 60)
+                cost = _text_len(body.get("messages")) // 4 + int(body.get("max_tokens") or 16)
+            waits = []
+            if rps and self._tokens < 1:
+                waits.append((1 - self._tokens) / rps)
+            if tpm and self._tpm_tokens < cost:
+                waits.append((cost - self._tpm_tokens) / (tpm / 60))
+            if not waits:
+                if rps:
+                    self._tokens -= 1
+                if tpm:
+                    self._tpm_tokens -= cost
+            headers = self._limit_headers(rps, tpm) if self.rate_limit_headers else {}
+            if not waits:
+                return None, headers
+            self.rate_limited += 1
+            wait = max(waits)
+        headers.update({"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))})
+        what = f"{rps:g} requests per second" if rps and self._tokens < 1 else f"{tpm:g} tokens per minute"
+        return error_response(429, f"Rate limit reached: {what}. Please retry after {wait:.3f}s.",
+                              code="rate_limit_exceeded", headers=headers), headers
+
+    def _limit_headers(self, rps: float | None, tpm: float | None) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers: limits per minute, what remains, and when the bucket is full again."""
+        headers: dict[str, str] = {}
+        if rps:
+            headers.update({"x-ratelimit-limit-requests": str(round(rps * 60)),
+                            "x-ratelimit-remaining-requests": str(max(0, math.floor(self._tokens))),
+                            "x-ratelimit-reset-requests": openai_duration((self._capacity - self._tokens) / rps)})
+        if tpm:
+            headers.update({"x-ratelimit-limit-tokens": str(round(tpm)),
+                            "x-ratelimit-remaining-tokens": str(max(0, math.floor(self._tpm_tokens))),
+                            "x-ratelimit-reset-tokens": openai_duration((tpm / 60 - self._tpm_tokens) / (tpm / 60))})
+        return headers
 
     def _rejected(self, body: dict[str, Any]) -> Response | None:
         """400s for features the simulated model does not support."""

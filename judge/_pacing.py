@@ -1,0 +1,251 @@
+"""Self-pacing: the request rate a provider allows, learnt from its replies when nobody told us.
+
+A :class:`Pacer` is plain state with an injectable clock, so every limiter backend can hold one:
+the in-process :class:`~judge.Limiter` keeps it in memory, the Redis limiter publishes its rate
+to the other processes, a Ray actor can keep it in the actor. The backend calls
+:meth:`Pacer.observe` with every reply (status and headers) and asks :meth:`Pacer.rate` before
+each request; the pacing itself (a GCRA schedule) is the backend's.
+
+Two ways to learn, chosen by what the server says:
+
+- ``headers``: OpenAI-compatible servers send ``x-ratelimit-limit-requests`` (per minute),
+  ``x-ratelimit-remaining-requests`` and ``x-ratelimit-reset-requests`` (a duration such as
+  ``120ms``, ``1s``, ``6m0s``), and the ``-tokens`` variants. The rate is the limit's per-second
+  share plus what remains above a small reserve spread over a couple of seconds, so requests
+  are spread out instead of emptying the bucket and then waiting; a falling ``remaining``
+  (another job on the same key) slows us below the limit until it recovers.
+- ``aimd``: no headers. Unpaced until the first 429 (a server that never refuses is not slowed);
+  then slow start from a safe rate (doubling every half second while nothing is refused), then
+  additive increase; a 429 cuts the rate to 0.9 of what the server accepted
+  over the last seconds (never below half the current rate), at most once per round trip, as
+  TCP does. Retry-After is honoured by the limiter's hold, separately.
+
+A told limit (``--rps``) is a ceiling: headers may lower the rate, never raise it, and without
+headers a told limit stays fixed (mode ``fixed``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from pydantic import BaseModel
+
+PacingMode = Literal["headers", "aimd", "fixed"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+START_RPS = 5.0  # the safe rate a server without headers is first paced at
+MIN_RPS = 0.2  # never slower than one request per five seconds
+MAX_RPS = 100_000.0
+_DOUBLING_S = 0.5  # slow start doubles the rate this often while nothing is refused
+_WINDOW_S = 2.0  # accepted replies are counted over this window when a 429 cuts the rate
+_SPREAD_S = 2.0  # what remains above the reserve is spread over this many seconds
+_HEADER_SHARE = 0.995  # of the per-second limit: the reserve below, not this share, keeps us off its edge
+
+
+class Pacing(BaseModel):
+    """How a run paced itself, for its summary: ``mode`` and the rate held at the end (None: no limit)."""
+
+    mode: PacingMode
+    rps: float | None = None
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds in an OpenAI rate-limit duration (``120ms``, ``1s``, ``6m0s``, ``1h2m3.5s``) or a bare number."""
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def _number(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def _bucket_rate(headers: Mapping[str, str], what: str, *, told: bool = False) -> float | None:
+    """Units per second to send at from one family of headers (``requests`` or ``tokens``).
+
+    Under a told limit (``told``) only the stated limit counts: a told pace keeps the bucket near
+    empty by design, and reading that as "another job is eating it" would slow a run the user paced.
+    """
+    limit = _number(headers, f"x-ratelimit-limit-{what}")
+    if not limit:
+        return None
+    if told:
+        return limit / 60
+    share = limit / 60 * _HEADER_SHARE  # OpenAI states limits per minute
+    remaining = _number(headers, f"x-ratelimit-remaining-{what}")
+    if remaining is None:
+        return share
+    # Keep a reserve for the requests already in flight; spend what is above it over a couple of
+    # seconds, and below it send slower than the limit until the bucket refills.
+    reset = parse_duration(headers.get(f"x-ratelimit-reset-{what}"))
+    # The reset time is when the bucket is full again: what remains plus what refills until then is
+    # its size. Half a second of the limit is the reserve, but never more than half the bucket.
+    size = remaining + reset * share if reset is not None else None
+    reserve = max(1.0, min(share * 0.5, size * 0.5 if size else share * 0.5))
+    return max(share * 0.5, share + (remaining - reserve) / _SPREAD_S)
+
+
+class Pacer:
+    """The learnt request rate of one provider limit; see the module docstring.
+
+    Args:
+        ceiling: a told limit in requests per second (``--rps``); the rate never exceeds it.
+        adapt: False (``--no-adapt``) keeps the told limit, or no pacing at all, whatever the replies say.
+        clock: seconds, monotonic; tests pass their own.
+    """
+
+    def __init__(self, ceiling: float | None = None, *, adapt: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ceiling, self.adapt, self._clock = ceiling, adapt, clock
+        self._mode: PacingMode = "fixed" if ceiling is not None or not adapt else "aimd"
+        self._learnt: float | None = None  # None: nothing learnt yet
+        self._slow_start = True
+        self._started: float | None = None
+        self._changed = 0.0  # when the AIMD rate last moved
+        self._cut = -1.0  # when a 429 last cut the rate: replies to requests sent before it are old news
+        self._accepted: deque[float] = deque()
+        self._tokens_per_request = 0.0
+        self._heard = False  # no reply yet
+        self.version = 0  # bumped whenever the learnt rate changes, so a backend knows to publish it
+
+    # ---- what a backend asks -----------------------------------------------------------------
+
+    @property
+    def mode(self) -> PacingMode:
+        return self._mode
+
+    def rate(self) -> float | None:
+        """Requests per second to pace at now; None when nothing limits the rate."""
+        if not self.adapt:
+            return self.ceiling
+        if not self._heard and self.ceiling is None:
+            return START_RPS  # until the first reply says what the server allows, go gently
+        learnt = self._learnt
+        if self._mode == "aimd":
+            learnt = self._grown(self._clock())
+        if learnt is None:
+            return self.ceiling
+        return learnt if self.ceiling is None else min(self.ceiling, learnt)
+
+    def pacing(self) -> Pacing:
+        rate = self.rate() if self._heard or self.ceiling is not None else None  # a run that sent nothing learnt nothing
+        told = self.ceiling is not None and (rate is None or rate >= self.ceiling)
+        return Pacing(mode="fixed" if told or not self.adapt else self._mode, rps=None if rate is None else round(rate, 3))
+
+    # ---- what a backend tells it -------------------------------------------------------------
+
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn from one reply: its status (200, 429, ...) and headers; ``sent_at`` on this clock."""
+        if not self.adapt:
+            return
+        now = self._clock()
+        self._heard = True
+        if tokens > 0:
+            self._tokens_per_request = tokens if not self._tokens_per_request else 0.9 * self._tokens_per_request + 0.1 * tokens
+        from_headers = self._from_headers(headers)
+        if from_headers is not None:
+            self._set("headers", from_headers)
+            return
+        if self._mode == "headers" or self.ceiling is not None:
+            return  # a reply without headers from a server that sent them, or a told limit: keep it
+        if status == 429:
+            self._refused(now, sent_at)
+        elif 200 <= status < 300:
+            if self._started is None:
+                self._started = now
+            self._accepted.append(now)
+            while self._accepted and self._accepted[0] < now - _WINDOW_S:
+                self._accepted.popleft()
+
+    def adopt(self, mode: PacingMode, rps: float) -> None:
+        """Take a rate learnt elsewhere (another process sharing the limit)."""
+        if not self.adapt or mode == "fixed":
+            return
+        now = self._clock()
+        if mode == "aimd" and self._mode == "aimd":
+            self._slow_start = self._slow_start and rps >= (self._grown(now) or 0)
+        self._mode, self._learnt, self._changed, self._heard = mode, rps, now, True
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _from_headers(self, headers: Mapping[str, str]) -> float | None:
+        told = self.ceiling is not None
+        requests = _bucket_rate(headers, "requests", told=told)
+        tokens = _bucket_rate(headers, "tokens", told=told)
+        if tokens is not None and self._tokens_per_request > 0:
+            tokens = tokens / self._tokens_per_request
+        else:
+            tokens = None
+        rates = [r for r in (requests, tokens) if r is not None]
+        return max(MIN_RPS, min(rates)) if rates else None
+
+    def _set(self, mode: PacingMode, rate: float) -> None:
+        rate = min(MAX_RPS, max(MIN_RPS, rate))
+        if mode != self._mode or rate != self._learnt:
+            self.version += 1
+        self._mode, self._learnt, self._changed = mode, rate, self._clock()
+
+    def _grown(self, now: float) -> float | None:
+        """The AIMD rate now: the last one set, grown for the time since (slow start or additive).
+
+        None until the first 429: a server that never refuses (a local vLLM) is not paced at all.
+        """
+        rate = self._learnt
+        if rate is None:
+            return None
+        elapsed = now - self._changed
+        if self._slow_start:
+            rate *= 2 ** min(40.0, elapsed / _DOUBLING_S)
+        else:
+            rate += max(0.5, 0.02 * rate) * elapsed  # per second: +2% of the rate, at least half a request
+        accepted = self._accepted_rate(now)
+        if accepted is not None:
+            # Application-limited (the concurrency cap, not the pacer, sets the pace): do not grow a
+            # rate nobody uses, or the first 429 would meet a rate far above anything measured.
+            rate = min(rate, max(self._learnt, 2 * accepted + START_RPS))
+        return min(MAX_RPS, rate)
+
+    def _accepted_rate(self, now: float) -> float | None:
+        """Replies accepted per second over the last window; None before a quarter second has passed."""
+        window = min(_WINDOW_S, now - (self._started if self._started is not None else now))
+        if window < 0.25:
+            return None
+        return sum(1 for t in self._accepted if t >= now - window) / window
+
+    def _refused(self, now: float, sent_at: float | None) -> None:
+        if sent_at is not None and sent_at < self._cut:
+            return  # sent before the last cut: the cut already answered for it
+        accepted = self._accepted_rate(now)
+        self._cut = now
+        current = self._grown(now)
+        if current is None:
+            # The first 429 of an unpaced run: a limit exists. Slow start from a safe rate (or half of
+            # what was accepted so far), doubling until the next 429 shows where the limit is.
+            self._started = self._started if self._started is not None else now
+            self._set("aimd", max(START_RPS, 0.5 * (accepted or 0.0)))
+            return
+        # What the server accepted while refusing is its limit; without a measure yet, halve.
+        cut = min(current, accepted) * 0.9 if accepted else current * 0.5
+        self._slow_start = False
+        self._set("aimd", cut)
