@@ -65,7 +65,9 @@ class PythonSourceGrader(_Shape):
     image_tag: str = IMAGE_TAG
 
 
-class ScoreModelMessage(_Shape):
+class ModelMessage(_Shape):
+    """One message of a model grader's prompt (score_model and label_model take the same shape)."""
+
     role: Literal["system", "developer", "user", "assistant"]
     content: str
 
@@ -74,14 +76,9 @@ class ScoreModelGrader(_Shape):
     type: Literal["score_model"] = "score_model"
     name: str
     model: str
-    input: list[ScoreModelMessage]
+    input: list[ModelMessage]
     range: tuple[float, float] = (0.0, 1.0)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
-
-
-class LabelModelMessage(_Shape):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
 
 
 class LabelModelGrader(_Shape):
@@ -90,7 +87,7 @@ class LabelModelGrader(_Shape):
     type: Literal["label_model"] = "label_model"
     name: str
     model: str
-    input: list[LabelModelMessage]
+    input: list[ModelMessage]
     labels: list[str]
     passing_labels: list[str]
 
@@ -183,7 +180,7 @@ class _Exporter:
                                           "(score_model reads a number; label_model is for evals only)")
             if cfg.parse.type != "IDENTITY" or cfg.response_parse.type != "IDENTITY":
                 return self._refuse(node, "score_model cannot extract with a regex (from the judge's reply or the response)")
-            return ScoreModelGrader(name=node.name, model=self.model, input=[ScoreModelMessage(role="user", content=prompt)],
+            return ScoreModelGrader(name=node.name, model=self.model, input=[ModelMessage(role="user", content=prompt)],
                                     range=(-1.0, 1.0), sampling_params={"temperature": 0})
         if node.kind == "text_similarity":
             return TextSimilarityGrader(name=node.name, input=self.template(node, cfg.input), reference=self.template(node, cfg.reference),
@@ -191,7 +188,7 @@ class _Exporter:
         if node.kind == "label_model":
             return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
                                     passing_labels=list(cfg.passing_labels),
-                                    input=[LabelModelMessage(role=m.get("role", "user"), content=self.template(node, str(m.get("content") or "")))
+                                    input=[ModelMessage(role=m.get("role", "user"), content=self.template(node, str(m.get("content") or "")))
                                            for m in cfg.input])
         if node.kind == "llm":
             return self._refuse(node, "a gradekit rubric maps the judge's label to a score; score_model reads a number, and label_model "
