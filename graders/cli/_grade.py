@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json, warnings_to_stderr
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
     from judge import Budget, Judge
@@ -30,16 +30,16 @@ def grade(
     output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv, .jsonl or .parquet decides the format."),
     model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
     base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
-    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
-    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
-    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
-    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
+    api_key: ApiKeyOption = None,
+    rps: RpsOption = None,
+    tpm: TpmOption = None,
+    concurrency: ConcurrencyOption = 16,
     limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray]."),
     no_adapt: bool = typer.Option(False, "--no-adapt", envvar="GRADEKIT_NO_ADAPT", help="Do not pace to the limit the provider's replies show (x-ratelimit-* headers, 429s); pace only to --rps/--tpm, if given."),
     limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
-    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    timeout: TimeoutOption = 60.0,
     cache_path: str = typer.Option(None, "--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster reaches [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    no_cache: NoCacheOption = False,
     mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
     record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
     replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json
+from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json
 
 
 def meta_eval(
@@ -17,16 +17,16 @@ def meta_eval(
     rubric: str = typer.Option(..., "-r", "--rubric", help="Pairwise rubric: llmbar_pairwise, arena_hard_pairwise, or a .yaml spec with variables instruction, output_1, output_2."),
     models: list[str] = typer.Option([], "--model", envvar="GRADEKIT_MODEL", help="Judge model; repeat for a panel (each judge gets its rows, plus a jury row) [default: gpt-4o-mini]."),
     base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
-    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
+    api_key: ApiKeyOption = None,
     on_conflict: str = typer.Option(None, "--on-conflict", help="Pair rule: vote, tie, first or third (needs --tiebreak-model) [default: vote for arena_hard_pairwise, else tie]."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="With --on-conflict third: the model asked a third time."),
     limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
-    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
-    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
-    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
-    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    rps: RpsOption = None,
+    tpm: TpmOption = None,
+    concurrency: ConcurrencyOption = 16,
+    timeout: TimeoutOption = 60.0,
     cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    no_cache: NoCacheOption = False,
     record: Path = typer.Option(None, "--record", help="Record the judge traffic to this vcrpy cassette (no cache)."),
     replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
     max_cost: float = typer.Option(None, "--max-cost", help="Stop sending requests once this many USD are spent (needs a price for each --model)."),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json
+from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json
 
 RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
 
@@ -21,13 +21,13 @@ def probe(
     tolerance: float = typer.Option(0.0, "--tolerance", help="A probe fails when its weakness rate is above this share (0-1)."),
     model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
     base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root."),
-    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
-    rps: float = typer.Option(None, "--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process."),
-    tpm: float = typer.Option(None, "--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process."),
-    concurrency: int = typer.Option(16, "--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once."),
-    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    api_key: ApiKeyOption = None,
+    rps: RpsOption = None,
+    tpm: TpmOption = None,
+    concurrency: ConcurrencyOption = 16,
+    timeout: TimeoutOption = 60.0,
     cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the response cache."),
+    no_cache: NoCacheOption = False,
     json_output: bool = typer.Option(False, "--json", help="Print the reports as JSON (with a version field)."),
 ) -> None:
     """Judge every row as given and perturbed: the response replaced by content-free "master key" openers

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ._common import fail, print_json
+from ._common import ApiKeyOption, TimeoutOption, fail, print_json
 
 if TYPE_CHECKING:  # pydantic models load when the command runs
     from .._sample import Grade, Message, Sample
@@ -131,8 +131,8 @@ def validate(
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
     model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model for LLM rewards [default: gpt-4o-mini]."),
     base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root for LLM rewards."),
-    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key (read from OPENAI_API_KEY by default).", show_default=False),
-    timeout: float = typer.Option(60.0, "--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request."),
+    api_key: ApiKeyOption = None,
+    timeout: TimeoutOption = 60.0,
 ) -> None:
     """Grade one EXAMPLE + RESPONSE with a grader and print the reward, each part's reward and error, and the debug lines.
 
