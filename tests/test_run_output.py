@@ -108,8 +108,13 @@ def test_a_second_run_on_the_same_output_exits_2_naming_the_pid_and_a_killed_hol
 def test_two_runs_started_together_on_one_output_leave_one_whole_output(tmp_path) -> None:
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write_input(source, 40)
-    with FakeProvider(responder=reference_judge, latency=0.01) as fake:
+    gate = Gate(*range(40))  # the winner cannot finish before the loser has asked for the lock, however slow it starts
+    with FakeProvider(responder=gate) as fake:
         runs = [_start(fake, tmp_path, source, output) for _ in range(2)]
+        try:
+            _wait_for(lambda: any(p.poll() is not None for p in runs), what="one run refused")
+        finally:
+            gate.open.set()
         results = [(p.wait(timeout=120), p.communicate()) for p in runs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
