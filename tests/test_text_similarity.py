@@ -401,3 +401,16 @@ def test_the_shipped_wordnet_is_copied_once_with_unix_line_ends(tmp_path: Path) 
     lf.mkdir()
     (lf / "data.adj").write_bytes(b"  1 header\n")
     assert _unix_copy(lf) == lf, "files with LF line ends are read where they are"
+
+
+def test_nltk_loads_only_for_a_meteor_grader() -> None:
+    """``gradekit --help`` and a grader of another metric never import NLTK (seconds of start-up)."""
+    code = ("import sys\nfrom graders import load_grader\n"
+            f"load_grader({ {**METEOR, 'evaluation_metric': 'rouge_l'}!r})\n"
+            "from graders.cli import main\nsys.argv = ['gradekit', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('nltk', 'wn')))")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
