@@ -190,7 +190,10 @@ def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass
         if not got or not want:  # the embeddings API refuses an empty string; nothing is like something
             return _scored(float(got == want), "cosine", pass_threshold, name, debug=[f"{name}: an empty text, not embedded"])
         embedded = await judge.embed([got, want], model=model)
-        metrics = {"embedding_attempts": float(embedded.attempts), "embedding_cached": float(embedded.cached),
+        # judge_attempts and judge_cached, as an LLM grader names them: a run's summary counts the requests and
+        # cache hits, and an error row's attempts column fills. The tokens are not judge_prompt_tokens: the
+        # judge model's price does not apply to them.
+        metrics = {"judge_attempts": float(embedded.attempts), "judge_cached": float(embedded.cached),
                    "embedding_prompt_tokens": float(embedded.prompt_tokens)}
         if embedded.status != "ok":
             return Grade.failed("error", f"grader {name!r}: {embedded.error_kind}: {embedded.error}", error_kind=embedded.error_kind,
