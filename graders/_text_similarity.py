@@ -121,9 +121,7 @@ METRICS: dict[str, Callable[[str, str], float]] = {
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    """The cosine similarity of two vectors; 0 when either is all zeros or their lengths differ."""
-    if len(a) != len(b):
-        return 0.0
+    """The cosine similarity of two vectors of one length; 0 when either is all zeros."""
     norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
     return math.fsum(x * y for x, y in zip(a, b)) / norms if norms else 0.0
 
@@ -198,7 +196,11 @@ def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass
         if embedded.status != "ok":
             return Grade.failed("error", f"grader {name!r}: {embedded.error_kind}: {embedded.error}", error_kind=embedded.error_kind,
                                 metrics=metrics)
-        return _scored(cosine(*embedded.vectors), "cosine", pass_threshold, name, metrics=metrics,
+        got_vector, want_vector = embedded.vectors
+        if len(got_vector) != len(want_vector):  # a cache filled by another server, or a broken one: no angle to measure
+            return Grade.failed("error", f"grader {name!r}: server_error: the endpoint gave vectors of {len(got_vector)} and "
+                                f"{len(want_vector)} dimensions for {model!r}", error_kind="server_error", metrics=metrics)
+        return _scored(cosine(got_vector, want_vector), "cosine", pass_threshold, name, metrics=metrics,
                        debug=[f"{name}: embedded with {model}" + (" (cached)" if embedded.cached else "")])
 
     grade.__name__ = name

@@ -628,8 +628,9 @@ def _vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
     vectors = []
     for item in items:
         vector = item.get("embedding") if isinstance(item, dict) else None
-        if not isinstance(vector, list) or not vector or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
-            return []
+        if not isinstance(vector, list) or not vector or \
+                not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            return []  # also NaN or Infinity, which Python's JSON reader lets through
         vectors.append([float(x) for x in vector])
     return vectors
 

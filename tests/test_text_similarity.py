@@ -98,6 +98,11 @@ def test_fake_embeddings_take_the_script_and_the_rate_limit_like_chat() -> None:
         statuses = [httpx.post(f"{fake.base_url}/embeddings", json={"model": "m", "input": "x"}).status_code for _ in range(3)]
         assert statuses == [503, 429, 200]
         assert "x-ratelimit-limit-requests" in httpx.post(f"{fake.base_url}/embeddings", json={"model": "m", "input": "x"}).headers
+    with FakeProvider(responder=lambda body: Reply(status=500) if "BOOM" in body["input"][0] else None) as fake:
+        statuses = [httpx.post(f"{fake.base_url}/embeddings", json={"model": "m", "input": [text]}).status_code for text in ("BOOM", "ok")]
+        assert statuses == [500, 200]
+        fake.set_responder(lambda body: Reply(content=body["messages"][-1]["content"]))  # written for chat only
+        assert httpx.post(f"{fake.base_url}/embeddings", json={"model": "m", "input": "x"}).status_code == 200
     with FakeProvider(rate_limit_rps=0.001, rate_limit_burst=1) as fake:  # one request, then 429 for a long while
         statuses = [httpx.post(f"{fake.base_url}/embeddings", json={"model": "m", "input": "x"}).status_code for _ in range(2)]
     assert statuses == [200, 429] and fake.rate_limited == 1
@@ -138,6 +143,23 @@ async def test_embed_retries_transient_failures_and_names_the_rest(fake: FakePro
     fake.push(Reply(raw_body='{"data": "not a list"}'), Reply(raw_body="{"), Reply(drop=True))
     broken = await judge.embed(["z"], model="m")
     assert broken.status == "error" and broken.error_kind == "server_error" and broken.attempts == 3
+    nan = '{"data": [{"index": 0, "embedding": [NaN, 1.0]}]}'
+    fake.push(Reply(raw_body=nan), Reply(raw_body='{"data": []}'), Reply(raw_body='{"data": [{"embedding": [true]}]}'))
+    assert (await judge.embed(["w"], model="m")).error_kind == "server_error", "NaN, no vector, a boolean: all malformed"
+
+
+def test_cosine_of_vectors_of_two_lengths_is_an_error(fake: FakeProvider, tmp_path: Path) -> None:
+    from judge._client import embedding_key
+
+    cache = JudgeCache(tmp_path / "mixed.sqlite3")  # filled by two servers: one vector of 3 dimensions, one of 2
+    cache.put(embedding_key(fake.base_url, "text-embedding-3-large", "a"), {"embedding": [1.0, 0.0, 0.0]})
+    cache.put(embedding_key(fake.base_url, "text-embedding-3-large", "b"), {"embedding": [1.0, 0.0]})
+    from judge import Judge
+
+    grader = load_grader(COSINE, judge=lambda: Judge("fake-judge", base_url=fake.base_url, api_key="k", cache=cache))
+    grade = asyncio.run(grader(sample("a", "b")))
+    assert grade.status == "error" and grade.score is None and "vectors of 3 and 2 dimensions" in grade.error
+    assert fake.embedding_requests() == []
 
 
 async def test_embed_without_the_route_or_the_model_is_a_bad_request_at_once(make_judge) -> None:

@@ -259,7 +259,8 @@ class FakeProvider:
     :mod:`judge.testing._fake_embeddings`) after the same recording, rate limit, script and
     responder: a scripted ``Reply`` with an error status, ``delay``, ``drop`` or ``raw_body``
     applies to the next request of either kind (its ``content`` is ignored for embeddings), and
-    a responder sees embeddings bodies too (``input``, no ``messages``). ``reject_embeddings``
+    a responder sees embeddings bodies too (``input``, no ``messages``; one that raises on them,
+    being written for chat, is passed over and the vectors are computed). ``reject_embeddings``
     makes the route a 404, as on a chat-only server; ``embedding_models`` limits the models it
     knows (any other is a 404 ``model_not_found``).
 
@@ -588,7 +589,9 @@ class FakeProvider:
                 result = responder(body)
                 reply = await result if inspect.isawaitable(result) else result
         except Exception as exc:  # surface responder bugs to the client instead of a bare 500
-            return error_response(500, f"FakeProvider responder raised {type(exc).__name__}: {exc}")
+            if not embeddings:
+                return error_response(500, f"FakeProvider responder raised {type(exc).__name__}: {exc}")
+            reply = None  # a responder written for chat bodies (body["messages"]) has no say on embeddings
         if reply is None:
             reply = Reply() if embeddings else auto_reply(body)
         await self._pause(self.latency + reply.delay)
