@@ -26,9 +26,9 @@ Everything but ``cosine`` is computed standard-library only or by NLTK, in proce
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import Counter
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -161,30 +161,34 @@ def text_similarity_grader(input: str, reference: str, evaluation_metric: Metric
         raise ValueError(f"text_similarity {name!r}: unknown evaluation_metric {evaluation_metric!r}; one of {', '.join(ALL_METRICS)}")
 
     async def grade(sample: Sample) -> Grade:
-        try:
-            got, want = fill_placeholders(input, sample), fill_placeholders(reference, sample)
-        except PlaceholderError as e:
-            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        return _scored(metric(got, want), evaluation_metric, pass_threshold, name)
+        texts = _texts(input, reference, sample, name)
+        return texts if isinstance(texts, Grade) else _scored(metric(*texts), evaluation_metric, pass_threshold, name)
 
     grade.__name__ = name
     return grade
 
 
-def _scored(value: float, evaluation_metric: str, pass_threshold: float | None, name: str, **fields: object) -> Grade:
+def _texts(input: str, reference: str, sample: Sample, name: str) -> tuple[str, str] | Grade:
+    """The filled ``input`` and ``reference``, or the invalid grade of a sample that lacks a field they name."""
+    try:
+        return fill_placeholders(input, sample), fill_placeholders(reference, sample)
+    except PlaceholderError as e:
+        return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+
+
+def _scored(value: float, evaluation_metric: str, pass_threshold: float | None, name: str, *,
+            metrics: dict[str, float] | None = None, debug: Sequence[str] = ()) -> Grade:
     value = max(0.0, min(1.0, value))
-    metrics = {} if pass_threshold is None else {"passed": float(value >= pass_threshold)}
-    metrics.update(fields.pop("metrics", {}) or {})  # type: ignore[call-overload]
-    debug = [f"{name}: {evaluation_metric} = {value:.4f}", *fields.pop("debug", [])]  # type: ignore[misc]
-    return Grade.scored(value, metrics=metrics, debug=debug)
+    passed = {} if pass_threshold is None else {"passed": float(value >= pass_threshold)}
+    return Grade.scored(value, metrics={**passed, **(metrics or {})}, debug=[f"{name}: {evaluation_metric} = {value:.4f}", *debug])
 
 
 def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass_threshold: float | None, name: str) -> Grader:
     async def grade(sample: Sample) -> Grade:
-        try:
-            got, want = fill_placeholders(input, sample), fill_placeholders(reference, sample)
-        except PlaceholderError as e:
-            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+        texts = _texts(input, reference, sample, name)
+        if isinstance(texts, Grade):
+            return texts
+        got, want = texts
         if not got or not want:  # the embeddings API refuses an empty string; nothing is like something
             return _scored(float(got == want), "cosine", pass_threshold, name, debug=[f"{name}: an empty text, not embedded"])
         embedded = await judge.embed([got, want], model=model)
