@@ -28,6 +28,13 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     abs_tol: 0.01
     rel_tol: 0
 
+    type: text_similarity       # OpenAI text_similarity: the metric in 0..1
+    input: "{{ sample.output_text }}"
+    reference: "{{ item.answer }}"
+    evaluation_metric: cosine   # fuzzy_match, bleu, gleu, meteor (gradekit[meteor]), rouge_1..rouge_5, rouge_l, cosine
+    embedding_model: text-embedding-3-large   # cosine only: embedded through the judge's endpoint
+    pass_threshold: 0.8         # optional: metrics.passed
+
     type: string_check          # OpenAI string_check: 1 or 0
     input: "{{ sample.output_text }}"
     reference: "{{ item.answer }}"
@@ -183,12 +190,14 @@ class AutoraterNode(_Node):
 
 
 class TextSimilarityNode(_Node):
-    """OpenAI's text_similarity grader JSON."""
+    """OpenAI's text_similarity grader JSON. ``embedding_model`` is gradekit's: the model ``cosine``
+    asks the judge's endpoint for (OpenAI's grader always uses text-embedding-3-large)."""
 
     input: str
     reference: str
     evaluation_metric: str
     pass_threshold: float | None = None
+    embedding_model: str | None = None
 
 
 class LabelModelNode(_Node):
@@ -395,7 +404,8 @@ class _Builder:
                                     expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
         if isinstance(node, TextSimilarityNode):
             return text_similarity_grader(node.input, node.reference, node.evaluation_metric,  # type: ignore[arg-type]
-                                          pass_threshold=node.pass_threshold, name=name)
+                                          pass_threshold=node.pass_threshold, name=name, embedding_model=node.embedding_model,
+                                          judge=self.judge() if node.evaluation_metric == "cosine" else None)
         if isinstance(node, LabelModelNode):
             return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
         if isinstance(node, PythonNode):

@@ -1,4 +1,4 @@
-"""OpenAI's ``text_similarity`` grader, run locally: fuzzy match, BLEU, GLEU and ROUGE, standard library only.
+"""OpenAI's ``text_similarity`` grader, run locally: every metric OpenAI offers.
 
 The score is the metric itself, in 0..1 (OpenAI's grader returns it too; ``pass_threshold`` only
 decides pass/fail). Definitions, so that a number can be checked by hand:
@@ -11,23 +11,34 @@ decides pass/fail). Definitions, so that a number can be checked by hand:
 - ``rouge_1`` .. ``rouge_5``, ``rouge_l``: F1 of n-gram (or longest-common-subsequence) overlap over
   lower-cased alphanumeric tokens (the ``rouge-score`` package's tokenizer, no stemming).
 
-``meteor`` (needs WordNet) and ``cosine`` (needs an embeddings endpoint) are refused when the
-grader is built, naming the reason, rather than computed some other way.
+- ``meteor``: NLTK's ``meteor_score`` over WordNet 3.0, with the ``gradekit[meteor]`` extra
+  (``graders._meteor`` says where WordNet comes from); without it the grader is refused when built.
+- ``cosine``: the cosine similarity of the two texts' embeddings, asked of the judge's endpoint
+  (``POST /embeddings``, through the judge's cache, limiter, retry and breaker). The model is
+  ``text-embedding-3-large``, which OpenAI's grader uses, unless ``embedding_model`` (or
+  $GRADEKIT_EMBEDDING_MODEL) names another. A failed request is an error grade, never a score;
+  an empty text is not sent (the API refuses it): it scores 0, or 1 when both texts are empty.
+  A negative cosine is clamped to 0 like every metric here.
+
+Everything but ``cosine`` is computed standard-library only or by NLTK, in process.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
 
+if TYPE_CHECKING:
+    from judge import Judge
+
 Metric = Literal["fuzzy_match", "bleu", "gleu", "meteor", "cosine", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"]
-UNSUPPORTED = {"meteor": "meteor needs WordNet's synonym data, which gradekit does not ship",
-               "cosine": "cosine compares embeddings; gradekit does not call an embeddings endpoint yet"}
+DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"  # the model OpenAI's text_similarity cosine embeds with
 _MAX_CHARS = 20_000  # fuzzy_match is quadratic in the lengths: longer texts are compared on their first 20,000 characters
 
 
@@ -109,25 +120,92 @@ METRICS: dict[str, Callable[[str, str], float]] = {
 }
 
 
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """The cosine similarity of two vectors of one length; 0 when either is all zeros."""
+    norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
+    return math.fsum(x * y for x, y in zip(a, b)) / norms if norms else 0.0
+
+
+ALL_METRICS = sorted([*METRICS, "cosine", "meteor"])
+
+
 def text_similarity_grader(input: str, reference: str, evaluation_metric: Metric, *, pass_threshold: float | None = None,
-                           name: str = "text_similarity") -> Grader:
+                           name: str = "text_similarity", judge: Judge | None = None, embedding_model: str | None = None) -> Grader:
     """OpenAI's text_similarity: ``input`` and ``reference`` are templates (``{{ sample.output_text }}``,
     ``{{ item.answer }}``); the score is the metric in 0..1; ``metrics["passed"]`` says whether it
-    reached ``pass_threshold``."""
-    if evaluation_metric in UNSUPPORTED:
-        raise ValueError(f"text_similarity {name!r}: {UNSUPPORTED[evaluation_metric]}; use another evaluation_metric")
+    reached ``pass_threshold``.
+
+    Args:
+        judge: the Judge whose endpoint embeds the texts; ``cosine`` needs one.
+        embedding_model: ``cosine``'s model; default $GRADEKIT_EMBEDDING_MODEL, else text-embedding-3-large.
+
+    Raises:
+        ValueError: an unknown metric, ``cosine`` without a judge, or ``meteor`` without the
+            ``gradekit[meteor]`` extra (the message names it).
+    """
+    if evaluation_metric == "cosine":
+        if judge is None:
+            raise ValueError(f"text_similarity {name!r}: cosine embeds both texts through the judge's endpoint; give it a judge")
+        return _cosine_grader(input, reference, judge, embedding_model or os.environ.get("GRADEKIT_EMBEDDING_MODEL")
+                              or DEFAULT_EMBEDDING_MODEL, pass_threshold=pass_threshold, name=name)
     metric = METRICS.get(evaluation_metric)
+    if evaluation_metric == "meteor":
+        from ._meteor import MeteorUnavailable, load, meteor
+
+        try:
+            load()  # now, so a missing extra fails the load, and the first row does not wait seconds for WordNet
+        except MeteorUnavailable as e:
+            raise ValueError(f"text_similarity {name!r}: {e}") from None
+        metric = meteor
     if metric is None:
-        raise ValueError(f"text_similarity {name!r}: unknown evaluation_metric {evaluation_metric!r}; one of {', '.join(sorted(METRICS))}")
+        raise ValueError(f"text_similarity {name!r}: unknown evaluation_metric {evaluation_metric!r}; one of {', '.join(ALL_METRICS)}")
 
     async def grade(sample: Sample) -> Grade:
-        try:
-            got, want = fill_placeholders(input, sample), fill_placeholders(reference, sample)
-        except PlaceholderError as e:
-            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        value = max(0.0, min(1.0, metric(got, want)))
-        metrics = {} if pass_threshold is None else {"passed": float(value >= pass_threshold)}
-        return Grade.scored(value, metrics=metrics, debug=[f"{name}: {evaluation_metric} = {value:.4f}"])
+        texts = _texts(input, reference, sample, name)
+        return texts if isinstance(texts, Grade) else _scored(metric(*texts), evaluation_metric, pass_threshold, name)
+
+    grade.__name__ = name
+    return grade
+
+
+def _texts(input: str, reference: str, sample: Sample, name: str) -> tuple[str, str] | Grade:
+    """The filled ``input`` and ``reference``, or the invalid grade of a sample that lacks a field they name."""
+    try:
+        return fill_placeholders(input, sample), fill_placeholders(reference, sample)
+    except PlaceholderError as e:
+        return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+
+
+def _scored(value: float, evaluation_metric: str, pass_threshold: float | None, name: str, *,
+            metrics: dict[str, float] | None = None, debug: Sequence[str] = ()) -> Grade:
+    value = max(0.0, min(1.0, value))
+    passed = {} if pass_threshold is None else {"passed": float(value >= pass_threshold)}
+    return Grade.scored(value, metrics={**passed, **(metrics or {})}, debug=[f"{name}: {evaluation_metric} = {value:.4f}", *debug])
+
+
+def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass_threshold: float | None, name: str) -> Grader:
+    async def grade(sample: Sample) -> Grade:
+        texts = _texts(input, reference, sample, name)
+        if isinstance(texts, Grade):
+            return texts
+        got, want = texts
+        if not got or not want:  # the embeddings API refuses an empty string; nothing is like something
+            return _scored(float(got == want), "cosine", pass_threshold, name, debug=[f"{name}: an empty text, not embedded"])
+        embedded = await judge.embed([got, want], model=model)
+        # judge_attempts and judge_cached, as an LLM grader names them: a run's summary counts the requests and
+        # cache hits, and an error row's attempts column fills. The tokens are not judge_prompt_tokens: the
+        # judge model's price does not apply to them.
+        metrics = {"judge_attempts": float(embedded.attempts), "judge_cached": float(embedded.cached),
+                   "embedding_prompt_tokens": float(embedded.prompt_tokens)}
+        if embedded.status != "ok":
+            return Grade.failed("error", f"grader {name!r}: {embedded.error_kind}: {embedded.error}", error_kind=embedded.error_kind,
+                                metrics=metrics)
+        got_vector, want_vector = embedded.vectors
+        if len(got_vector) != len(want_vector):  # a cache filled by another server, or a broken one: no angle to measure
+            return Grade.failed("error", f"grader {name!r}: server_error: the endpoint gave vectors of {len(got_vector)} and "
+                                f"{len(want_vector)} dimensions for {model!r}", error_kind="server_error", metrics=metrics)
+        return _scored(cosine(got_vector, want_vector), "cosine", pass_threshold, name, metrics=metrics,
+                       debug=[f"{name}: embedded with {model}" + (" (cached)" if embedded.cached else "")])
 
     grade.__name__ = name
     return grade

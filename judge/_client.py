@@ -9,8 +9,8 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import openai
 from openai import AsyncOpenAI
@@ -27,6 +27,7 @@ from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict, clamp
 
+Route = Literal["chat", "embeddings"]
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
 # One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
@@ -299,6 +300,47 @@ class Judge:
         assert first_bad_request is not None
         return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1])
 
+    async def embed(self, texts: Sequence[str], *, model: str) -> Embeddings:
+        """Embed ``texts`` with ``model`` on the judge's endpoint (``POST {base_url}/embeddings``).
+
+        The same path as a judgement: cache, shared limiter, retry policy and the run's breaker.
+        Never raises: a failure is ``status="error"`` with the judge's error kinds (a server
+        without the route, or without the model, answers 404: ``bad_request``). Each text is
+        cached on its own, so a reference shared by many rows is embedded once; the texts the
+        cache lacks go out in one request. Embeddings are not charged to a ``budget``.
+        """
+        started = time.perf_counter()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+        texts = list(texts)
+        vectors: list[list[float] | None] = [None] * len(texts)
+        keys = {text: embedding_key(self.base_url, model, text) for text in texts}
+        if self.cache is not None:
+            for i, text in enumerate(texts):
+                stored = self.cache.get(keys[text])
+                found = _vectors_of({"data": [stored]}, 1) if isinstance(stored, dict) else []
+                vectors[i] = found[0] if found else None
+        missing = list(dict.fromkeys(text for text, vector in zip(texts, vectors) if vector is None))
+
+        def finish(**fields: Any) -> Embeddings:
+            return Embeddings(latency_s=time.perf_counter() - started, prompt_tokens=usage["prompt_tokens"],
+                              attempts=usage["attempts"], cached=not missing, **fields)
+
+        if missing:
+            request = {"model": model, "input": missing, "encoding_format": "float"}  # float: the SDK would ask for base64
+            try:
+                response = await self._send(request, usage, route="embeddings")
+            except _Failed as failure:
+                error = str(failure)
+                if failure.status == 404:
+                    error = f"{self.base_url.rstrip('/')}/embeddings has no route or no model {model!r}: {error}"
+                return finish(status="error", error_kind=failure.kind, error=error)
+            fresh = dict(zip(missing, _vectors_of(response, len(missing))))
+            for text, vector in fresh.items():
+                if self.cache is not None:
+                    self.cache.put(keys[text], {"object": "embedding", "model": model, "embedding": vector})
+            vectors = [fresh[text] if vector is None else vector for text, vector in zip(texts, vectors)]
+        return finish(status="ok", vectors=vectors)
+
     def _row_key(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode) -> str | None:
         """A cache key from the row's values instead of the rendered prompt.
 
@@ -423,9 +465,13 @@ class Judge:
                 raise truncated from failure
             raise
 
-    async def _send(self, request: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
-        estimate = sum(estimate_tokens(m["content"]) for m in request["messages"])
-        estimate += int(request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+    async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat") -> dict[str, Any]:
+        """One request through the limiter, the breaker and the retry policy (chat completions or embeddings)."""
+        if route == "embeddings":
+            estimate = sum(estimate_tokens(text) for text in request["input"])
+        else:
+            estimate = sum(estimate_tokens(m["content"]) for m in request["messages"])
+            estimate += int(request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
             wait = retry_after_seconds(state.outcome.exception() if state.outcome else None)
@@ -437,22 +483,23 @@ class Judge:
             async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
                 with attempt:
                     try:
-                        completion = await self._post(request, estimate, usage, breaker)
+                        completion = await self._post(request, estimate, usage, breaker, route)
                     except _Failed:
                         raise
                     except Exception as exc:
                         if breaker is not None and not isinstance(exc, openai.RateLimitError):
-                            breaker.request(_breaker_failure(exc), base_url=self.base_url, model=self.model)
+                            breaker.request(_breaker_failure(exc), base_url=self.base_url, model=request["model"])
                         raise
                     if breaker is not None:
-                        breaker.request(None, base_url=self.base_url, model=self.model)
+                        breaker.request(None, base_url=self.base_url, model=request["model"])
         except (asyncio.CancelledError, _Failed):
             raise
         except Exception as exc:  # every other failure becomes a Verdict error via _Failed
             raise _error_of(exc) from exc
         return completion
 
-    async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None) -> dict[str, Any]:
+    async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
+                    route: Route = "chat") -> dict[str, Any]:
         """One attempt: a limiter slot, the request, and the checks a well-formed completion passes."""
         async with self.limiter.slot(estimate):
             # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
@@ -464,7 +511,10 @@ class Judge:
             try:
                 # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
                 # and skipping model construction halves the client's CPU per judgement.
-                raw = await self.client.chat.completions.with_raw_response.create(**request)
+                if route == "embeddings":
+                    raw = await self.client.embeddings.with_raw_response.create(**request)
+                else:
+                    raw = await self.client.chat.completions.with_raw_response.create(**request)
             except openai.APIStatusError as refused:
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
                 self.limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
@@ -477,7 +527,10 @@ class Judge:
         usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
         self.limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
         await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
-        if not completion.get("choices"):
+        if route == "embeddings":
+            if not _vectors_of(completion, len(request["input"])):
+                raise ValueError("embeddings response has no vector for every input")  # a malformed 200: transient
+        elif not completion.get("choices"):
             raise ValueError("completion has no choices")  # a malformed 200: transient
         return completion
 
@@ -546,6 +599,40 @@ class Judge:
         kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
         text = f"{code}: {message}" if code else (message or "the request failed without an error message")
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
+
+
+class Embeddings(BaseModel):
+    """What :meth:`Judge.embed` returns: one vector per text, in order, or why there are none."""
+
+    status: Literal["ok", "error"]
+    vectors: list[list[float]] = []
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    attempts: int = 0  # requests sent (0: every text came from the cache)
+    latency_s: float = 0.0
+    cached: bool = False
+
+
+def embedding_key(base_url: str, model: str, text: str) -> str:
+    """The cache key of one text's embedding: ``route`` keeps it apart from every chat request's key."""
+    return cache_key(base_url, {"route": "embeddings", "model": model, "input": text, "encoding_format": "float"})
+
+
+def _vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
+    """The ``count`` vectors of an embeddings response in input order, or [] if it does not hold them all."""
+    data = response.get("data")
+    if not isinstance(data, list) or len(data) != count:
+        return []
+    items = sorted(data, key=lambda item: item.get("index", 0) if isinstance(item, dict) else 0) if count > 1 else data
+    vectors = []
+    for item in items:
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(vector, list) or not vector or \
+                not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            return []  # also NaN or Infinity, which Python's JSON reader lets through
+        vectors.append([float(x) for x in vector])
+    return vectors
 
 
 class Prepared(BaseModel):

@@ -33,6 +33,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--reject-json-object", action="store_true")
     parser.add_argument("--reject-tools", action="store_true")
+    parser.add_argument("--reject-embeddings", action="store_true", help="answer /v1/embeddings with 404, as a chat-only server")
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
     return parser.parse_args(argv)
 
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rate_limit_burst=args.burst, rate_limit_headers=not args.no_rate_headers,
                         rate_limit_schedule=args.schedule, rate_limit_tpm=args.tpm, reject_json_schema=args.reject_json_schema,
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
-                        model=args.model, host=args.host, port=args.port)
+                        reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

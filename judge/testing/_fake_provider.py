@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ._fake_batch import BatchAPI, BatchFault
+from ._fake_embeddings import embedding_inputs, embeddings_payload
 from ._wire import RecordedRequest, _DroppedResponse, error_response
 
 # --------------------------------------------------------------------------------------------
@@ -254,6 +255,15 @@ class FakeProvider:
     answered with the next scripted :class:`Reply`, else ``responder(body)``, else
     :func:`auto_reply`. Requests answered 429/400 by those checks do not consume the script.
 
+    ``POST /v1/embeddings`` answers with deterministic hashed bag-of-words vectors (see
+    :mod:`judge.testing._fake_embeddings`) after the same recording, rate limit, script and
+    responder: a scripted ``Reply`` with an error status, ``delay``, ``drop`` or ``raw_body``
+    applies to the next request of either kind (its ``content`` is ignored for embeddings), and
+    a responder sees embeddings bodies too (``input``, no ``messages``; one that raises on them,
+    being written for chat, is passed over and the vectors are computed). ``reject_embeddings``
+    makes the route a 404, as on a chat-only server; ``embedding_models`` limits the models it
+    knows (any other is a 404 ``model_not_found``).
+
     Example:
         >>> with FakeProvider(script=[Reply(content='{"score": 1}')]) as fake:
         ...     client = AsyncOpenAI(base_url=fake.base_url, api_key="x")
@@ -273,6 +283,8 @@ class FakeProvider:
         reject_json_schema: bool = False,
         reject_tools: bool = False,
         reject_json_object: bool = False,
+        reject_embeddings: bool = False,
+        embedding_models: Iterable[str] | None = None,
         batch_polls_until_done: int = 1,
         hold_batches: bool = False,
         batch_faults: Iterable[BatchFault] = (),
@@ -288,6 +300,8 @@ class FakeProvider:
         self.reject_json_schema = reject_json_schema
         self.reject_tools = reject_tools
         self.reject_json_object = reject_json_object
+        self.reject_embeddings = reject_embeddings
+        self.embedding_models = None if embedding_models is None else set(embedding_models)
         self.model = model
         self.host = host
         self.port = port
@@ -324,6 +338,10 @@ class FakeProvider:
     def chat_requests(self) -> list[RecordedRequest]:
         """Only the ``POST .../chat/completions`` requests, batch lines included (``batch_id`` set)."""
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def embedding_requests(self) -> list[RecordedRequest]:
+        """Only the ``POST .../embeddings`` requests."""
+        return [r for r in self.requests if r.path.endswith("/embeddings")]
 
     def push(self, *replies: Reply) -> None:
         """Append replies to the FIFO script."""
@@ -463,16 +481,29 @@ class FakeProvider:
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
                                                              "created": 0, "owned_by": "judge.testing"}]})
-        if method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions"):
+        embeddings = method == "POST" and record.path in ("/v1/embeddings", "/embeddings") and not self.reject_embeddings
+        if not embeddings and (method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions")):
             return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")
         if record.body is None:
             return error_response(400, "Request body must be a JSON object.")
         refused, limits = self._rate_limited(record.body)
         if refused is not None:
             return refused
-        response = self._rejected(record.body) or await self._answer(record.body)
+        if embeddings:
+            response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True)
+        else:
+            response = self._rejected(record.body) or await self._answer(record.body)
         response.headers.update(limits)
         return response
+
+    def _embeddings_rejected(self, body: dict[str, Any]) -> Response | None:
+        """The 404 for a model the server does not have, the 400 for an input OpenAI refuses."""
+        model = body.get("model")
+        if self.embedding_models is not None and model not in self.embedding_models:
+            return error_response(404, f"The model '{model}' does not exist or you do not have access to it.",
+                                  code="model_not_found")
+        texts = embedding_inputs(body)
+        return error_response(400, texts, param="input") if isinstance(texts, str) else None
 
     def _bucket_size(self, rps: float | None) -> float:
         return max(1.0, self.rate_limit_burst if self.rate_limit_burst is not None else (rps or 1.0))
@@ -501,7 +532,8 @@ class FakeProvider:
                 self._tokens = min(capacity, self._tokens + elapsed * rps)
             if tpm:
                 self._tpm_tokens = min(tpm / 60, self._tpm_tokens + elapsed * tpm / 60)
-                cost = _text_len(body.get("messages")) // 4 + int(body.get("max_tokens") or 16)
+                # an embeddings body has ``input`` instead of messages
+                cost = (_text_len(body.get("messages")) + len(str(body.get("input") or ""))) // 4 + int(body.get("max_tokens") or 16)
             waits = []
             if rps and self._tokens < 1:
                 waits.append((1 - self._tokens) / rps)
@@ -548,7 +580,7 @@ class FakeProvider:
             return error_response(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
         return None
 
-    async def _answer(self, body: dict[str, Any]) -> Response:
+    async def _answer(self, body: dict[str, Any], *, embeddings: bool = False) -> Response:
         with self._lock:
             reply = self._script.popleft() if self._script else None
             responder = self._responder
@@ -557,9 +589,11 @@ class FakeProvider:
                 result = responder(body)
                 reply = await result if inspect.isawaitable(result) else result
         except Exception as exc:  # surface responder bugs to the client instead of a bare 500
-            return error_response(500, f"FakeProvider responder raised {type(exc).__name__}: {exc}")
+            if not embeddings:
+                return error_response(500, f"FakeProvider responder raised {type(exc).__name__}: {exc}")
+            reply = None  # a responder written for chat bodies (body["messages"]) has no say on embeddings
         if reply is None:
-            reply = auto_reply(body)
+            reply = Reply() if embeddings else auto_reply(body)
         await self._pause(self.latency + reply.delay)
         if reply.drop:
             return _DroppedResponse()
@@ -569,6 +603,10 @@ class FakeProvider:
         if reply.status != 200:
             return error_response(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}",
                                   headers=reply.headers)
+        if embeddings:
+            texts = embedding_inputs(body)
+            assert not isinstance(texts, str)  # refused in _embeddings_rejected
+            return JSONResponse(embeddings_payload(body, texts, model=self.model), headers=reply.headers)
         payload = completion_payload(reply, body, number=next(self._counter), model=self.model)
         return JSONResponse(payload, headers=reply.headers)
 
