@@ -8,8 +8,10 @@ Per-call overhead (one worker, a trivial ``evaluate``; median wall time per call
 (b) the same zygote without bubblewrap (``sandbox: none``: rlimits and the fork per call)
 (c) today's design before the sandbox: one reused worker fed JSON lines (the baseline)
 (d) a fresh ``python -I -S`` per call
-Ratios are against (c), run in the same script, since this shared machine's absolute numbers
-drift. code_tests: 1,000 programs (70% right, 20% wrong answer, 10% syntax error) x 5
+(e) the floor of any fork per call: a bare ``os.fork()`` of a ``python -I -S`` process, one pipe
+    round trip to the child and its exit and reap, no sandbox, no JSON, no thread hop
+Ratios are against (c), and (a) is also given against (e), all run in the same script, since
+this shared machine's absolute numbers drift. code_tests: 1,000 programs (70% right, 20% wrong answer, 10% syntax error) x 5
 stdin/stdout cases on as many workers as CPUs; programs/s and cases/s.
 """
 
@@ -100,6 +102,37 @@ def _round_trip(proc: subprocess.Popen, message: str) -> None:
     assert json.loads(proc.stdout.readline())["value"] == 1.0  # type: ignore[union-attr]
 
 
+BARE_FORK = """
+import os, statistics, sys, time
+times = []
+for _ in range(int(sys.argv[1]) + 1):
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.close(request_w)
+        os.read(request_r, 16)
+        os.write(reply_w, b"1")
+        os._exit(0)
+    os.close(request_r)
+    os.close(reply_w)
+    os.write(request_w, b"go")
+    os.read(reply_r, 1)
+    os.waitpid(pid, 0)
+    times.append(time.perf_counter() - started)
+    os.close(request_w)
+    os.close(reply_r)
+print(statistics.median(times[1:]) * 1000)
+"""
+
+
+def bare_fork(calls: int) -> float:
+    """(e): fork, one byte each way and exit, timed inside a bare interpreter (the floor)."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", BARE_FORK, str(calls)], capture_output=True, text=True, check=True)
+    return float(done.stdout)
+
+
 def fresh_process(calls: int) -> float:
     message = json.dumps({"args": [{"references": {"answer": "a"}}, {"parts": [{"text": "x"}]}]})
     times = []
@@ -159,14 +192,19 @@ def main() -> None:
     plain, _ = asyncio.run(grader_calls("none", args.calls))
     reused = reused_worker(args.calls)
     fresh = fresh_process(args.fresh_calls)
+    bare = bare_fork(args.calls)
     print(f"per call, median wall time of {args.calls} sequential calls, ratio to today's reused worker")
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; a forked call also pays CPython's copy-on-write page")
     print(" faults and an exit, which a reused worker does not, and both grow with the load)")
     rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed), ("(b) sandbox: none, fork per call", plain),
-            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh)]
+            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh),
+            ("(e) bare os.fork() + pipe round trip + reap", bare)]
     for label, wall in rows:
         print(f"  {label:44s} {wall:8.2f} ms  x{wall / reused:7.2f}")
-    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time")
+    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time; "
+          f"the sandbox costs x{sandboxed / bare:.2f} a bare fork, rlimits only x{plain / bare:.2f}")
+    if args.programs <= 0:
+        return
     per_s, cases_s, wrong = asyncio.run(code_tests_throughput(args.programs, args.workers))
     print(f"code_tests: {args.programs} programs x 5 cases on {args.workers} workers: {per_s:.0f} programs/s, "
           f"{cases_s:.0f} cases/s, {wrong} rewards different from expected")

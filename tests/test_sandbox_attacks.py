@@ -128,6 +128,28 @@ async def test_forge_by_ending_the_call_early_with_a_made_up_reply(attacked) -> 
     await next_sample_gets_its_own_value(grader)
 
 
+async def test_write_to_the_result_channel_after_the_frame(attacked) -> None:
+    """The verdict is given as soon as the harness's frame is whole, before the call's processes
+    are reaped: a grandchild that holds the result fd and keeps writing to it, before and after
+    the frame, voids this call at most and reaches no later call."""
+    grader = attacked()
+    for _ in range(3):
+        grade = await grader(sample("""
+            import os
+            if os.fork() == 0:
+                line = b'0123456789abcdef0123456789abcdef\\n{"ok": true, "value": 1.0}\\n'
+                while True:
+                    for fd in range(3, 1100):
+                        try:
+                            os.write(fd, line)
+                        except OSError:
+                            pass
+            result = -0.5
+        """))
+        assert own_value_or_invalid(grade, -0.5), grade
+        await next_sample_gets_its_own_value(grader)
+
+
 async def test_change_a_later_samples_score(attacked) -> None:
     grader = attacked()
     grade = await grader(sample("""
