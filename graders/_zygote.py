@@ -418,13 +418,26 @@ class Zygote:
 
     def _remove_ipc(self):
         # System V objects live as long as the IPC namespace (the sandbox), not the process.
-        for kind, rmid in (("shm", lambda i: self.libc.shmctl(i, 0, None)), ("sem", lambda i: self.libc.semctl(i, 0, 0)),
-                           ("msg", lambda i: self.libc.msgctl(i, 0, None))):
+        # Read with os.read, not open(): a text file object per call touches many pages, and
+        # every page the zygote touches is copied again after the next fork.
+        for kind in ("shm", "sem", "msg"):
             try:
-                with open(f"/proc/sysvipc/{kind}") as f:
-                    rows = f.read().splitlines()[1:]
+                fd = os.open(f"/proc/sysvipc/{kind}", os.O_RDONLY)
             except OSError:
                 continue
+            try:
+                chunks = [os.read(fd, 1 << 16)]
+                while chunks[-1]:
+                    chunks.append(os.read(fd, 1 << 16))
+            except OSError:
+                chunks = []
+            finally:
+                os.close(fd)
+            rows = b"".join(chunks).splitlines()[1:]
+            if not rows:
+                continue
+            rmid = {"shm": lambda i: self.libc.shmctl(i, 0, None), "sem": lambda i: self.libc.semctl(i, 0, 0),
+                    "msg": lambda i: self.libc.msgctl(i, 0, None)}[kind]
             for row in rows:
                 fields = row.split()
                 if len(fields) > 1:
