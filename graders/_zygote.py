@@ -81,6 +81,15 @@ def _encode(reply):
     return "{" + ", ".join(parts) + "}"
 
 
+def _well_formed(reply):
+    """The shape the harness writes: a planted frame (a nonce dug out of memory) gets no further."""
+    if type(reply) is not dict or not all(type(reply.get(key, "")) is str for key in ("logs", "error", "kind", "stdout")):
+        return False
+    if reply.get("ok") is True:
+        return "value" not in reply or (type(reply["value"]) in (int, float) and math.isfinite(reply["value"]))
+    return reply.get("ok") is False
+
+
 def _remove(path, is_dir):
     """Remove a file or a folder tree; an empty folder (the usual temp dir) costs one rmdir."""
     try:
@@ -120,6 +129,7 @@ class Zygote:
         self.fresh = False  # the temp dir exists and is empty, ready for the next call
         self.ready = None  # the next call's child, forked ahead and waiting for its arguments
         self.call_timeout = None
+        self.raw = None  # the last verdict's JSON line as the child wrote it, when well formed
         self.finishing = None  # a call answered early whose child is still to be reaped (see settle)
         # The environment every call gets, set here once so that a child only adds HOME and TMPDIR.
         os.environ.clear()
@@ -332,9 +342,14 @@ class Zygote:
         expected = nonce.encode() + b"\n"
         if data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n") and status == 0:
             try:
-                return json.loads(data[len(expected):])
-            except ValueError:  # the harness writes valid JSON: anything else in its frame was planted
-                return {"ok": False, "kind": "forged", "error": "the result channel held a damaged frame; the result is void"}
+                reply = json.loads(data[len(expected):])
+            except ValueError:
+                reply = None
+            if _well_formed(reply):
+                self.raw = data[len(expected):]  # forwarded as it is: no second encoding
+                return reply
+            # The harness writes a well-formed reply: anything else in its frame was planted.
+            return {"ok": False, "kind": "forged", "error": "the result channel held a damaged frame; the result is void"}
         if data and not (data.startswith(expected) and data.count(b"\n") == 2 and data.endswith(b"\n")):
             return {"ok": False, "kind": "forged",
                     "error": "the sample wrote to the result channel out of turn; its result is void"}
@@ -448,6 +463,7 @@ class Zygote:
     def call(self, msg, line):
         if self.load_error is not None:
             return {"ok": False, "kind": "load", "error": self.load_error}
+        self.raw = None
         started, self.ready = self.ready, None
         if started is not None and started["timeout"] != msg["timeout"]:
             self._discard_ready(started)
@@ -462,7 +478,8 @@ class Zygote:
             pass  # it died waiting: _finish says how
         os.close(started["request"])
         reply, _ = self._finish(started, early=True)
-        return reply
+        raw, self.raw = self.raw, None
+        return raw if raw is not None else reply
 
     def prefork(self):
         """The next call's child, forked now, off the caller's clock (python grader only)."""
@@ -562,7 +579,7 @@ class Zygote:
 
 def main():
     settings = json.loads(sys.argv[1])
-    reply_to = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    reply_to = os.dup(1)  # written with os.write: no file object (fewer pages touched per call)
     os.dup2(2, 1)  # anything on fd 1 from now on goes to stderr (discarded), never into the protocol
     zygote = Zygote(settings)
     requests = sys.stdin.buffer
@@ -573,8 +590,9 @@ def main():
         msg = json.loads(line)
         op = msg["op"]
         reply = zygote.load(msg) if op == "load" else zygote.call(msg, line) if op == "call" else zygote.run(msg)
-        reply_to.write(json.dumps(reply) + "\n")
-        reply_to.flush()
+        data = reply if type(reply) is bytes else (json.dumps(reply) + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(reply_to, data):]
         zygote.tidy()
         zygote.prefork()
 

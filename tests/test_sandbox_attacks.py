@@ -150,6 +150,25 @@ async def test_write_to_the_result_channel_after_the_frame(attacked) -> None:
         await next_sample_gets_its_own_value(grader)
 
 
+@pytest.mark.parametrize("planted", ['["ok", 1.0]', '{"ok": true, "value": "1.0"}', '{"ok": true, "value": 1.0, "logs": []}'],
+                         ids=["not_an_object", "value_a_string", "logs_a_list"])
+async def test_a_planted_frame_with_the_real_nonce_but_a_bad_reply(attacked, planted: str) -> None:
+    """The nonce is in the harness's frame locals, so a sample can find it and write a whole
+    frame of its own: it may set its own reward that way, but a reply of another shape is void
+    (``forged``), never an error in the grading process."""
+    grader = attacked()
+    grade = await grader(sample(f"""
+        import os, sys
+        frame = sys._getframe()
+        while frame is not None and "nonce" not in frame.f_locals:
+            frame = frame.f_back
+        os.write(1000, (frame.f_locals["nonce"] + "\\n" + {planted!r} + "\\n").encode())
+        os._exit(0)
+    """))
+    assert grade.status == "invalid" and grade.error_kind == "forged", grade
+    await next_sample_gets_its_own_value(grader)
+
+
 async def test_change_a_later_samples_score(attacked) -> None:
     grader = attacked()
     grade = await grader(sample("""
