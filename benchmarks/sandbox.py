@@ -4,13 +4,18 @@
     python benchmarks/sandbox.py --calls 100 --programs 200
 
 Per-call overhead (one worker, a trivial ``evaluate``; median wall time per call, sequential):
-(a) the sandbox: bubblewrap around a zygote, each call a fork (``sandbox: auto`` with bwrap)
+(a) the sandbox: bubblewrap around a zygote, each call a fork (``sandbox: auto`` with bwrap),
+    calls back to back; (a') the same with ``--gap-ms`` between calls (the work a zygote does
+    after answering, the reap, the wipe and the next fork, is then off the caller's clock)
 (b) the same zygote without bubblewrap (``sandbox: none``: rlimits and the fork per call)
 (c) today's design before the sandbox: one reused worker fed JSON lines (the baseline)
 (d) a fresh ``python -I -S`` per call
-Ratios are against (c), run in the same script, since this shared machine's absolute numbers
-drift. code_tests: 1,000 programs (70% right, 20% wrong answer, 10% syntax error) x 5
-stdin/stdout cases on as many workers as CPUs; programs/s and cases/s.
+(e) the floor of any fork per call: a bare ``os.fork()`` of a ``python -I -S`` process, one pipe
+    round trip to the child and its exit and reap, no sandbox, no JSON, no thread hop
+Ratios are against (c), and (a) is also given against (e), all run in the same script, since
+this shared machine's absolute numbers drift. code_tests: 1,000 programs (70% right, 20% wrong
+answer, 10% syntax error) x 5 stdin/stdout cases on as many workers as CPUs; programs/s and
+cases/s (``--programs 0`` skips it).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 from graders._code_tests import code_tests_grader
 from graders._python import python_grader
@@ -57,7 +63,7 @@ def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1000
 
 
-async def grader_calls(sandbox: str, calls: int) -> tuple[float, str]:
+async def grader_calls(sandbox: str, calls: int, gap: float = 0.0) -> tuple[float, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SandboxWarning)
         grader = python_grader(EVALUATE, workers=1, sandbox=sandbox)  # type: ignore[arg-type]
@@ -70,9 +76,45 @@ async def grader_calls(sandbox: str, calls: int) -> tuple[float, str]:
             grade = await grader(SAMPLE)
             times.append(time.perf_counter() - started)
             assert grade.score == 1.0, grade
+            if gap:
+                await asyncio.sleep(gap)
     finally:
         grader.close()
     return median_ms(times), grader.isolation.kind
+
+
+def _zygote_pid(pid: int) -> int:
+    """The zygote: the first python process under the worker (bubblewrap's own come first)."""
+    while not Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+        pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    return pid
+
+
+def _cpu_and_faults(pid: int) -> tuple[float, int, float, int]:
+    """(CPU s, minor faults) of a process itself and of its reaped children, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return ((int(fields[11]) + int(fields[12])) / tick, int(fields[7]),
+            (int(fields[13]) + int(fields[14])) / tick, int(fields[8]))
+
+
+async def cost_per_call(sandbox: str, calls: int) -> tuple[float, float, float, float]:
+    """Where a call's CPU goes: the zygote's own CPU and page faults, and its calls' children's
+    (reaped, so counted in the zygote's cutime/cminflt), per call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        grader = python_grader(EVALUATE, workers=1, sandbox=sandbox)  # type: ignore[arg-type]
+    try:
+        await grader(SAMPLE)
+        pid = _zygote_pid(grader.worker_pids[0])
+        before = _cpu_and_faults(pid)
+        for _ in range(calls):
+            await grader(SAMPLE)
+        after = _cpu_and_faults(pid)
+    finally:
+        grader.close()
+    own_cpu, own_faults, child_cpu, child_faults = (b - a for a, b in zip(before, after))
+    return own_cpu / calls * 1000, own_faults / calls, child_cpu / calls * 1000, child_faults / calls
 
 
 def reused_worker(calls: int) -> float:
@@ -98,6 +140,37 @@ def _round_trip(proc: subprocess.Popen, message: str) -> None:
     proc.stdin.write(message)  # type: ignore[union-attr]
     proc.stdin.flush()  # type: ignore[union-attr]
     assert json.loads(proc.stdout.readline())["value"] == 1.0  # type: ignore[union-attr]
+
+
+BARE_FORK = """
+import os, statistics, sys, time
+times = []
+for _ in range(int(sys.argv[1]) + 1):
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.close(request_w)
+        os.read(request_r, 16)
+        os.write(reply_w, b"1")
+        os._exit(0)
+    os.close(request_r)
+    os.close(reply_w)
+    os.write(request_w, b"go")
+    os.read(reply_r, 1)
+    os.waitpid(pid, 0)
+    times.append(time.perf_counter() - started)
+    os.close(request_w)
+    os.close(reply_r)
+print(statistics.median(times[1:]) * 1000)
+"""
+
+
+def bare_fork(calls: int) -> float:
+    """(e): fork, one byte each way and exit, timed inside a bare interpreter (the floor)."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", BARE_FORK, str(calls)], capture_output=True, text=True, check=True)
+    return float(done.stdout)
 
 
 def fresh_process(calls: int) -> float:
@@ -151,22 +224,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--fresh-calls", type=int, default=60, help="calls for (d), which is slow")
+    parser.add_argument("--gap-ms", type=float, default=10.0,
+                        help="(a'): the sandbox again with this pause between calls, as a training run's reward calls come")
     parser.add_argument("--programs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
 
     sandboxed, kind = asyncio.run(grader_calls("auto", args.calls))
+    spaced, _ = asyncio.run(grader_calls("auto", max(1, args.calls // 3), args.gap_ms / 1000))
     plain, _ = asyncio.run(grader_calls("none", args.calls))
     reused = reused_worker(args.calls)
     fresh = fresh_process(args.fresh_calls)
+    bare = bare_fork(args.calls)
     print(f"per call, median wall time of {args.calls} sequential calls, ratio to today's reused worker")
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; a forked call also pays CPython's copy-on-write page")
     print(" faults and an exit, which a reused worker does not, and both grow with the load)")
-    rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed), ("(b) sandbox: none, fork per call", plain),
-            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh)]
+    rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed),
+            (f"(a') the same, calls {args.gap_ms:g} ms apart", spaced), ("(b) sandbox: none, fork per call", plain),
+            ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh),
+            ("(e) bare os.fork() + pipe round trip + reap", bare)]
     for label, wall in rows:
         print(f"  {label:44s} {wall:8.2f} ms  x{wall / reused:7.2f}")
-    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time")
+    print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time; "
+          f"the sandbox costs x{sandboxed / bare:.2f} a bare fork (x{spaced / bare:.2f} spaced), rlimits only x{plain / bare:.2f}")
+    print("CPU and minor page faults per call (from /proc/<zygote>/stat; the children are the calls' forks):")
+    for sandbox in ("auto", "none"):
+        own_cpu, own_faults, child_cpu, child_faults = asyncio.run(cost_per_call(sandbox, args.calls))
+        print(f"  sandbox: {sandbox:5s} zygote {own_cpu:5.2f} ms, {own_faults:4.0f} faults; "
+              f"its calls' children {child_cpu:5.2f} ms, {child_faults:4.0f} faults")
+    if args.programs <= 0:
+        return
     per_s, cases_s, wrong = asyncio.run(code_tests_throughput(args.programs, args.workers))
     print(f"code_tests: {args.programs} programs x 5 cases on {args.workers} workers: {per_s:.0f} programs/s, "
           f"{cases_s:.0f} cases/s, {wrong} rewards different from expected")

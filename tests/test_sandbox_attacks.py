@@ -128,6 +128,47 @@ async def test_forge_by_ending_the_call_early_with_a_made_up_reply(attacked) -> 
     await next_sample_gets_its_own_value(grader)
 
 
+async def test_write_to_the_result_channel_after_the_frame(attacked) -> None:
+    """The verdict is given as soon as the harness's frame is whole, before the call's processes
+    are reaped: a grandchild that holds the result fd and keeps writing to it, before and after
+    the frame, voids this call at most and reaches no later call."""
+    grader = attacked()
+    for _ in range(3):
+        grade = await grader(sample("""
+            import os
+            if os.fork() == 0:
+                line = b'0123456789abcdef0123456789abcdef\\n{"ok": true, "value": 1.0}\\n'
+                while True:
+                    for fd in range(3, 1100):
+                        try:
+                            os.write(fd, line)
+                        except OSError:
+                            pass
+            result = -0.5
+        """))
+        assert own_value_or_invalid(grade, -0.5), grade
+        await next_sample_gets_its_own_value(grader)
+
+
+@pytest.mark.parametrize("planted", ['["ok", 1.0]', '{"ok": true, "value": "1.0"}', '{"ok": true, "value": 1.0, "logs": []}'],
+                         ids=["not_an_object", "value_a_string", "logs_a_list"])
+async def test_a_planted_frame_with_the_real_nonce_but_a_bad_reply(attacked, planted: str) -> None:
+    """The nonce is in the harness's frame locals, so a sample can find it and write a whole
+    frame of its own: it may set its own reward that way, but a reply of another shape is void
+    (``forged``), never an error in the grading process."""
+    grader = attacked()
+    grade = await grader(sample(f"""
+        import os, sys
+        frame = sys._getframe()
+        while frame is not None and "nonce" not in frame.f_locals:
+            frame = frame.f_back
+        os.write(1000, (frame.f_locals["nonce"] + "\\n" + {planted!r} + "\\n").encode())
+        os._exit(0)
+    """))
+    assert grade.status == "invalid" and grade.error_kind == "forged", grade
+    await next_sample_gets_its_own_value(grader)
+
+
 async def test_change_a_later_samples_score(attacked) -> None:
     grader = attacked()
     grade = await grader(sample("""
