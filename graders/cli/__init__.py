@@ -6,12 +6,40 @@ Command modules import the library inside the command function, so ``gradekit --
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
+
+
+def _help_flag_defaults_to_false(option: Any) -> Any:
+    """Give the help flag a False default, so typer does not load pydantic on every command.
+
+    typer (0.2x) coerces each option whose value is not already a bool through a pydantic
+    TypeAdapter. The help flag's default is None, so every run paid pydantic's import (more than
+    `typer` and `rich` together) only to learn that --help was not given.
+    """
+    if option is not None and option.default is None:
+        option.default = False
+    return option
+
+
+class _Command(TyperCommand):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+
+class _Group(TyperGroup):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+
 app = typer.Typer(
     name="gradekit",
+    cls=_Group,
     help="LLM-as-judge graders that turn model outputs into rewards.",
     no_args_is_help=True,
     add_completion=False,
@@ -41,18 +69,18 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
     """LLM-as-judge graders that turn model outputs into rewards."""
 
 
-app.command("grade")(_grade.grade)
-app.command("rubrics")(_rubrics.rubrics)
-app.command("render")(_render.render)
-app.command("calibrate")(_calibrate.calibrate)
-app.command("llmbar")(_llmbar.llmbar)
-app.command("meta-eval")(_meta_eval.meta_eval)
-app.command("probe")(_probe.probe)
-app.command("validate")(_validate.validate)
-app.command("export")(_export.export)
-app.command("serve")(_serve.serve)
-app.command("view")(_view.view)
-app.command("report")(_report.report)
+app.command("grade", cls=_Command)(_grade.grade)
+app.command("rubrics", cls=_Command)(_rubrics.rubrics)
+app.command("render", cls=_Command)(_render.render)
+app.command("calibrate", cls=_Command)(_calibrate.calibrate)
+app.command("llmbar", cls=_Command)(_llmbar.llmbar)
+app.command("meta-eval", cls=_Command)(_meta_eval.meta_eval)
+app.command("probe", cls=_Command)(_probe.probe)
+app.command("validate", cls=_Command)(_validate.validate)
+app.command("export", cls=_Command)(_export.export)
+app.command("serve", cls=_Command)(_serve.serve)
+app.command("view", cls=_Command)(_view.view)
+app.command("report", cls=_Command)(_report.report)
 
 
 def main() -> None:
