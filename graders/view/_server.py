@@ -68,6 +68,8 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
             page_ = results.rows(as_filter(query), offset=offset, limit=limit)
         except ViewError as e:
             return _error(str(e), 400)
+        if not page_.ready:
+            results.index()  # a deferred copy starts once the first page is out, not before: it would compete for the CPU
         return _json({"version": API_VERSION, **page_.model_dump()})
 
     def _row(request: Request) -> dict[str, Any] | Response:
@@ -79,6 +81,7 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
             found = results.row(index)
         except ViewError as e:
             return _error(str(e), 500)
+        results.index()
         if found is None:
             return _error(f"no row {index}: the file has {results.total_rows} rows (0-based)", 404)
         return found
