@@ -132,30 +132,83 @@ def _plain(value: Any) -> Any:
         return str(value)  # dates, UUIDs, blobs
 
 
-def count_lines(path: Path, stop: threading.Event | None = None) -> int | None:
-    """Rows of a JSONL file as DuckDB reads it (one per non-blank line), by counting newlines; None when unsure.
+def count_lines(path: Path, stop: threading.Event | None = None, *, tools: bool = True) -> int | None:
+    """Rows of a JSONL file as DuckDB reads it (one per non-blank line), from a line count; None when unsure.
 
-    A pass of ``bytes.count`` reads a million-row output in a fraction of the second DuckDB's
-    ``count(*)`` takes (it parses every line), and the first page needs the total. DuckDB skips
-    blank and whitespace-only lines and, reading leniently, makes every other line a row (a broken
-    one a row of nulls); a line that starts with whitespace might be blank, so then the caller asks
-    DuckDB instead. ``stop`` set: give up (the viewer is closing).
+    The first page needs the total, and DuckDB's ``count(*)`` parses every line (a second or more
+    for a million rows). DuckDB skips blank and whitespace-only lines and, reading leniently, makes
+    every other line a row (a broken one a row of nulls). So when every line starts with a
+    non-space byte the rows are the lines; when one does not (it may be blank), None: the caller
+    asks DuckDB. ``wc`` and ``grep`` count in other processes at several GB/s, leaving this one's
+    CPU and GIL to the server starting up; without them (or ``tools=False``), Python counts.
+    ``stop`` set: give up (the viewer is closing).
     """
-    lines, last, tail = 0, b"\n", b""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            if size:
+                f.seek(size - 1)
+            unterminated = 1 if size and f.read(1) != b"\n" else 0  # a last line without its newline is a row too
+    except OSError:
+        return None
+    counted = _count_with_tools(path, stop) if tools else None
+    if counted is None:
+        counted = _count_in_python(path, stop)
+    if counted is None:
+        return None
+    lines, starting_with_text = counted
+    lines += unterminated
+    return lines if starting_with_text == lines else None
+
+
+def _count_with_tools(path: Path, stop: threading.Event | None) -> tuple[int, int] | None:
+    """(newlines, lines that start with a non-space byte) from ``wc -l`` and ``grep -c``, run side by side."""
+    import subprocess
+
+    env = {**os.environ, "LC_ALL": "C"}  # bytes, not characters: no UTF-8 decoding, [[:space:]] is ASCII
+    commands = (["wc", "-l"], ["grep", "-a", "-c", "^[^[:space:]]"])
+    procs: list[subprocess.Popen] = []
+    try:
+        for argv in commands:
+            with path.open("rb") as source:
+                procs.append(subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
+        found = []
+        for proc in procs:
+            while True:
+                try:
+                    out, _ = proc.communicate(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stop is not None and stop.is_set():
+                        return None
+            if proc.returncode not in (0, 1):  # grep: 1 is "no line matched", its count 0 printed all the same
+                return None
+            found.append(int(out.split()[0]))
+        return found[0], found[1]
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _count_in_python(path: Path, stop: threading.Event | None) -> tuple[int, int] | None:
+    """The same two counts with ``bytes.count`` (a regex finds a line that starts with a space byte)."""
+    lines, last = 0, b"\n"
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             if stop is not None and stop.is_set():
                 return None
             if last == b"\n" and chunk[:1].isspace() or _LINE_STARTS_BLANK.search(chunk):
-                return None
+                return lines, -1
             lines += chunk.count(b"\n")
             last = chunk[-1:]
-            tail = chunk[chunk.rfind(b"\n") + 1:] if b"\n" in chunk else tail + chunk
-    return lines + (1 if tail.strip() else 0)
+    return lines, lines + (1 if last not in (b"\n", b"") else 0)
 
 
 # A newline followed by whitespace: the next line may be blank (DuckDB skips it) or indented.
-# One regex pass costs about what the count does; six `in` tests cost ten times that.
 _LINE_STARTS_BLANK = re.compile(rb"\n\s")
 
 
