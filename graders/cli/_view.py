@@ -68,11 +68,9 @@ def view(
     # started at once, it would take the CPU the first page needs.
     results = open_results(output, labels, on, human_column, background=True, deferred=True)
     try:
-        from judge import RubricError
-
         judge_rubric = None
         if rubric is not None:
-            from judge import load_rubric
+            from judge import RubricError, load_rubric
 
             try:
                 judge_rubric = load_rubric(rubric)

@@ -585,11 +585,23 @@ class ResultsFile:
         return [{name: _plain(value) for name, value in zip(names, row)} for row in cursor.fetchall()]
 
     def _early(self, window: str) -> list[dict[str, Any]] | None:
-        """Rows straight from the file while the copy is made; None when that fails (the copy will say why)."""
+        """Rows straight from the file while the copy is made, with the human label the copy adds; None when that
+        fails (the copy will say why)."""
         import duckdb
 
+        key = "__gradekit_key"
         try:
-            return self._fetch(f"SELECT * FROM {self._reader} {window}")
+            if self.labels is not None:  # look up only this page's keys in the labels file
+                rows = self._fetch(f"SELECT *, CAST({_quote(self.labels.on)} AS VARCHAR) AS {key} FROM {self._reader} {window}")
+                keys = sorted({row[key] for row in rows if row[key] is not None})
+                found = dict(self._db.cursor().execute(
+                    f"SELECT CAST({_quote(self.labels.on)} AS VARCHAR), NULLIF(trim(CAST({_quote(self.labels.column)} AS VARCHAR)), '') "
+                    f"FROM {_reader(self.labels.path, True)} WHERE CAST({_quote(self.labels.on)} AS VARCHAR) "
+                    f"IN ({', '.join('?' * len(keys))})", keys).fetchall()) if keys else {}
+                return [{**{k: v for k, v in row.items() if k != key}, HUMAN: found.get(row[key])} for row in rows]
+            gold = "label" if self.kind == "pairwise" else "input_label"
+            human = f", NULLIF(trim(CAST({_quote(gold)} AS VARCHAR)), '') AS {HUMAN}" if gold in self.columns else ""
+            return self._fetch(f"SELECT *{human} FROM {self._reader} {window}")
         except duckdb.Error:
             return None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,11 +25,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from judge import Rubric
-
-from ._prompt import render_prompt
 from ._results import ResultsFile, ViewError, as_filter
 from ._summary import summarise
+
+if TYPE_CHECKING:  # the rubric and its prompt rendering load with --rubric only: the first page does not wait for them
+    from judge import Rubric
 
 API_VERSION = 1
 
@@ -96,6 +96,8 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
         found = _row(request)
         if isinstance(found, Response):
             return found
+        from ._prompt import render_prompt
+
         return _json(render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None))
 
     static = resources.files(__package__).joinpath("static")
