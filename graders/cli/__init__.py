@@ -69,18 +69,22 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
     """LLM-as-judge graders that turn model outputs into rewards."""
 
 
-app.command("grade", cls=_Command)(_grade.grade)
-app.command("rubrics", cls=_Command)(_rubrics.rubrics)
-app.command("render", cls=_Command)(_render.render)
-app.command("calibrate", cls=_Command)(_calibrate.calibrate)
-app.command("llmbar", cls=_Command)(_llmbar.llmbar)
-app.command("meta-eval", cls=_Command)(_meta_eval.meta_eval)
-app.command("probe", cls=_Command)(_probe.probe)
-app.command("validate", cls=_Command)(_validate.validate)
-app.command("export", cls=_Command)(_export.export)
-app.command("serve", cls=_Command)(_serve.serve)
-app.command("view", cls=_Command)(_view.view)
-app.command("report", cls=_Command)(_report.report)
+# Every command with the help flag above; in this order in `gradekit --help`.
+for _name, _command in (
+    ("grade", _grade.grade),
+    ("rubrics", _rubrics.rubrics),
+    ("render", _render.render),
+    ("calibrate", _calibrate.calibrate),
+    ("llmbar", _llmbar.llmbar),
+    ("meta-eval", _meta_eval.meta_eval),
+    ("probe", _probe.probe),
+    ("validate", _validate.validate),
+    ("export", _export.export),
+    ("serve", _serve.serve),
+    ("view", _view.view),
+    ("report", _report.report),
+):
+    app.command(_name, cls=_Command)(_command)
 
 
 def main() -> None:
