@@ -87,7 +87,8 @@ def view(
                 results.wait(start=False)
                 typer.echo(f"{output}: {results.total_rows:,} rows; filters, search and the summary are ready", err=True)
             except ViewError as e:
-                typer.echo(f"error: {e}", err=True)
+                if not results.closed:  # stopped mid-copy: nothing went wrong
+                    typer.echo(f"error: {e}", err=True)
 
         def announce(server: RewardServer) -> None:  # on the server's event loop: nothing here may wait
             typer.echo(server.url)  # first line of stdout: what tests and scripts read

@@ -409,8 +409,8 @@ class ResultsFile:
                 self.warnings.append(f"the file has {copied:,} rows; {self._total:,} were counted before it was read whole")
                 self._total = copied
             self._attach_human_labels(db)
-        except duckdb.Error as e:
-            self._failure = self._error(e)
+        except duckdb.Error as e:  # interrupted by close(): not the file's fault, but no copy either
+            self._failure = ViewError(f"{self.path}: the viewer closed before the copy was done") if self.closed else self._error(e)
         except ViewError as e:
             self._failure = e
         finally:
@@ -483,6 +483,11 @@ class ResultsFile:
     def ready(self) -> bool:
         """The copy is done: filters, sorts, search and the summary answer without waiting."""
         return self._ready.is_set() and self._failure is None
+
+    @property
+    def closed(self) -> bool:
+        """close() has been called (background work stops)."""
+        return self._closing.is_set()
 
     @property
     def indexing(self) -> bool:
