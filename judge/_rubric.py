@@ -8,28 +8,21 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._specs import RubricError, read_spec, rubric_index, spec_path
 
 if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
     from jinja2.sandbox import SandboxedEnvironment
-
-# The C loader when PyYAML was built with libyaml: specs and the index load several times faster.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 OutputMode = Literal["json_schema", "tags", "regex", "text"]
 # How a request asks for the verdict. A json_schema rubric can fall back along this chain;
 # the other rubrics are always asked in plain text.
 AskMode = Literal["json_schema", "tool", "json_object", "tags", "text"]
 JSON_FALLBACK_CHAIN: tuple[AskMode, ...] = ("json_schema", "tool", "json_object", "tags")
-
-
-class RubricError(ValueError):
-    """A rubric spec or template is wrong; the message names the rubric and the field."""
 
 
 class RubricInputError(ValueError):
@@ -245,47 +238,20 @@ def _environment(directory: Path) -> SandboxedEnvironment:
     return env
 
 
-def _packaged_prompts() -> Path:
-    """prompts/ as installed (judge/prompts in the wheel), or at the top of a source checkout."""
-    try:
-        return Path(str(resources.files("judge.prompts")))
-    except ModuleNotFoundError:  # running from a checkout whose judge/ shadows the installed package
-        return Path(__file__).resolve().parent.parent / "prompts"
-
-
-def _index() -> dict[str, str]:
-    index_path = _packaged_prompts() / "index.yaml"
-    data = yaml.load(index_path.read_text(encoding="utf-8"), Loader=_YAML_LOADER) or {}
-    return dict(data.get("rubrics", {}))
-
-
 def list_rubrics() -> list[Rubric]:
     """Every rubric shipped with gradekit, in index order."""
-    return [load_rubric(name) for name in _index()]
+    return [load_rubric(name) for name in rubric_index()]
 
 
 def load_rubric(name_or_path: str | Path) -> Rubric:
     """Load a shipped rubric by name, or a user's rubric from the path of its YAML spec."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        spec_path = path
-    else:
-        index = _index()
-        if str(name_or_path) not in index:
-            known = ", ".join(index)
-            raise RubricError(f"unknown rubric {str(name_or_path)!r}; shipped rubrics: {known} (or give a path to a .yaml spec)")
-        spec_path = _packaged_prompts() / index[str(name_or_path)]
+    path = spec_path(name_or_path)
+    data = read_spec(path)
     try:
-        data = yaml.load(spec_path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
-    except yaml.YAMLError as e:
-        raise RubricError(f"{spec_path}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise RubricError(f"{spec_path}: a rubric spec must be a mapping")
-    try:
-        rubric = Rubric.model_validate({**data, "directory": spec_path.parent.resolve()})
+        rubric = Rubric.model_validate({**data, "directory": path.parent.resolve()})
     except ValidationError as e:
         where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise RubricError(f"rubric {data.get('name', spec_path.stem)!r} ({spec_path}): {where}") from e
+        raise RubricError(f"rubric {data.get('name', path.stem)!r} ({path}): {where}") from e
     if not (rubric.directory / rubric.template).exists():
-        raise RubricError(f"rubric {rubric.name!r}: template {rubric.template!r} not found beside {spec_path}")
+        raise RubricError(f"rubric {rubric.name!r}: template {rubric.template!r} not found beside {path}")
     return rubric

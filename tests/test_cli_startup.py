@@ -63,6 +63,14 @@ def test_rubrics_and_render_need_neither_pandas_nor_the_server_stack() -> None:
     assert not names & {"pandas", "pyarrow", "numpy", *SERVER}, names
 
 
+@pytest.mark.parametrize("args", [("rubrics",), ("rubrics", "--json")], ids=" ".join)
+def test_rubrics_lists_without_pydantic_or_jinja(args: tuple[str, ...]) -> None:
+    """Listing reads the specs as data: no validated models (pydantic costs more than typer and rich together), no templates."""
+    names, done = imported(*args)
+    assert done.returncode == 0 and "group_rank" in done.stdout, done.stderr[-2000:]
+    assert not names & {"pydantic", "pydantic_core", "jinja2", *HEAVY}, sorted(names & {"pydantic", "pydantic_core", "jinja2", *HEAVY})
+
+
 def test_grade_on_jsonl_loads_no_calibration_or_server_stack(tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "q", "prediction": "the answer is 4", "references": ["4"]}\n', encoding="utf-8")

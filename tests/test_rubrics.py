@@ -48,6 +48,21 @@ def test_every_shipped_rubric_is_in_the_table() -> None:
         assert all(-1 <= s <= 1 for s in r.labels.values())
 
 
+def test_the_listing_reads_each_spec_as_the_validated_rubric() -> None:
+    """`gradekit rubrics` reads the specs without pydantic; what it shows must be what load_rubric validates."""
+    from judge._specs import rubric_summaries
+
+    summaries = rubric_summaries()
+    assert [s.name for s in summaries] == [r.name for r in list_rubrics()]
+    for summary, rubric in zip(summaries, list_rubrics()):
+        assert summary.description == rubric.description and summary.language == rubric.language
+        assert summary.variables == {k: v.type for k, v in rubric.variables.items()}
+        assert summary.output_mode == rubric.output.mode
+        assert summary.labels == rubric.labels and list(summary.labels) == list(rubric.labels)
+        assert all(type(v) is float for v in summary.labels.values())
+        assert summary.unmatched == rubric.unmatched and type(summary.unmatched) is type(rubric.unmatched)
+
+
 def test_user_data_is_never_template_source() -> None:
     rubric = load_rubric("semantic_equivalence_en")
     evil = "{{ 7*7 }} {% for x in range(3) %}loop{% endfor %} {{ ''.__class__.__mro__ }}"

@@ -371,6 +371,82 @@ def test_a_line_cut_short_by_a_killed_run_is_an_empty_row_and_a_warning(files: d
         results.close()
 
 
+def test_the_first_page_is_answered_before_the_copy_for_filters_is_made(files: dict[str, Path]) -> None:
+    """`gradekit view` listens and answers the page and its first rows from the file itself; the copy that
+    filters and the summary run on starts only after that first page, so its answer is a state, not a race."""
+    rows = read(files["jsonl"])
+    proc, url = start_view(str(files["jsonl"]), "--labels", str(files["labels"]), "--on", "id")
+    try:
+        with urllib.request.urlopen(f"{url}/", timeout=120) as response:
+            assert response.status == 200 and b"<html" in response.read().lower()
+        first = api(f"{url}/api/rows?offset=0&limit=50")
+        assert first["ready"] is False, "the copy was made before the first page was answered"
+        assert first["total"] == ROWS and [r["index"] for r in first["rows"]] == list(range(50))
+        assert [r["id"] for r in first["rows"]] == [r["id"] for r in rows[:50]]
+        labelled = {r["id"]: r["label"] for r in input_rows()[:100]}  # what labels.csv holds
+        assert [r["human_label"] for r in first["rows"]] == [labelled[r["id"]] for r in rows[:50]]
+        last = api(f"{url}/api/rows/{ROWS - 1}")
+        assert last["id"] == rows[-1]["id"] and last["human_label"] is None  # the last 20 rows have no human label
+        summary = api(f"{url}/api/summary")  # waits for the copy: its figures are whole
+        assert summary["rows"] == ROWS and summary["status"] == dict(Counter(r["status"] for r in rows).most_common())
+        later = api(f"{url}/api/rows?offset=0&limit=50")
+        assert later["ready"] is True and later["rows"] == first["rows"]  # the same rows, human label and all
+    finally:
+        stop_view(proc)
+
+
+def test_a_deferred_copy_starts_when_a_filter_needs_it(files: dict[str, Path]) -> None:
+    from graders.view import ResultsFile, RowFilter, summarise
+
+    rows = read(files["jsonl"])
+    results = ResultsFile(files["jsonl"], deferred=True)
+    try:
+        page = results.rows(limit=10)
+        assert page.ready is False and not results.indexing and page.total == ROWS
+        errors = results.rows(RowFilter(status="error"))  # needs the copy: starts it and waits
+        assert errors.ready and results.ready and errors.total == sum(r["status"] == "error" for r in rows)
+        assert summarise(results)["rows"] == ROWS
+    finally:
+        results.close()
+
+
+def test_closing_while_the_copy_runs_stops_it_and_removes_the_database(tmp_path: Path) -> None:
+    from graders.view import ResultsFile
+
+    path = tmp_path / "big.jsonl"
+    line = json.dumps({"id": 0, "status": "ok", "label": "correct", "question": "what is the capital of France? " * 4}) + "\n"
+    path.write_text(line * 100_000, encoding="utf-8")
+    results = ResultsFile(path)  # counts, then copies in the background
+    folder = results._folder
+    assert results.rows(limit=5).total == 100_000
+    results.close()  # whatever the copy's progress: it is interrupted or done, never left writing
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("body, total", [
+    pytest.param('{"a": 1}\n{"a": 2}\n', 2, id="plain"),
+    pytest.param('{"a": 1}\n{"a": 2}', 2, id="no_final_newline"),
+    pytest.param('{"a": 1}\r\n{"a": 2}\r\n', 2, id="crlf"),
+    pytest.param('{"a": 1}\n\n  \n{"a": 2}\n', 2, id="blank_lines_are_not_rows"),
+    pytest.param('\n{"a": 1}\n  {"a": 2}\n', 2, id="indented_and_leading_blank"),
+    pytest.param('{"a": 1}\n{"a": \n{"a": 2}\n{"a"', 4, id="broken_lines_are_empty_rows"),
+])
+def test_the_row_count_is_the_rows_the_copy_holds(tmp_path: Path, body: str, total: int) -> None:
+    """The first page's total comes from a line count (wc and grep, or Python's); it must be what DuckDB makes of the file."""
+    from graders.view import ResultsFile
+    from graders.view._results import count_lines
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(body.encode())
+    assert count_lines(path) in (total, None) and count_lines(path, tools=False) == count_lines(path)  # None: ask DuckDB
+    results = ResultsFile(path, background=False)
+    try:
+        assert results.total_rows == total and results.rows().total == total
+        assert not [w for w in results.warnings if "counted" in w]
+    finally:
+        results.close()
+
+
 @pytest.mark.parametrize("name, last, found", [
     pytest.param("late.jsonl", {"id": 30000, "status": "error", "note": {"deep": [1, 2]}}, '{"deep":[1,2]}', id="jsonl_column_empty_until_late"),
     pytest.param("mixed.jsonl", {"id": "x-1", "status": "error", "note": "deep"}, "deep", id="jsonl_type_changes_late"),

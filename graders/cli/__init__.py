@@ -6,12 +6,40 @@ Command modules import the library inside the command function, so ``gradekit --
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
+
+
+def _help_flag_defaults_to_false(option: Any) -> Any:
+    """Give the help flag a False default, so typer does not load pydantic on every command.
+
+    typer (0.2x) coerces each option whose value is not already a bool through a pydantic
+    TypeAdapter. The help flag's default is None, so every run paid pydantic's import (more than
+    `typer` and `rich` together) only to learn that --help was not given.
+    """
+    if option is not None and option.default is None:
+        option.default = False
+    return option
+
+
+class _Command(TyperCommand):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+
+class _Group(TyperGroup):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+
 app = typer.Typer(
     name="gradekit",
+    cls=_Group,
     help="LLM-as-judge graders that turn model outputs into rewards.",
     no_args_is_help=True,
     add_completion=False,
@@ -41,18 +69,22 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
     """LLM-as-judge graders that turn model outputs into rewards."""
 
 
-app.command("grade")(_grade.grade)
-app.command("rubrics")(_rubrics.rubrics)
-app.command("render")(_render.render)
-app.command("calibrate")(_calibrate.calibrate)
-app.command("llmbar")(_llmbar.llmbar)
-app.command("meta-eval")(_meta_eval.meta_eval)
-app.command("probe")(_probe.probe)
-app.command("validate")(_validate.validate)
-app.command("export")(_export.export)
-app.command("serve")(_serve.serve)
-app.command("view")(_view.view)
-app.command("report")(_report.report)
+# Every command with the help flag above; in this order in `gradekit --help`.
+for _name, _command in (
+    ("grade", _grade.grade),
+    ("rubrics", _rubrics.rubrics),
+    ("render", _render.render),
+    ("calibrate", _calibrate.calibrate),
+    ("llmbar", _llmbar.llmbar),
+    ("meta-eval", _meta_eval.meta_eval),
+    ("probe", _probe.probe),
+    ("validate", _validate.validate),
+    ("export", _export.export),
+    ("serve", _serve.serve),
+    ("view", _view.view),
+    ("report", _report.report),
+):
+    app.command(_name, cls=_Command)(_command)
 
 
 def main() -> None:

@@ -11,9 +11,10 @@ from ._common import print_json
 
 def rubrics(json_output: bool = typer.Option(False, "--json", help="Print JSON (with a version field).")) -> None:
     """List the shipped rubrics with their variables, output mode and labels."""
-    from judge import list_rubrics
+    # The specs as read, not validated Rubric models: pydantic's import alone would double this command's time.
+    from judge._specs import rubric_summaries
 
-    found = list_rubrics()
+    found = rubric_summaries()
     if json_output:
         print_json({
             "rubrics": [
@@ -21,8 +22,8 @@ def rubrics(json_output: bool = typer.Option(False, "--json", help="Print JSON (
                     "name": r.name,
                     "description": r.description,
                     "language": r.language,
-                    "variables": {k: v.type for k, v in r.variables.items()},
-                    "output_mode": r.output.mode,
+                    "variables": r.variables,
+                    "output_mode": r.output_mode,
                     "labels": r.labels,
                     "unmatched": r.unmatched,
                 }
@@ -38,6 +39,6 @@ def rubrics(json_output: bool = typer.Option(False, "--json", help="Print JSON (
         labels = ", ".join(f"{k} {v:+g}" for k, v in r.labels.items())
         if r.unmatched != "error":
             labels += f", other {float(r.unmatched):+g}"
-        variables = ", ".join(f"{k}{'[]' if v.type == 'list' else ''}" for k, v in r.variables.items())
-        table.add_row(r.name, variables, r.output.mode, labels)
+        variables = ", ".join(f"{k}{'[]' if kind == 'list' else ''}" for k, kind in r.variables.items())
+        table.add_row(r.name, variables, r.output_mode, labels)
     Console().print(table)

@@ -13,7 +13,8 @@ from ._serve import _is_loopback
 LABELS_HELP = "CSV/JSONL/Parquet with human labels, joined to OUTPUT on --on: adds agreement and a 'disagrees' filter."
 
 
-def open_results(output: Path, labels: Path | None, on: str | None, human_column: str, *, background: bool) -> Any:
+def open_results(output: Path, labels: Path | None, on: str | None, human_column: str, *, background: bool,
+                 deferred: bool = False) -> Any:
     """Open OUTPUT for viewing (the CLI's errors are exit status 2 with the reason)."""
     try:
         import duckdb  # noqa: F401  (the view extra)
@@ -26,7 +27,8 @@ def open_results(output: Path, labels: Path | None, on: str | None, human_column
     if labels is not None and not labels.is_file():
         raise fail(f"{labels}: no such labels file")
     try:
-        return ResultsFile(output, labels=Labels(path=labels, on=on, column=human_column) if labels else None, background=background)
+        return ResultsFile(output, labels=Labels(path=labels, on=on, column=human_column) if labels else None,
+                           background=background, deferred=deferred)
     except ViewError as e:
         raise fail(str(e)) from e
 
@@ -50,34 +52,48 @@ def view(
     The first line on stdout is the page's URL. Runs until Ctrl-C/SIGTERM.
     Exit status 2: OUTPUT, --labels or --rubric cannot be used (the message says why); 1: the server could not start (e.g. the port is taken).
     """
+    import threading
     import webbrowser
 
-    from judge import RubricError, load_rubric
-
-    from ..platforms.server._run import RewardServer
-    from ..view import view_app
-
-    judge_rubric = None
-    if rubric is not None:
-        try:
-            judge_rubric = load_rubric(rubric)
-        except (RubricError, OSError, ValueError) as e:
-            raise fail(f"--rubric {rubric}: {e}") from e
+    if not _is_loopback(host):
+        typer.echo(f"warning: serving on {host}: anyone who can reach the port can read {output}", err=True)
     pairs = {}
     for pair in mapping:
         var, sep, column = pair.partition("=")
         if not sep or not var or not column:
             raise fail(f"--map {pair!r}: expected VAR=COLUMN")
         pairs[var] = column
-    if not _is_loopback(host):
-        typer.echo(f"warning: serving on {host}: anyone who can reach the port can read {output}", err=True)
-    results = open_results(output, labels, on, human_column, background=True)
+    # Open the file first: its row count starts on a thread and runs while the server stack imports.
+    # The copy for filters starts once the first page is answered (or a filter or the summary asks):
+    # started at once, it would take the CPU the first page needs.
+    results = open_results(output, labels, on, human_column, background=True, deferred=True)
     try:
+        judge_rubric = None
+        if rubric is not None:
+            from judge import RubricError, load_rubric
+
+            try:
+                judge_rubric = load_rubric(rubric)
+            except (RubricError, OSError, ValueError) as e:
+                raise fail(f"--rubric {rubric}: {e}") from e
+
+        from ..platforms.server._run import RewardServer
+        from ..view import ViewError, view_app
+
         app = view_app(results, rubric=judge_rubric, mapping=pairs)
 
-        def announce(server: RewardServer) -> None:
+        def indexed() -> None:
+            try:
+                results.wait(start=False)
+                typer.echo(f"{output}: {results.total_rows:,} rows; filters, search and the summary are ready", err=True)
+            except ViewError as e:
+                if not results.closed:  # stopped mid-copy: nothing went wrong
+                    typer.echo(f"error: {e}", err=True)
+
+        def announce(server: RewardServer) -> None:  # on the server's event loop: nothing here may wait
             typer.echo(server.url)  # first line of stdout: what tests and scripts read
-            typer.echo(f"viewing {output} ({results.total_rows:,} rows); Ctrl-C stops", err=True)
+            typer.echo(f"viewing {output}; Ctrl-C stops", err=True)
+            threading.Thread(target=indexed, name="gradekit-view-announce", daemon=True).start()
             if not no_browser:
                 webbrowser.open(server.url)
 

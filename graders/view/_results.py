@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -131,22 +132,109 @@ def _plain(value: Any) -> Any:
         return str(value)  # dates, UUIDs, blobs
 
 
+def count_lines(path: Path, stop: threading.Event | None = None, *, tools: bool = True) -> int | None:
+    """Rows of a JSONL file as DuckDB reads it (one per non-blank line), from a line count; None when unsure.
+
+    The first page needs the total, and DuckDB's ``count(*)`` parses every line (a second or more
+    for a million rows). DuckDB skips blank and whitespace-only lines and, reading leniently, makes
+    every other line a row (a broken one a row of nulls). So when every line starts with a
+    non-space byte the rows are the lines; when one does not (it may be blank), None: the caller
+    asks DuckDB. ``wc`` and ``grep`` count in other processes at several GB/s, leaving this one's
+    CPU and GIL to the server starting up; without them (or ``tools=False``), Python counts.
+    ``stop`` set: give up (the viewer is closing).
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            if size:
+                f.seek(size - 1)
+            unterminated = 1 if size and f.read(1) != b"\n" else 0  # a last line without its newline is a row too
+    except OSError:
+        return None
+    counted = _count_with_tools(path, stop) if tools else None
+    if counted is None:
+        counted = _count_in_python(path, stop)
+    if counted is None:
+        return None
+    lines, starting_with_text = counted
+    lines += unterminated
+    return lines if starting_with_text == lines else None
+
+
+def _count_with_tools(path: Path, stop: threading.Event | None) -> tuple[int, int] | None:
+    """(newlines, lines that start with a non-space byte) from ``wc -l`` and ``grep -c``, run side by side."""
+    import subprocess
+
+    env = {**os.environ, "LC_ALL": "C"}  # bytes, not characters: no UTF-8 decoding, [[:space:]] is ASCII
+    commands = (["wc", "-l"], ["grep", "-a", "-c", "^[^[:space:]]"])
+    procs: list[subprocess.Popen] = []
+    try:
+        for argv in commands:
+            with path.open("rb") as source:
+                procs.append(subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
+        found = []
+        for proc in procs:
+            while True:
+                try:
+                    out, _ = proc.communicate(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stop is not None and stop.is_set():
+                        return None
+            if proc.returncode not in (0, 1):  # grep: 1 is "no line matched", its count 0 printed all the same
+                return None
+            found.append(int(out.split()[0]))
+        return found[0], found[1]
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _count_in_python(path: Path, stop: threading.Event | None) -> tuple[int, int] | None:
+    """The same two counts with ``bytes.count`` (a regex finds a line that starts with a space byte)."""
+    lines, last = 0, b"\n"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            if stop is not None and stop.is_set():
+                return None
+            if last == b"\n" and chunk[:1].isspace() or _LINE_STARTS_BLANK.search(chunk):
+                return lines, -1
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines, lines + (1 if last not in (b"\n", b"") else 0)
+
+
+# A newline followed by whitespace: the next line may be blank (DuckDB skips it) or indented.
+_LINE_STARTS_BLANK = re.compile(rb"\n\s")
+
+
 class ResultsFile:
     """A graded file (JSONL, CSV or Parquet; a rubric, pairwise or ``--grader`` output) opened for viewing.
 
+    Opening reads only the column names and types (DuckDB samples the first rows), so a server can
+    listen at once. The row count runs on a thread straight away (a newline count for JSONL); the
+    columnar copy that filters, sorts, search and the summary run on follows it in the background
+    (``background=True``), only when first needed (``deferred=True``: a filter, the summary,
+    ``index()``), or before the constructor returns (``background=False``). Unfiltered pages and
+    single rows are answered from the file until the copy is done (``Page.ready`` is False).
+
     Thread-safe: each query runs on its own DuckDB cursor, so a web server may call it from a pool.
-    ``close()`` removes the temporary database.
+    ``close()`` stops the background work and removes the temporary database.
     """
 
     def __init__(self, path: str | Path, *, labels: Labels | None = None, memory_limit: str = "256MB",
-                 background: bool = True) -> None:
+                 background: bool = True, deferred: bool = False) -> None:
         import duckdb  # the view extra; imported here so that `gradekit --help` never loads it
 
         self.path = Path(path)
         if not self.path.is_file():
             raise ViewError(f"{self.path}: no such file")
         try:
-            file_format(self.path)
+            self._format = file_format(self.path)
         except InputError as e:
             raise ViewError(str(e)) from None
         self.labels = labels
@@ -157,77 +245,185 @@ class ResultsFile:
         self._db.execute(f"SET memory_limit={_literal(memory_limit)}")
         self._db.execute(f"SET temp_directory={_literal(str(self._folder / 'spill'))}")
         self._db.execute("SET preserve_insertion_order=true")
+        self._closing = threading.Event()
+        self._counted = threading.Event()
         self._ready = threading.Event()
-        self._loader: threading.Thread | None = None
+        self._start = threading.Lock()
+        self._busy: list[Any] = []  # cursors of running background queries: close() interrupts them
+        self._total = 0
+        self._modes = (False, False)  # (careful, lenient) the whole file needs, as the count found
+        self._broken: str | None = None  # the count's first unreadable line, when it had to read leniently
+        self._sample_broken: str | None = None  # the same among the rows DuckDB sampled for the types
+        self._count_failure: ViewError | None = None
         self._failure: ViewError | None = None
-        self._reader = _reader(self.path)
+        self._types: dict[str, str] = {}
+        self._loader: threading.Thread | None = None
+        self._counter: threading.Thread | None = None
+        if background:  # the count reads the file while the caller goes on (DuckDB and file reads release the GIL)
+            self._counter = threading.Thread(target=self._count, name="gradekit-view-count", daemon=True)
+            self._counter.start()
         try:
-            self.total_rows = self._count()
-            self.columns = self._file_columns()
+            self._reader, self.columns = self._describe()
             self._check_labels()
+            if not background:
+                self._count()
+                self._index()
+                self.wait()
         except ViewError:
             self.close()
             raise
-        self._types: dict[str, str] = {}
-        if background:
-            self._loader = threading.Thread(target=self._load, name="gradekit-view-load", daemon=True)
-            self._loader.start()
-        else:
-            self._load()
-            try:
-                self.wait()
-            except ViewError:
-                self.close()
-                raise
+        if background and not deferred:
+            self.index()
 
     # -- loading -------------------------------------------------------------------------------
 
     def _error(self, exc: Exception) -> ViewError:
         return ViewError(f"{self.path}: {str(exc).splitlines()[0]}")
 
-    def _count(self) -> int:
+    def _query(self, sql: str) -> list[tuple]:
+        """A background query that close() can interrupt."""
+        cursor = self._db.cursor()
+        self._busy.append(cursor)
+        try:
+            return cursor.execute(sql).fetchall()
+        finally:
+            self._busy.remove(cursor)
+
+    def _describe(self) -> tuple[str, list[str]]:
+        """The reader with every column's type fixed from DuckDB's sample, and the column names.
+
+        Fixed types let each later read skip the sampling (the first page reads 50 rows, not 20,000).
+        A broken line among the sampled ones: read leniently (the copy will say which lines).
+        """
         import duckdb
 
         first: duckdb.Error | None = None
-        attempts = [(False, False), (True, False)] + ([(True, True)] if file_format(self.path) != "parquet" else [])
-        for careful, lenient in attempts:
-            self._reader = _reader(self.path, careful, lenient)
+        for lenient in (False, True) if self._format != "parquet" else (False,):
             try:
-                count = int(self._db.cursor().execute(f"SELECT count(*) FROM {self._reader}").fetchone()[0])
-                self._reader = self._typed(careful, lenient)
+                found = self._typed(False, lenient)
             except duckdb.Error as e:
                 first = first or e
                 continue
-            self._careful, self._lenient = careful, lenient
-            if lenient and first is not None:
-                shown = "show as empty rows" if file_format(self.path) == "jsonl" else "are left out"
-                self.warnings.append(f"some lines could not be read and {shown}; the first: {str(first).splitlines()[0]}")
-            return count
+            if lenient:  # the copy must read leniently too, typing from every row as the sample was not clean
+                self._sample_broken = str(first).splitlines()[0]
+            return found
         raise self._error(first)  # type: ignore[arg-type]
 
-    def _typed(self, careful: bool, lenient: bool) -> str:
-        """The reader with text type for columns that are empty in every sampled row.
+    def _typed(self, careful: bool, lenient: bool) -> tuple[str, list[str]]:
+        """The reader with fixed column types, and the column names.
 
-        DuckDB types such a column NULL and then drops its later values silently; a graded file
-        has many (``error``, ``raw_reply``: empty until the first failure), so they are read as text.
+        Text type for columns that are empty in every sampled row: DuckDB types such a column
+        NULL and then drops its later values silently; a graded file has many (``error``,
+        ``raw_reply``: empty until the first failure). JSON: every column fixed (mixed types, such
+        as ids that are numbers and strings, read as text: a string shows without its quotes).
+        CSV: only the empty ones (its own sniffing of the rest is fast); Parquet carries its types.
         """
-        described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
-        # JSON: mixed types (ids that are numbers and strings); as text a string shows without its quotes.
+        described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {_reader(self.path, careful, lenient)}").fetchall()
+        names = [name for name, *_ in described]
+        if self._format == "parquet":
+            return _reader(self.path), names
         empty = {name for name, kind, *_ in described if kind.strip('"') in ("NULL", "JSON")}
-        if not empty:
-            return self._reader
-        types = {name: ("VARCHAR" if name in empty else kind) for name, kind, *_ in described}
-        if file_format(self.path) == "csv":
+        if self._format == "csv":
             types = {name: "VARCHAR" for name in empty}
-        return _reader(self.path, careful, lenient, types)
+        else:
+            types = {name: ("VARCHAR" if name in empty else kind) for name, kind, *_ in described}
+        return _reader(self.path, careful, lenient, types or None), names
 
-    def _file_columns(self) -> list[str]:
+    def _count(self) -> None:
+        """The file's row count; for CSV and Parquet also how carefully the whole file must be read."""
         import duckdb
 
         try:
-            return [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()]
-        except duckdb.Error as e:
-            raise self._error(e) from None
+            counted = count_lines(self.path, self._closing) if self._format == "jsonl" else None
+            if counted is None:
+                first: duckdb.Error | None = None
+                attempts = [(False, False), (True, False)] + ([(True, True)] if self._format != "parquet" else [])
+                for careful, lenient in attempts:
+                    try:
+                        counted = int(self._query(f"SELECT count(*) FROM {_reader(self.path, careful, lenient)}")[0][0])
+                    except duckdb.Error as e:
+                        first = first or e
+                        continue
+                    if self._format != "jsonl":  # a JSONL line count is the same however carefully it is read
+                        self._modes = (careful, lenient)
+                        self._broken = str(first).splitlines()[0] if lenient and first is not None else None
+                    break
+                else:
+                    raise self._error(first)  # type: ignore[arg-type]
+            self._total = counted
+        except ViewError as e:
+            self._count_failure = e
+        except OSError as e:
+            self._count_failure = ViewError(f"{self.path}: {e.strerror or e}")
+        finally:
+            self._counted.set()
+
+    @property
+    def total_rows(self) -> int:
+        """Rows in the file (waits for the count, which starts when the file is opened)."""
+        self._counted.wait()
+        if self._count_failure is not None:
+            raise self._count_failure
+        return self._total
+
+    def index(self) -> None:
+        """Start the columnar copy on a background thread (once; later calls do nothing)."""
+        with self._start:
+            if self._loader is None and not self._ready.is_set():
+                self._loader = threading.Thread(target=self._index, name="gradekit-view-load", daemon=True)
+                self._loader.start()
+
+    def _index(self) -> None:
+        import duckdb
+
+        try:
+            self.total_rows  # noqa: B018  (raises the count's failure)
+            db = self._db.cursor()
+            careful, lenient = max(self._modes, (True, True) if self._sample_broken else (False, False))
+            attempts = [(c, le) for c, le in ((False, False), (True, False), (True, True)) if (c, le) >= (careful, lenient)]
+            if self._format == "parquet":
+                attempts = attempts[:1]
+            first: duckdb.Error | None = None
+            for careful, lenient in attempts:
+                if self._closing.is_set():
+                    return
+                try:
+                    reader = self._reader if (careful, lenient) == (False, False) else self._typed(careful, lenient)[0]
+                    self._copy(reader)
+                except (duckdb.ConversionException, duckdb.InvalidInputException) as e:
+                    # A later value does not fit the type the first rows suggested (type from every
+                    # row, slower), or a line is broken (read past it).
+                    first = first or e
+                    continue
+                break
+            else:
+                raise self._error(first)  # type: ignore[arg-type]
+            if lenient:
+                shown = "show as empty rows" if self._format == "jsonl" else "are left out"
+                reason = str(first).splitlines()[0] if first is not None else self._broken or self._sample_broken
+                self.warnings.append(f"some lines could not be read and {shown}" + (f"; the first: {reason}" if reason else ""))
+            self._types = {name: kind for name, kind, *_ in db.execute(f"DESCRIBE {TABLE}").fetchall() if name != TEXT}
+            self.columns = list(self._types)
+            copied = int(db.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0])
+            if copied != self._total:  # the copy is the truth the filters count in; say so when the count differed
+                self.warnings.append(f"the file has {copied:,} rows; {self._total:,} were counted before it was read whole")
+                self._total = copied
+            self._attach_human_labels(db)
+        except duckdb.Error as e:  # interrupted by close(): not the file's fault, but no copy either
+            self._failure = ViewError(f"{self.path}: the viewer closed before the copy was done") if self.closed else self._error(e)
+        except ViewError as e:
+            self._failure = e
+        finally:
+            self._ready.set()
+
+    def _copy(self, reader: str) -> None:
+        """The columnar copy, with a lowercase text column for search."""
+        described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {reader}").fetchall()
+        # Every column but numbers, booleans and times is searchable text (nested JSON as its JSON text).
+        text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind not in _NOT_TEXT
+                and not kind.startswith(("DECIMAL", "TIMESTAMP"))]
+        searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
+        self._query(f"CREATE OR REPLACE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {reader}")
 
     def _check_labels(self) -> None:
         """Fail now, not in the background, when --labels cannot be joined: a wrong key or column is a typo to fix."""
@@ -244,37 +440,6 @@ class ResultsFile:
         for name in (self.labels.on, self.labels.column):
             if name not in names:
                 raise ViewError(f"labels file {self.labels.path}: no column {name!r} (it has: {', '.join(names)})")
-
-    def _load(self) -> None:
-        import duckdb
-
-        try:
-            db = self._db.cursor()
-            described = db.execute(f"DESCRIBE SELECT * FROM {self._reader}").fetchall()
-            # Every column but numbers, booleans and times is searchable text (nested JSON as its JSON text).
-            text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind not in _NOT_TEXT
-                    and not kind.startswith(("DECIMAL", "TIMESTAMP"))]
-            searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
-            try:
-                db.execute(f"CREATE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {self._reader}")
-            except (duckdb.ConversionException, duckdb.InvalidInputException):
-                if self._careful:
-                    raise
-                # A later value does not fit the type the first rows suggested: type from every row (slower).
-                self._careful = True
-                self._reader = _reader(self.path, True, self._lenient)
-                self._reader = self._typed(True, self._lenient)
-                self._load()
-                return
-            self._types = {name: kind for name, kind, *_ in db.execute(f"DESCRIBE {TABLE}").fetchall() if name != TEXT}
-            self.columns = list(self._types)
-            self._attach_human_labels(db)
-        except duckdb.Error as e:
-            self._failure = self._error(e)
-        except ViewError as e:
-            self._failure = e
-        finally:
-            self._ready.set()
 
     def _attach_human_labels(self, db: Any) -> None:
         """Add ``human_label``: from the --labels file joined on its key, else the input's own gold label."""
@@ -305,8 +470,10 @@ class ResultsFile:
         self._types[HUMAN] = "VARCHAR"
         self.columns.append(HUMAN)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the file is indexed; raise its ViewError if it could not be."""
+    def wait(self, timeout: float | None = None, *, start: bool = True) -> bool:
+        """Block until the file is indexed (``start``: starting a deferred copy); raise its ViewError if it could not be."""
+        if start:
+            self.index()
         done = self._ready.wait(timeout)
         if self._failure is not None:
             raise self._failure
@@ -314,11 +481,31 @@ class ResultsFile:
 
     @property
     def ready(self) -> bool:
+        """The copy is done: filters, sorts, search and the summary answer without waiting."""
         return self._ready.is_set() and self._failure is None
 
+    @property
+    def closed(self) -> bool:
+        """close() has been called (background work stops)."""
+        return self._closing.is_set()
+
+    @property
+    def indexing(self) -> bool:
+        """The copy has started (it may be done)."""
+        return self._loader is not None or self._ready.is_set()
+
     def close(self) -> None:
-        if self._loader is not None:
-            self._loader.join()  # it still writes into the folder
+        self._closing.set()
+        with self._start:
+            loader, self._loader = self._loader, threading.Thread()  # a later index() starts nothing
+        for thread in (self._counter, loader):
+            while thread is not None and thread.ident is not None and thread.is_alive():
+                for cursor in list(self._busy):  # a copy or count still running: stop it rather than wait it out
+                    try:
+                        cursor.interrupt()
+                    except Exception:  # noqa: BLE001  (it finished meanwhile)
+                        pass
+                thread.join(0.1)  # it still writes into the folder
         self._db.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
@@ -403,11 +590,23 @@ class ResultsFile:
         return [{name: _plain(value) for name, value in zip(names, row)} for row in cursor.fetchall()]
 
     def _early(self, window: str) -> list[dict[str, Any]] | None:
-        """Rows straight from the file while the copy is made; None when that fails (the copy will say why)."""
+        """Rows straight from the file while the copy is made, with the human label the copy adds; None when that
+        fails (the copy will say why)."""
         import duckdb
 
+        key = "__gradekit_key"
         try:
-            return self._fetch(f"SELECT * FROM {self._reader} {window}")
+            if self.labels is not None:  # look up only this page's keys in the labels file
+                rows = self._fetch(f"SELECT *, CAST({_quote(self.labels.on)} AS VARCHAR) AS {key} FROM {self._reader} {window}")
+                keys = sorted({row[key] for row in rows if row[key] is not None})
+                found = dict(self._db.cursor().execute(
+                    f"SELECT CAST({_quote(self.labels.on)} AS VARCHAR), NULLIF(trim(CAST({_quote(self.labels.column)} AS VARCHAR)), '') "
+                    f"FROM {_reader(self.labels.path, True)} WHERE CAST({_quote(self.labels.on)} AS VARCHAR) "
+                    f"IN ({', '.join('?' * len(keys))})", keys).fetchall()) if keys else {}
+                return [{**{k: v for k, v in row.items() if k != key}, HUMAN: found.get(row[key])} for row in rows]
+            gold = "label" if self.kind == "pairwise" else "input_label"
+            human = f", NULLIF(trim(CAST({_quote(gold)} AS VARCHAR)), '') AS {HUMAN}" if gold in self.columns else ""
+            return self._fetch(f"SELECT *{human} FROM {self._reader} {window}")
         except duckdb.Error:
             return None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,11 +25,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from judge import Rubric
-
-from ._prompt import render_prompt
 from ._results import ResultsFile, ViewError, as_filter
 from ._summary import summarise
+
+if TYPE_CHECKING:  # the rubric and its prompt rendering load with --rubric only: the first page does not wait for them
+    from judge import Rubric
 
 API_VERSION = 1
 
@@ -68,6 +68,8 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
             page_ = results.rows(as_filter(query), offset=offset, limit=limit)
         except ViewError as e:
             return _error(str(e), 400)
+        if not page_.ready:
+            results.index()  # a deferred copy starts once the first page is out, not before: it would compete for the CPU
         return _json({"version": API_VERSION, **page_.model_dump()})
 
     def _row(request: Request) -> dict[str, Any] | Response:
@@ -79,6 +81,7 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
             found = results.row(index)
         except ViewError as e:
             return _error(str(e), 500)
+        results.index()
         if found is None:
             return _error(f"no row {index}: the file has {results.total_rows} rows (0-based)", 404)
         return found
@@ -93,6 +96,8 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
         found = _row(request)
         if isinstance(found, Response):
             return found
+        from ._prompt import render_prompt
+
         return _json(render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None))
 
     static = resources.files(__package__).joinpath("static")

@@ -246,6 +246,10 @@
   $("close").addEventListener("click", () => { $("row-view").hidden = true; });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") $("row-view").hidden = true; });
   load();
-  source.summary().then(renderSummary, (e) => { $("state").textContent = "summary failed: " + e.message; });
+  source.summary().then((s) => {
+    renderSummary(s);
+    // The summary comes once the copy is done: the first page's "indexing" note no longer holds.
+    if (MODE === "server" && $("state").textContent.startsWith("indexing")) $("state").textContent = "";
+  }, (e) => { $("state").textContent = "summary failed: " + e.message; });
   if (MODE === "report") $("state").textContent = DATA.note || "";
 })();
