@@ -14,7 +14,6 @@ from typer.core import TyperCommand, TyperGroup
 from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
 
-
 def _help_flag_defaults_to_false(option: Any) -> Any:
     """Give the help flag a False default, so typer does not load pydantic on every command.
 
