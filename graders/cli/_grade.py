@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command r
 
 
 def grade(
-    input: Path = typer.Argument(..., help="CSV, JSONL or Parquet file of rows to grade."),
+    input: Path = typer.Argument(..., help="CSV, JSONL or Parquet file of rows to grade, or a folder of them (read as one input in sorted path order; see docs/file-runs.md)."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     grader_file: Path = typer.Option(None, "--grader", help="Instead of a rubric: a grader config (.yaml/.json: string match, python, composite, LLM; see `gradekit validate`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv, .jsonl or .parquet decides the format."),
@@ -99,7 +99,7 @@ def grade(
     from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
     from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, codec, file_format
+    from ..runs._io import InputError, codec, file_format, input_format
     from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
@@ -118,10 +118,12 @@ def grade(
     try:
         spec = load_rubric(rubric) if rubric is not None else None
         variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
-        file_format(input)
+        if not input.is_dir():
+            file_format(input)
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
+        input_format(input)  # a folder's files are listed here, so an empty or mixed one fails before any request
         check_not_input(input, output)
         if encoding is not None:
             codec(encoding)  # an unknown name fails here, before any request

@@ -29,7 +29,7 @@ from judge._pacing import Pacing
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, file_format, input_columns, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
 from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
 
@@ -159,7 +159,7 @@ def column_types(source: Path, destination: Path, header: list[str] | None, resu
     import pyarrow as pa
 
     types: dict[str, Any] = {name: pa.type_for_alias(alias) for name, alias in result_types.items()}
-    kind = file_format(source)
+    kind = input_format(source)
     if kind == "parquet":
         for field in parquet_schema(source):
             types[f"input_{field.name}" if field.name in result_columns else field.name] = field.type
