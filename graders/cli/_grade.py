@@ -171,7 +171,7 @@ def grade(
             return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not no_adapt)
+                                 resume=not restart, adapt=not no_adapt, encoding=encoding)
         except BreakerTripped as e:
             raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
     try:
@@ -415,7 +415,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
-                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True) -> None:
+                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
+                  encoding: str | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -451,7 +452,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
         if spec is not None:
             probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout)
-            settings = rubric_settings(probe, spec, variables)
+            settings = rubric_settings(probe, spec, variables, **({"encoding": encoding} if encoding else {}))
         else:
             if not grader_file.exists():
                 raise fail(f"{grader_file}: no such grader config")
@@ -464,12 +465,14 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
-                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url}
+                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url,
+                        **({"encoding": encoding} if encoding else {})}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
                          cache=cache_path, no_cache=no_cache, adapt=adapt)
         try:
-            summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume))
+            summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
+                                                 encoding=encoding))
         except (InputError, GraderConfigError) as e:
             raise fail(str(e)) from e
         except ray.exceptions.RayError as e:  # an actor that cannot build its judge or grader, a cluster gone
