@@ -93,7 +93,11 @@ def test_an_output_inside_the_folder_is_not_read_back(tmp_path: Path) -> None:
         refused = _grade(fake, tmp_path, folder, folder / "a.jsonl")
         assert fake.chat_requests() == []
     assert refused.exit_code == 2 and "one of the input folder's files" in refused.output
-    assert len(_jsonl(folder / "a.jsonl")) == 3
+    (tmp_path / "link.jsonl").hardlink_to(folder / "b.jsonl")  # the same file by another name, outside the folder
+    with FakeProvider() as fake:
+        linked = _grade(fake, tmp_path, folder, tmp_path / "link.jsonl")
+    assert linked.exit_code == 2 and "is the same file as the input" in linked.output, linked.output
+    assert len(_jsonl(folder / "a.jsonl")) == len(_jsonl(folder / "b.jsonl")) == 3
 
 
 def test_folders_that_cannot_be_an_input_stop_before_any_request(tmp_path: Path) -> None:

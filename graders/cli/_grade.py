@@ -77,8 +77,12 @@ def grade(
     link. A row that cannot be read (bad bytes, a CSV cell over 128 KiB, JSON nested too deep, a
     damaged Parquet page) is an error row for that row.
 
-    With --ray ADDRESS the rows are judged by a pool of Ray actors and this process writes OUTPUT:
-    the same file, order, summary and resuming as a local run.
+    INPUT may be a folder: its CSV, JSONL or Parquet files (one format; subfolders too; names
+    starting with . or _ and gradekit's own outputs skipped) are read as one input in sorted path
+    order, so OUTPUT may be written into it (docs/file-runs.md).
+
+    With --ray ADDRESS Ray Data reads INPUT, a pool of Ray actors judges the rows and this process
+    writes OUTPUT: the same file, order, summary and resuming as a local run.
 
     Without --rps/--tpm the run paces itself to the limit the provider's replies show: its
     x-ratelimit-* headers, else its 429s (AIMD); --no-adapt turns that off. See docs/pacing.md.

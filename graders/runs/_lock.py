@@ -44,7 +44,7 @@ def check_not_input(source: Path, destination: Path) -> None:
 
 
 def _check_not_in_folder(folder: Path, destination: Path) -> None:
-    from ._io import FORMATS, _is_output
+    from ._io import FORMATS, _is_output, input_files
 
     try:
         inside = destination.resolve().is_relative_to(folder.resolve())
@@ -56,6 +56,11 @@ def _check_not_in_folder(folder: Path, destination: Path) -> None:
             and not any(part.startswith((".", "_")) for part in destination.resolve().relative_to(folder.resolve()).parts)):
         raise InputError(f"{destination} is one of the input folder's files; writing it would destroy that input. "
                          "Choose another output path (a new file in the folder is fine: gradekit skips its own outputs)")
+    if destination.exists():  # a hard link or symlink elsewhere to one of the folder's files
+        for file in input_files(folder):
+            if os.path.samefile(file, destination):
+                raise InputError(f"{destination} is the same file as the input {file}; writing it would destroy the input. "
+                                 "Choose another output path")
 
 
 @contextlib.contextmanager
