@@ -67,7 +67,8 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
         if address == "local":
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            # address="local": a new cluster even when one runs on this machine (ray.init() alone would join it).
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
         else:
             ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
