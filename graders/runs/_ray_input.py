@@ -81,19 +81,30 @@ def ray_rows(source: Path, skip: int = 0, encoding: str | None = None) -> Iterat
     if not files:
         return
     paths = [str(file.resolve()) for file in files]
+    datasource = RowsDatasource(paths, kind=kind, labels={p: str(f) for p, f in zip(paths, files)}, skips={paths[0]: skip},
+                                encoding=encoding, partitioning=None)  # no hive columns from k=v folder names: a local run has none
+    # The dataset keeps a copy of the context it was made under: these settings are this read's
+    # alone, and the caller's own pipelines keep theirs.
     context = ray.data.DataContext.get_current()
+    saved = (context.execution_options.preserve_order, context.enable_progress_bars, context.print_on_execution_start)
     context.execution_options.preserve_order = True  # blocks leave in the order of the files and of their rows
     context.enable_progress_bars = False  # stderr is the command's: its progress lines and summary
     context.print_on_execution_start = False
-    datasource = RowsDatasource(paths, kind=kind, labels={p: str(f) for p, f in zip(paths, files)}, skips={paths[0]: skip},
-                                encoding=encoding, partitioning=None)  # no hive columns from k=v folder names: a local run has none
-    # No CPU of its own: the judge actors hold the cluster's CPUs, and a read task waiting for one would wait for the run.
-    dataset = ray.data.read_datasource(datasource, num_cpus=0)
+    try:
+        # No CPU of its own: the judge actors hold the cluster's CPUs, and a read task waiting for one would wait for the run.
+        dataset = ray.data.read_datasource(datasource, num_cpus=0)
+    finally:
+        context.execution_options.preserve_order, context.enable_progress_bars, context.print_on_execution_start = saved
     # Ray Data logs each execution's start and end (and that progress bars are off) to stderr, which is the command's.
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-        for blob in batch.column("rows").to_pylist():
-            for row in pickle.loads(blob):
-                if isinstance(row, InputError):
-                    raise row
-                yield row
+    log = logging.getLogger("ray.data")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            for blob in batch.column("rows").to_pylist():
+                for row in pickle.loads(blob):
+                    if isinstance(row, InputError):
+                        raise row
+                    yield row
+    finally:
+        log.setLevel(level)
