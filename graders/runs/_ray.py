@@ -2,9 +2,9 @@
 
 Ray Data's read tasks read the input (graders/runs/_ray_input.py: a file or a folder, parsed
 row by row as a local run parses it); the driver (this process) keeps the order, writes the
-output and the checkpoint through the same :func:`run_file` loop as a local run, so the output file, its
-columns and order, the summary and resuming are those of a local run; a run killed with or
-without ``--ray`` resumes with or without it. Only judging moves out: rows go to the actors in
+output and the checkpoint through the same :func:`run_file` loop as a local run, so the output
+file, its columns and order, the summary and resuming are those of a local run; a run killed
+with or without ``--ray`` resumes with or without it. Only judging moves out: rows go to the actors in
 small batches (one actor call per batch, not per row), each actor holds a Judge or grader with
 its own ``--concurrency``, and under ``--rps``/``--tpm`` they all book their requests from one
 limiter actor (judge/_ray_limiter.py).
