@@ -15,6 +15,7 @@ order and the checkpoint's fingerprint are a local run's.
 
 from __future__ import annotations
 
+import inspect
 import io
 import logging
 import pickle
@@ -92,7 +93,9 @@ def ray_rows(source: Path, skip: int = 0, encoding: str | None = None) -> Iterat
     context.print_on_execution_start = False
     try:
         # No CPU of its own: the judge actors hold the cluster's CPUs, and a read task waiting for one would wait for the run.
-        dataset = ray.data.read_datasource(datasource, num_cpus=0)
+        # Newer Ray takes num_cpus by name and deprecates ray_remote_args; the extra allows older Ray too.
+        named = "num_cpus" in inspect.signature(ray.data.read_datasource).parameters
+        dataset = ray.data.read_datasource(datasource, **({"num_cpus": 0} if named else {"ray_remote_args": {"num_cpus": 0}}))
     finally:
         context.execution_options.preserve_order, context.enable_progress_bars, context.print_on_execution_start = saved
     # Ray Data logs each execution's start and end (and that progress bars are off) to stderr, which is the command's.
