@@ -179,6 +179,72 @@ def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_loc
     assert _ids(output) == list(range(60))
 
 
+def _input_folders(root: Path) -> dict[str, Path]:
+    """A folder per format, with rows Ray Data's own readers would get wrong (gradekit's parser must read them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = root / "jsonl"
+    _rows(jsonl / "a.jsonl", 4, "a") if jsonl.mkdir() is None else None
+    (jsonl / "sub").mkdir()
+    lines = [json.dumps({"id": 10, "question": "line\u2028separator", "references": ["x"], "prediction": "y"}, ensure_ascii=False),
+             "{not json", "", json.dumps({"id": 11, "question": "q", "references": ["x"], "prediction": "y", "extra": {"k": 1}}),
+             json.dumps({"id": 12, "references": ["x"], "prediction": "y"})]  # no question: that row's input error
+    (jsonl / "sub" / "b.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (jsonl / ".hidden.jsonl").write_text("{}\n")
+    csv_folder = root / "csv"
+    csv_folder.mkdir()
+    (csv_folder / "1.csv").write_text('id,question,references,prediction\n1,"two\nlines",007,7\n2,q,x\n3,q,x,y,extra\n',
+                                      encoding="utf-8")
+    (csv_folder / "2.csv").write_text("id,question,references,prediction\n4,q," + "x" * (128 * 1024 + 1) + ",y\n5,q,x,y\n",
+                                      encoding="utf-8")
+    parquet = root / "parquet"
+    parquet.mkdir()
+    table = pa.table({"id": list(range(9)), "question": [f"q{i}" for i in range(9)], "references": [["x", "y"]] * 9,
+                      "prediction": ["y"] * 9, "score": [0.5] * 9})
+    pq.write_table(table.slice(0, 5), parquet / "year=2024" / "a.parquet") if (parquet / "year=2024").mkdir() is None else None
+    pq.write_table(table.slice(5), parquet / "b.parquet", row_group_size=2)
+    many = root / "many"  # more files than read tasks run at once: their order must still be the listing's
+    for n in range(40):
+        _rows(many / f"part-{n:03d}.jsonl", 3, f"p{n}") if many.mkdir(exist_ok=True) is None else None
+    return {"jsonl": jsonl, "csv": csv_folder, "parquet": parquet, "many": many}
+
+
+def _plain(rows) -> list:
+    return [("error", str(row)) if isinstance(row, Exception) else row for row in rows]
+
+
+def test_ray_data_reads_a_folder_row_for_row_as_the_local_reader(cluster: str, tmp_path: Path) -> None:
+    """Bad rows stay error rows, CSV cells stay text, no hive column from year=2024/, and a skip lands where a local one does."""
+    from graders.runs._io import read_rows
+    from graders.runs._ray_input import ray_rows
+
+    for kind, folder in _input_folders(tmp_path).items():
+        local = _plain(read_rows(folder))
+        assert len(local) > 4 and any(isinstance(row, tuple) for row in local) == (kind in ("jsonl", "csv")), kind
+        for skip in (0, 1, 4, 5, len(local) - 1, len(local)):
+            assert _plain(ray_rows(folder, skip)) == local[skip:], (kind, skip)
+
+
+def test_a_folder_graded_on_the_cluster_is_byte_for_byte_the_local_output(cluster: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    folders = _input_folders(tmp_path)
+    with FakeProvider() as fake:
+        for kind in ("jsonl", "csv"):
+            local, remote = tmp_path / f"local-{kind}.jsonl", tmp_path / f"ray-{kind}.jsonl"
+            result = CliRunner().invoke(app, ["grade", str(folders[kind]), "-r", RUBRIC, "-o", str(local), "--base-url", fake.base_url,
+                                              "--api-key", "k", "--model", "fake-judge", "--no-cache", "--json"], env=_env())
+            assert result.exit_code == 1, result.output  # the bad rows are error rows
+            summary = _run(_spec(fake.base_url), folders[kind], remote, fake.base_url, workers=2)
+            assert local.read_bytes() == remote.read_bytes(), kind
+            expected = json.loads(result.output)
+            assert {k: v for k, v in summary.model_dump().items() if k not in ("wall_s", "judgements_per_s", "pacing")} == \
+                {k: v for k, v in expected.items() if k in summary.model_dump() and k not in ("wall_s", "judgements_per_s", "pacing")}
+
+
 def test_an_actor_killed_mid_run_loses_no_row_and_duplicates_none(cluster: str, tmp_path: Path) -> None:
     import ray
 

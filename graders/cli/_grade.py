@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command r
 
 
 def grade(
-    input: Path = typer.Argument(..., help="CSV, JSONL or Parquet file of rows to grade."),
+    input: Path = typer.Argument(..., help="CSV, JSONL or Parquet file of rows to grade, or a folder of them (read as one input in sorted path order; see docs/file-runs.md)."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     grader_file: Path = typer.Option(None, "--grader", help="Instead of a rubric: a grader config (.yaml/.json: string match, python, composite, LLM; see `gradekit validate`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv, .jsonl or .parquet decides the format."),
@@ -77,8 +77,12 @@ def grade(
     link. A row that cannot be read (bad bytes, a CSV cell over 128 KiB, JSON nested too deep, a
     damaged Parquet page) is an error row for that row.
 
-    With --ray ADDRESS the rows are judged by a pool of Ray actors and this process writes OUTPUT:
-    the same file, order, summary and resuming as a local run.
+    INPUT may be a folder: its CSV, JSONL or Parquet files (one format; subfolders too; names
+    starting with . or _ and gradekit's own outputs skipped) are read as one input in sorted path
+    order, so OUTPUT may be written into it (docs/file-runs.md).
+
+    With --ray ADDRESS Ray Data reads INPUT, a pool of Ray actors judges the rows and this process
+    writes OUTPUT: the same file, order, summary and resuming as a local run.
 
     Without --rps/--tpm the run paces itself to the limit the provider's replies show: its
     x-ratelimit-* headers, else its 429s (AIMD); --no-adapt turns that off. See docs/pacing.md.
@@ -99,7 +103,7 @@ def grade(
     from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
     from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, codec, file_format
+    from ..runs._io import InputError, codec, file_format, input_format
     from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
@@ -118,10 +122,12 @@ def grade(
     try:
         spec = load_rubric(rubric) if rubric is not None else None
         variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
-        file_format(input)
+        if not input.is_dir():
+            file_format(input)
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
+        input_format(input)  # a folder's files are listed here, so an empty or mixed one fails before any request
         check_not_input(input, output)
         if encoding is not None:
             codec(encoding)  # an unknown name fails here, before any request
@@ -169,7 +175,7 @@ def grade(
             return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not no_adapt)
+                                 resume=not restart, adapt=not no_adapt, encoding=encoding)
         except BreakerTripped as e:
             raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
     try:
@@ -413,7 +419,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
-                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True) -> None:
+                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
+                  encoding: str | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -449,7 +456,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
         if spec is not None:
             probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout)
-            settings = rubric_settings(probe, spec, variables)
+            settings = rubric_settings(probe, spec, variables, **({"encoding": encoding} if encoding else {}))
         else:
             if not grader_file.exists():
                 raise fail(f"{grader_file}: no such grader config")
@@ -462,12 +469,14 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
-                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url}
+                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url,
+                        **({"encoding": encoding} if encoding else {})}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
                          cache=cache_path, no_cache=no_cache, adapt=adapt)
         try:
-            summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume))
+            summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
+                                                 encoding=encoding))
         except (InputError, GraderConfigError) as e:
             raise fail(str(e)) from e
         except ray.exceptions.RayError as e:  # an actor that cannot build its judge or grader, a cluster gone

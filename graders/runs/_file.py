@@ -29,7 +29,7 @@ from judge._pacing import Pacing
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, file_format, input_columns, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
 from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
 
@@ -159,7 +159,7 @@ def column_types(source: Path, destination: Path, header: list[str] | None, resu
     import pyarrow as pa
 
     types: dict[str, Any] = {name: pa.type_for_alias(alias) for name, alias in result_types.items()}
-    kind = file_format(source)
+    kind = input_format(source)
     if kind == "parquet":
         for field in parquet_schema(source):
             types[f"input_{field.name}" if field.name in result_columns else field.name] = field.type
@@ -301,6 +301,7 @@ async def run_file(
     retry_errors: bool = False,
     encoding: str | None = None,
     lock: bool = True,
+    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
@@ -311,14 +312,14 @@ async def run_file(
     (finished or not) that failed for a transient reason, and keeps every other row as it is.
 
     It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
-    already does.
+    already does. ``reader`` yields the input's rows from a skip (``--ray`` reads them with Ray Data).
     """
     if lock:
         with output_lock(source, destination):
             return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
                                   judge_row=judge_row, input_error=input_error, to_row=to_row, on_row=on_row,
                                   group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
-                                  encoding=encoding, lock=False)
+                                  encoding=encoding, lock=False, reader=reader)
     header = input_columns(source, encoding)
     if group_by is not None and header is not None and group_by not in header:
         raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
@@ -382,7 +383,7 @@ async def run_file(
             trip = await stream_in_order(
                 source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
                 on_mark=(lambda at: checkpoint.save(at, tally.state())) if previous is None else None, close=False,
-                breaker=breaker, previous=previous, reuse=reuse, encoding=encoding)
+                breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
         finished = trip is None
     finally:
         if previous is None and not finished and trip is not None:
@@ -492,6 +493,7 @@ async def stream_in_order(
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     encoding: str | None = None,
+    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> Trip | None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
@@ -510,7 +512,7 @@ async def stream_in_order(
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
     judge it again) make a run that keeps some of an earlier output's rows.
     """
-    rows = enumerate(read_rows(source, skip=skip, encoding=encoding), start=skip + 1)
+    rows = enumerate(reader(source, skip, encoding), start=skip + 1)
     pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
     kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 import itertools
 import json
 import math
@@ -75,6 +76,63 @@ def file_format(path: Path) -> str:
         raise InputError(f"{path}: unsupported file type {path.suffix!r}; use .csv, .jsonl or .parquet") from None
 
 
+OUTPUT_MARKS = (".checkpoint.json", ".lock", ".parts")  # beside a file gradekit writes (see _checkpoint, _lock, RowWriter)
+
+
+def input_files(source: Path) -> list[Path]:
+    """The files an INPUT names: itself, or every CSV/JSONL/Parquet file of a folder, in sorted path order.
+
+    A folder is read recursively, as Ray Data reads one. Names starting with ``.`` or ``_`` are
+    skipped at every level (hidden files, ``_SUCCESS``, ``_metadata``: Ray Data's and Spark's
+    rule), so are files of other types (a README) and gradekit's own outputs (a file with a
+    ``.checkpoint.json``, ``.lock`` or ``.parts`` beside it, and what is inside ``.parts``), so an
+    OUTPUT written into the folder is never read back as input. Order is by relative path,
+    compared part by part, so ``b/x.jsonl`` follows ``a.jsonl``. A folder holds one format:
+    mixing CSV, JSONL and Parquet is an InputError, as is a folder with no such file.
+    """
+    if not source.is_dir():
+        file_format(source)
+        if not source.exists():
+            raise InputError(f"{source}: no such file or folder")
+        return [source]
+    found: list[Path] = []
+    others: list[str] = []
+    for folder, dirs, names in os.walk(source):
+        here = Path(folder)
+        # A Parquet output's part files (<output>.parquet.parts/) are never input.
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_")) and not (d.endswith(".parts") and Path(d[:-6]).suffix.lower() in FORMATS)]
+        for name in names:
+            file = here / name
+            if name.startswith((".", "_")) or not file.is_file() or _is_output(file):
+                continue
+            if file.suffix.lower() in FORMATS:
+                found.append(file)
+            elif not name.endswith((".tmp", ".json")):
+                others.append(name)
+    if not found:
+        ignored = f" (ignored: {', '.join(sorted(others)[:5])}{', ...' if len(others) > 5 else ''})" if others else ""
+        raise InputError(f"{source}: the folder holds no .csv, .jsonl or .parquet file{ignored}; names starting with . or _ are skipped")
+    found.sort(key=lambda f: f.relative_to(source).parts)
+    kinds = Counter(file_format(f) for f in found)
+    if len(kinds) > 1:
+        mixed = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+        raise InputError(f"{source}: a folder input is one format, this one holds {mixed} files; put each format in its own folder")
+    return found
+
+
+def _is_output(file: Path) -> bool:
+    """A file some gradekit run writes or wrote: its checkpoint, lock or Parquet parts are beside it."""
+    if any(file.with_name(file.name + mark).exists() for mark in OUTPUT_MARKS):
+        return True
+    stem, dot, rest = file.name.rpartition(".retrying.")  # a --retry-errors copy: <stem>.retrying<suffix>
+    return bool(dot) and file.with_name(f"{stem}.{rest}.lock").exists()
+
+
+def input_format(source: Path) -> str:
+    """csv, jsonl or parquet: a file's, or the one format of a folder's files."""
+    return file_format(input_files(source)[0]) if source.is_dir() else file_format(source)
+
+
 class RowError(ValueError):
     """One input row is unusable; it still gets an output row, with this as its error."""
 
@@ -96,26 +154,53 @@ def codec(encoding: str | None) -> str:
 def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
 
+    ``path`` is a file or a folder of files (see :func:`input_files`), read as one stream.
     ``skip`` passes over rows a resumed run has already written, without parsing them where
-    the format allows (JSONL lines, Parquet row groups). A row with bytes that do not decode,
-    a CSV cell over ``CSV_CELL_LIMIT``, JSON nested past the parser's depth or a damaged Parquet
-    page is that row's RowError, never the end of the file.
+    the format allows (JSONL lines, Parquet row groups, whole files of a folder whose rows are
+    counted). A row with bytes that do not decode, a CSV cell over ``CSV_CELL_LIMIT``, JSON
+    nested past the parser's depth or a damaged Parquet page is that row's RowError, never the
+    end of the file.
     """
+    files = input_files(path)
+    if len(files) == 1 and files[0] == path:
+        yield from _file_rows(path, skip, encoding)
+        return
+    for file in files:
+        if skip:
+            rows = count_rows(file, encoding)
+            if rows <= skip:
+                skip -= rows  # a whole file already written: not parsed again (JSONL, Parquet) or only counted (CSV)
+                continue
+        yield from _file_rows(file, skip, encoding)
+        skip = 0
+
+
+def _file_rows(path: Path, skip: int, encoding: str | None) -> Iterator[dict[str, Any] | RowError]:
     kind = file_format(path)
-    if not path.exists():
+    if not path.is_file():
         raise InputError(f"{path}: no such file")
+    with path.open("rb") as handle:
+        yield from rows_of(handle, str(path), kind, skip, encoding)
+
+
+def rows_of(handle: IO[bytes], label: str, kind: str, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
+    """The rows of one open file (``label`` names it in errors): the one parser for local and Ray Data reads.
+
+    ``handle`` is binary; Parquet needs it seekable. Ray Data's read tasks call this on the
+    files they open (graders/runs/_ray_input.py), so a row reads the same on either path.
+    """
     if kind == "parquet":
-        yield from _parquet_rows(path, skip)
+        yield from _parquet_rows(handle, label, skip)
     elif kind == "csv":
-        yield from _csv_rows(path, skip, codec(encoding))
+        yield from _csv_rows(handle, label, skip, codec(encoding))
     else:
-        yield from _jsonl_rows(path, skip, codec(encoding))
+        yield from _jsonl_rows(handle, label, skip, codec(encoding))
 
 
-def _csv_rows(path: Path, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
+def _csv_rows(raw: IO[bytes], path: str, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
     # surrogateescape: a stray byte that does not decode becomes that row's error, not the file's.
     # utf-8 (not utf-8-sig, which decodes slower) with the BOM taken off the first name by hand.
-    with path.open(encoding="utf-8" if name == "utf-8-sig" else name, errors="surrogateescape", newline="") as handle:
+    with io.TextIOWrapper(raw, encoding="utf-8" if name == "utf-8-sig" else name, errors="surrogateescape", newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:
@@ -160,55 +245,54 @@ def _display(name: str) -> str:
     return "UTF-8" if name == "utf-8-sig" else name
 
 
-def _jsonl_rows(path: Path, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
+def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
     number = 0
     offset = 0
     utf8 = name == "utf-8-sig"
-    with path.open("rb") as handle:
-        for raw in handle:
-            start, offset = offset, offset + len(raw)
-            if start == 0 and utf8 and raw.startswith(codecs.BOM_UTF8):
-                raw, start = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
-            if not raw.strip():
-                continue
-            number += 1
-            if number <= skip:
-                continue
-            if utf8:  # the fast path: orjson reads UTF-8 bytes itself; anything it refuses takes the path below
-                try:
-                    value = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    pass
-                else:
-                    if isinstance(value, dict):
-                        yield value
-                        continue
+    for raw in handle:
+        start, offset = offset, offset + len(raw)
+        if start == 0 and utf8 and raw.startswith(codecs.BOM_UTF8):
+            raw, start = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
+        if not raw.strip():
+            continue
+        number += 1
+        if number <= skip:
+            continue
+        if utf8:  # the fast path: orjson reads UTF-8 bytes itself; anything it refuses takes the path below
             try:
-                line = raw.decode(name)
-            except UnicodeDecodeError as e:
-                yield RowError(f"{path} row {number}: byte {start + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)} "
-                               "(name the file's encoding with --encoding)")
-                continue
-            try:
-                value = _loads(line)
-            except json.JSONDecodeError as e:
-                yield RowError(f"{path} row {number}: not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            except RecursionError:
-                yield RowError(f"{path} row {number}: JSON nested deeper than the parser's limit ({sys.getrecursionlimit()} levels)")
-                continue
-            if not isinstance(value, dict):
-                yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                pass
             else:
-                yield value
+                if isinstance(value, dict):
+                    yield value
+                    continue
+        try:
+            line = raw.decode(name)
+        except UnicodeDecodeError as e:
+            yield RowError(f"{path} row {number}: byte {start + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)} "
+                           "(name the file's encoding with --encoding)")
+            continue
+        try:
+            value = _loads(line)
+        except json.JSONDecodeError as e:
+            yield RowError(f"{path} row {number}: not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        except RecursionError:
+            yield RowError(f"{path} row {number}: JSON nested deeper than the parser's limit ({sys.getrecursionlimit()} levels)")
+            continue
+        if not isinstance(value, dict):
+            yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+        else:
+            yield value
 
 
-def _parquet_rows(path: Path, skip: int) -> Iterator[dict[str, Any] | RowError]:
+def _parquet_rows(source: IO[bytes], path: str, skip: int) -> Iterator[dict[str, Any] | RowError]:
     """Row group by row group: a damaged page fails the rest of its group's rows, and the next group reads on."""
     import pyarrow.parquet as pq
 
     try:
-        handle = pq.ParquetFile(path)
+        handle = pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise InputError(f"{path}: not a readable Parquet file ({e})") from e
     with handle:
@@ -236,8 +320,37 @@ def input_columns(path: Path, encoding: str | None = None) -> list[str] | None:
     """The columns every row has, when the format says so up front (CSV header, Parquet schema).
 
     Called before any request, it also stops a file that cannot be a good input: one whose
-    first rows are not in its encoding, or whose columns repeat a name.
+    first rows are not in its encoding, or whose columns repeat a name. Every file of a folder
+    is checked, and a CSV or Parquet folder's files must have the same columns (Parquet: of the
+    same types), since the output has one set of columns; a JSONL folder's rows may differ as
+    a JSONL file's may.
     """
+    files = input_files(path)
+    found = [(file, _file_columns(file, encoding)) for file in files]
+    # An empty CSV or JSONL file (a shard with no rows) has no header to compare: it adds no row.
+    known = [(file, columns) for file, columns in found if columns is not None and (columns or file.stat().st_size)]
+    if not known:
+        return found[0][1]
+    base, first = known[0]
+    for file, columns in known[1:]:
+        if set(columns) != set(first):
+            missing, extra = [c for c in first if c not in columns], [c for c in columns if c not in first]
+            raise InputError(f"{file}: its columns differ from {base}'s"
+                             + (f"; it lacks {', '.join(map(repr, missing))}" if missing else "")
+                             + (f"; it adds {', '.join(map(repr, extra))}" if extra else "")
+                             + "; every file of a CSV or Parquet folder has the same columns")
+    if len(known) > 1 and file_format(base) == "parquet":
+        schema = parquet_schema(base)
+        for file, _ in known[1:]:
+            other = parquet_schema(file)
+            for field in schema:
+                if other.field(field.name).type != field.type:
+                    raise InputError(f"{file}: column {field.name!r} is {other.field(field.name).type} where {base} "
+                                     f"has {field.type}; every file of a Parquet folder has the same column types")
+    return first
+
+
+def _file_columns(path: Path, encoding: str | None) -> list[str] | None:
     kind = file_format(path)
     if kind == "parquet":
         columns = list(parquet_schema(path).names)
@@ -276,7 +389,10 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
 
 
 def parquet_schema(path: Path) -> Any:
+    """A Parquet file's schema; a folder's is its first file's (:func:`input_columns` holds the others to it)."""
     import pyarrow.parquet as pq
+
+    path = input_files(path)[0] if path.is_dir() else path
 
     try:
         return pq.read_schema(path)
@@ -285,7 +401,9 @@ def parquet_schema(path: Path) -> Any:
 
 
 def count_rows(path: Path, encoding: str | None = None) -> int:
-    """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse)."""
+    """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse); a folder's in all."""
+    if path.is_dir():
+        return sum(count_rows(file, encoding) for file in input_files(path))
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 
@@ -304,7 +422,14 @@ def written_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def fingerprint(path: Path) -> dict[str, Any]:
-    """Enough to tell that an input file is the one a checkpoint was written for."""
+    """Enough to tell that an input file is the one a checkpoint was written for.
+
+    A folder's covers every file it is read from (relative path, size, mtime): a file added,
+    removed or changed since the checkpoint makes a resumed run start over, as for one file.
+    """
+    if path.is_dir():
+        files = [[f.relative_to(path).as_posix(), (st := f.stat()).st_size, st.st_mtime_ns] for f in input_files(path)]
+        return {"path": str(path.resolve()), "files": files}
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 

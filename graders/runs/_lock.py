@@ -25,7 +25,15 @@ def lock_path(destination: Path) -> Path:
 
 
 def check_not_input(source: Path, destination: Path) -> None:
-    """Refuse an output that is the input, by path or by inode (a hard link, a symlink)."""
+    """Refuse an output that is the input, by path or by inode (a hard link, a symlink).
+
+    For a folder input, refuse an output that is one of its files. An output inside the folder
+    that does not exist yet, or that an earlier run wrote (its checkpoint beside it), is fine:
+    the folder's reader skips gradekit's outputs (see :func:`input_files`).
+    """
+    if source.is_dir():
+        _check_not_in_folder(source, destination)
+        return
     try:
         same = destination.resolve() == source.resolve() or (destination.exists() and os.path.samefile(source, destination))
     except OSError:
@@ -33,6 +41,26 @@ def check_not_input(source: Path, destination: Path) -> None:
     if same:
         raise InputError(f"{destination} is the same file as the input {source}; writing it would destroy the input. "
                          "Choose another output path")
+
+
+def _check_not_in_folder(folder: Path, destination: Path) -> None:
+    from ._io import FORMATS, _is_output, input_files
+
+    try:
+        inside = destination.resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return
+    if destination.is_dir():
+        raise InputError(f"{destination} is a folder; the output is one .csv, .jsonl or .parquet file")
+    if (inside and destination.exists() and destination.suffix.lower() in FORMATS and not _is_output(destination)
+            and not any(part.startswith((".", "_")) for part in destination.resolve().relative_to(folder.resolve()).parts)):
+        raise InputError(f"{destination} is one of the input folder's files; writing it would destroy that input. "
+                         "Choose another output path (a new file in the folder is fine: gradekit skips its own outputs)")
+    if destination.exists():  # a hard link or symlink elsewhere to one of the folder's files
+        for file in input_files(folder):
+            if os.path.samefile(file, destination):
+                raise InputError(f"{destination} is the same file as the input {file}; writing it would destroy the input. "
+                                 "Choose another output path")
 
 
 @contextlib.contextmanager

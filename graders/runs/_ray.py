@@ -1,9 +1,10 @@
 """`gradekit grade --ray`: the rows of a file judged by a pool of Ray actors, the file written here.
 
-The driver (this process) reads the input, keeps the order, writes the output and the
-checkpoint through the same :func:`run_file` loop as a local run, so the output file, its
-columns and order, the summary and resuming are those of a local run; a run killed with or
-without ``--ray`` resumes with or without it. Only judging moves out: rows go to the actors in
+Ray Data's read tasks read the input (graders/runs/_ray_input.py: a file or a folder, parsed
+row by row as a local run parses it); the driver (this process) keeps the order, writes the
+output and the checkpoint through the same :func:`run_file` loop as a local run, so the output
+file, its columns and order, the summary and resuming are those of a local run; a run killed
+with or without ``--ray`` resumes with or without it. Only judging moves out: rows go to the actors in
 small batches (one actor call per batch, not per row), each actor holds a Judge or grader with
 its own ``--concurrency``, and under ``--rps``/``--tpm`` they all book their requests from one
 limiter actor (judge/_ray_limiter.py).
@@ -66,7 +67,8 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
         if address == "local":
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            # address="local": a new cluster even when one runs on this machine (ray.init() alone would join it).
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
         else:
             ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
@@ -218,15 +220,17 @@ async def run_on_pool(pool: ActorPool, run: Callable[[Callable[[Any], Awaitable[
 
 async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapping: Mapping[str, str], *, workers: int,
                          settings: Mapping[str, Any], group_by: str | None = None, resume: bool = True,
-                         on_row: Callable[[Any], None] | None = None, batch: int | None = None) -> Any:
+                         on_row: Callable[[Any], None] | None = None, batch: int | None = None, encoding: str | None = None) -> Any:
     """A rubric (``spec.rubric``) or grader config (``spec.grader_config``) over a file, judged on the cluster.
 
     ``settings`` are the checkpoint's, computed as the local run computes them, so the same
-    command resumes a run killed with or without ``--ray``.
+    command resumes a run killed with or without ``--ray``. ``source`` is a file or a folder;
+    Ray Data reads it (``encoding`` for CSV/JSONL as in a local run).
     """
     from .._sample import Grade
     from ._file import GRADER_COLUMNS, GRADER_TYPES, RESULT_COLUMNS, RESULT_TYPES, _variables, check_columns, grader_row, result_row, run_file
     from ._io import input_columns
+    from ._ray_input import ray_rows
     from ._rows import RowMapping
     from judge import Verdict
 
@@ -236,7 +240,7 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
     cpus = cluster_cpus()
     if spec.rubric is not None:
         rubric = spec.rubric
-        check_columns(source, rubric, mapping)
+        check_columns(source, rubric, mapping, encoding)
         columns, types, to_row = RESULT_COLUMNS, RESULT_TYPES, result_row
 
         def error(message: str) -> Any:
@@ -245,7 +249,7 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
         def prepare(row: dict[str, Any], number: int) -> Any:
             return _variables(row, rubric, mapping, number)
     else:
-        rows = RowMapping.build(mapping, input_columns(source))
+        rows = RowMapping.build(mapping, input_columns(source, encoding))
         columns, types, to_row = GRADER_COLUMNS, GRADER_TYPES, grader_row
 
         def error(message: str) -> Any:
@@ -268,7 +272,8 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
 
     async def run(judge_row: Callable[[Any], Awaitable[Any]], inflight: int) -> Any:
         return await run_file(source, destination, columns, types, settings, inflight, prepare=prepare, judge_row=judge_row,
-                              input_error=error, to_row=to_row, on_row=on_row, group_by=group_by, resume=resume)
+                              input_error=error, to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, encoding=encoding,
+                              reader=ray_rows)
 
     return await run_on_pool(pool, run)
 
