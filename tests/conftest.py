@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,29 @@ def reference_judge(body: dict) -> Reply:
     if fmt in ("json_schema", "json_object"):
         return Reply(content=payload)
     return Reply(content=f"<rationale>x</rationale><judgement>{label}</judgement>")
+
+
+class Gate:
+    """A responder that holds the rows it is told to until the test lets them through.
+
+    A row is named by the number ``pattern`` finds in its prompt. ``release(n)`` lets one row through,
+    ``open.set()`` all of them. A run held here cannot finish, or get past a row, before the test has
+    seen what it waits for, however slowly the test itself is scheduled.
+    """
+
+    def __init__(self, *held: int, pattern: str = r"question (\d+)\?", answer: Callable[[dict], Reply] = reference_judge) -> None:
+        self.held = set(held)
+        self.open = threading.Event()
+        self._pattern, self._answer = re.compile(pattern), answer
+
+    def release(self, number: int) -> None:
+        self.held.discard(number)
+
+    async def __call__(self, body: dict) -> Reply:
+        number = int(self._pattern.search(body["messages"][-1]["content"]).group(1))
+        while number in self.held and not self.open.is_set():
+            await asyncio.sleep(0.01)
+        return self._answer(body)
 
 
 @pytest.fixture
