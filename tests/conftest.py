@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -95,15 +96,25 @@ class Gate:
     seen what it waits for, however slowly the test itself is scheduled.
     """
 
-    def __init__(self, *held: int, pattern: str = r"question (\d+)\?", answer: Callable[[dict], Reply] = reference_judge) -> None:
+    def __init__(self, *held: int, pattern: str = r"question (\d+)\?", answer: Callable[[dict], Reply | None] = reference_judge) -> None:
         self.held = set(held)
         self.open = threading.Event()
         self._pattern, self._answer = re.compile(pattern), answer
+        self._stepped = time.monotonic()
 
     def release(self, number: int) -> None:
         self.held.discard(number)
 
-    async def __call__(self, body: dict) -> Reply:
+    def step(self, every: float) -> None:
+        """Let the lowest held row through, at most once per ``every`` seconds of the caller's polling.
+
+        Called from a loop that watches a run, it advances the run only as fast as the loop runs.
+        """
+        if self.held and time.monotonic() - self._stepped >= every:
+            self.release(min(self.held))
+            self._stepped = time.monotonic()
+
+    async def __call__(self, body: dict) -> Reply | None:
         number = int(self._pattern.search(body["messages"][-1]["content"]).group(1))
         while number in self.held and not self.open.is_set():
             await asyncio.sleep(0.01)

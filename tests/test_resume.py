@@ -82,13 +82,12 @@ def _questions_sent(fake: FakeProvider) -> Counter[str]:
 def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint: Path, rows: int, gate: Gate) -> None:
     """SIGKILL the run once its checkpoint covers ``rows`` rows, before it can finish.
 
-    The gate holds every row past the first ``rows + 10``; this loop lets one more through only while the
-    checkpoint is still short (a checkpoint is written when a row finishes), so the run advances only as
-    fast as the test watches it, however slowly the test is scheduled.
+    The gate holds rows; this loop lets one more through only while the checkpoint is still short (a
+    checkpoint is written when a row finishes), so the run advances only as fast as the test watches it,
+    however slowly the test is scheduled.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60  # a safety net only: the kill waits for progress, not for time
-    released, step = rows + 10, time.monotonic()
     try:
         while time.monotonic() < deadline:
             try:
@@ -98,9 +97,7 @@ def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint:
             if state and state["mark"]["rows"] >= rows:
                 break
             assert process.poll() is None, process.communicate()
-            if time.monotonic() - step > MARK_EVERY_S:  # a finished row writes a checkpoint once MARK_EVERY_S has passed
-                gate.release(released)
-                released, step = released + 1, time.monotonic()
+            gate.step(MARK_EVERY_S)  # a finished row writes a checkpoint once MARK_EVERY_S has passed
             time.sleep(0.02)
         else:
             pytest.fail("the run never checkpointed")
