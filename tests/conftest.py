@@ -121,6 +121,38 @@ class Gate:
         return self._answer(body)
 
 
+class InFlight:
+    """A responder that counts the requests in flight; the first ``meet`` wait for each other.
+
+    Concurrency is proved by a state (``meet`` requests at the fake at once), not by hoping that a
+    short sleep makes requests overlap: on a loaded machine a client may send slower than any sleep.
+    If fewer than ``meet`` can ever be in flight, the waiters go on after a minute and ``peak`` shows it.
+    ``hold`` keeps every request a little longer, so a client that sends more than its cap shows too.
+    """
+
+    def __init__(self, answer: Callable[[dict], Reply | None], meet: int, hold: float = 0.05) -> None:
+        self.now = self.peak = 0
+        self._answer, self._meet, self._hold = answer, meet, hold
+        self._met: asyncio.Event | None = None  # made on the fake's event loop, at the first request
+
+    async def __call__(self, body: dict) -> Reply | None:
+        if self._met is None:
+            self._met = asyncio.Event()
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            if self.now >= self._meet:
+                self._met.set()
+            try:
+                await asyncio.wait_for(self._met.wait(), 60)  # a safety net only
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.sleep(self._hold)
+        finally:
+            self.now -= 1
+        return self._answer(body)
+
+
 @pytest.fixture
 def serve() -> Iterator[Callable[..., str]]:
     """``serve(computer_or_grader, config=None) -> base URL`` of a reward server on a thread; all stopped at teardown."""

@@ -193,15 +193,16 @@ async def test_rate_the_server_sees_stays_within_the_limit() -> None:
         from judge import Judge
 
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(rps=rps, concurrency=32))
+        started = time.monotonic()
         verdicts = await asyncio.gather(*(judge.judge(ZH, {**ROW, "prediction": f"p{i}"}) for i in range(n)))
+        took = time.monotonic() - started
         await judge.aclose()
     seen = fake.chat_requests()
     assert all(v.ok for v in verdicts) and len(seen) == n
     assert [r.status for r in seen].count(429) == 0
-    span = seen[-1].time - seen[0].time
-    # A loose sanity bound on the pace: the count above (no 429 at all) is the real check, since a
-    # stalled server loop on a busy machine can bunch its recorded arrival times together.
-    assert (n - judge.limiter.burst) / span <= rps * 1.25
+    # The pace, as a lower bound a loaded machine can only raise: past its burst the limiter grants
+    # rps a second. (Arrival times on the fake's clock are no measure: a stalled server loop bunches them.)
+    assert took >= (n - judge.limiter.burst) / rps * 0.95
 
 
 async def test_concurrency_cap_bounds_requests_in_flight() -> None:
