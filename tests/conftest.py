@@ -34,6 +34,19 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_limiter() -> Iterator[None]:
+    """Each test starts with no process-wide limiter, as a new process does.
+
+    A reward server's config (build_computer) or configure_limiter sets one for the whole process:
+    its concurrency, a Retry-After hold or a rate learnt from one test's fake must not pace the next.
+    """
+    yield
+    import judge._limiters
+
+    judge._limiters._process_limiter = None
+
+
 @pytest.fixture
 def waits() -> Waits:
     return Waits()
