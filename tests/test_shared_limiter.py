@@ -165,6 +165,7 @@ RPS, ROWS = 10, 20
 # pair reaches about twice RPS, plus its retries.
 SLACK = RPS // 2
 HOLD = 2.0  # Retry-After of the one 429 the shared pair's fake injects
+CONCURRENCY = 4  # requests in flight per process
 
 
 @dataclasses.dataclass
@@ -193,12 +194,17 @@ def rps_run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
             return Reply(status=429, error_message="slow down", headers={"Retry-After": f"{HOLD:g}"})
         return None
 
+    # A small concurrency: while the fake holds an early starter's requests for its partner, the early
+    # one can send only that many, so both have most of their rows left when they compete. (With the
+    # default 16, a process that started a second early had sent 16 of its 20 rows into the hold, and
+    # the control pair, barely overlapping, sometimes met no 429 at all.)
+    pace = ("--rps", str(RPS), "--concurrency", str(CONCURRENCY))
     with FakeProvider(rate_limit_rps=RPS, responder=_together("A", "B", then=answer)) as shared, \
             FakeProvider(rate_limit_rps=RPS, responder=_together("C", "D")) as alone:
-        procs = {"A": _start(tmp, "A", ROWS, shared.base_url, "--rps", str(RPS), "--limiter", redis_url),
-                 "B": _start(tmp, "B", ROWS, shared.base_url, "--rps", str(RPS), "--limiter", redis_url),
-                 "C": _start(tmp, "C", ROWS, alone.base_url, "--rps", str(RPS)),
-                 "D": _start(tmp, "D", ROWS, alone.base_url, "--rps", str(RPS))}
+        procs = {"A": _start(tmp, "A", ROWS, shared.base_url, *pace, "--limiter", redis_url),
+                 "B": _start(tmp, "B", ROWS, shared.base_url, *pace, "--limiter", redis_url),
+                 "C": _start(tmp, "C", ROWS, alone.base_url, *pace),
+                 "D": _start(tmp, "D", ROWS, alone.base_url, *pace)}
         try:
             # Without Redis a row may run out of retries on 429s (exit 1): that is what the control shows.
             summaries = {tag: _finish(proc, (0,) if tag in "AB" else (0, 1)) for tag, proc in procs.items()}
