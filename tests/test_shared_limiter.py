@@ -198,7 +198,9 @@ def rps_run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
     # one can send only that many, so both have most of their rows left when they compete. (With the
     # default 16, a process that started a second early had sent 16 of its 20 rows into the hold, and
     # the control pair, barely overlapping, sometimes met no 429 at all.)
-    pace = ("--rps", str(RPS), "--concurrency", str(CONCURRENCY))
+    # --no-adapt: the told --rps alone paces them. Self-pacing would learn the fake's limit from its
+    # rate headers and slow each process down on its own, so the control could meet no 429 (it did).
+    pace = ("--rps", str(RPS), "--concurrency", str(CONCURRENCY), "--no-adapt")
     with FakeProvider(rate_limit_rps=RPS, responder=_together("A", "B", then=answer)) as shared, \
             FakeProvider(rate_limit_rps=RPS, responder=_together("C", "D")) as alone:
         procs = {"A": _start(tmp, "A", ROWS, shared.base_url, *pace, "--limiter", redis_url),
