@@ -159,7 +159,11 @@ class SharedLimiter:
         """PING Redis now; raise ConnectionError naming the URL if it does not answer.
 
         Runs on its own thread and event loop, so it works from sync code and inside a running loop.
+        The Redis client is imported first, on the caller's thread: on a busy machine the import alone
+        can take seconds, and ``timeout`` is for Redis to answer, not for Python to load a module.
         """
+        import coredis  # noqa: F401 -- loaded before the clock starts (see above)
+
         failure: list[BaseException] = []
 
         async def ping() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,19 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                 "GRADEKIT_PRICES", "GRADEKIT_PARQUET_PART_ROWS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_limiter() -> Iterator[None]:
+    """Each test starts with no process-wide limiter, as a new process does.
+
+    A reward server's config (build_computer) or configure_limiter sets one for the whole process:
+    its concurrency, a Retry-After hold or a rate learnt from one test's fake must not pace the next.
+    """
+    yield
+    import judge._limiters
+
+    judge._limiters._process_limiter = None
 
 
 @pytest.fixture
@@ -83,6 +99,71 @@ def reference_judge(body: dict) -> Reply:
     if fmt in ("json_schema", "json_object"):
         return Reply(content=payload)
     return Reply(content=f"<rationale>x</rationale><judgement>{label}</judgement>")
+
+
+class Gate:
+    """A responder that holds the rows it is told to until the test lets them through.
+
+    A row is named by the number ``pattern`` finds in its prompt. ``release(n)`` lets one row through,
+    ``open.set()`` all of them. A run held here cannot finish, or get past a row, before the test has
+    seen what it waits for, however slowly the test itself is scheduled.
+    """
+
+    def __init__(self, *held: int, pattern: str = r"question (\d+)\?", answer: Callable[[dict], Reply | None] = reference_judge) -> None:
+        self.held = set(held)
+        self.open = threading.Event()
+        self._pattern, self._answer = re.compile(pattern), answer
+        self._stepped = time.monotonic()
+
+    def release(self, number: int) -> None:
+        self.held.discard(number)
+
+    def step(self, every: float) -> None:
+        """Let the lowest held row through, at most once per ``every`` seconds of the caller's polling.
+
+        Called from a loop that watches a run, it advances the run only as fast as the loop runs.
+        """
+        if self.held and time.monotonic() - self._stepped >= every:
+            self.release(min(self.held))
+            self._stepped = time.monotonic()
+
+    async def __call__(self, body: dict) -> Reply | None:
+        number = int(self._pattern.search(body["messages"][-1]["content"]).group(1))
+        while number in self.held and not self.open.is_set():
+            await asyncio.sleep(0.01)
+        return self._answer(body)
+
+
+class InFlight:
+    """A responder that counts the requests in flight; the first ``meet`` wait for each other.
+
+    Concurrency is proved by a state (``meet`` requests at the fake at once), not by hoping that a
+    short sleep makes requests overlap: on a loaded machine a client may send slower than any sleep.
+    If fewer than ``meet`` can ever be in flight, the waiters go on after a minute and ``peak`` shows it.
+    ``hold`` keeps every request a little longer, so a client that sends more than its cap shows too.
+    """
+
+    def __init__(self, answer: Callable[[dict], Reply | None], meet: int, hold: float = 0.05) -> None:
+        self.now = self.peak = 0
+        self._answer, self._meet, self._hold = answer, meet, hold
+        self._met: asyncio.Event | None = None  # made on the fake's event loop, at the first request
+
+    async def __call__(self, body: dict) -> Reply | None:
+        if self._met is None:
+            self._met = asyncio.Event()
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            if self.now >= self._meet:
+                self._met.set()
+            try:
+                await asyncio.wait_for(self._met.wait(), 60)  # a safety net only
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.sleep(self._hold)
+        finally:
+            self.now -= 1
+        return self._answer(body)
 
 
 @pytest.fixture

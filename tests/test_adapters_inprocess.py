@@ -24,7 +24,7 @@ from graders._sample import Grade, Sample
 from judge import Judge, Limiter, RetryPolicy
 from judge.testing import FakeProvider, Reply
 
-from .conftest import Waits, reference_judge
+from .conftest import InFlight, Waits, reference_judge
 
 DATA = Path(__file__).parent / "data" / "graders"
 ANSWER_TAG = {"type": "string_match", "name": "exact_answer", "expression": "{{references.answer}}", "operation": "EXACT_MATCH",
@@ -308,16 +308,8 @@ def test_trl_invalid_is_none_by_default_or_the_configured_score() -> None:
 
 
 async def test_trl_llm_grader_concurrent_and_transient_error(fake: FakeProvider, waits: Waits) -> None:
-    in_flight = {"now": 0, "max": 0}
-
-    async def slow(body: dict) -> Reply:
-        in_flight["now"] += 1
-        in_flight["max"] = max(in_flight["max"], in_flight["now"])
-        await asyncio.sleep(0.02)
-        in_flight["now"] -= 1
-        return failing_where("FAIL", Reply(status=500))(body)
-
-    fake.set_responder(slow)
+    in_flight = InFlight(failing_where("FAIL", Reply(status=500)), meet=2, hold=0.02)
+    fake.set_responder(in_flight)
     judge = fake_judge(fake, waits)
     try:
         strict = trl_reward_func(llm_grader(judge, "semantic_equivalence_en"), name="semantic")
@@ -326,7 +318,7 @@ async def test_trl_llm_grader_concurrent_and_transient_error(fake: FakeProvider,
         ok = await strict(prompts=prompts, completions=["Paris", "Lyon", "It is Paris", "Nice"], completion_ids=None,
                           trainer_state=TrainerState(), answer=["Paris"] * 4)
         assert ok == [1.0, 0.0, 1.0, 0.0]
-        assert in_flight["max"] > 1, "the completions are graded concurrently"
+        assert in_flight.peak > 1, "the completions are graded concurrently"
         with pytest.raises(GradingError, match="on_error"):
             await strict(prompts=prompts[:2], completions=["Paris", "FAIL"], answer=["Paris"] * 2, trainer_state=TrainerState())
         assert await lenient(prompts=prompts[:2], completions=["Paris", "FAIL"], answer=["Paris"] * 2) == [1.0, None]

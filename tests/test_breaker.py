@@ -222,8 +222,15 @@ def test_error_rows_keep_the_raw_reply_and_the_attempts(tmp_path) -> None:
 # ---- progress and Ctrl-C ------------------------------------------------------------------------
 
 
+# `python -m graders` as a terminal starts it: with Python's own SIGINT handler. Where this test
+# runs with SIGINT ignored (a background job of a non-interactive shell passes SIG_IGN on to its
+# children, and Python keeps an ignored SIGINT ignored), the interrupted run never saw its Ctrl-C.
+AT_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "runpy.run_module('graders', run_name='__main__', alter_sys=True)")
+
+
 def _grade_process(source: Path, out: Path, base_url: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "graders", "grade", str(source), "-r", EN, "-o", str(out), "--base-url", base_url,
+    return subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, "grade", str(source), "-r", EN, "-o", str(out), "--base-url", base_url,
                              "--api-key", "k", "--cache", str(out.with_suffix(".sqlite3")), "--concurrency", "2", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

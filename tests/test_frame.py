@@ -29,6 +29,8 @@ from graders.runs._rows import MappingError, RowMapping, grade_columns
 from judge import Judge, Limiter
 from judge.testing import FakeProvider, Reply
 
+from .conftest import InFlight
+
 
 def recorder():
     """A grader that keeps every Sample it sees and scores response == references.answer."""
@@ -164,26 +166,20 @@ def test_composite_parts_and_metrics_become_columns() -> None:
 
 
 async def test_llm_grader_over_http_with_bounded_concurrency(fake: FakeProvider, make_judge) -> None:
-    in_flight = peak = 0
-
-    async def slow_judge(body: dict) -> Reply:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.02)
-        in_flight -= 1
+    def judge_or_refuse(body: dict) -> Reply:
         if "Atlantis" in body["messages"][-1]["content"]:
             return Reply(status=400, error_message="no such city")
         return semantic_judge(body)
 
-    fake.set_responder(slow_judge)
-    judge = make_judge(limiter=Limiter(concurrency=16))
+    in_flight = InFlight(judge_or_refuse, meet=2, hold=0.02)
+    fake.set_responder(in_flight)
+    judge = make_judge(limiter=Limiter(concurrency=16), timeout=120)
     questions = [f"Capital #{i}?" for i in range(11)] + ["Capital of Atlantis?"]
     df = pd.DataFrame({"question": questions, "response": ["Paris"] * 12, "answer": ["Paris"] * 6 + ["Rome"] * 6})
     seen: list[tuple[int, int]] = []
     out = await agrade_frame(df, llm_grader(judge, "semantic_equivalence_en"), {"references.references": "answer"},
                              concurrency=3, progress=lambda done, total: seen.append((done, total)))
-    assert 1 < peak <= 3, f"grade_frame's concurrency bounds the requests in flight (peak {peak})"
+    assert 1 < in_flight.peak <= 3, f"grade_frame's concurrency bounds the requests in flight (peak {in_flight.peak})"
     assert out["status"].tolist() == ["ok"] * 11 + ["error"]
     assert out["score"].tolist()[:11] == [1.0] * 6 + [0.0] * 5
     assert out.loc[11, "error_kind"] == "bad_request"

@@ -19,6 +19,8 @@ from graders._spread import reward_spread
 from judge import Limiter, RetryPolicy
 from judge.testing import FakeProvider, Reply
 
+from .conftest import InFlight
+
 DATA = Path(__file__).parent / "data" / "graders"
 
 # Seed 000's search tool: the schema its validate_tool_calls checks trailing calls against.
@@ -232,26 +234,18 @@ async def test_default_policy_is_retry_and_invalid_discards(fake: FakeProvider, 
 
 
 async def test_groups_share_one_limiter(fake: FakeProvider, make_judge) -> None:
-    in_flight = {"now": 0, "max": 0}
-
-    async def slow_judge(body: dict) -> Reply:
-        in_flight["now"] += 1
-        in_flight["max"] = max(in_flight["max"], in_flight["now"])
-        await asyncio.sleep(0.05)
-        in_flight["now"] -= 1
-        return zh_judge(body)
-
-    fake.set_responder(slow_judge)
+    in_flight = InFlight(zh_judge, meet=3)
+    fake.set_responder(in_flight)
     limiter = Limiter(concurrency=3)
     # Two judges (two graders) and four groups at once: every request still passes the one limiter.
-    graders = [group_grader(llm_grader(make_judge(limiter=limiter), "semantic_equivalence_zh")) for _ in range(2)]
+    graders = [group_grader(llm_grader(make_judge(limiter=limiter, timeout=120), "semantic_equivalence_zh")) for _ in range(2)]
     answers = ["景栗科技和薪勤科技", "景栗科技", "薪勤科技和景栗科技", "不知道", "景栗科技、薪勤科技"]
     groups = [[traj({"role": "assistant", "content": f"{a}（{g}）"}) for a in answers] for g in range(4)]
     results = await asyncio.gather(*(graders[i % 2](seed_sample(), group) for i, group in enumerate(groups)))
     expected = [1.0 if all(n in a for n in ("景栗科技", "薪勤科技")) else 0.0 for a in answers]
     assert [r.rewards for r in results] == [expected] * 4, "rewards stay in trajectory order"
     assert len(fake.chat_requests()) == 20
-    assert in_flight["max"] == 3, "concurrent up to the limiter's cap, never beyond"
+    assert in_flight.peak == 3, "concurrent up to the limiter's cap, never beyond"
 
 
 # ---- metrics and the spread check ---------------------------------------------------------------

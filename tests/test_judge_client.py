@@ -51,10 +51,12 @@ async def test_5xx_forever_is_server_error_never_a_score(fake, make_judge, waits
 
 
 async def test_timeout_is_retried_then_reported(fake, make_judge) -> None:
-    fake.push(Reply(delay=2.0, content="late"), verdict_json("正确"))
-    assert (await make_judge(timeout=0.3).judge(ZH, ROW)).ok
-    fake.set_responder(lambda body: Reply(delay=2.0, content="late"))
-    verdict = await make_judge(timeout=0.3, retry=RetryPolicy(max_attempts=2)).judge(ZH, ROW)
+    # The late answers come after a minute, so they surely time out; the timeout itself is generous
+    # enough that the prompt answer in between is not cut off by a loaded machine.
+    fake.push(Reply(delay=60, content="late"), verdict_json("正确"))
+    assert (await make_judge(timeout=1.5).judge(ZH, ROW)).ok
+    fake.set_responder(lambda body: Reply(delay=60, content="late"))
+    verdict = await make_judge(timeout=1.5, retry=RetryPolicy(max_attempts=2)).judge(ZH, ROW)
     assert (verdict.error_kind, verdict.attempts, verdict.score) == ("timeout", 2, None)
 
 
@@ -191,15 +193,16 @@ async def test_rate_the_server_sees_stays_within_the_limit() -> None:
         from judge import Judge
 
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(rps=rps, concurrency=32))
+        started = time.monotonic()
         verdicts = await asyncio.gather(*(judge.judge(ZH, {**ROW, "prediction": f"p{i}"}) for i in range(n)))
+        took = time.monotonic() - started
         await judge.aclose()
     seen = fake.chat_requests()
     assert all(v.ok for v in verdicts) and len(seen) == n
     assert [r.status for r in seen].count(429) == 0
-    span = seen[-1].time - seen[0].time
-    # A loose sanity bound on the pace: the count above (no 429 at all) is the real check, since a
-    # stalled server loop on a busy machine can bunch its recorded arrival times together.
-    assert (n - judge.limiter.burst) / span <= rps * 1.25
+    # The pace, as a lower bound a loaded machine can only raise: past its burst the limiter grants
+    # rps a second. (Arrival times on the fake's clock are no measure: a stalled server loop bunches them.)
+    assert took >= (n - judge.limiter.burst) / rps * 0.95
 
 
 async def test_concurrency_cap_bounds_requests_in_flight() -> None:
@@ -225,6 +228,10 @@ async def test_tokens_per_minute_paces_requests() -> None:
     with FakeProvider(responder=reference_judge) as fake:
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(tpm=2.5 * per_request), sampling={"max_tokens": 50})
         tasks = [asyncio.create_task(judge.judge(ZH, row)) for _ in range(4)]
+        deadline = time.monotonic() + 60  # a safety net: the two admitted requests are waited for, however slow
+        while sum(t.done() for t in tasks) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        # Then a second more in which nothing else may go out (the third waits ~12 s for its tokens).
         done, pending = await asyncio.wait(tasks, timeout=1.0)
         for task in pending:
             task.cancel()

@@ -25,6 +25,8 @@ import pytest
 from judge import load_rubric
 from judge.testing import FakeProvider
 
+from .conftest import Gate
+
 RUBRIC = "semantic_equivalence_en"
 
 
@@ -143,24 +145,31 @@ def test_an_address_nothing_listens_at_exits_2_at_once(tmp_path: Path) -> None:
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:
     """`--ray` is a drop-in: same file, order and summary; resumes what a local run left."""
+    from graders.runs._file import MARK_EVERY_S
+
     source = _rows(tmp_path / "in.jsonl", 60)
     with FakeProvider() as fake:
         reference = tmp_path / "reference.jsonl"
         done = subprocess.run(_grade(source, reference, fake.base_url, "--no-cache"), env=_env(), capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr
-    with FakeProvider(latency=0.05) as fake:
+    # Rows from 10 on pass only as this test's loop lets them (automatic replies, as for the reference):
+    # the local run cannot finish before it is killed, however slowly this process is scheduled.
+    gate = Gate(*range(10, 60), pattern=r"q-(\d+)", answer=lambda body: None)
+    with FakeProvider(latency=0.05, responder=gate) as fake:
         output = tmp_path / "out.jsonl"
         cache = str(tmp_path / "cache.sqlite3")
         local = subprocess.Popen(_grade(source, output, fake.base_url, "--concurrency", "2", "--cache", cache), env=_env(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         checkpoint = output.with_name(output.name + ".checkpoint.json")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # a safety net only
         while not (checkpoint.exists() and json.loads(checkpoint.read_text() or "{}").get("mark")):
             assert local.poll() is None and time.monotonic() < deadline, local.communicate()
+            gate.step(MARK_EVERY_S)  # a finished row writes a checkpoint once MARK_EVERY_S has passed
             time.sleep(0.05)
         local.send_signal(signal.SIGKILL)
         local.communicate()
+        gate.open.set()
         done = subprocess.run(_grade(source, output, fake.base_url, "--cache", cache, "--ray", cluster, "--ray-workers", "2",
                                      "--rps", "50"), env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

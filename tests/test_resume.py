@@ -19,10 +19,11 @@ import pytest
 from typer.testing import CliRunner
 
 from graders.cli import app
+from graders.runs._file import MARK_EVERY_S
 
 from judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from .conftest import Gate, reference_judge
 
 ROWS = 120
 
@@ -78,7 +79,13 @@ def _questions_sent(fake: FakeProvider) -> Counter[str]:
     return asked
 
 
-def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint: Path, rows: int) -> None:
+def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint: Path, rows: int, gate: Gate) -> None:
+    """SIGKILL the run once its checkpoint covers ``rows`` rows, before it can finish.
+
+    The gate holds rows; this loop lets one more through only while the checkpoint is still short (a
+    checkpoint is written when a row finishes), so the run advances only as fast as the test watches it,
+    however slowly the test is scheduled.
+    """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60  # a safety net only: the kill waits for progress, not for time
     try:
@@ -90,12 +97,14 @@ def _kill_when_checkpointed(command: list[str], env: dict[str, str], checkpoint:
             if state and state["mark"]["rows"] >= rows:
                 break
             assert process.poll() is None, process.communicate()
+            gate.step(MARK_EVERY_S)  # a finished row writes a checkpoint once MARK_EVERY_S has passed
             time.sleep(0.02)
         else:
             pytest.fail("the run never checkpointed")
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait(timeout=30)
+        gate.open.set()
     assert process.returncode == -signal.SIGKILL
 
 
@@ -104,13 +113,14 @@ def test_sigkill_mid_run_then_the_same_command_finishes_without_repeats(tmp_path
     source = tmp_path / f"in{suffix}"
     output = tmp_path / f"out{suffix}"
     _write_input(source)
-    with FakeProvider(responder=reference_judge, latency=0.02) as fake:
+    gate = Gate(*range(40, ROWS))
+    with FakeProvider(responder=gate, latency=0.02) as fake:
         # Each run sends its own API key, so the provider's log tells whose a request was. Counting the
         # killed run's requests right after the kill raced: a request it wrote just before dying sits in
         # the socket buffer and reaches the provider's log later, where it was counted as the resumed
         # run's ("one request more than expected", seen once with .parquet).
         env = _env(fake, tmp_path, GRADEKIT_PARQUET_PART_ROWS="20", OPENAI_API_KEY="killed-run")
-        _kill_when_checkpointed(_command(source, output), env, output.with_name(output.name + ".checkpoint.json"), 30)
+        _kill_when_checkpointed(_command(source, output), env, output.with_name(output.name + ".checkpoint.json"), 30, gate)
         with sqlite3.connect(tmp_path / "cache.sqlite3") as db:
             judged = db.execute("SELECT count(*) FROM responses").fetchone()[0]  # replies the killed run received
         env = {**env, "OPENAI_API_KEY": "resumed-run"}

@@ -5,13 +5,11 @@ Real `gradekit grade` subprocesses where a second process or a kill is the point
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from typer.testing import CliRunner
 from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from .conftest import Gate, reference_judge
 
 
 def _write_input(path: Path, n: int) -> None:
@@ -57,20 +55,6 @@ def _wait_for(condition, process: subprocess.Popen | None = None, what: str = ""
                 pytest.fail(f"never saw {what}: {process.communicate()}")
             pytest.fail(f"never saw {what}")
         time.sleep(0.02)
-
-
-class Gate:
-    """A responder that holds the questions it is told to until the test opens the gate."""
-
-    def __init__(self, *held: int) -> None:
-        self.held = {f"question {i}?" for i in held}
-        self.open = threading.Event()
-
-    async def __call__(self, body: dict):
-        if any(q in body["messages"][-1]["content"] for q in self.held):
-            while not self.open.is_set():
-                await asyncio.sleep(0.01)
-        return reference_judge(body)
 
 
 def lock_path(output: Path) -> Path:
@@ -198,12 +182,9 @@ def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 20
     _write_input(source, n)
-    gate_a, gate_b = Gate(0), Gate(2)  # rows 1 and 3 hold; the others are judged and wait to be written
+    gate = Gate(0, 2)  # rows 1 and 3 hold; the others are judged and wait to be written
 
-    async def responder(body: dict):
-        return await (gate_a if "question 0?" in body["messages"][-1]["content"] else gate_b)(body)
-
-    with FakeProvider(responder=responder) as fake:
+    with FakeProvider(responder=gate) as fake:
         run = _start(fake, tmp_path, source, output)
         try:
             _wait_for(lambda: len({r.body["messages"][-1]["content"] for r in fake.chat_requests()}) == n, run, "every row asked")
@@ -211,13 +192,13 @@ def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
             # Nothing is written yet, so no checkpoint either; a checkpoint is due once MARK_EVERY_S has
             # passed, so the rows written when row 1 arrives are checkpointed at once.
             time.sleep(MARK_EVERY_S * 2)
-            gate_a.open.set()  # rows 1-2 are written: a checkpoint of 2 rows, with rows 4-20 judged but not written
+            gate.release(0)  # rows 1-2 are written: a checkpoint of 2 rows, with rows 4-20 judged but not written
             _wait_for(lambda: _checkpoint(output).exists() and json.loads(_checkpoint(output).read_text())["mark"]["rows"] == 2,
                       run, "a checkpoint of 2 rows")
         finally:
             run.kill()  # SIGKILL
             run.wait(timeout=30)
-        gate_b.open.set()
+        gate.open.set()
         resumed = _grade(fake, tmp_path, source, output, "--json")
     assert resumed.exit_code == 0, resumed.output
     summary = json.loads(resumed.output)

@@ -55,7 +55,7 @@ def call(url: str, path: str = "/", body: Any = None, *, raw: bytes | None = Non
         return e.code, e.headers, json.loads(e.read() or b"null")
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15) -> None:
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
     """Poll until ``predicate()``; the timeout is only a safety net against a hang."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 def _pings(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:
@@ -65,10 +65,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a safety net only: the loop waits for the PONG
         while not _pings(port):
             assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "redis-server did not answer PING within 10 s"
+            assert time.monotonic() < deadline, "redis-server did not answer PING within 60 s"
             time.sleep(0.02)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
@@ -100,7 +100,7 @@ def _start(tmp_path: Path, tag: str, n: int, base_url: str, *options: str) -> su
 
 def _finish(proc: subprocess.Popen[str], codes: tuple[int, ...] = (0,)) -> dict:
     """The run's --json summary; exit 1 (some rows are errors) is allowed only where ``codes`` says."""
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=300)  # a safety net against a hang, not a speed requirement
     assert proc.returncode in codes, f"exit {proc.returncode}\n{out}\n{err}"
     return json.loads(out)
 
@@ -165,6 +165,7 @@ RPS, ROWS = 10, 20
 # pair reaches about twice RPS, plus its retries.
 SLACK = RPS // 2
 HOLD = 2.0  # Retry-After of the one 429 the shared pair's fake injects
+CONCURRENCY = 4  # requests in flight per process
 
 
 @dataclasses.dataclass
@@ -193,12 +194,19 @@ def rps_run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
             return Reply(status=429, error_message="slow down", headers={"Retry-After": f"{HOLD:g}"})
         return None
 
+    # A small concurrency: while the fake holds an early starter's requests for its partner, the early
+    # one can send only that many, so both have most of their rows left when they compete. (With the
+    # default 16, a process that started a second early had sent 16 of its 20 rows into the hold, and
+    # the control pair, barely overlapping, sometimes met no 429 at all.)
+    # --no-adapt: the told --rps alone paces them. Self-pacing would learn the fake's limit from its
+    # rate headers and slow each process down on its own, so the control could meet no 429 (it did).
+    pace = ("--rps", str(RPS), "--concurrency", str(CONCURRENCY), "--no-adapt")
     with FakeProvider(rate_limit_rps=RPS, responder=_together("A", "B", then=answer)) as shared, \
             FakeProvider(rate_limit_rps=RPS, responder=_together("C", "D")) as alone:
-        procs = {"A": _start(tmp, "A", ROWS, shared.base_url, "--rps", str(RPS), "--limiter", redis_url),
-                 "B": _start(tmp, "B", ROWS, shared.base_url, "--rps", str(RPS), "--limiter", redis_url),
-                 "C": _start(tmp, "C", ROWS, alone.base_url, "--rps", str(RPS)),
-                 "D": _start(tmp, "D", ROWS, alone.base_url, "--rps", str(RPS))}
+        procs = {"A": _start(tmp, "A", ROWS, shared.base_url, *pace, "--limiter", redis_url),
+                 "B": _start(tmp, "B", ROWS, shared.base_url, *pace, "--limiter", redis_url),
+                 "C": _start(tmp, "C", ROWS, alone.base_url, *pace),
+                 "D": _start(tmp, "D", ROWS, alone.base_url, *pace)}
         try:
             # Without Redis a row may run out of retries on 429s (exit 1): that is what the control shows.
             summaries = {tag: _finish(proc, (0,) if tag in "AB" else (0, 1)) for tag, proc in procs.items()}
@@ -227,14 +235,23 @@ def test_the_same_limit_in_each_process_without_redis_exceeds_it(rps_run: Run) -
     assert _busiest_second(apart) > RPS + SLACK
 
 
+# Requests that may still reach the fake during the hold without the pause being broken: those
+# granted before A's hold reached Redis, or sent just before the 429 and read late by the fake. A
+# loaded machine delays them by a scheduling slice or two, not by a fixed time, so they are counted,
+# not timed. Without the shared pause B alone would send about RPS a second through the hold.
+LATE = RPS // 2
+
+
 def test_a_429_seen_by_one_process_pauses_every_process_sharing_redis(rps_run: Run) -> None:
     together, at = rps_run.together, rps_run.injected_at
     for tag in "AB":
         times = [r.time for r in together if _who(r) == tag]
         # Both were mid-run: each sent before the 429 and after the pause (B had no reason to stop)...
         assert min(times) < at and max(times) > at + HOLD, tag
-        # ...and neither sent during it (a margin either side for requests already on the wire).
-        assert not [t for t in times if at + 0.25 < t < at + HOLD - 0.25], tag
+        # ...and neither sent during it, but for what was already under way (a margin at the end for
+        # the hold's millisecond rounding: it started after the 429, so it cannot end before at + HOLD).
+        during = [round(t - at, 3) for t in times if at < t < at + HOLD - 0.25]
+        assert len(during) <= LATE, (tag, during)
 
 
 # ---- tokens per minute --------------------------------------------------------------------
@@ -252,7 +269,7 @@ def test_tokens_per_minute_are_one_budget_across_processes(redis_url, tmp_path) 
         procs = [_start(tmp_path, tag, rows, fake.base_url, "--tpm", str(tpm), "--limiter", redis_url) for tag in "AB"]
         try:
             # Wait until both processes have spent tokens, then give a surplus time to show.
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 120  # a safety net only
             while {_who(r) for r in fake.chat_requests()} != {"A", "B"} and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(1.5)
@@ -290,6 +307,32 @@ def test_an_unreachable_redis_stops_the_run_before_any_request_and_names_the_url
         assert url.replace("s3cret", "***") in result.output and "s3cret" not in result.output
         assert "unreachable" in result.output
         assert fake.chat_requests() == []
+
+
+def test_the_reachability_check_gives_redis_its_timeout_however_slow_the_client_loads(redis_url: str) -> None:
+    """On a busy machine importing the Redis client alone can take seconds: the check must not count it.
+
+    The import of coredis is made slower (3.5 s) than the whole check may take (timeout 2 s, joined
+    after 3 s); a Redis that answers at once must still be found reachable. It used to be imported on
+    the probe's thread, on its clock: four `gradekit grade --limiter redis://` processes starting
+    together on a loaded machine exited 2, "unreachable".
+    """
+    code = f"""
+import importlib.abc, sys, time
+
+class SlowImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "coredis":
+            time.sleep(3.5)
+        return None
+
+sys.meta_path.insert(0, SlowImport())
+from judge import SharedLimiter
+SharedLimiter({redis_url!r}).check(timeout=2)
+print("reachable")
+"""
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "reachable", done.stderr
 
 
 def test_server_replicas_take_the_shared_limiter_from_their_config(redis_url: str, tmp_path: Path) -> None:

@@ -44,7 +44,8 @@ def browser(files: dict[str, Path]) -> Iterator[Any]:  # noqa: F811  (graded fir
     if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
         _missing("chromium is not installed")
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), args=ARGS)
+        chromium = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), args=ARGS,
+                                     timeout=TIMEOUT_MS)  # start-up on a loaded machine: 30 s by default
         yield chromium
         chromium.close()
 
