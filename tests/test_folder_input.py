@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,8 +18,11 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from graders.cli import app
+from graders.runs._file import MARK_EVERY_S
 from graders.runs._io import input_files, read_rows
 from judge.testing import FakeProvider
+
+from .conftest import Gate
 
 RUBRIC = "semantic_equivalence_en"
 
@@ -168,21 +170,28 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("GRADEKIT_", "OPENAI_"))}
 
 
-def kill_after_mark(command: list[str], checkpoint: Path, rows: int) -> None:
-    """Run ``command`` and SIGKILL it once its checkpoint vouches for more than ``rows`` rows."""
+def kill_after_mark(command: list[str], checkpoint: Path, rows: int, gate: Gate) -> None:
+    """Run ``command`` and SIGKILL it once its checkpoint vouches for more than ``rows`` rows.
+
+    The gate holds the rows; one more goes through per step, and only while the checkpoint is short,
+    so the run cannot finish before the kill however slowly this loop is scheduled.
+    """
     run = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            marked = json.loads(checkpoint.read_text() or "{}").get("mark", {}).get("rows", 0)
-        except (OSError, ValueError):
-            marked = 0
-        if marked > rows:
-            break
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.02)
-    run.send_signal(signal.SIGKILL)
-    run.communicate()
+    deadline = time.monotonic() + 120  # a safety net only: the kill waits for progress, not for time
+    try:
+        while time.monotonic() < deadline:
+            try:
+                marked = json.loads(checkpoint.read_text() or "{}").get("mark", {}).get("rows", 0)
+            except (OSError, ValueError):
+                marked = 0
+            if marked > rows or run.poll() is not None:
+                break
+            gate.step(MARK_EVERY_S)  # a finished row writes a checkpoint once MARK_EVERY_S has passed
+            time.sleep(0.02)
+        assert run.poll() is None and marked > rows, f"the run ended or stalled before its mark passed {rows} rows"
+    finally:
+        run.kill()
+        run.communicate()
 
 
 def test_a_killed_folder_run_resumes_past_its_first_file_and_a_changed_folder_starts_over(tmp_path: Path) -> None:
@@ -195,9 +204,13 @@ def test_a_killed_folder_run_resumes_past_its_first_file_and_a_changed_folder_st
                               timeout=120)
         assert done.returncode == 0, done.stderr
     output, cache = tmp_path / "out.jsonl", str(tmp_path / "cache.sqlite3")
-    with FakeProvider(latency=0.05) as fake:
-        kill_after_mark(_command(folder, output, fake.base_url, "--concurrency", "2", "--cache", cache),
-                        output.with_name(output.name + ".checkpoint.json"), rows=30)
+    gate = Gate(*range(25, 90), pattern=r"\bq-(\d{3})\b", answer=lambda body: None)
+    with FakeProvider(responder=gate) as fake:
+        try:
+            kill_after_mark(_command(folder, output, fake.base_url, "--concurrency", "2", "--cache", cache),
+                            output.with_name(output.name + ".checkpoint.json"), rows=30, gate=gate)
+        finally:
+            gate.open.set()
         done = subprocess.run(_command(folder, output, fake.base_url, "--cache", cache), env=_env(), capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 0, done.stderr
