@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -20,13 +21,16 @@ from tenacity import RetryCallState
 from ._breaker import Breaker, current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
+from ._dialect import Fix, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
+from ._thinking import read_message
 from ._verdict import ErrorKind, Verdict, clamp
 
+log = logging.getLogger("gradekit.judge")
 Route = Literal["chat", "embeddings"]
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -39,10 +43,20 @@ _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by toke
 
 
 class _Failed(Exception):
-    def __init__(self, kind: ErrorKind, message: str, status: int | None = None) -> None:
+    def __init__(self, kind: ErrorKind, message: str, status: int | None = None, *, output_format: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status  # the HTTP status, when the server answered with one
+        self.output_format = output_format  # a 400 about the output format: another ask mode may work
+
+
+class _Relearn(Exception):
+    """The endpoint's dialect changed since this request was built: build it again (new cache key too)."""
+
+
+# A row rebuilt this many times (each time for a newly learnt fix) has met a server that refuses
+# everything; its last 400 is the row's error.
+_MAX_RELEARNS = 8
 
 
 # A wrong key, a key without access, or a model the server does not have: another output format
@@ -51,7 +65,11 @@ _NO_FALLBACK = (401, 403, 404)
 
 
 def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode, model: str, sampling: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat.completions arguments for one ask mode. Everything here is part of the cache key."""
+    """The chat.completions arguments for one ask mode, before the endpoint's learnt fixes.
+
+    Precedence: gradekit's default (temperature 0), then the rubric's ``sampling:``, then the
+    judge parameters the user gave (``sampling``). What is finally sent is part of the cache key.
+    """
     request: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0.0}
     request.update(rubric.sampling)
     request.update(sampling)
@@ -107,7 +125,9 @@ def _error_of(exc: BaseException) -> _Failed:
     if isinstance(exc, openai.APITimeoutError):
         return _Failed("timeout", f"the judge did not answer within the timeout ({_url_of(exc)})")
     if isinstance(exc, openai.APIStatusError):
-        return _Failed(status_error_kind(exc.status_code), _status_message(exc), exc.status_code)
+        code, param, said = error_fields(exc.body, _status_message(exc))
+        return _Failed(status_error_kind(exc.status_code), _status_message(exc), exc.status_code,
+                       output_format=exc.status_code == 400 and names_output_format(code, param, said))
     if isinstance(exc, openai.APIConnectionError):
         # The URL tried, so a wrong --base-url or a server not listening reads as such.
         return _Failed("server_error", f"connection to {_url_of(exc)} failed: {exc}{_cause_of(exc)}")
@@ -153,7 +173,15 @@ class Judge:
         limiter: defaults to the process-wide limiter every judge shares.
         cache: a JudgeCache, or None for no caching.
         retry: backoff and re-ask policy.
-        sampling: extra chat.completions arguments (max_tokens, seed, ...); temperature is 0 by default.
+        params: judge parameters for every request (``reasoning_effort``, ``temperature``,
+            ``max_completion_tokens``, ``seed``, a provider's own keys such as DashScope's
+            ``enable_thinking`` or Ark's ``thinking``); they override the rubric's ``sampling:``
+            and reach the request body as given. A parameter set here is never dropped: an
+            endpoint that refuses it fails the row with a message naming it (``max_tokens`` /
+            ``max_completion_tokens`` are renamed instead). Defaults gradekit or the rubric set
+            (temperature 0, a rubric's max_tokens) are dropped or renamed once per (endpoint,
+            model) when the endpoint refuses them, as reasoning models do.
+        sampling: the former name of ``params`` (both are merged; ``params`` wins).
         sleep: how retries wait; tests pass a recorder instead of asyncio.sleep.
         logprobs: ask for this many top logprobs per token (1-20) and score G-Eval style: the
             probability-weighted mean of the label scores at the verdict token. The Verdict's
@@ -180,6 +208,7 @@ class Judge:
         logprobs: int | None = None,
         budget: Budget | None = None,
         max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
+        params: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         self.budget = budget
@@ -202,7 +231,7 @@ class Judge:
         self.limiter = limiter if limiter is not None else process_limiter()
         self.cache = cache
         self.retry = retry or RetryPolicy()
-        self.sampling = dict(sampling or {})
+        self.sampling = {**(sampling or {}), **(params or {})}  # the user's judge parameters
         if logprobs is not None:
             if not 1 <= logprobs <= 20:
                 raise ValueError(f"logprobs must be between 1 and 20 (top logprobs per token), got {logprobs}")
@@ -214,11 +243,21 @@ class Judge:
         self.max_prompt_tokens = max_prompt_tokens
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
-        self._shells: dict[tuple[int, str], tuple[Rubric, str]] = {}
+        self._shells: dict[tuple[int, str], tuple[Rubric, int, str]] = {}
+        self.dialect = dialect_of(self.base_url, self.model)  # shared by every Judge of this endpoint and model
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The judge parameters the user set (``params`` and ``sampling``), as sent unless refused."""
+        return self.sampling
 
     @property
     def endpoint(self) -> str:
         return f"{self.base_url.rstrip('/')}|{self.model}"
+
+    def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]:
+        """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes."""
+        return self.dialect.apply(build_request(rubric, messages, mode, self.model, self.sampling))
 
     @property
     def client(self) -> AsyncOpenAI:
@@ -276,7 +315,7 @@ class Judge:
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """Judge one row. Every outcome, including bad input, comes back as a Verdict."""
         started = time.perf_counter()
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
 
         def finish(**fields: Any) -> Verdict:
             return Verdict(latency_s=time.perf_counter() - started, **usage, **fields)
@@ -284,19 +323,28 @@ class Judge:
         chain = rubric.ask_modes
         first_bad_request: _Failed | None = None
         for mode in chain[self._start_mode(rubric):]:
-            prepared = self._prepare(rubric, row, mode, finish, need_key=False)
-            if isinstance(prepared, Verdict):
-                return prepared
-            try:
-                return await self._ask_within_budget(rubric, prepared, usage, finish)
-            except _Failed as failure:
-                structured = mode != chain[-1]
-                if failure.kind == "bad_request" and structured and failure.status not in _NO_FALLBACK:
-                    first_bad_request = first_bad_request or failure
-                    continue  # this server may not support the mode: try the next one
-                if first_bad_request is not None and failure.kind == "bad_request":
-                    failure = first_bad_request
-                return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
+            for _ in range(_MAX_RELEARNS):
+                prepared = self._prepare(rubric, row, mode, finish, need_key=False)
+                if isinstance(prepared, Verdict):
+                    return prepared
+                try:
+                    return await self._ask_within_budget(rubric, prepared, usage, finish)
+                except _Relearn:
+                    continue  # a fix was learnt (here or by another request): build the request again
+                except _Failed as failure:
+                    structured = mode != chain[-1]
+                    # Only a 400 about the output format walks the chain; a model name, a parameter or a
+                    # context length fails the same way in every format.
+                    if failure.kind == "bad_request" and structured and failure.output_format:
+                        first_bad_request = first_bad_request or failure
+                        break  # this server may not support the mode: try the next one
+                    if first_bad_request is not None and failure.kind == "bad_request" and failure.output_format:
+                        failure = first_bad_request
+                    return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
+            else:
+                return finish(status="error", error_kind="bad_request", mode=mode,
+                              error=f"the endpoint refused {_MAX_RELEARNS} versions of the request: "
+                                    + "; ".join(self.dialect.learnt))
         assert first_bad_request is not None
         return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1])
 
@@ -353,12 +401,13 @@ class Judge:
         except RubricInputError:
             return None
         shell = self._shells.get((id(rubric), mode))
-        if shell is None or shell[0] is not rubric:
-            request = build_request(rubric, [], mode, self.model, self.sampling)
-            shell = (rubric, cache_key(self.base_url, {**request, "rubric": rubric_fingerprint(rubric)}))
+        version = self.dialect.version
+        if shell is None or shell[0] is not rubric or shell[1] != version:
+            request = self._request(rubric, [], mode)  # the learnt fixes decide the reply, so they are in the key
+            shell = (rubric, version, cache_key(self.base_url, {**request, "rubric": rubric_fingerprint(rubric)}))
             self._shells[(id(rubric), mode)] = shell
         canonical = _VALUES_JSON.encode(values)  # prepare() yields the rubric's variables in its fixed order
-        return hashlib.sha256(f"{shell[1]}|{canonical}".encode()).hexdigest()
+        return hashlib.sha256(f"{shell[2]}|{canonical}".encode()).hexdigest()
 
     def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
         try:
@@ -371,7 +420,7 @@ class Judge:
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
         return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
-                      rationale=parsed.rationale, raw=_raw_text(stored), saved_prompt_tokens=saved_prompt,
+                      rationale=parsed.rationale, raw=_raw_text(stored), reasoning=reasoning_of(stored), saved_prompt_tokens=saved_prompt,
                       saved_completion_tokens=saved_completion)
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
@@ -395,14 +444,15 @@ class Judge:
             if estimated > self.max_prompt_tokens:
                 return finish(status="error", error_kind="input", mode=mode,
                               error=f"the rendered prompt is about {estimated:,} tokens, over max_prompt_tokens ({self.max_prompt_tokens:,})")
-        request = build_request(rubric, messages, mode, self.model, self.sampling)
+        version = self.dialect.version
+        request = self._request(rubric, messages, mode)
         key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
             if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit
-        return Prepared(key=key, row_key=shortcut, mode=mode, request=request)
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version)
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -410,7 +460,7 @@ class Judge:
         if self.budget is None:
             return await self._ask(rubric, prepared, usage, finish)
         request, mode = prepared.request, prepared.mode
-        prompt = sum(estimate_tokens(m["content"]) for m in request["messages"])
+        prompt = sum(estimate_tokens(_text_of(m.get("content"))) for m in request["messages"])
         reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
@@ -424,27 +474,30 @@ class Judge:
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: ParseFailure | None = None
-        raw: str | None = None
+        raw = reasoning = None
         for _ in range(1 + self.retry.parse_retries):
-            completion = await self._send(request, usage)
+            completion = await self._send(request, usage, dialect_version=prepared.dialect_version)
             try:
                 parsed = self._read(rubric, completion, mode)
             except _Failed as refusal:  # refusals are deterministic: no re-ask
                 return finish(status="error", error_kind=refusal.kind, error=str(refusal), mode=mode, raw=_raw_text(completion))
             except ParseFailure as failure:
                 last = failure
-                raw = _raw_text(completion)
+                raw, reasoning = _raw_text(completion), reasoning_of(completion)
+                if failure.kind == "truncated":
+                    break  # the same limit cuts the same reply off again: no re-ask
                 continue
             if self.cache is not None:
                 self.cache.put(prepared.key, completion, row_key=prepared.row_key)
             self._remember(rubric, mode)
             return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
-                          rationale=parsed.rationale, raw=_raw_text(completion))
+                          rationale=parsed.rationale, raw=_raw_text(completion), reasoning=reasoning_of(completion))
         assert last is not None
         kind: ErrorKind = "truncated" if getattr(last, "kind", "") == "truncated" else "parse_failure"
-        return finish(status="error", error_kind=kind, error=str(last), mode=mode, raw=raw)
+        return finish(status="error", error_kind=kind, error=str(last), mode=mode, raw=raw, reasoning=reasoning)
 
     def _read(self, rubric: Rubric, completion: dict[str, Any], mode: AskMode):  # -> Parsed
+        """The verdict of a completion, read from its final answer only (never from thinking)."""
         choice = (completion.get("choices") or [{}])[0]
         message = choice.get("message") or {}
         finish_reason = choice.get("finish_reason")
@@ -456,47 +509,97 @@ class Judge:
         if mode == "tool":
             calls = message.get("tool_calls") or []
             tool_args = calls[0]["function"]["arguments"] if calls else None
+        reply = read_message(message)
+        if reply.thought and not (reply.answer or "").strip() and not tool_args:
+            # A thinking model stopped before its answer: the draft in its thinking is not a verdict.
+            raise _truncated(f"the reply has no final answer after its thinking (finish_reason={finish_reason}); "
+                             "raise --max-completion-tokens (or lower --reasoning-effort)")
+        if finish_reason == "length" and mode != "text":
+            # Cut off by the token limit: whatever verdict it holds may be a draft or a quote, not the answer.
+            detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
+            raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
         try:
-            return parse_reply(rubric, message.get("content"), mode, tool_args)
+            return parse_reply(rubric, reply.answer, mode, tool_args)
         except ParseFailure as failure:
             if finish_reason == "length":
-                truncated = ParseFailure(f"reply cut off at max_tokens (finish_reason=length): {failure}")
-                truncated.kind = "truncated"
-                raise truncated from failure
+                raise _truncated(f"reply cut off at max_tokens (finish_reason=length): {failure}") from failure
             raise
 
-    async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat") -> dict[str, Any]:
-        """One request through the limiter, the breaker and the retry policy (chat completions or embeddings)."""
+    async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
+                    dialect_version: int | None = None) -> dict[str, Any]:
+        """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
+
+        A chat request goes through the endpoint's learning gate first: until the endpoint has
+        answered once, requests go one at a time, so a 400 for a parameter the model refuses is
+        met once and its fix (:mod:`judge._dialect`) applies to every request after it.
+        Raises ``_Relearn`` when the request was built before a fix it lacks.
+        """
         if route == "embeddings":
             estimate = sum(estimate_tokens(text) for text in request["input"])
         else:
-            estimate = sum(estimate_tokens(m["content"]) for m in request["messages"])
-            estimate += int(request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+            estimate = sum(estimate_tokens(_text_of(m.get("content"))) for m in request["messages"])
+            estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
-            wait = retry_after_seconds(state.outcome.exception() if state.outcome else None)
+            wait = retry_after_seconds(state.outcome.exception() if state.outcome else None, cap=self.retry.rate_limit_budget)
             if wait:
                 self.limiter.hold(wait)
 
-        breaker = current_breaker()
+        dialect = self.dialect
+        learning = route == "chat" and not dialect.gate.open and await dialect.gate.enter()
+        settled = False
         try:
-            async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
-                with attempt:
-                    try:
-                        completion = await self._post(request, estimate, usage, breaker, route)
-                    except _Failed:
-                        raise
-                    except Exception as exc:
-                        if breaker is not None and not isinstance(exc, openai.RateLimitError):
-                            breaker.request(_breaker_failure(exc), base_url=self.base_url, model=request["model"])
-                        raise
-                    if breaker is not None:
-                        breaker.request(None, base_url=self.base_url, model=request["model"])
-        except (asyncio.CancelledError, _Failed):
-            raise
-        except Exception as exc:  # every other failure becomes a Verdict error via _Failed
-            raise _error_of(exc) from exc
-        return completion
+            if route == "chat" and dialect_version is not None and dialect_version != dialect.version:
+                raise _Relearn()
+            breaker = current_breaker()
+            try:
+                async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
+                    with attempt:
+                        try:
+                            completion = await self._post(request, estimate, usage, breaker, route)
+                        except _Failed:
+                            raise
+                        except Exception as exc:
+                            if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
+                                raise _Relearn() from exc  # not the row's failure, not the breaker's business
+                            if breaker is not None and not isinstance(exc, openai.RateLimitError):
+                                breaker.request(_breaker_failure(exc), base_url=self.base_url, model=request["model"])
+                            raise
+                        if breaker is not None:
+                            breaker.request(None, base_url=self.base_url, model=request["model"])
+            except (asyncio.CancelledError, _Failed, _Relearn):
+                raise
+            except Exception as exc:  # every other failure becomes a Verdict error via _Failed
+                settled = True
+                raise _error_of(exc) from exc
+            settled = True
+            return completion
+        finally:
+            if learning:
+                dialect.gate.leave(settled=settled)
+
+    def _refused_parameter(self, exc: openai.BadRequestError, request: dict[str, Any]) -> bool:
+        """Learn the fix a 400 asks for; True when the request is to be built again with it.
+
+        A parameter the user set is not dropped: that 400 becomes the row's error (with a
+        message naming the parameter), except max_tokens/max_completion_tokens, renamed.
+        """
+        code, param, said = error_fields(exc.body, str(exc))
+        if names_output_format(code, param, said) and not (code or "").startswith("unsupported"):
+            return False
+        fix = parameter_fix(code, param, said, request)
+        if fix is None:
+            return False
+        if fix.param is not None and fix.param in self.sampling:
+            name = fix.param
+            fix = user_fix(fix, self.sampling)
+            if fix is None:
+                raise _Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
+                              f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
+                              "(--judge-param, --temperature, --reasoning-effort)", 400) from exc
+        self.dialect.learn(fix)
+        log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
+        return True
 
     async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
                     route: Route = "chat") -> dict[str, Any]:
@@ -514,17 +617,19 @@ class Judge:
                 if route == "embeddings":
                     raw = await self.client.embeddings.with_raw_response.create(**request)
                 else:
-                    raw = await self.client.chat.completions.with_raw_response.create(**request)
+                    raw = await self.client.chat.completions.with_raw_response.create(**sdk_arguments(request))
+                completion = await _assemble_stream(raw) if request.get("stream") else json.loads(raw.content)
             except openai.APIStatusError as refused:
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
                 self.limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
                 raise
-        completion = json.loads(raw.content)
         if not isinstance(completion, dict):
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
         spent = completion.get("usage") or {}
         usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
         usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
+        usage["reasoning_tokens"] = usage.get("reasoning_tokens", 0) + _detail(spent, "completion_tokens_details", "reasoning_tokens")
+        usage["cached_tokens"] = usage.get("cached_tokens", 0) + _detail(spent, "prompt_tokens_details", "cached_tokens")
         self.limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
         await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         if route == "embeddings":
@@ -564,7 +669,10 @@ class Judge:
         completion = dict(completion)
         spent = completion.get("usage") or {}
         fields: dict[str, Any] = {"mode": mode, "attempts": attempts, "prompt_tokens": int(spent.get("prompt_tokens") or 0),
-                                  "completion_tokens": int(spent.get("completion_tokens") or 0)}
+                                  "completion_tokens": int(spent.get("completion_tokens") or 0),
+                                  "reasoning_tokens": _detail(spent, "completion_tokens_details", "reasoning_tokens"),
+                                  "cached_tokens": _detail(spent, "prompt_tokens_details", "cached_tokens"),
+                                  "reasoning": reasoning_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         try:
@@ -644,6 +752,7 @@ class Prepared(BaseModel):
     row_key: str | None = None  # the row-values shortcut, linked to ``key`` when the reply is cached
     mode: AskMode
     request: dict[str, Any]
+    dialect_version: int = 0  # the endpoint's learnt fixes it was built with (rebuilt when they change)
 
 
 _MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement
@@ -705,6 +814,99 @@ def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> st
     # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
     named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
     return named[0] if len(named) == 1 else None
+
+
+_SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
+
+
+def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``request`` as keyword arguments of the SDK's ``chat.completions.create``: keys the SDK does
+    not know (DashScope's ``enable_thinking``, Ark's ``thinking``, vLLM's ``top_k``) go in
+    ``extra_body``, so they reach the request body as the user wrote them."""
+    global _SDK_CHAT_ARGUMENTS
+    if _SDK_CHAT_ARGUMENTS is None:
+        import inspect
+
+        from openai.resources.chat.completions import AsyncCompletions
+
+        _SDK_CHAT_ARGUMENTS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self", "extra_body"}
+    known = {k: v for k, v in request.items() if k in _SDK_CHAT_ARGUMENTS}
+    extra = {k: v for k, v in request.items() if k not in _SDK_CHAT_ARGUMENTS}
+    if extra:
+        known["extra_body"] = extra
+    return known
+
+
+def _detail(usage: Mapping[str, Any], part: str, name: str) -> int:
+    """A count inside usage's ``*_tokens_details`` (absent or null on most providers)."""
+    details = usage.get(part)
+    value = details.get(name) if isinstance(details, Mapping) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+async def _assemble_stream(raw: Any) -> dict[str, Any]:
+    """A streamed chat completion as the one non-streaming body it stands for.
+
+    Content and reasoning deltas (``reasoning_content`` / ``reasoning``) are joined apart, tool
+    call deltas by index; the usage chunk (``stream_options.include_usage``) gives the usage.
+    """
+    stream = await raw.parse()
+    content: list[str] = []
+    reasoning: dict[str, list[str]] = {}
+    calls: dict[int, dict[str, Any]] = {}
+    finish_reason = None
+    usage = None
+    last: dict[str, Any] = {}
+    async for chunk in stream:
+        data = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
+        last = data
+        if data.get("usage"):
+            usage = data["usage"]
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            for name in ("reasoning_content", "reasoning"):
+                if isinstance(delta.get(name), str) and delta[name]:
+                    reasoning.setdefault(name, []).append(delta[name])
+            for call in delta.get("tool_calls") or []:
+                slot = calls.setdefault(int(call.get("index") or 0), {"id": None, "type": "function",
+                                                                      "function": {"name": "", "arguments": ""}})
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
+    for name, parts in reasoning.items():
+        message[name] = "".join(parts)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    choices = [{"index": 0, "message": message, "finish_reason": finish_reason}] if (content or reasoning or calls or finish_reason) else []
+    return {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
+            "usage": usage or {}}
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message content: a string, or the text of its parts (images count as none)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _truncated(message: str) -> ParseFailure:
+    failure = ParseFailure(message)
+    failure.kind = "truncated"
+    return failure
+
+
+def reasoning_of(completion: Mapping[str, Any]) -> str | None:
+    """The thinking of a completion (a reasoning field or an inline ``<think>`` block), or None."""
+    choice = (completion.get("choices") or [{}])[0]
+    return read_message(choice.get("message") or {}).thinking
 
 
 def _raw_text(completion: dict[str, Any]) -> str | None:

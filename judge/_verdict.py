@@ -42,7 +42,10 @@ class Verdict(BaseModel):
     error_kind: ErrorKind | None = None
     error: str | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # the reasoning tokens below included, as providers bill them
+    reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens: a reasoning model's thinking
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: prompt tokens the provider's cache served
+    reasoning: str | None = None  # the judge's thinking (a reasoning field or a <think> block); never parsed
     saved_prompt_tokens: int = 0  # a cache hit: the stored reply's usage, which this run did not pay for
     saved_completion_tokens: int = 0
     attempts: int = 0

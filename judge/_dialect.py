@@ -1,0 +1,204 @@
+"""What one (endpoint, model) accepts, learnt from its 400s once per process and applied below the Judge.
+
+Reasoning models refuse parameters a 2024 chat model took (OpenAI's o-series and gpt-5:
+``temperature`` other than 1, ``max_tokens``, ``logprobs``; DeepSeek's reasoner: ``logprobs``),
+and DashScope's qwen3 thinking models refuse non-streaming calls. Such a 400 says nothing about
+the row: the request is fixed (a parameter dropped or renamed, or the call streamed), the fix is
+remembered for every later request of the process, and the row is asked again. A parameter the
+user set explicitly is never dropped silently: the row fails with a message naming it.
+
+The first request of an endpoint goes alone (:class:`Gate`): the others wait for it, so a
+concurrent run learns each fix from one 400, not one per request in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The output-format parameters: a 400 naming one of them is for the json_schema -> tool ->
+# json_object -> tags chain, never a parameter to drop.
+FORMAT_PARAMS = frozenset({"response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"})
+_NEVER_DROPPED = frozenset({"model", "messages", "stream", "stream_options"}) | FORMAT_PARAMS
+# A reasoning model's max_completion_tokens counts its thinking too; renaming a chat rubric's
+# max_tokens (50 for llmbar_pairwise) into it would cut every reply off mid-thought.
+RENAMES = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
+_TOGETHER = {"logprobs": ("logprobs", "top_logprobs"), "top_logprobs": ("logprobs", "top_logprobs")}
+_REFUSED_WORDS = re.compile(r"unsupported|not supported|does not support|doesn't support|not allowed|is not available|"
+                            r"unrecognized|unknown parameter|extra inputs are not permitted|only .* default", re.IGNORECASE)
+# DashScope (qwen3 thinking, QwQ): "parameter.enable_thinking must be set to false for non-streaming
+# calls"; "This model only support stream mode, please enable the stream parameter".
+_NEEDS_STREAM = re.compile(r"non-streaming|only supports? stream|stream mode|enable the stream parameter", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What one 400 taught: drop ``drop``, rename ``rename``, or stream the call."""
+
+    param: str | None = None
+    drop: tuple[str, ...] = ()
+    rename: tuple[str, str] | None = None
+    stream: bool = False
+
+    def describe(self) -> str:
+        if self.stream:
+            return "the call streamed (the provider refuses non-streaming calls to this model)"
+        if self.rename:
+            return f"{self.rename[0]} sent as {self.rename[1]}"
+        return f"{', '.join(self.drop)} no longer sent"
+
+
+@dataclass
+class Dialect:
+    """The fixes learnt for one (endpoint, model); ``version`` changes with each, so a request
+    built before a fix is rebuilt (and its cache key with it) before it is sent."""
+
+    drop: set[str] = field(default_factory=set)
+    rename: dict[str, str] = field(default_factory=dict)
+    stream: bool = False
+    version: int = 0
+    learnt: list[str] = field(default_factory=list)
+    gate: Gate = field(default_factory=lambda: Gate())
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def apply(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``request`` with the learnt fixes applied (in place; returned for chaining)."""
+        for name in self.drop:
+            request.pop(name, None)
+        for old, new in self.rename.items():
+            if old in request:
+                request[new] = request.pop(old)
+        if self.stream and not request.get("stream"):
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
+        return request
+
+    def learn(self, fix: Fix) -> bool:
+        """Record ``fix``; False when it was known already (another request learnt it first)."""
+        with self._lock:
+            if fix.stream:
+                if self.stream:
+                    return False
+                self.stream = True
+            elif fix.rename is not None:
+                if self.rename.get(fix.rename[0]) == fix.rename[1]:
+                    return False
+                self.rename[fix.rename[0]] = fix.rename[1]
+            else:
+                if set(fix.drop) <= self.drop:
+                    return False
+                self.drop.update(fix.drop)
+            self.version += 1
+            self.learnt.append(fix.describe())
+            return True
+
+
+class Gate:
+    """Lets one request of an endpoint out until its first answer, then everyone.
+
+    Loop-agnostic on purpose: a Judge may be called from a new event loop per call (Ark's
+    harness, sync wrappers), so waiters are woken through their own loop.
+    """
+
+    def __init__(self) -> None:
+        self.open = False
+        self._lock = threading.Lock()
+        self._busy = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def enter(self) -> bool:
+        """Wait for the gate; True when the caller is the one request let out to learn."""
+        while not self.open:
+            with self._lock:
+                if self.open:
+                    return False
+                if not self._busy:
+                    self._busy = True
+                    return True
+                event = asyncio.Event()
+                self._waiters.append((asyncio.get_running_loop(), event))
+            await event.wait()
+        return False
+
+    def leave(self, *, settled: bool) -> None:
+        """The learning request is done: open the gate (``settled``) or let the next one try."""
+        with self._lock:
+            self._busy = False
+            self.open = self.open or settled
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            if not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(event.set)
+                except RuntimeError:  # closed between the check and the call
+                    pass
+
+
+_DIALECTS: dict[tuple[str, str], Dialect] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def dialect_of(base_url: str, model: str) -> Dialect:
+    """The process-wide Dialect of an endpoint and model (every Judge on it shares one)."""
+    key = (base_url.rstrip("/"), model)
+    with _REGISTRY_LOCK:
+        found = _DIALECTS.get(key)
+        if found is None:
+            found = _DIALECTS[key] = Dialect()
+        return found
+
+
+def forget_dialects() -> None:
+    """Forget every learnt dialect (tests; a process that changes what an endpoint serves)."""
+    with _REGISTRY_LOCK:
+        _DIALECTS.clear()
+
+
+def error_fields(body: Any, message: str) -> tuple[str | None, str | None, str]:
+    """(code, param, message) of an error body as the SDK hands it (the ``error`` object, or not)."""
+    if isinstance(body, Mapping):
+        inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+        code, param = inner.get("code"), inner.get("param")
+        said = inner.get("message")
+        return (str(code) if code is not None else None, str(param) if param else None,
+                said if isinstance(said, str) and said else message)
+    return None, None, message
+
+
+def names_output_format(code: str | None, param: str | None, message: str) -> bool:
+    """Whether a 400 is about the output format (so another ask mode may succeed)."""
+    if param in FORMAT_PARAMS:
+        return True
+    text = message.lower()
+    return any(word in text for word in ("response_format", "json_schema", "json_object", "json mode", "structured output",
+                                         "tool_choice", "tools", "tool call", "function call", "functions"))
+
+
+def parameter_fix(code: str | None, param: str | None, message: str, request: Mapping[str, Any]) -> Fix | None:
+    """The fix a 400 asks for, or None when the 400 is not about a parameter of this request."""
+    if _NEEDS_STREAM.search(message) and not request.get("stream"):
+        return Fix(stream=True)
+    sent = [name for name in request if name not in _NEVER_DROPPED]
+    name = param if param in sent else None
+    if name is None:
+        if code not in ("unsupported_parameter", "unsupported_value") and not _REFUSED_WORDS.search(message):
+            return None
+        quoted = [n for n in sent if re.search(rf"['\"`]{re.escape(n)}['\"`]", message)]
+        named = quoted or [n for n in sent if re.search(rf"\b{re.escape(n)}\b", message)]
+        if len(named) != 1:
+            return None
+        name = named[0]
+    elif code not in ("unsupported_parameter", "unsupported_value") and not _REFUSED_WORDS.search(message):
+        return None  # a bad value of a parameter the model takes (temperature 5): the user's to fix
+    return Fix(param=name, drop=_TOGETHER.get(name, (name,)))
+
+
+def user_fix(fix: Fix, user_set: Collection[str]) -> Fix | None:
+    """``fix`` as it applies to a parameter the user set: a rename keeps the user's cap, a drop is refused (None)."""
+    if fix.param in RENAMES:
+        return Fix(param=fix.param, rename=(fix.param, RENAMES[fix.param]))
+    return None
