@@ -123,8 +123,8 @@ def retry_after_seconds(exc: BaseException | None, now: float | None = None, *,
     if seconds > cap:
         if id(exc) not in _warned:
             _warned.append(id(exc))
-            _log.warning("the provider asked to wait %.0f s (%s); waiting %.0f s, the 429 budget, instead",
-                         seconds, said, cap)
+            _log.warning("the provider asked to wait %.0f s (%s): capped at %.0f s, the most one request may wait "
+                         "(RetryPolicy.rate_limit_budget for a 429)", seconds, said, cap)
         return cap
     return seconds
 
