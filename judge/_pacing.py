@@ -25,8 +25,9 @@ Anthropic's ``anthropic-ratelimit-requests-limit`` / ``-remaining`` / ``-reset``
 
 Headers can lie (a gateway that forwards another key's headers, a stale limit): when more
 replies are accepted within a minute than twice the stated per-minute limit allows, each such
-reply multiplies the header rate by 1.25 (trust falls as the contradiction grows), and each 429
-halves that factor again (down to the headers' own rate).
+reply multiplies the header rate by 1.25 (trust falls as the contradiction grows; not beyond
+twice the rate actually used), and each 429 halves that factor again (down to the headers' own
+rate).
 
 A told limit (``--rps``) is a ceiling: headers may lower the rate, never raise it, and without
 headers a told limit stays fixed (mode ``fixed``).
@@ -156,6 +157,7 @@ class Pacer:
         self.ceiling, self.adapt, self._clock, self._wall = ceiling, adapt, clock, wall
         self._doubt = 1.0  # how far above the headers' rate the replies have shown the server lets us go
         self._ok: deque[float] = deque()  # 2xx replies of the last minute, to check the headers against
+        self._recent_ok: deque[float] = deque()  # ... and of the last couple of seconds: the rate in use
         self._mode: PacingMode = "fixed" if ceiling is not None or not adapt else "aimd"
         self._learnt: float | None = None  # None: nothing learnt yet
         self._slow_start = True
@@ -244,7 +246,12 @@ class Pacer:
         self._ok.append(now)
         while self._ok and self._ok[0] < now - _MINUTE_S:
             self._ok.popleft()
-        if len(self._ok) > 2 * limit + 1:
+        self._recent_ok.append(now)
+        while self._recent_ok and self._recent_ok[0] < now - _WINDOW_S:
+            self._recent_ok.popleft()
+        accepted = len(self._recent_ok) / min(_WINDOW_S, max(0.25, now - self._ok[0]))
+        # Application-limited (the concurrency cap sets the pace): a rate nobody uses does not grow.
+        if len(self._ok) > 2 * limit + 1 and (self._learnt or 0.0) < 2 * accepted + START_RPS:
             self._doubt = min(_MAX_DOUBT, self._doubt * _DOUBT_STEP)
 
     def _from_headers(self, headers: Mapping[str, str]) -> float | None:
