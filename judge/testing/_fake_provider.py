@@ -4,7 +4,8 @@ Parts, top to bottom:
 
 1. ``Reply`` / ``RecordedRequest`` -- what a test scripts and what it can assert on afterwards.
 2. ``auto_reply`` -- the deterministic, schema-valid answer used when nothing is scripted.
-3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion, error, raw, dropped).
+3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion or its stream chunks,
+   error, raw, dropped), in the provider's dialect (see ``_dialects``).
 4. ``FakeProvider`` -- the server: recording, token-bucket rate limit, capability rejections,
    script/responder/auto dispatch, and its lifecycle on a uvicorn thread.
 
