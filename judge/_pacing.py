@@ -20,12 +20,22 @@ Two ways to learn, chosen by what the server says:
   over the last seconds (never below half the current rate), at most once per round trip, as
   TCP does. Retry-After is honoured by the limiter's hold, separately.
 
+Anthropic's ``anthropic-ratelimit-requests-limit`` / ``-remaining`` / ``-reset`` (and the
+``-tokens-`` family) are read the same way; their reset is an RFC 3339 time, not a duration.
+
+Headers can lie (a gateway that forwards another key's headers, a stale limit): when more
+replies are accepted within a minute than twice the stated per-minute limit allows, each such
+reply multiplies the header rate by 1.25 (trust falls as the contradiction grows; not beyond
+twice the rate actually used), and each 429 halves that factor again (down to the headers' own
+rate).
+
 A told limit (``--rps``) is a ceiling: headers may lower the rate, never raise it, and without
 headers a told limit stays fixed (mode ``fixed``).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 from collections import deque
@@ -46,6 +56,9 @@ _DOUBLING_S = 0.5  # slow start doubles the rate this often while nothing is ref
 _WINDOW_S = 2.0  # accepted replies are counted over this window when a 429 cuts the rate
 _SPREAD_S = 2.0  # what remains above the reserve is spread over this many seconds
 _HEADER_SHARE = 0.995  # of the per-second limit: the reserve below, not this share, keeps us off its edge
+_DOUBT_STEP = 1.25  # the header rate's factor grows by this with each reply that contradicts the headers
+_MAX_DOUBT = 1e6
+_MINUTE_S = 60.0
 
 
 class Pacing(BaseModel):
@@ -70,8 +83,28 @@ def parse_duration(text: str | None) -> float | None:
     return sum(float(n) * _UNIT[u] for n, u in parts)
 
 
-def _number(headers: Mapping[str, str], name: str) -> float | None:
-    value = headers.get(name)
+def _reset_seconds(text: str | None, wall: float) -> float | None:
+    """Seconds until a bucket is full: an OpenAI duration (``6m0s``) or an RFC 3339 time (Anthropic)."""
+    seconds = parse_duration(text)
+    if seconds is not None or text is None:
+        return seconds
+    try:
+        at = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, at.timestamp() - wall)
+
+
+def _family(headers: Mapping[str, str], what: str, part: str) -> str | None:
+    """One rate-limit header, OpenAI's (``x-ratelimit-limit-requests``) or Anthropic's
+    (``anthropic-ratelimit-requests-limit``)."""
+    value = headers.get(f"x-ratelimit-{part}-{what}")
+    return value if value is not None else headers.get(f"anthropic-ratelimit-{what}-{part}")
+
+
+def _number(value: str | None) -> float | None:
     if value is None:
         return None
     try:
@@ -81,24 +114,28 @@ def _number(headers: Mapping[str, str], name: str) -> float | None:
     return number if number >= 0 else None
 
 
-def _bucket_rate(headers: Mapping[str, str], what: str, *, told: bool = False) -> float | None:
+def _stated(headers: Mapping[str, str], what: str, part: str) -> float | None:
+    return _number(_family(headers, what, part))
+
+
+def _bucket_rate(headers: Mapping[str, str], what: str, *, told: bool = False, wall: float | None = None) -> float | None:
     """Units per second to send at from one family of headers (``requests`` or ``tokens``).
 
     Under a told limit (``told``) only the stated limit counts: a told pace keeps the bucket near
     empty by design, and reading that as "another job is eating it" would slow a run the user paced.
     """
-    limit = _number(headers, f"x-ratelimit-limit-{what}")
+    limit = _stated(headers, what, "limit")
     if not limit:
         return None
     if told:
         return limit / 60
     share = limit / 60 * _HEADER_SHARE  # OpenAI states limits per minute
-    remaining = _number(headers, f"x-ratelimit-remaining-{what}")
+    remaining = _stated(headers, what, "remaining")
     if remaining is None:
         return share
     # Keep a reserve for the requests already in flight; spend what is above it over a couple of
     # seconds, and below it send slower than the limit until the bucket refills.
-    reset = parse_duration(headers.get(f"x-ratelimit-reset-{what}"))
+    reset = _reset_seconds(_family(headers, what, "reset"), time.time() if wall is None else wall)
     # The reset time is when the bucket is full again: what remains plus what refills until then is
     # its size. Half a second of the limit is the reserve, but never more than half the bucket.
     size = remaining + reset * share if reset is not None else None
@@ -116,8 +153,11 @@ class Pacer:
     """
 
     def __init__(self, ceiling: float | None = None, *, adapt: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.ceiling, self.adapt, self._clock = ceiling, adapt, clock
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.ceiling, self.adapt, self._clock, self._wall = ceiling, adapt, clock, wall
+        self._doubt = 1.0  # how far above the headers' rate the replies have shown the server lets us go
+        self._ok: deque[float] = deque()  # 2xx replies of the last minute, to check the headers against
+        self._recent_ok: deque[float] = deque()  # ... and of the last couple of seconds: the rate in use
         self._mode: PacingMode = "fixed" if ceiling is not None or not adapt else "aimd"
         self._learnt: float | None = None  # None: nothing learnt yet
         self._slow_start = True
@@ -165,7 +205,8 @@ class Pacer:
             self._tokens_per_request = tokens if not self._tokens_per_request else 0.9 * self._tokens_per_request + 0.1 * tokens
         from_headers = self._from_headers(headers)
         if from_headers is not None:
-            self._set("headers", from_headers)
+            self._weigh(status, headers, now)
+            self._set("headers", from_headers * self._doubt)
             return
         if self._mode == "headers" or self.ceiling is not None:
             return  # a reply without headers from a server that sent them, or a told limit: keep it
@@ -189,10 +230,35 @@ class Pacer:
 
     # ---- internals -----------------------------------------------------------------------------
 
+    def _weigh(self, status: int, headers: Mapping[str, str], now: float) -> None:
+        """Trust the headers less with each reply that contradicts them, more again with each 429.
+
+        A token bucket stated at L requests per minute accepts at most its size (<= L) plus L within
+        any minute; more accepted replies than 2L + 1 in the last minute mean the headers understate the
+        limit, so every further such reply lets the rate rise 25% above what they say.
+        """
+        if status == 429:
+            self._doubt = max(1.0, self._doubt / 2)
+            return
+        limit = _stated(headers, "requests", "limit")
+        if not (200 <= status < 300) or not limit:
+            return
+        self._ok.append(now)
+        while self._ok and self._ok[0] < now - _MINUTE_S:
+            self._ok.popleft()
+        self._recent_ok.append(now)
+        while self._recent_ok and self._recent_ok[0] < now - _WINDOW_S:
+            self._recent_ok.popleft()
+        accepted = len(self._recent_ok) / min(_WINDOW_S, max(0.25, now - self._ok[0]))
+        # Application-limited (the concurrency cap sets the pace): a rate nobody uses does not grow.
+        if len(self._ok) > 2 * limit + 1 and (self._learnt or 0.0) < 2 * accepted + START_RPS:
+            self._doubt = min(_MAX_DOUBT, self._doubt * _DOUBT_STEP)
+
     def _from_headers(self, headers: Mapping[str, str]) -> float | None:
         told = self.ceiling is not None
-        requests = _bucket_rate(headers, "requests", told=told)
-        tokens = _bucket_rate(headers, "tokens", told=told)
+        wall = self._wall()
+        requests = _bucket_rate(headers, "requests", told=told, wall=wall)
+        tokens = _bucket_rate(headers, "tokens", told=told, wall=wall)
         if tokens is not None and self._tokens_per_request > 0:
             tokens = tokens / self._tokens_per_request
         else:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import datetime
 import email.utils
+import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -45,28 +49,84 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (openai.APIResponseValidationError, ValueError))
 
 
-def retry_after_seconds(exc: BaseException | None, now: float | None = None) -> float | None:
-    """The server's own wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+RATE_LIMIT_BUDGET_S = 600.0  # seconds of 429 waits one request may spend; no hint holds longer
+
+_log = logging.getLogger("judge")
+_warned: collections.deque[int] = collections.deque(maxlen=64)  # 429s already warned about (one is read twice)
+
+
+def _finite(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _http_date(text: str, now: float) -> float | None:
+    try:
+        parsed = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None  # not a date: an unreadable hint is no hint
+    if parsed is None:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)  # RFC 9110 dates are GMT
+    return max(0.0, parsed.timestamp() - now)
+
+
+def _google_retry_delay(body: Any) -> str | None:
+    """``retryDelay`` of a ``google.rpc.RetryInfo`` in a Gemini error body (a JSON array or the error object)."""
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        body = body[0].get("error", body[0])
+    if not isinstance(body, dict):
+        return None
+    details = body.get("details") if isinstance(body.get("details"), list) else (body.get("error") or {}).get("details")
+    for detail in details if isinstance(details, list) else []:
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+            delay = detail.get("retryDelay")
+            return delay if isinstance(delay, str) else None
+    return None
+
+
+def retry_after_seconds(exc: BaseException | None, now: float | None = None, *,
+                        cap: float = RATE_LIMIT_BUDGET_S) -> float | None:
+    """The server's own wait, at most ``cap`` seconds; None when it gave none we can read.
+
+    Read from ``retry-after-ms``, ``Retry-After`` (seconds or an HTTP date), or, for Gemini, which
+    sends no header, the ``google.rpc.RetryInfo`` ``retryDelay`` ("20s") in the error body. A hint
+    that does not parse (``Retry-After: garbage``, ``nan``) is no hint; a hint beyond ``cap`` (the
+    429 budget: ``Retry-After: 100000``, a date in 2099) is capped and logged, so no reply can hold
+    the process longer than a request may wait anyway.
+    """
+    now = now if now is not None else time.time()
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
-    if headers is None:
+    seconds: float | None = None
+    said = ""
+    if headers is not None:
+        ms = headers.get("retry-after-ms")
+        if ms is not None and (value := _finite(ms)) is not None:
+            seconds, said = value / 1000, f"retry-after-ms: {ms}"
+        value_text = headers.get("retry-after")
+        if seconds is None and value_text:
+            seconds = _finite(value_text)
+            if seconds is None:
+                seconds = _http_date(value_text, now)
+            said = f"Retry-After: {value_text}"
+    if seconds is None:
+        delay = _google_retry_delay(getattr(exc, "body", None))
+        if delay is not None and delay.endswith("s"):
+            seconds, said = _finite(delay[:-1]), f"retryDelay: {delay}"
+    if seconds is None:
         return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
-            return None
-        return max(0.0, parsed.timestamp() - (now if now is not None else time.time()))
+    if seconds > cap:
+        if id(exc) not in _warned:
+            _warned.append(id(exc))
+            _log.warning("the provider asked to wait %.0f s (%s): capped at %.0f s, the most one request may wait "
+                         "(RetryPolicy.rate_limit_budget for a 429)", seconds, said, cap)
+        return cap
+    return seconds
 
 
 class RetryPolicy(BaseModel):
@@ -86,22 +146,22 @@ class RetryPolicy(BaseModel):
     initial_wait: float = 0.5
     max_wait: float = 30.0
     parse_retries: int = 2  # re-asks after a reply with no readable verdict
-    rate_limit_budget: float = 600.0  # seconds of 429 waits one request may spend
+    rate_limit_budget: float = RATE_LIMIT_BUDGET_S  # seconds of 429 waits one request may spend
     rate_limit_floor: float = 0.1  # first 429's minimum wait, doubled per consecutive 429
 
     def wait(self, state: RetryCallState) -> float:
         """The wait after a failure that is not a 429 (which :meth:`rate_limited_wait` decides)."""
         exc = state.outcome.exception() if state.outcome else None
-        server_says = retry_after_seconds(exc)
+        server_says = retry_after_seconds(exc, cap=self.max_elapsed)
         if server_says is not None:
-            return min(server_says, self.max_elapsed)
+            return server_says
         return wait_random_exponential(multiplier=self.initial_wait, max=self.max_wait)(state)
 
     def rate_limited_wait(self, exc: BaseException | None, consecutive: int) -> float:
         """The wait after the ``consecutive``-th 429 in a row: >= the server's hint, >= the growing floor."""
         floor = min(self.max_wait, self.rate_limit_floor * 2 ** (consecutive - 1))
-        server_says = retry_after_seconds(exc) or 0.0
-        return max(min(server_says, self.rate_limit_budget), floor + random.uniform(0, floor))
+        server_says = retry_after_seconds(exc, cap=self.rate_limit_budget) or 0.0
+        return max(server_says, floor + random.uniform(0, floor))
 
     def retrying(
         self,

@@ -4,11 +4,16 @@ Use :class:`FakeProvider` in your own tests the way you would use ``httpx.MockTr
 point a real ``openai`` client at ``fake.base_url`` and script what the "model" answers,
 including rate limits, server errors, broken bodies and dropped connections.
 :class:`DownJudge` is a judge that is down and counts the connections tried.
-``python -m judge.testing`` serves the same fake as a separate process.
+``FakeProvider(dialect=NAME)`` answers as a given provider does (OpenAI reasoning models, DashScope
+and Ark thinking models, vLLM with and without a reasoning parser, DeepSeek's reasoner, Gemini,
+Anthropic); :data:`DIALECTS` is the table of them, with their sources.
+``python -m judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
 
+from judge.testing._dialects import DIALECTS, Dialect, Refusal
 from judge.testing._down import DownJudge
 from judge.testing._fake_batch import BatchFault
 from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
 
-__all__ = ["BatchFault", "DownJudge", "FakeProvider", "RecordedRequest", "Reply", "auto_reply"]
+__all__ = ["DIALECTS", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "RecordedRequest", "Refusal", "Reply",
+           "auto_reply"]

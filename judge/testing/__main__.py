@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from judge.testing._dialects import DIALECTS
 from judge.testing._fake_provider import FakeProvider, Reply
 
 
@@ -35,6 +36,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reject-tools", action="store_true")
     parser.add_argument("--reject-embeddings", action="store_true", help="answer /v1/embeddings with 404, as a chat-only server")
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
+    parser.add_argument("--dialect", choices=sorted(DIALECTS), default="openai",
+                        help="answer as this provider does (see judge.testing.DIALECTS)")
     return parser.parse_args(argv)
 
 
@@ -56,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rate_limit_burst=args.burst, rate_limit_headers=not args.no_rate_headers,
                         rate_limit_schedule=args.schedule, rate_limit_tpm=args.tpm, reject_json_schema=args.reject_json_schema,
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
-                        reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port)
+                        reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port,
+                        dialect=args.dialect)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

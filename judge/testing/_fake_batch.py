@@ -330,7 +330,9 @@ class BatchAPI:
                                                   batch_id=batch.id)
         with provider._lock:
             provider._requests.append(record)
-        response = provider._rejected(body) or await provider._answer(body)
+        # A batch line is never streamed (the Batch API answers whole bodies), but the dialect still refuses it.
+        body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")} if isinstance(body, dict) else body
+        response = provider._rejected(body) or provider._refused(body) or await provider._answer(body)
         if isinstance(response, _DroppedResponse):
             return 0, None, {"code": "request_timeout", "message": "The underlying call to the model timed out."}
         try:

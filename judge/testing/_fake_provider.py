@@ -4,7 +4,8 @@ Parts, top to bottom:
 
 1. ``Reply`` / ``RecordedRequest`` -- what a test scripts and what it can assert on afterwards.
 2. ``auto_reply`` -- the deterministic, schema-valid answer used when nothing is scripted.
-3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion, error, raw, dropped).
+3. Wire helpers -- turning a ``Reply`` into an HTTP response (completion or its stream chunks,
+   error, raw, dropped), in the provider's dialect (see ``_dialects``).
 4. ``FakeProvider`` -- the server: recording, token-bucket rate limit, capability rejections,
    script/responder/auto dispatch, and its lifecycle on a uvicorn thread.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import inspect
 import ipaddress
 import itertools
@@ -32,12 +34,13 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ._fake_batch import BatchAPI, BatchFault
 from ._fake_embeddings import embedding_inputs, embeddings_payload
-from ._wire import RecordedRequest, _DroppedResponse, error_response
+from ._dialects import DIALECTS, Dialect, draft_reasoning, resolve
+from ._wire import RecordedRequest, _DroppedResponse, _DroppedStream, error_response
 
 # --------------------------------------------------------------------------------------------
 # 1. What a test scripts, and what it gets recorded
@@ -66,6 +69,12 @@ class Reply(BaseModel):
         raw_body: Send exactly this text as the body (``application/json``), e.g. broken JSON.
         drop: Break the connection without completing the HTTP response.
         usage: Override the token usage object.
+        reasoning: The model's thinking before its answer. Each dialect puts it on the wire its way
+            (a message field, ``<think>`` tags in the content, stream deltas) or drops it (OpenAI's
+            reasoning models, Gemini, Anthropic); the ``openai`` dialect never thinks. None on a
+            thinking dialect invents a draft holding a verdict unlike the final answer (see
+            :func:`judge.testing._dialects.draft_reasoning`). With ``finish_reason="length"`` a
+            thinking dialect sends only the draft: no close tag and no answer.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -82,6 +91,7 @@ class Reply(BaseModel):
     raw_body: str | None = None
     drop: bool = False
     usage: dict[str, Any] | None = None
+    reasoning: str | None = None
 
 
 Responder = Callable[[dict[str, Any]], "Reply | None | Awaitable[Reply | None]"]
@@ -195,25 +205,117 @@ def _text_len(messages: Any) -> int:
     return total
 
 
-def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model: str) -> dict[str, Any]:
-    """The ``chat.completion`` object for a 200 ``reply`` (``number`` makes ids unique)."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": reply.refusal}
-    finish_reason = reply.finish_reason
-    generated = reply.content or reply.refusal or ""
-    if reply.tool_call is not None:
-        function = {"name": reply.tool_call.get("name", ""), "arguments": reply.tool_call.get("arguments", "{}")}
-        message["tool_calls"] = [{"id": f"call_{number}", "type": "function", "function": function}]
+_EFFORT_TOKENS = {"none": 0, "minimal": 0, "low": 64, "medium": 192, "high": 512, "xhigh": 1024}
+
+
+@dataclasses.dataclass
+class _Turn:
+    """One answer as a dialect puts it on the wire (content, reasoning, tool call, finish reason, usage)."""
+
+    content: str | None
+    reasoning: str | None  # for a ``field`` dialect: the field's value; otherwise None
+    tool_call: dict[str, Any] | None
+    finish_reason: str
+    usage: dict[str, Any]
+    logprobs: list[dict[str, Any]] | None
+
+
+def _turn(reply: Reply, body: dict[str, Any], dialect: Dialect, cached_tokens: int) -> _Turn:
+    thinking = dialect.thinking_for(body)
+    content, tool_call, finish_reason = reply.content, reply.tool_call, reply.finish_reason
+    if tool_call is not None:
+        tool_call = {"name": tool_call.get("name", ""), "arguments": tool_call.get("arguments", "{}")}
         if "finish_reason" not in reply.model_fields_set:
             finish_reason = "tool_calls"
-        generated += function["arguments"]
+    if dialect.fence_json and content and (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"):
+        content = f"```json\n{content}\n```"
+    reasoning = None
+    reasoning_tokens = 0
+    if thinking:
+        reasoning = reply.reasoning if reply.reasoning is not None else draft_reasoning(body, content or (tool_call or {}).get("arguments"))
+        if dialect.thinking == "hidden" and reply.reasoning is None:
+            reasoning_tokens = _EFFORT_TOKENS.get(str(body.get("reasoning_effort") or "medium"), 192)
+        else:
+            reasoning_tokens = max(1, len(reasoning) // 4)
+    answer_tokens = max(1, len(content or reply.refusal or "") // 4 + len((tool_call or {}).get("arguments", "")) // 4)
+    budget = body.get("max_completion_tokens")
+    if thinking and isinstance(budget, int) and budget < reasoning_tokens + answer_tokens:
+        finish_reason, reasoning_tokens = "length", min(reasoning_tokens, budget)  # the reasoning used up the budget
+    if thinking and finish_reason == "length":
+        # Cut off while thinking: only the unfinished draft, no answer.
+        tool_call, answer_tokens = None, 0
+        content = "" if dialect.thinking == "hidden" else None  # OpenAI sends "", vLLM's parser null
+    if thinking and dialect.thinking == "tags":
+        opened = "" if dialect.think_open_in_prompt else "<think>\n"
+        closed = f"\n</think>\n\n{content or ''}" if finish_reason != "length" else ""
+        content = f"{opened}{reasoning}{closed}"
     prompt_tokens = max(1, _text_len(body.get("messages")) // 4)
-    completion_tokens = max(1, len(generated) // 4)
+    completion_tokens = answer_tokens + reasoning_tokens
     usage = reply.usage or {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens}
-    choice = {"index": 0, "message": message, "finish_reason": finish_reason,
-              "logprobs": {"content": reply.logprobs} if reply.logprobs is not None else None}
+    if reply.usage is None and dialect.reasoning_usage:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        usage["prompt_tokens_details"] = {"cached_tokens": min(cached_tokens, prompt_tokens)}
+    logprobs = None if "logprobs" in dialect.ignores else reply.logprobs
+    return _Turn(content=content, reasoning=reasoning if dialect.thinking == "field" else None, tool_call=tool_call,
+                 finish_reason=finish_reason, usage=usage, logprobs=logprobs)
+
+
+def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model: str,
+                       dialect: Dialect | None = None, cached_tokens: int = 0) -> dict[str, Any]:
+    """The ``chat.completion`` object for a 200 ``reply`` (``number`` makes ids unique), in ``dialect``'s shape."""
+    dialect = dialect or DIALECTS["openai"]
+    turn = _turn(reply, body, dialect, cached_tokens)
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content, "refusal": reply.refusal}
+    if turn.reasoning is not None:
+        message[dialect.reasoning_field] = turn.reasoning
+    if turn.tool_call is not None:
+        message["tool_calls"] = [{"id": f"call_{number}", "type": "function", "function": turn.tool_call}]
+    choice = {"index": 0, "message": message, "finish_reason": turn.finish_reason,
+              "logprobs": {"content": turn.logprobs} if turn.logprobs is not None else None}
     return {"id": f"chatcmpl-fake-{number}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or model, "choices": [choice], "usage": usage}
+            "model": body.get("model") or model, "choices": [choice], "usage": turn.usage}
+
+
+_PIECE = 24  # characters per streamed delta
+
+
+def completion_chunks(reply: Reply, body: dict[str, Any], *, number: int, model: str, dialect: Dialect,
+                      cached_tokens: int = 0) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed reply: reasoning deltas, then content (or tool
+    call) deltas, a finish chunk, and the usage chunk when ``stream_options.include_usage`` asks for it."""
+    turn = _turn(reply, body, dialect, cached_tokens)
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    base = {"id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.get("model") or model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        extra = {"usage": None} if include_usage else {}
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    text = turn.reasoning or ""
+    chunks += [chunk({dialect.reasoning_field: text[i:i + _PIECE]}) for i in range(0, len(text), _PIECE)]
+    text = turn.content or ""
+    chunks += [chunk({"content": text[i:i + _PIECE]}) for i in range(0, len(text), _PIECE)]
+    if turn.tool_call is not None:
+        args = turn.tool_call["arguments"]
+        chunks.append(chunk({"tool_calls": [{"index": 0, "id": f"call_{number}", "type": "function",
+                                             "function": {"name": turn.tool_call["name"], "arguments": ""}}]}))
+        chunks += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + _PIECE]}}]})
+                   for i in range(0, len(args), _PIECE)]
+    if reply.refusal:
+        chunks.append(chunk({"refusal": reply.refusal}))
+    chunks.append(chunk({}, turn.finish_reason))
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": turn.usage})
+    return chunks
+
+
+def rfc3339(seconds_from_now: float) -> str:
+    """A wall-clock time as Anthropic's ``anthropic-ratelimit-*-reset`` headers write it."""
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=max(0.0, seconds_from_now))
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def openai_duration(seconds: float) -> str:
@@ -264,6 +366,12 @@ class FakeProvider:
     makes the route a 404, as on a chat-only server; ``embedding_models`` limits the models it
     knows (any other is a 404 ``model_not_found``).
 
+    ``dialect`` (a name in :data:`judge.testing.DIALECTS`, or a :class:`Dialect`) makes it answer as
+    that provider does: the parameters it refuses and their error bodies, where a thinking model's
+    reasoning goes, its rate-limit headers and its 429. Every dialect streams (``stream: true``:
+    server-sent ``chat.completion.chunk`` events ending ``data: [DONE]``); a scripted error status,
+    ``delay``, ``raw_body`` or ``drop`` applies to a streamed request as to any other.
+
     Example:
         >>> with FakeProvider(script=[Reply(content='{"score": 1}')]) as fake:
         ...     client = AsyncOpenAI(base_url=fake.base_url, api_key="x")
@@ -292,9 +400,12 @@ class FakeProvider:
         model: str = "fake-judge",
         host: str = "127.0.0.1",
         port: int = 0,
+        dialect: str | Dialect = "openai",
     ) -> None:
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"FakeProvider only binds loopback addresses, not {host!r}")
+        self.dialect = resolve(dialect)
+        self._last_prompt = ""  # the previous request's messages, for cached_tokens
         self.latency = latency
         self.rate_limit_rps = rate_limit_rps
         self.reject_json_schema = reject_json_schema
@@ -474,7 +585,7 @@ class FakeProvider:
         response = (await self._batch_api.handle(request.method, record.path, raw, request.headers.get("content-type", ""))
                     or await self._dispatch(request.method, record))
         with self._lock:
-            record.status = 0 if isinstance(response, _DroppedResponse) else response.status_code
+            record.status = 0 if isinstance(response, (_DroppedResponse, _DroppedStream)) else response.status_code
         return response
 
     async def _dispatch(self, method: str, record: RecordedRequest) -> Response:
@@ -492,9 +603,21 @@ class FakeProvider:
         if embeddings:
             response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True)
         else:
-            response = self._rejected(record.body) or await self._answer(record.body)
+            response = self._rejected(record.body) or self._refused(record.body) or await self._answer(record.body)
         response.headers.update(limits)
         return response
+
+    def _error(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+               headers: dict[str, str] | None = None, details: list[dict[str, Any]] | None = None) -> JSONResponse:
+        return error_response(status, message, code=code, param=param, headers=headers,
+                              shape=self.dialect.error_shape, details=details)
+
+    def _refused(self, body: dict[str, Any]) -> Response | None:
+        """The dialect's error for a body its provider refuses (one per request, in the dialect's order)."""
+        refusal = self.dialect.refuse(body)
+        if refusal is None:
+            return None
+        return self._error(refusal.status, refusal.message, code=refusal.code, param=refusal.param)
 
     def _embeddings_rejected(self, body: dict[str, Any]) -> Response | None:
         """The 404 for a model the server does not have, the 400 for an input OpenAI refuses."""
@@ -549,14 +672,38 @@ class FakeProvider:
                 return None, headers
             self.rate_limited += 1
             wait = max(waits)
-        headers.update({"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))})
         what = f"{rps:g} requests per second" if rps and self._tokens < 1 else f"{tpm:g} tokens per minute"
-        return error_response(429, f"Rate limit reached: {what}. Please retry after {wait:.3f}s.",
-                              code="rate_limit_exceeded", headers=headers), headers
+        if self.dialect.error_shape == "gemini":
+            # Gemini says how long to wait only in the body (google.rpc.RetryInfo), never in a header.
+            details = [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                        "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                                        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel"}]},
+                       {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{wait:.3f}s"}]
+            return self._error(429, f"You exceeded your current quota: {what}. Please retry in {wait:.3f}s.",
+                               details=details), headers
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        if self.dialect.rate_headers == "openai":
+            headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
+        return self._error(429, f"Rate limit reached: {what}. Please retry after {wait:.3f}s.",
+                           code="rate_limit_exceeded", headers=headers), headers
 
     def _limit_headers(self, rps: float | None, tpm: float | None) -> dict[str, str]:
-        """OpenAI's ``x-ratelimit-*`` headers: limits per minute, what remains, and when the bucket is full again."""
+        """The dialect's rate-limit headers: OpenAI's ``x-ratelimit-*`` (limits per minute, what remains, and
+        the duration until the bucket is full again), Anthropic's ``anthropic-ratelimit-*`` (the same, the
+        reset as an RFC 3339 time), or none (Gemini)."""
         headers: dict[str, str] = {}
+        if self.dialect.rate_headers == "none":
+            return headers
+        if self.dialect.rate_headers == "anthropic":
+            if rps:
+                headers.update({"anthropic-ratelimit-requests-limit": str(round(rps * 60)),
+                                "anthropic-ratelimit-requests-remaining": str(max(0, math.floor(self._tokens))),
+                                "anthropic-ratelimit-requests-reset": rfc3339((self._capacity - self._tokens) / rps)})
+            if tpm:
+                headers.update({"anthropic-ratelimit-tokens-limit": str(round(tpm)),
+                                "anthropic-ratelimit-tokens-remaining": str(max(0, math.floor(self._tpm_tokens))),
+                                "anthropic-ratelimit-tokens-reset": rfc3339((tpm / 60 - self._tpm_tokens) / (tpm / 60))})
+            return headers
         if rps:
             headers.update({"x-ratelimit-limit-requests": str(round(rps * 60)),
                             "x-ratelimit-remaining-requests": str(max(0, math.floor(self._tokens))),
@@ -571,13 +718,13 @@ class FakeProvider:
         """400s for features the simulated model does not support."""
         kind = (body.get("response_format") or {}).get("type")
         if self.reject_json_schema and kind == "json_schema":
-            return error_response(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+            return self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
                                   "supported with this model.", param="response_format")
         if self.reject_json_object and kind == "json_object":
-            return error_response(400, "Invalid parameter: 'response_format' of type 'json_object' is not "
+            return self._error(400, "Invalid parameter: 'response_format' of type 'json_object' is not "
                                   "supported with this model.", param="response_format")
         if self.reject_tools and body.get("tools"):
-            return error_response(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
+            return self._error(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
         return None
 
     async def _answer(self, body: dict[str, Any], *, embeddings: bool = False) -> Response:
@@ -595,20 +742,46 @@ class FakeProvider:
         if reply is None:
             reply = Reply() if embeddings else auto_reply(body)
         await self._pause(self.latency + reply.delay)
+        stream = bool(body.get("stream")) and not embeddings
         if reply.drop:
-            return _DroppedResponse()
+            return _DroppedStream(self._chunks(reply, body)[:2]) if stream else _DroppedResponse()
         if reply.raw_body is not None:
             return Response(reply.raw_body, status_code=reply.status, headers=reply.headers,
                             media_type="application/json")
         if reply.status != 200:
-            return error_response(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}",
-                                  headers=reply.headers)
+            return self._error(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}",
+                               headers=reply.headers)
         if embeddings:
             texts = embedding_inputs(body)
             assert not isinstance(texts, str)  # refused in _embeddings_rejected
             return JSONResponse(embeddings_payload(body, texts, model=self.model), headers=reply.headers)
-        payload = completion_payload(reply, body, number=next(self._counter), model=self.model)
+        if stream:
+            events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in self._chunks(reply, body)]
+            events.append("data: [DONE]\n\n")
+            return StreamingResponse(iter(events), media_type="text/event-stream", headers=reply.headers)
+        payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
+                                     dialect=self.dialect, cached_tokens=self._cached_tokens(body))
         return JSONResponse(payload, headers=reply.headers)
+
+    def _chunks(self, reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return completion_chunks(reply, body, number=next(self._counter), model=self.model, dialect=self.dialect,
+                                 cached_tokens=self._cached_tokens(body))
+
+    def _cached_tokens(self, body: dict[str, Any]) -> int:
+        """Prompt tokens shared with the previous request's messages: the fake's prompt cache.
+
+        A simplification of OpenAI's (which caches prompts from 1,024 tokens on, in 128-token steps):
+        any prefix shared with the previous request counts, so small test prompts show cached tokens.
+        """
+        prompt = json.dumps(body.get("messages"), ensure_ascii=False, sort_keys=True)
+        with self._lock:
+            previous, self._last_prompt = self._last_prompt, prompt
+        shared = 0
+        for a, b in zip(previous, prompt):
+            if a != b:
+                break
+            shared += 1
+        return shared // 4
 
     async def _pause(self, seconds: float) -> None:
         """Sleep without blocking other requests; cut short when the server is stopping."""

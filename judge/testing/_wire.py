@@ -7,6 +7,7 @@ Shared by the live chat-completions handler (``_fake_provider``) and the Batch A
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -40,11 +41,30 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 429: "rate_limit_exceeded"}
 
 
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                  429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
 def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+                   headers: dict[str, str] | None = None, shape: str = "openai",
+                   details: list[dict[str, Any]] | None = None) -> JSONResponse:
+    """An error body as the provider writes it.
+
+    ``openai`` (and compatible servers): ``{"error": {"message", "type", "param", "code"}}``;
+    ``dashscope`` adds ``id`` and ``request_id`` beside it; ``ark`` types a 400 ``BadRequest``;
+    ``gemini`` is a JSON array ``[{"error": {"code", "message", "status", "details"}}]``.
+    """
+    if shape == "gemini":
+        error: dict[str, Any] = {"code": status, "message": message, "status": _GOOGLE_STATUS.get(status, "UNKNOWN")}
+        if details:
+            error["details"] = details
+        return JSONResponse([{"error": error}], status_code=status, headers=headers)
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if shape == "ark" and status == 400:
+        kind = "BadRequest"
+    payload: dict[str, Any] = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if shape == "dashscope":
+        payload["id"] = payload["request_id"] = "fake-dashscope-request"
     return JSONResponse(payload, status_code=status, headers=headers)
 
 
@@ -55,3 +75,17 @@ class _DroppedResponse(Response):
         headers = [(b"content-type", b"application/json"), (b"content-length", b"1024")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b'{"id": "chatcmpl-', "more_body": True})
+
+
+class _DroppedStream(Response):
+    """Starts a server-sent event stream, sends a few events, then returns: the stream breaks mid-reply."""
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self._events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream"), (b"content-length", b"65536")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in self._events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
