@@ -67,6 +67,11 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
         "judge_latency_s": verdict.latency_s,
         "judge_cached": float(verdict.cached),
     }
+    # Only where the provider reports them, so a chat model's metrics read as they always did.
+    if verdict.reasoning_tokens:
+        metrics["judge_reasoning_tokens"] = float(verdict.reasoning_tokens)
+    if verdict.cached_tokens:
+        metrics["judge_cached_tokens"] = float(verdict.cached_tokens)
     lines = list(debug or [])
     if verdict.status != "ok":
         status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"

@@ -34,25 +34,27 @@ class ModelPrice(BaseModel):
 
     input: float = Field(ge=0, description="USD per 1M prompt (input) tokens")
     output: float = Field(ge=0, description="USD per 1M completion (output) tokens, reasoning tokens included")
+    cached_input: float | None = Field(None, ge=0, description="USD per 1M prompt tokens served from the provider's prompt cache [default: input]")
 
 
 # Standard-tier prices per 1M tokens from OpenAI's pricing page
 # (https://developers.openai.com/api/docs/pricing and each model's page, e.g. .../docs/models/gpt-5-nano),
 # as published in 2025 (o3 after its June 2025 price cut). Prices change and differ by tier (Batch,
 # Flex, Priority) and region: check them before relying on a cap, and override or extend the table
-# with a YAML/JSON file (load_prices, $GRADEKIT_PRICES, gradekit --prices). Cached-input discounts
-# are not applied, so a cost computed here errs high, which is the safe side for a cap.
+# with a YAML/JSON file (load_prices, $GRADEKIT_PRICES, gradekit --prices). Cached prompt tokens
+# (usage.prompt_tokens_details.cached_tokens) are priced at ``cached_input`` once a reply reports
+# them; a reservation made before the reply assumes none are cached, so a cap errs on the safe side.
 DEFAULT_PRICES: dict[str, ModelPrice] = {
-    "gpt-4o": ModelPrice(input=2.50, output=10.00),
-    "gpt-4o-mini": ModelPrice(input=0.15, output=0.60),
-    "gpt-4.1": ModelPrice(input=2.00, output=8.00),
-    "gpt-4.1-mini": ModelPrice(input=0.40, output=1.60),
-    "gpt-4.1-nano": ModelPrice(input=0.10, output=0.40),
-    "o3": ModelPrice(input=2.00, output=8.00),
-    "o4-mini": ModelPrice(input=1.10, output=4.40),
-    "gpt-5": ModelPrice(input=1.25, output=10.00),
-    "gpt-5-mini": ModelPrice(input=0.25, output=2.00),
-    "gpt-5-nano": ModelPrice(input=0.05, output=0.40),
+    "gpt-4o": ModelPrice(input=2.50, output=10.00, cached_input=1.25),
+    "gpt-4o-mini": ModelPrice(input=0.15, output=0.60, cached_input=0.075),
+    "gpt-4.1": ModelPrice(input=2.00, output=8.00, cached_input=0.5),
+    "gpt-4.1-mini": ModelPrice(input=0.40, output=1.60, cached_input=0.1),
+    "gpt-4.1-nano": ModelPrice(input=0.10, output=0.40, cached_input=0.025),
+    "o3": ModelPrice(input=2.00, output=8.00, cached_input=0.5),
+    "o4-mini": ModelPrice(input=1.10, output=4.40, cached_input=0.275),
+    "gpt-5": ModelPrice(input=1.25, output=10.00, cached_input=0.125),
+    "gpt-5-mini": ModelPrice(input=0.25, output=2.00, cached_input=0.025),
+    "gpt-5-nano": ModelPrice(input=0.05, output=0.40, cached_input=0.005),
 }
 
 # A snapshot name is its base name plus a release date: gpt-4o-mini-2024-07-18 -> gpt-4o-mini.
@@ -103,17 +105,21 @@ def _unknown(model: str) -> ValueError:
     )
 
 
-def _cost(price: ModelPrice, prompt_tokens: int, completion_tokens: int) -> Decimal:
+def _cost(price: ModelPrice, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Decimal:
     # Decimal, not float: a cap of exactly N requests' cost must stop after exactly N requests.
-    return (Decimal(prompt_tokens) * Decimal(str(price.input)) + Decimal(completion_tokens) * Decimal(str(price.output))) / 1_000_000
+    cached = min(max(cached_tokens, 0), prompt_tokens) if price.cached_input is not None else 0
+    return (Decimal(prompt_tokens - cached) * Decimal(str(price.input)) + Decimal(cached) * Decimal(str(price.cached_input or 0))
+            + Decimal(completion_tokens) * Decimal(str(price.output))) / 1_000_000
 
 
-def cost_usd(prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int) -> float:
-    """What the tokens cost in USD at the table's price; ValueError for a model without a price."""
+def cost_usd(prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0) -> float:
+    """What the tokens cost in USD at the table's price (``cached_tokens`` of the prompt at the cached
+    price); ValueError for a model without a price."""
     price = price_of(prices, model)
     if price is None:
         raise _unknown(model)
-    return float(_cost(price, prompt_tokens, completion_tokens))
+    return float(_cost(price, prompt_tokens, completion_tokens, cached_tokens))
 
 
 class Reservation:
@@ -260,7 +266,7 @@ class Budget:
                 _wake_all(waiting)
                 raise
 
-    def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         """Replace the reservation with what the request really used (0, 0 when nothing was billed)."""
         price = price_of(self.prices, reservation.model)
         with self._lock:
@@ -272,7 +278,7 @@ class Budget:
             self._in_flight -= 1
             self._spent_tokens += prompt_tokens + completion_tokens
             if price is not None:
-                self._spent_usd += _cost(price, prompt_tokens, completion_tokens)
+                self._spent_usd += _cost(price, prompt_tokens, completion_tokens, cached_tokens)
             elif prompt_tokens or completion_tokens:
                 self._unpriced.add(reservation.model)
             waiting = list(self._queue)

@@ -21,7 +21,7 @@ from tenacity import RetryCallState
 from ._breaker import Breaker, current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
-from ._dialect import Fix, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._parse import ParseFailure, parse_reply
@@ -323,6 +323,10 @@ class Judge:
         chain = rubric.ask_modes
         first_bad_request: _Failed | None = None
         for mode in chain[self._start_mode(rubric):]:
+            if mode in self.dialect.refused_modes and mode != chain[-1]:
+                first_bad_request = first_bad_request or _Failed(
+                    "bad_request", f"{self.model} at {self.base_url} does not take output mode {mode}", 400, output_format=True)
+                continue
             for _ in range(_MAX_RELEARNS):
                 prepared = self._prepare(rubric, row, mode, finish, need_key=False)
                 if isinstance(prepared, Verdict):
@@ -330,6 +334,8 @@ class Judge:
                 try:
                     return await self._ask_within_budget(rubric, prepared, usage, finish)
                 except _Relearn:
+                    if mode in self.dialect.refused_modes and mode != chain[-1]:
+                        break  # another request learnt that this mode is refused
                     continue  # a fix was learnt (here or by another request): build the request again
                 except _Failed as failure:
                     structured = mode != chain[-1]
@@ -338,7 +344,7 @@ class Judge:
                     if failure.kind == "bad_request" and structured and failure.output_format:
                         first_bad_request = first_bad_request or failure
                         break  # this server may not support the mode: try the next one
-                    if first_bad_request is not None and failure.kind == "bad_request" and failure.output_format:
+                    if first_bad_request is not None and failure.kind == "bad_request":
                         failure = first_bad_request
                     return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
             else:
@@ -465,11 +471,12 @@ class Judge:
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
-        before = usage["prompt_tokens"], usage["completion_tokens"]
+        before = usage["prompt_tokens"], usage["completion_tokens"], usage.get("cached_tokens", 0)
         try:
             return await self._ask(rubric, prepared, usage, finish)
         finally:
-            self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1])
+            self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
+                               usage.get("cached_tokens", 0) - before[2])
 
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
@@ -570,8 +577,15 @@ class Judge:
             except (asyncio.CancelledError, _Failed, _Relearn):
                 raise
             except Exception as exc:  # every other failure becomes a Verdict error via _Failed
-                settled = True
-                raise _error_of(exc) from exc
+                failure = _error_of(exc)
+                if failure.output_format and learning:
+                    # Learnt by the request the gate let out first: those waiting skip this mode instead
+                    # of each meeting the same 400. Later format 400s walk the chain row by row, as they
+                    # may be about one row's request rather than the endpoint.
+                    self.dialect.refuse_mode(ask_mode_of(request))
+                else:
+                    settled = True
+                raise failure from exc
             settled = True
             return completion
         finally:

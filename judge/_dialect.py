@@ -60,6 +60,7 @@ class Dialect:
     drop: set[str] = field(default_factory=set)
     rename: dict[str, str] = field(default_factory=dict)
     stream: bool = False
+    refused_modes: set[str] = field(default_factory=set)  # ask modes the endpoint answered 400 (json_schema, tool, ...)
     version: int = 0
     learnt: list[str] = field(default_factory=list)
     gate: Gate = field(default_factory=lambda: Gate())
@@ -95,6 +96,23 @@ class Dialect:
             self.version += 1
             self.learnt.append(fix.describe())
             return True
+
+
+    def refuse_mode(self, mode: str) -> None:
+        """The endpoint refused an output format: every row of the process skips to the next mode."""
+        with self._lock:
+            if mode not in self.refused_modes:
+                self.refused_modes.add(mode)
+                self.version += 1
+                self.learnt.append(f"output mode {mode} not supported")
+
+
+def ask_mode_of(request: Mapping[str, Any]) -> str:
+    """The ask mode a chat request was built for, read from its output-format parameters."""
+    kind = (request.get("response_format") or {}).get("type")
+    if kind in ("json_schema", "json_object"):
+        return kind
+    return "tool" if request.get("tools") else "text"
 
 
 class Gate:

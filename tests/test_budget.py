@@ -134,7 +134,7 @@ async def test_a_token_cap_on_an_unpriced_model_counts_tokens_but_not_dollars(bi
 
 def test_price_file_overrides_and_extends_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = load_prices()
-    assert defaults["gpt-4o-mini"] == ModelPrice(input=0.15, output=0.60)
+    assert defaults["gpt-4o-mini"] == ModelPrice(input=0.15, output=0.60, cached_input=0.075)
     mine = tmp_path / "prices.yaml"
     mine.write_text("my-judge: {input: 0.5, output: 1.5}\ngpt-4o-mini: {input: 0.2, output: 0.8}\n", encoding="utf-8")
     prices = load_prices(mine)

@@ -100,10 +100,12 @@ async def test_unparseable_reply_is_re_asked_then_a_parse_failure(fake, make_jud
     assert "maybe" in verdict.raw
 
 
-async def test_truncated_reply_is_reported_as_truncated(fake, make_judge) -> None:
+async def test_truncated_reply_is_reported_as_truncated_and_not_re_asked(fake, make_judge) -> None:
+    # The same token limit cuts the same reply off again: a re-ask would only double the bill.
     fake.set_responder(lambda body: Reply(content='{"rationale": "long', finish_reason="length"))
     verdict = await make_judge(retry=RetryPolicy(parse_retries=1)).judge(ZH, ROW)
-    assert (verdict.error_kind, verdict.attempts, verdict.score) == ("truncated", 2, None)
+    assert (verdict.error_kind, verdict.attempts, verdict.score) == ("truncated", 1, None)
+    assert "--max-completion-tokens" in verdict.error
 
 
 async def test_refusal_is_not_re_asked(fake, make_judge) -> None:
@@ -145,11 +147,11 @@ async def test_fallback_chain_reaches_a_working_mode_and_remembers_it(rejects, r
         await again.aclose()
 
 
-async def test_a_400_for_another_reason_walks_the_chain_then_reports_the_first_error(fake, make_judge) -> None:
+async def test_a_400_no_output_format_can_fix_does_not_walk_the_chain(fake, make_judge) -> None:
     fake.set_responder(lambda body: Reply(status=400, error_message="context length exceeded"))
     verdict = await make_judge().judge(ZH, ROW)
     assert verdict.error_kind == "bad_request" and "context length exceeded" in verdict.error
-    assert len(fake.chat_requests()) == 4
+    assert len(fake.chat_requests()) == 1
 
 
 async def test_cache_hit_sends_nothing_and_takes_no_limiter_slot(fake, make_judge) -> None:

@@ -122,7 +122,8 @@ def test_bad_rows_refusals_and_rejected_modes_match_live_row_for_row(tmp_path: P
         if question == "refuse me":
             return Reply(refusal="I will not grade this.")
         if question == "reject me":
-            return Reply(status=400, error_message=f"mode {(body.get('response_format') or {}).get('type') or 'other'} rejected")
+            # Each refusal names the output format, as a real server's does: only those walk the chain.
+            return Reply(status=400, error_message=f"mode {(body.get('response_format') or {}).get('type') or ('tools' if body.get('tools') else 'other')} rejected")
         return reference_judge(body)
 
     common = [str(src), "-r", "semantic_equivalence_en", "--api-key", "k", "--no-cache", "--json"]

@@ -294,7 +294,7 @@ def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
 
     price = price_of(budget.prices, model)
     if price is not None:
-        summary.cost_usd = cost_usd(budget.prices, model, summary.prompt_tokens, summary.completion_tokens)
+        summary.cost_usd = cost_usd(budget.prices, model, summary.prompt_tokens, summary.completion_tokens, summary.cached_tokens)
     summary.saved_tokens = budget.saved_tokens
     summary.saved_usd = budget.saved_usd if price is not None else None
     if summary.skipped:

@@ -55,7 +55,9 @@ class RunSummary(BaseModel):
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
     error_examples: list[str] = Field(default_factory=list)
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # reasoning tokens included, as providers bill them
+    reasoning_tokens: int = 0  # of the completion tokens, the judge's thinking (usage.completion_tokens_details)
+    cached_tokens: int = 0  # of the prompt tokens, those the provider's prompt cache served (priced lower)
     cache_hits: int = 0
     requests: int = 0
     wall_s: float = 0.0
@@ -188,6 +190,7 @@ async def grade_file(
     keep_going: bool = False,
     retry_errors: bool = False,
     encoding: str | None = None,
+    keep_reasoning: bool = False,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
@@ -203,13 +206,18 @@ async def grade_file(
     the rows an earlier run left with a transient error. See :func:`run_file`.
     """
     check_columns(source, rubric, mapping, encoding)
-    extra = {"encoding": encoding} if encoding else {}
+    extra: dict[str, Any] = {"encoding": encoding} if encoding else {}
+    columns, types, to_row = RESULT_COLUMNS, RESULT_TYPES, result_row
+    if keep_reasoning:  # the judge's thinking, for reading next to the verdict; never parsed
+        extra["keep_reasoning"] = True
+        columns, types = [*RESULT_COLUMNS, "reasoning"], {**RESULT_TYPES, "reasoning": "string"}
+        to_row = lambda row, verdict: {**result_row(row, verdict), "reasoning": verdict.reasoning}  # noqa: E731
     return await run_file(
-        source, destination, RESULT_COLUMNS, RESULT_TYPES, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
+        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        to_row=result_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
+        to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
 
 
@@ -602,6 +610,7 @@ class _Tally:
         self.kinds: Counter[str] = Counter()
         self.examples: list[str] = []
         self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = self.skipped = 0
+        self.reasoning_tokens = self.cached_tokens = 0
 
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
@@ -613,6 +622,10 @@ class _Tally:
                     self.prompt_tokens += int(value)
                 elif name.endswith("judge_completion_tokens"):
                     self.completion_tokens += int(value)
+                elif name.endswith("judge_reasoning_tokens"):
+                    self.reasoning_tokens += int(value)
+                elif name.endswith("judge_cached_tokens"):
+                    self.cached_tokens += int(value)
                 elif name.endswith("judge_cached"):
                     self.cache_hits += int(value)
                 elif name.endswith("judge_attempts"):
@@ -620,6 +633,8 @@ class _Tally:
         else:
             self.prompt_tokens += verdict.prompt_tokens
             self.completion_tokens += verdict.completion_tokens
+            self.reasoning_tokens += verdict.reasoning_tokens
+            self.cached_tokens += verdict.cached_tokens
             self.requests += verdict.attempts
             self.cache_hits += verdict.cached
             label = verdict.label
@@ -678,6 +693,8 @@ class _Tally:
             error_examples=self.examples,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
+            reasoning_tokens=self.reasoning_tokens,
+            cached_tokens=self.cached_tokens,
             cache_hits=self.cache_hits,
             requests=self.requests,
             wall_s=wall,
