@@ -7,8 +7,9 @@ the row: the request is fixed (a parameter dropped or renamed, or the call strea
 remembered for every later request of the process, and the row is asked again. A parameter the
 user set explicitly is never dropped silently: the row fails with a message naming it.
 
-The first request of an endpoint goes alone (:class:`Gate`): the others wait for it, so a
-concurrent run learns each fix from one 400, not one per request in flight.
+The first request of an endpoint goes alone (:class:`Gate`): the others wait for its answer (at
+most ``LEARN_WAIT_S``), so a concurrent run learns each fix from one 400, not one per request in
+flight.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,17 +117,24 @@ def ask_mode_of(request: Mapping[str, Any]) -> str:
     return "tool" if request.get("tools") else "text"
 
 
+# How long the requests behind the first one wait for its answer. A 400 for a refused parameter
+# comes back before any generation (milliseconds); an answer that takes longer is a model at work,
+# so the others need not wait for it. This bounds the cost of learning to once per process.
+LEARN_WAIT_S = 2.0
+
+
 class Gate:
-    """Lets one request of an endpoint out until its first answer, then everyone.
+    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S).
 
     Loop-agnostic on purpose: a Judge may be called from a new event loop per call (Ark's
     harness, sync wrappers), so waiters are woken through their own loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float = LEARN_WAIT_S) -> None:
         self.open = False
+        self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._busy = False
+        self._busy_since: float | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     async def enter(self) -> bool:
@@ -134,18 +143,25 @@ class Gate:
             with self._lock:
                 if self.open:
                     return False
-                if not self._busy:
-                    self._busy = True
+                now = time.monotonic()
+                if self._busy_since is None:
+                    self._busy_since = now
                     return True
+                left = self._busy_since + self.wait_s - now
+                if left <= 0:
+                    return False  # the first request is generating: it was not refused
                 event = asyncio.Event()
                 self._waiters.append((asyncio.get_running_loop(), event))
-            await event.wait()
+            try:
+                await asyncio.wait_for(event.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                return False
         return False
 
     def leave(self, *, settled: bool) -> None:
         """The learning request is done: open the gate (``settled``) or let the next one try."""
         with self._lock:
-            self._busy = False
+            self._busy_since = None
             self.open = self.open or settled
             waiters, self._waiters = self._waiters, []
         for loop, event in waiters:

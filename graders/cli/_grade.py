@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, warnings_to_stderr
+from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
     from judge import Budget, Judge
@@ -23,33 +22,17 @@ if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command r
     from ..runs._file import RunSummary
 
 
+@judge_options
 def grade(
     input: Path = typer.Argument(..., help="CSV, JSONL or Parquet file of rows to grade, or a folder of them (read as one input in sorted path order; see docs/file-runs.md)."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     grader_file: Path = typer.Option(None, "--grader", help="Instead of a rubric: a grader config (.yaml/.json: string match, python, composite, LLM; see `gradekit validate`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv, .jsonl or .parquet decides the format."),
-    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
-    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
-    api_key: ApiKeyOption = None,
-    rps: RpsOption = None,
-    tpm: TpmOption = None,
-    concurrency: ConcurrencyOption = 16,
-    limiter_url: str = typer.Option(None, "--limiter", envvar="GRADEKIT_LIMITER", help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray]."),
-    no_adapt: bool = typer.Option(False, "--no-adapt", envvar="GRADEKIT_NO_ADAPT", help="Do not pace to the limit the provider's replies show (x-ratelimit-* headers, 429s); pace only to --rps/--tpm, if given."),
-    limiter_key: str = typer.Option(None, "--limiter-key", envvar="GRADEKIT_LIMITER_KEY", help="Name of the shared budget in Redis [default: --base-url|--model as given]."),
-    timeout: TimeoutOption = 60.0,
-    cache_path: str = typer.Option(None, "--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster reaches [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: NoCacheOption = False,
     mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
-    record: Path = typer.Option(None, "--record", help="Record the run's judge traffic to this vcrpy cassette (no cache)."),
-    replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON (with a version field)."),
     no_swap: bool = typer.Option(False, "--no-swap", help="Pairwise rubrics: ask only the input order, not the swapped one too."),
     on_conflict: str = typer.Option("tie", "--on-conflict", help="Pairwise rubrics: the pair rule when the two orders disagree: tie, first, third (needs --tiebreak-model), or vote (JudgeBench: +1 per order for the output it prefers; an unreadable order abstains)."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="Pairwise rubrics: the model asked a third time when the orders disagree."),
-    max_cost: float = typer.Option(None, "--max-cost", help="Stop sending requests once this many USD are spent (needs a price for --model; see --prices)."),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Stop sending requests once this many prompt + completion tokens are spent."),
-    prices_path: Path = typer.Option(None, "--prices", envvar="GRADEKIT_PRICES", help="YAML/JSON {model: {input: USD per 1M tokens, output: ...}} merged over the built-in price table."),
     restart: bool = typer.Option(False, "--restart", help="Ignore the checkpoint of an earlier run into OUTPUT and grade every row again."),
     batch: bool = typer.Option(False, "--batch", help="Send the judge requests through the provider's Batch API (cheaper, slower); resumable from OUTPUT.batch.json."),
     batch_poll: float = typer.Option(10.0, "--batch-poll", help="With --batch: seconds before the first re-poll, doubling up to 5 minutes."),
@@ -60,6 +43,9 @@ def grade(
     encoding: str = typer.Option(None, "--encoding", help="Read a CSV/JSONL INPUT in this encoding (latin-1, cp1252, gbk, ...) [default: UTF-8, with or without a BOM]."),
     ray_address: str = typer.Option(None, "--ray", metavar="ADDRESS", help="Judge the rows on a Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; --rps/--tpm then hold for the whole cluster (needs gradekit[ray])."),
     ray_workers: int = typer.Option(None, "--ray-workers", metavar="N", help="With --ray: judge actors (default: one per CPU of the cluster, at most 64)."),
+    keep_reasoning: bool = typer.Option(False, "--keep-reasoning", help="Add a reasoning column: the judge's thinking (a reasoning model's reasoning field or <think> block), never read for the verdict."),
+    *,
+    opts: JudgeOptions,
 ) -> None:
     """Grade every row of INPUT with a rubric (or a grader config) and write OUTPUT with score, status and error columns.
 
@@ -95,13 +81,12 @@ def grade(
     """
     import asyncio
 
-    from judge import Budget, Judge, RubricError, limiter_from_url, load_prices, load_rubric, open_cache
+    from judge import RubricError, load_rubric
     from judge._breaker import BreakerTripped
     from judge._client import DEFAULT_MODEL
 
     from .._config import GraderConfigError
     from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
-    from ..runs._cassette import cassette
     from ..runs._file import RunSummary, resolve_mapping
     from ..runs._io import InputError, codec, file_format, input_format
     from ..runs._lock import check_not_input
@@ -111,14 +96,11 @@ def grade(
     warnings_to_stderr()
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
-    if record and replay:
-        raise fail("--record and --replay exclude each other")
-    if cache_path and no_cache:
-        raise fail("--cache and --no-cache exclude each other")
-    # Read here rather than as the option's envvar: --no-cache must win over a GRADEKIT_CACHE in the shell.
-    env_cache = os.environ.get("GRADEKIT_CACHE")
-    if cache_path is None and env_cache and not no_cache and not (record or replay):
-        cache_path = env_cache
+    opts.check()
+    model, base_url, api_key, timeout = opts.one_model("grade"), opts.base_url, opts.api_key, opts.timeout
+    rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
+    record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
+    cache_path = opts.resolved_cache_path()
     try:
         spec = load_rubric(rubric) if rubric is not None else None
         variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
@@ -135,8 +117,6 @@ def grade(
         raise fail(str(e)) from e
     if on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model):
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
-    if replay and not replay.exists():
-        raise fail(f"{replay}: no such cassette to replay")
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and (record or replay):
@@ -166,48 +146,38 @@ def grade(
             raise fail(str(e)) from e
 
     # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
-    try:
-        cache = None if no_cache or ((record or replay) and cache_path is None) else open_cache(cache_path)
-    except ConnectionError as e:  # a redis:// cache that does not answer: before any request
-        raise fail(str(e)) from e
+    cache = opts.open_cache()
     if ray_address is not None:
         try:
             return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not no_adapt, encoding=encoding)
+                                 resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params)
         except BreakerTripped as e:
             raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
-    try:
-        # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
-        limiter = limiter_from_url(limiter_url, rps=rps, tpm=tpm, concurrency=concurrency, adapt=not no_adapt,
-                                   key=limiter_key or f"{base_url or 'default'}|{model or 'default'}")
-    except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
-        raise fail(str(e)) from e
-    try:
-        # Always a Budget: without caps it only counts, so every summary shows what was spent and saved.
-        budget = Budget(max_cost_usd=max_cost, max_tokens=max_tokens, prices=load_prices(prices_path))
-    except ValueError as e:
-        raise fail(str(e)) from e
+    limiter = opts.limiter(model)
+    budget = opts.budget()
 
     def make_judge() -> Judge:
-        return Judge(model, base_url=base_url, api_key=api_key or ("replay" if replay else None), timeout=timeout, limiter=limiter,
-                     cache=cache, budget=budget)
+        return opts.judge(model, limiter=limiter, cache=cache, budget=budget)
 
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
         judge = make_judge() if spec is not None else None
-        tiebreak = Judge(tiebreak_model, base_url=base_url, api_key=api_key or ("replay" if replay else None),
-                         timeout=timeout, limiter=limiter, cache=cache) if tiebreak_model else None
+        tiebreak = opts.judge(tiebreak_model, limiter=limiter, cache=cache) if tiebreak_model else None
     except ValueError as e:
         raise fail(str(e)) from e
 
-    traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
+    traffic = opts.traffic()
     err = Console(stderr=True)
     show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
                  done=0 if retry_errors else already_written(output, restart), encoding=encoding)
     run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors,
                    "encoding": encoding}
+    if keep_reasoning:
+        if spec is None or spec.pairwise is not None or batch:
+            raise fail("--keep-reasoning works with a single-answer rubric (-r), not with --grader, pairwise rubrics or --batch")
+        run_options["keep_reasoning"] = True
     try:
         with traffic:
             if spec is None:
@@ -420,7 +390,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
                   cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
-                  encoding: str | None = None) -> None:
+                  encoding: str | None = None, params: dict | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -455,7 +425,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
         if spec is not None:
-            probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout)
+            probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout, params=params)
             settings = rubric_settings(probe, spec, variables, **({"encoding": encoding} if encoding else {}))
         else:
             if not grader_file.exists():
@@ -473,7 +443,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                         **({"encoding": encoding} if encoding else {})}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
-                         cache=cache_path, no_cache=no_cache, adapt=adapt)
+                         cache=cache_path, no_cache=no_cache, adapt=adapt, params=params)
         try:
             summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
                                                  encoding=encoding))

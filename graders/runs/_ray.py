@@ -202,11 +202,13 @@ class ActorPool:
 
 def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, model: str | None, base_url: str | None,
                 api_key: str | None, timeout: float, limiter: str | None, limiter_key: str, rps: float | None, tpm: float | None,
-                concurrency: int, cache: str | None, no_cache: bool, adapt: bool = True) -> WorkerSpec:
+                concurrency: int, cache: str | None, no_cache: bool, adapt: bool = True,
+                params: dict[str, Any] | None = None) -> WorkerSpec:
     """The actors' settings; the API key is read here, on the driver, so nodes need no secret of their own."""
     return WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, model=model,
                       base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY"), timeout=timeout,
                       limiter=limiter, limiter_key=limiter_key, rps=rps, tpm=tpm, concurrency=concurrency, cache=cache,
+                      params=dict(params or {}),
                       no_cache=no_cache, adapt=adapt)
 
 

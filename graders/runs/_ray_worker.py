@@ -34,6 +34,7 @@ class WorkerSpec(BaseModel):
     adapt: bool = True  # self-pacing to the provider's rate-limit headers and 429s (--no-adapt: False)
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
+    params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
 
 
 class JudgeWorker:
@@ -53,7 +54,7 @@ class JudgeWorker:
 
         def make_judge() -> Judge:
             return Judge(spec.model, base_url=spec.base_url, api_key=spec.api_key, timeout=spec.timeout, limiter=self.limiter,
-                         cache=self.cache)
+                         cache=self.cache, params=spec.params)
 
         self.judge = make_judge() if spec.rubric is not None else None
         if spec.grader_config is not None:

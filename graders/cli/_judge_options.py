@@ -1,0 +1,226 @@
+"""The options that configure a judge, declared once for every command that talks to one.
+
+``@judge_options`` adds them to a command's signature (typer reads ``__signature__``) and hands
+the command one :class:`JudgeOptions` value (its ``opts`` argument) instead, so ``grade``, ``meta-eval``, ``probe`` and
+``validate`` take the same flags with the same help, and a new judge option reaches all of them
+at once (tests/test_judge_options.py checks that every such command takes every option).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ._common import fail
+
+if TYPE_CHECKING:  # the library loads when a command runs, not for --help
+    from judge import Budget, Judge, JudgeCache
+
+PANEL = "Judge options"
+
+
+def _option(*names: str, **kwargs: Any) -> Any:
+    return typer.Option(*names, rich_help_panel=PANEL, **kwargs)
+
+
+# (parameter name, type, default, typer option): the one declaration.
+_DECLARED: list[tuple[str, Any, Any, Any]] = [
+    ("model", list[str], [], _option("--model", envvar="GRADEKIT_MODEL", show_default=False,
+                                     help="Judge model [default: gpt-4o-mini]; meta-eval takes several (a panel).")),
+    ("base_url", str | None, None, _option("--base-url", envvar="OPENAI_BASE_URL",
+                                           help="OpenAI-compatible API root, e.g. http://localhost:8000/v1.")),
+    ("api_key", str | None, None, _option("--api-key", envvar="OPENAI_API_KEY", show_default=False,
+                                          help="API key (read from OPENAI_API_KEY by default).")),
+    ("judge_param", list[str], [], _option("--judge-param", metavar="KEY=VALUE", show_default=False,
+                                           help="A request parameter for the judge, VALUE parsed as JSON when it parses, else a string "
+                                                "(repeatable): reasoning_effort=low, enable_thinking=false, thinking='{\"type\":\"disabled\"}'. "
+                                                "Keys the SDK does not know go in the body as they are. See docs/judges.md.")),
+    ("temperature", float | None, None, _option("--temperature", help="Sampling temperature [default: 0, or the model's own where it takes no other].")),
+    ("reasoning_effort", str | None, None, _option("--reasoning-effort", help="Reasoning models: minimal, low, medium or high.")),
+    ("max_completion_tokens", int | None, None, _option("--max-completion-tokens", metavar="N",
+                                                        help="Cap on the judge's reply, thinking included (reasoning models count both).")),
+    ("rps", float | None, None, _option("--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process.")),
+    ("tpm", float | None, None, _option("--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process.")),
+    ("concurrency", int, 16, _option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")),
+    ("limiter_url", str | None, None, _option("--limiter", envvar="GRADEKIT_LIMITER",
+                                              help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, "
+                                                   "ray through the Ray cluster's limiter actor [default: this process only; with --ray: ray].")),
+    ("limiter_key", str | None, None, _option("--limiter-key", envvar="GRADEKIT_LIMITER_KEY",
+                                              help="Name of the shared budget in Redis [default: --base-url|--model as given].")),
+    ("no_adapt", bool, False, _option("--no-adapt", envvar="GRADEKIT_NO_ADAPT",
+                                      help="Do not pace to the limit the provider's replies show (rate-limit headers, 429s); pace only to --rps/--tpm, if given.")),
+    ("timeout", float, 60.0, _option("--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request.")),
+    ("cache_path", str | None, None, _option("--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster "
+                                                             "reaches [default: $GRADEKIT_CACHE, else the user cache dir].")),
+    ("no_cache", bool, False, _option("--no-cache", help="Neither read nor write the response cache.")),
+    ("record", Path | None, None, _option("--record", help="Record the judge traffic to this vcrpy cassette (no cache).")),
+    ("replay", Path | None, None, _option("--replay", help="Answer every judge request from this cassette, with no network (no cache).")),
+    ("max_cost", float | None, None, _option("--max-cost", help="Stop sending requests once this many USD are spent (needs a price for the model; see --prices).")),
+    ("max_tokens", int | None, None, _option("--max-tokens", help="Stop sending requests once this many prompt + completion tokens are spent.")),
+    ("prices_path", Path | None, None, _option("--prices", envvar="GRADEKIT_PRICES",
+                                               help="YAML/JSON {model: {input: USD per 1M tokens, output: ..., cached_input: ...}} merged over the built-in price table.")),
+]
+OPTION_NAMES = [name for name, *_ in _DECLARED]
+
+
+def parse_judge_params(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as request parameters: VALUE as JSON when it parses (``false``, ``0.2``,
+    ``{"type": "disabled"}``), else the string itself (``low``)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--judge-param {pair!r}: expected KEY=VALUE, e.g. reasoning_effort=low")
+        if key in ("model", "messages"):
+            raise ValueError(f"--judge-param {key}: set by gradekit (use --model; messages come from the rubric)")
+        try:
+            params[key] = json.loads(text)
+        except ValueError:
+            params[key] = text
+    return params
+
+
+@dataclass
+class JudgeOptions:
+    """What the judge options of one command line say, and how to build the judge parts from them."""
+
+    model: list[str] = field(default_factory=list)
+    base_url: str | None = None
+    api_key: str | None = None
+    judge_param: list[str] = field(default_factory=list)
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    max_completion_tokens: int | None = None
+    rps: float | None = None
+    tpm: float | None = None
+    concurrency: int = 16
+    limiter_url: str | None = None
+    limiter_key: str | None = None
+    no_adapt: bool = False
+    timeout: float = 60.0
+    cache_path: str | None = None
+    no_cache: bool = False
+    record: Path | None = None
+    replay: Path | None = None
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    prices_path: Path | None = None
+
+    def check(self) -> None:
+        """The options that exclude each other, and what cannot be read: exit 2 before any request."""
+        if self.record and self.replay:
+            raise fail("--record and --replay exclude each other")
+        if self.cache_path and self.no_cache:
+            raise fail("--cache and --no-cache exclude each other")
+        if self.replay and not self.replay.exists():
+            raise fail(f"{self.replay}: no such cassette to replay")
+        if self.concurrency < 1:
+            raise fail(f"--concurrency must be at least 1, not {self.concurrency}")
+        if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
+            raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
+        try:
+            self.params  # noqa: B018 - parsed here so a bad --judge-param fails before any request
+        except ValueError as e:
+            raise fail(str(e)) from e
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The judge parameters: --judge-param, then the shorthands (which win)."""
+        params = parse_judge_params(self.judge_param)
+        for key in ("temperature", "reasoning_effort", "max_completion_tokens"):
+            if getattr(self, key) is not None:
+                params[key] = getattr(self, key)
+        return params
+
+    def one_model(self, command: str) -> str | None:
+        """The model of a command that takes one judge (None: $GRADEKIT_MODEL or the default)."""
+        if len(self.model) > 1:
+            raise fail(f"--model given {len(self.model)} times ({', '.join(self.model)}): {command} takes one judge model "
+                       "(meta-eval takes a panel)")
+        return self.model[0] if self.model else None
+
+    def resolved_cache_path(self) -> str | None:
+        # Read here rather than as the option's envvar: --no-cache must win over a GRADEKIT_CACHE in the shell.
+        env_cache = os.environ.get("GRADEKIT_CACHE")
+        if self.cache_path is None and env_cache and not self.no_cache and not (self.record or self.replay):
+            return env_cache
+        return self.cache_path
+
+    def open_cache(self, *, by_default: bool = True) -> JudgeCache | None:
+        """The response cache, or None (--no-cache; a cassette, which must see every request, unless --cache is explicit)."""
+        from judge import open_cache
+
+        path = self.resolved_cache_path()
+        if self.no_cache or ((self.record or self.replay) and path is None) or (path is None and not by_default):
+            return None
+        try:
+            return open_cache(path)
+        except ConnectionError as e:  # a redis:// cache that does not answer: before any request
+            raise fail(str(e)) from e
+
+    def limiter(self, model: str | None = None, **overrides: Any):
+        """The process's limiter for these options (shared through --limiter when given)."""
+        from judge import limiter_from_url
+
+        try:
+            # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
+            return limiter_from_url(overrides.pop("url", self.limiter_url), rps=self.rps, tpm=self.tpm, concurrency=self.concurrency,
+                                    adapt=not self.no_adapt,
+                                    key=self.limiter_key or f"{self.base_url or 'default'}|{model or 'default'}", **overrides)
+        except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
+            raise fail(str(e)) from e
+
+    def budget(self) -> Budget:
+        """Always a Budget: without caps it only counts, so every summary shows what was spent and saved."""
+        from judge import Budget, load_prices
+
+        try:
+            return Budget(max_cost_usd=self.max_cost, max_tokens=self.max_tokens, prices=load_prices(self.prices_path))
+        except ValueError as e:
+            raise fail(str(e)) from e
+
+    def judge(self, model: str | None, **parts: Any) -> Judge:
+        """A Judge for ``model`` with these options (``parts``: limiter, cache, budget, ...)."""
+        from judge import Judge
+
+        return Judge(model, base_url=self.base_url, api_key=self.api_key or ("replay" if self.replay else None),
+                     timeout=self.timeout, params=self.params, **parts)
+
+    def traffic(self) -> contextlib.AbstractContextManager[Any]:
+        """The cassette the run records to or replays from, or nothing."""
+        if not (self.record or self.replay):
+            return contextlib.nullcontext()
+        from ..runs._cassette import cassette
+
+        return cassette(self.record or self.replay, "record" if self.record else "replay")
+
+
+def judge_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` every judge option; it receives them as one ``opts: JudgeOptions`` argument."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "opts"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
+             for name, kind, default, option in _DECLARED]
+    clash = {p.name for p in own} & set(OPTION_NAMES)
+    if clash:
+        raise TypeError(f"{command.__name__} declares judge options itself: {sorted(clash)}")
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        options = JudgeOptions(**{name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs})
+        return command(*args, opts=options, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+    wrapper.__dict__.pop("__wrapped__", None)
+    return wrapper
