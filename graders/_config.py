@@ -84,7 +84,8 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
 
 A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRewardConfig`` or
 ``compositeRewardConfig``) loads as ``type: vertex`` unchanged. The top level may also carry
-``judge: {model: ..., base_url: ..., timeout: ...}`` for its LLM nodes; the API key only ever
+``judge: {model: ..., base_url: ..., timeout: ..., params: {reasoning_effort: low}}`` for its LLM
+nodes (``params``: judge parameters sent with every request); the API key only ever
 comes from the environment (OPENAI_API_KEY), never from the file.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
@@ -291,6 +292,7 @@ class JudgeSettings(BaseModel):
     base_url: str | None = None
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
+    params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
 
 
 NODES: dict[str, type[_Node]] = {
@@ -354,7 +356,8 @@ class _Builder:
                     self.made_judge = self._judge()
                 else:
                     s = self.settings
-                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout, max_prompt_tokens=s.max_prompt_tokens)
+                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout, max_prompt_tokens=s.max_prompt_tokens,
+                                            params=s.params)
             except ValueError as e:
                 raise GraderConfigError(f"{self.source}: an LLM grader needs a judge: {e}") from e
         return self.made_judge

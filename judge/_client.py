@@ -864,7 +864,9 @@ async def _assemble_stream(raw: Any) -> dict[str, Any]:
     Content and reasoning deltas (``reasoning_content`` / ``reasoning``) are joined apart, tool
     call deltas by index; the usage chunk (``stream_options.include_usage``) gives the usage.
     """
-    stream = await raw.parse()
+    stream = raw.parse()  # the AsyncStream itself (parse is sync for a stream)
+    if asyncio.iscoroutine(stream):
+        stream = await stream
     content: list[str] = []
     reasoning: dict[str, list[str]] = {}
     calls: dict[int, dict[str, Any]] = {}

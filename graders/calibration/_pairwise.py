@@ -207,7 +207,9 @@ class PairwiseRunSummary(BaseModel):
     error_examples: list[str] = Field(default_factory=list)
     parse_failure_rate: float = 0.0  # over all verdicts asked
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # reasoning tokens included, as providers bill them
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
     cache_hits: int = 0
     requests: int = 0
     wall_s: float = 0.0
@@ -324,6 +326,8 @@ def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None
         parse_failure_rate=sum(v.error_kind == "parse_failure" for v in verdicts) / len(verdicts) if verdicts else 0.0,
         prompt_tokens=sum(v.prompt_tokens for v in verdicts),
         completion_tokens=sum(v.completion_tokens for v in verdicts),
+        reasoning_tokens=sum(v.reasoning_tokens for v in verdicts),
+        cached_tokens=sum(v.cached_tokens for v in verdicts),
         cache_hits=sum(v.cached for v in verdicts),
         requests=sum(v.attempts for v in verdicts),
         wall_s=wall,

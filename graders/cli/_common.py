@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 JSON_VERSION = 1
 
-# The judge options every command that talks to a judge takes: one declaration, so the flag, its
-# environment variable and its help read the same in grade, meta-eval, probe and validate.
-ApiKeyOption = Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY",
-                                                 help="API key (read from OPENAI_API_KEY by default).", show_default=False)]
-RpsOption = Annotated[float | None, typer.Option("--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process.")]
-TpmOption = Annotated[float | None, typer.Option("--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process.")]
-ConcurrencyOption = Annotated[int, typer.Option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")]
-TimeoutOption = Annotated[float, typer.Option("--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request.")]
-NoCacheOption = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the response cache.")]
+# The judge options (model, endpoint, parameters, pacing, cache, budget) live in _judge_options.py.
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

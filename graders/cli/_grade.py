@@ -345,7 +345,8 @@ def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> No
     if r is not None and r.acc is not None and r.agr is not None:
         console.print(f"Acc {r.acc * 100:.1f} / Agr {r.agr * 100:.1f}  (against column {s.label_column!r}, LLMBar's convention)")
     console.print(f"parse failures {s.parse_failure_rate:.1%}; requests {s.requests} sent, {s.cache_hits} cache hits; "
-                  f"tokens {s.prompt_tokens} prompt + {s.completion_tokens} completion; {s.wall_s:.2f} s")
+                  f"tokens {s.prompt_tokens} prompt + {s.completion_tokens} completion"
+                  + (f" ({s.reasoning_tokens} reasoning)" if s.reasoning_tokens else "") + f"; {s.wall_s:.2f} s")
     for example in s.error_examples:
         console.print(f"  {example}", style="red", markup=False)
 
@@ -362,7 +363,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     table.add_row("labels", ", ".join(f"{k}: {v}" for k, v in s.label_counts.items()) or "-")
     table.add_row("parse failures", f"{s.parse_failure_rate:.1%}")
     table.add_row("errors by kind", ", ".join(f"{k}: {v}" for k, v in s.errors_by_kind.items()) or "-")
-    table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion")
+    table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion"
+                  + (f" ({s.reasoning_tokens} reasoning)" if s.reasoning_tokens else "")
+                  + (f"; {s.cached_tokens} prompt tokens from the provider's cache" if s.cached_tokens else ""))
     cost = "n/a (no price for the model: --prices FILE)" if s.cost_usd is None else f"${s.cost_usd:.4f} estimated"
     saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
     table.add_row("cost", cost + saved)

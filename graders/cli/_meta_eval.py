@@ -2,38 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from pathlib import Path
 
 import typer
 
-from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json
+from ._common import fail, print_json
+from ._judge_options import JudgeOptions, judge_options
 
 
+@judge_options
 def meta_eval(
     suites: list[str] = typer.Option(..., "--suite", help="Shipped suite (llmbar, mtbench-human, llmeval2, faireval) or a JSONL file of pairs (instruction, output_1, output_2, label 1|2, optional category, id); repeatable."),
     rubric: str = typer.Option(..., "-r", "--rubric", help="Pairwise rubric: llmbar_pairwise, arena_hard_pairwise, or a .yaml spec with variables instruction, output_1, output_2."),
-    models: list[str] = typer.Option([], "--model", envvar="GRADEKIT_MODEL", help="Judge model; repeat for a panel (each judge gets its rows, plus a jury row) [default: gpt-4o-mini]."),
-    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1."),
-    api_key: ApiKeyOption = None,
     on_conflict: str = typer.Option(None, "--on-conflict", help="Pair rule: vote, tie, first or third (needs --tiebreak-model) [default: vote for arena_hard_pairwise, else tie]."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="With --on-conflict third: the model asked a third time."),
     limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
-    rps: RpsOption = None,
-    tpm: TpmOption = None,
-    concurrency: ConcurrencyOption = 16,
-    timeout: TimeoutOption = 60.0,
-    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: NoCacheOption = False,
-    record: Path = typer.Option(None, "--record", help="Record the judge traffic to this vcrpy cassette (no cache)."),
-    replay: Path = typer.Option(None, "--replay", help="Answer every judge request from this cassette, with no network (no cache)."),
-    max_cost: float = typer.Option(None, "--max-cost", help="Stop sending requests once this many USD are spent (needs a price for each --model)."),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Stop sending requests once this many prompt + completion tokens are spent."),
-    prices_path: Path = typer.Option(None, "--prices", envvar="GRADEKIT_PRICES", help="YAML/JSON {model: {input: USD per 1M tokens, output: ...}} merged over the built-in price table."),
     plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
+    *,
+    opts: JudgeOptions,
 ) -> None:
     """Judge every pair of each suite in both orders and report, per suite and subset (plus overall): n,
     accuracy, order agreement, first-position win rate, parse failures, errors, requests, tokens and cost,
@@ -45,27 +33,19 @@ def meta_eval(
     """
     import asyncio
 
-    from judge import Budget, Judge, JudgeCache, RubricError, limiter_from_url, load_prices, load_rubric
+    from judge import RubricError, load_rubric
 
     from ..calibration._llmbar import LLMBarError
     from ..calibration._meta_eval import default_rule, meta_eval as run_meta_eval, plot_meta_eval
     from ..calibration._pairwise import CONFLICT_RULES
     from ..calibration._suites import SuiteError, load_suite
-    from ..runs._cassette import cassette
 
-    if record and replay:
-        raise fail("--record and --replay exclude each other")
-    if cache_path and no_cache:
-        raise fail("--cache and --no-cache exclude each other")
-    if replay and not replay.exists():
-        raise fail(f"{replay}: no such cassette to replay")
+    opts.check()
+    models, concurrency = opts.model, opts.concurrency
     if on_conflict is not None and (on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model)):
         raise fail("--on-conflict is vote, tie, first, or third together with --tiebreak-model")
     if len(set(models)) != len(models):
         raise fail(f"--model names a judge twice: {', '.join(models)}")
-    env_cache = os.environ.get("GRADEKIT_CACHE")
-    if cache_path is None and env_cache and not no_cache and not (record or replay):
-        cache_path = Path(env_cache)
     try:
         spec = load_rubric(rubric)
         if spec.pairwise is None:
@@ -73,20 +53,17 @@ def meta_eval(
         loaded = [load_suite(s, limit=limit) for s in suites]
         if len({s.name for s in loaded}) != len(loaded):
             raise SuiteError(f"--suite names a suite twice: {', '.join(suites)}")
-        prices = load_prices(prices_path)
-        budget = Budget(max_cost_usd=max_cost, max_tokens=max_tokens, prices=prices)
-        limiter = limiter_from_url(None, rps=rps, tpm=tpm, concurrency=concurrency, key=f"{base_url or 'default'}")
     except (RubricError, SuiteError, LLMBarError, ValueError) as e:
         raise fail(str(e)) from e
+    budget = opts.budget()
+    prices = budget.prices
+    limiter = opts.limiter(None)
     rule = on_conflict or default_rule(spec)
-    cache = None if no_cache or ((record or replay) and cache_path is None) else JudgeCache(cache_path)
-    key = api_key or ("replay" if replay else None)
+    cache = opts.open_cache()
 
     async def run():
-        judges = [Judge(m, base_url=base_url, api_key=key, timeout=timeout, limiter=limiter, cache=cache, budget=budget)
-                  for m in (models or [None])]
-        tiebreak = Judge(tiebreak_model, base_url=base_url, api_key=key, timeout=timeout, limiter=limiter, cache=cache,
-                         budget=budget) if tiebreak_model else None
+        judges = [opts.judge(m, limiter=limiter, cache=cache, budget=budget) for m in (models or [None])]
+        tiebreak = opts.judge(tiebreak_model, limiter=limiter, cache=cache, budget=budget) if tiebreak_model else None
         try:
             return await run_meta_eval(loaded, spec, judges, on_conflict=rule, prices=prices,  # type: ignore[arg-type]
                                        concurrency=max(1, concurrency // 2) + 2, tiebreak=tiebreak)
@@ -94,7 +71,7 @@ def meta_eval(
             for j in judges + ([tiebreak] if tiebreak else []):
                 await j.aclose()
 
-    traffic = cassette(record or replay, "record" if record else "replay") if (record or replay) else contextlib.nullcontext()
+    traffic = opts.traffic()
     try:
         with traffic:
             report = asyncio.run(run())

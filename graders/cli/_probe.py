@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 
-from ._common import ApiKeyOption, ConcurrencyOption, NoCacheOption, RpsOption, TimeoutOption, TpmOption, fail, print_json
+from ._common import fail, print_json
+from ._judge_options import JudgeOptions, judge_options
 
 RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
 
 
+@judge_options
 def probe(
     rubric: str = typer.Option(..., "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     data: Path = typer.Option(..., "--data", help="CSV, JSONL or Parquet rows the rubric can grade (their real responses)."),
@@ -19,16 +20,9 @@ def probe(
     mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable)."),
     limit: int = typer.Option(None, "--limit", help="Probe only the first N rows."),
     tolerance: float = typer.Option(0.0, "--tolerance", help="A probe fails when its weakness rate is above this share (0-1)."),
-    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model [default: gpt-4o-mini]."),
-    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root."),
-    api_key: ApiKeyOption = None,
-    rps: RpsOption = None,
-    tpm: TpmOption = None,
-    concurrency: ConcurrencyOption = 16,
-    timeout: TimeoutOption = 60.0,
-    cache_path: Path = typer.Option(None, "--cache", help="SQLite response cache [default: $GRADEKIT_CACHE, else the user cache dir]."),
-    no_cache: NoCacheOption = False,
     json_output: bool = typer.Option(False, "--json", help="Print the reports as JSON (with a version field)."),
+    *,
+    opts: JudgeOptions,
 ) -> None:
     """Judge every row as given and perturbed: the response replaced by content-free "master key" openers
     (":", "Thought process:", "Let's solve this problem step by step.", "Solution", "解：", ...), padded
@@ -41,21 +35,18 @@ def probe(
     """
     import asyncio
 
-    from judge import Judge, JudgeCache, RubricError, limiter_from_url, load_rubric
+    from judge import RubricError, load_rubric
 
     from ..calibration._probes import master_keys, position_swap, run_probes, verbosity
     from ..runs._file import resolve_mapping
     from ..runs._io import InputError, read_rows
 
-    if cache_path and no_cache:
-        raise fail("--cache and --no-cache exclude each other")
+    opts.check()
+    model = opts.one_model("probe")
     if not 0 <= tolerance <= 1:
         raise fail(f"--tolerance is a share between 0 and 1, not {tolerance}")
     if limit is not None and limit < 1:
         raise fail(f"--limit must be at least 1, not {limit}")
-    env_cache = os.environ.get("GRADEKIT_CACHE")
-    if cache_path is None and env_cache and not no_cache:
-        cache_path = Path(env_cache)
     try:
         spec = load_rubric(rubric)
         columns = resolve_mapping(spec, mapping)
@@ -74,18 +65,20 @@ def probe(
                 break
         if not rows:
             raise InputError(f"{data}: no rows")
-        limiter = limiter_from_url(None, rps=rps, tpm=tpm, concurrency=concurrency, key=f"{base_url or 'default'}|{model or 'default'}")
     except (RubricError, InputError, ValueError) as e:
         raise fail(str(e)) from e
+    limiter = opts.limiter(model)
+    budget = opts.budget()
     probes = master_keys(target) + [verbosity(target)] + ([position_swap(spec)] if spec.pairwise is not None else [])
-    cache = None if no_cache else JudgeCache(cache_path)
+    cache = opts.open_cache()
 
     async def run():
-        async with Judge(model, base_url=base_url, api_key=api_key, timeout=timeout, limiter=limiter, cache=cache) as judge:
+        async with opts.judge(model, limiter=limiter, cache=cache, budget=budget) as judge:
             return judge.model, await run_probes(judge, spec, rows, probes, mapping=columns)
 
     try:
-        used, reports = asyncio.run(run())
+        with opts.traffic():
+            used, reports = asyncio.run(run())
     except ValueError as e:
         raise fail(str(e)) from e
     except KeyboardInterrupt:

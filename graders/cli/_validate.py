@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ._common import ApiKeyOption, TimeoutOption, fail, print_json
+from ._common import fail, print_json
+from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # pydantic models load when the command runs
     from .._sample import Grade, Message, Sample
@@ -124,15 +125,14 @@ def sandbox_report(sandboxes: dict[str, Any]) -> tuple[dict[str, str], list[str]
     return shown, warnings
 
 
+@judge_options
 def validate(
     grader: Path = typer.Option(..., "--grader", help="Grader config (YAML/JSON), or a Vertex reinforcementTuningSpec JSON."),
     example: Path = typer.Option(..., "--example", help="A Vertex-style row (contents, systemInstruction, references) or a gradekit sample, as JSON."),
     response: Path = typer.Option(..., "--response", help="The model's response: a Vertex Content, an OpenAI message, or plain text (.txt)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
-    model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="Judge model for LLM rewards [default: gpt-4o-mini]."),
-    base_url: str = typer.Option(None, "--base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible API root for LLM rewards."),
-    api_key: ApiKeyOption = None,
-    timeout: TimeoutOption = 60.0,
+    *,
+    opts: JudgeOptions,
 ) -> None:
     """Grade one EXAMPLE + RESPONSE with a grader and print the reward, each part's reward and error, and the debug lines.
 
@@ -152,13 +152,22 @@ def validate(
     except _InputError as e:
         raise fail(str(e)) from e
 
+    opts.check()
+    model = opts.one_model("validate")
+    cache = opts.open_cache(by_default=False)  # one example: cached only when --cache asks for it
+    limiter, budget = opts.limiter(model), opts.budget()
+
     def judge_factory() -> Judge:
-        return Judge(model, base_url=base_url, api_key=api_key, timeout=timeout)
+        return opts.judge(model, limiter=limiter, cache=cache, budget=budget)
 
     try:
-        grade, sandboxes = asyncio.run(_grade(grader, sample, judge_factory))
+        with opts.traffic():
+            grade, sandboxes = asyncio.run(_grade(grader, sample, judge_factory))
     except GraderConfigError as e:
         raise fail(str(e)) from e
+    finally:
+        if cache is not None:
+            cache.close()
     result = report(grade)
     if sandboxes:
         result["sandbox"], result["warnings"] = sandbox_report(sandboxes)
