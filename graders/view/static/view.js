@@ -6,7 +6,7 @@
   const MODE = document.body.dataset.mode === "report" ? "report" : "server";
   const DATA = JSON.parse(document.getElementById("gradekit-data").textContent || "null");
   const PAGE = 50;
-  const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens",
+  const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "reasoning", "prompt_tokens",
     "completion_tokens", "cached", "winner", "decided_by", "agree", "winner_ab", "winner_ba", "label_ab", "label_ba",
     "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba"]);
   const RAW = ["raw_reply", "raw_reply_ab", "raw_reply_ba"];
@@ -210,6 +210,8 @@
         (k + "_" + sfx) in row ? [el("dt", {}, k), el("dd", {}, show(row[k + "_" + sfx]))] : [])));
       parts.push(el("div", { class: "orders", id: "orders" }, order("ab", "input order (ab)"), order("ba", "swapped order (ba)")));
     } else if (row.rationale) parts.push(...section("rationale", el("pre", { id: "rationale" }, row.rationale)));
+    // gradekit grade --keep-reasoning: the judge's thinking, shown apart (it is never read for the verdict).
+    if (row.reasoning) parts.push(...section("judge's thinking (not read for the verdict)", el("pre", { id: "reasoning" }, row.reasoning)));
     const pair = "winner_ab" in row;  // a pairwise row shows raw_reply_ab / raw_reply_ba in its orders
     const raw = RAW.filter((k) => k in row && row[k] !== null && !(pair && (k === "raw_reply_ab" || k === "raw_reply_ba")));
     parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
