@@ -129,6 +129,12 @@ def _key_pattern(field: str) -> re.Pattern[str]:
     return re.compile(rf'(?<!\\)"{re.escape(field)}"\s*:\s*"((?:[^"\\\n]|\\.)*)"')
 
 
+@functools.lru_cache(maxsize=128)
+def _key_only(field: str) -> re.Pattern[str]:
+    """``"field":`` as a key, whatever its value."""
+    return re.compile(rf'(?<!\\)"{re.escape(field)}"\s*:')
+
+
 @dataclass
 class _Found:
     """Every value of the verdict key a reply writes as JSON, and how often one object repeats the key."""
@@ -171,7 +177,7 @@ def _json_reply(text: str, field: str) -> tuple[dict[str, Any], _Found]:
     else:
         if not isinstance(value, dict):
             raise ParseFailure("reply is not a JSON object")
-        if "\\u" not in text and len(_key_pattern(field).findall(text)) <= 1:
+        if "\\u" not in text and len(_key_only(field).findall(text)) <= 1:
             return value, _Found([value[field]] if field in value else [], int(field in value))
         found = _Found([])
         value, _ = _decode(text, 0, field, found)  # a repeated or escaped key: count the keys as written
@@ -254,10 +260,10 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
             raise ParseFailure("empty reply")
         if mode == "tags" or out.mode == "tags":
             tag = rubric.verdict_tag
-            found = _drop_menus(rubric, _tags(content, tag), content)
-            if not found:
+            occurrences = _drop_menus(rubric, _tags(content, tag), content)
+            if not occurrences:
                 raise ParseFailure(f"no <{tag}>…</{tag}> in the reply")
-            answer = _one_verdict(rubric, [a for _, _, a in found], f"in <{tag}> tags")
+            answer = _one_verdict(rubric, [a for _, _, a in occurrences], f"in <{tag}> tags")
             if out.rationale_field:
                 quoted = _tags(content, out.rationale_field)
                 rationale = quoted[-1][2] if quoted else None
@@ -265,10 +271,10 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
                 rationale = content[: content.lower().rfind(f"<{tag.lower()}")].strip() or None
         elif out.mode == "regex":
             assert out.pattern is not None
-            found = _drop_menus(rubric, _regex(content, out.pattern), content)
-            if not found:
+            occurrences = _drop_menus(rubric, _regex(content, out.pattern), content)
+            if not occurrences:
                 raise ParseFailure(f"pattern {out.pattern!r} does not match the reply")
-            answer = _one_verdict(rubric, [a for _, _, a in found], "matching the rubric's pattern")
+            answer = _one_verdict(rubric, [a for _, _, a in occurrences], "matching the rubric's pattern")
             rationale = content.strip()
         else:  # text: the whole reply is the verdict
             answer = content

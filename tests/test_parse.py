@@ -176,6 +176,7 @@ def test_honest_reply_ending_with_its_verdict_is_not_ambiguous(rubric, mode, raw
     pytest.param('{"rationale": "r", "judgement": "incorrect", "judgement": "correct"}', id="different_values"),
     pytest.param('```json\n{"judgement": "correct",\n "rationale": "r",\n "judgement": "incorrect"}\n```', id="fenced"),
     pytest.param('Verdict: {"rationale": "r", "judgement": "correct", "judgement": "incorrect"} done', id="inside_prose"),
+    pytest.param('{"rationale": "r", "judgement": 1, "judgement": "correct"}', id="first_not_a_string"),
 ])
 def test_a_duplicated_verdict_key_is_ambiguous(raw) -> None:
     """A JSON reply is one object whose verdict key appears once: parsers disagree which duplicate wins."""
