@@ -87,14 +87,13 @@ PROMPT = "Question: {{prompt}}\nAnswer: {{response}}\nIs the answer {{references
 
 
 def tone_judge(body: dict) -> Reply:
-    """Says Yes iff the answer line contains 'please' — and plants an early contrary verdict."""
+    """Says Yes iff the answer line contains 'please', after quoting the prompt's menu of verdicts."""
     answer = re.search(r"^(?:Answer|The assistant answered): (.*)$", body["messages"][-1]["content"], re.M).group(1)  # type: ignore[union-attr]
     verdict = "Yes" if "please" in answer.lower() else "No"
-    other = "No" if verdict == "Yes" else "Yes"
-    return Reply(content=f"At first glance <answer>{other}</answer>, but on reflection <answer>{verdict}</answer>")
+    return Reply(content=f"I must reply <answer>Yes</answer> or <answer>No</answer>. On reflection <answer>{verdict}</answer>")
 
 
-async def test_autorater_exact_match_reads_the_last_tag(fake: FakeProvider, make_judge) -> None:
+async def test_autorater_exact_match_reads_the_tag(fake: FakeProvider, make_judge) -> None:
     fake.set_responder(tone_judge)
     grader = autorater_grader(make_judge(), PROMPT, parse=ANSWER_TAG, expression="Yes", correct=1.0, wrong=-1.0)
     sample = Sample(messages="Can I get a refund?", response="Please send us the receipt.", references={"tone": "polite"})
@@ -103,6 +102,10 @@ async def test_autorater_exact_match_reads_the_last_tag(fake: FakeProvider, make
     assert last_user(fake) == ("Question: Can I get a refund?\nAnswer: Please send us the receipt.\n"
                                "Is the answer polite? Reply <answer>Yes</answer> or <answer>No</answer>.")
     assert (await grader(sample.with_response("Send the receipt."))).score == -1.0
+    # Two different verdicts (one may be quoted from the graded answer) are no verdict at all.
+    fake.set_responder(lambda body: Reply(content="At first glance <answer>No</answer>, but on reflection <answer>Yes</answer>"))
+    grade = await grader(sample)
+    assert (grade.status, grade.score, grade.error_kind) == ("error", None, "parse_failure") and "ambiguous_verdict" in (grade.error or "")
 
 
 async def test_autorater_never_expands_placeholders_from_the_response(fake: FakeProvider, make_judge) -> None:

@@ -27,7 +27,7 @@ from graders.calibration._llmbar import (
     upstream_statistics,
 )
 from graders.calibration._pairwise import grade_pairwise_file
-from judge import Judge, JudgeCache, Limiter, Rubric, load_rubric, parse_reply
+from judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
 from judge.testing import FakeProvider
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,21 +73,23 @@ def test_comparison_spec_reads_replies_as_upstream_does(parsing: dict, reply: st
 
 
 def test_gradekits_own_last_match_rule_would_misread_recorded_replies() -> None:
-    # Why comparison_spec exists: the plain spec (last match wins) disagrees with the published parse.
+    # Why comparison_spec exists: the plain spec cannot give the published parse. Upstream takes the first of
+    # its regexes that matches; "last match wins" misread replies naming both outputs as better, and the
+    # one-verdict rule refuses them (ambiguous_verdict) instead: never a different label, but no label either.
     naive = Rubric.model_validate({"name": "naive", "template": "-", "variables": {}, "labels": {"Output (a)": 1, "Output (b)": -1},
                                    "output": {"mode": "regex", "pattern": r"(?P<label>Output \([ab]\)) is better."}})
     run = LLMBarRun("LLMBar__Natural", "ChatGPT", "Swap_CoT")
     rows = [json.loads(line) for line in (REPO / "eval_sets/llmbar/data/LLMBar__Natural/ChatGPT__Swap_CoT.jsonl").open()]
     exact = comparison_spec(COT)
-    differ = 0
+    differ = refused = 0
     for step in (step for row in rows for step in row["results"]):  # both stages share the CoT regexes
         for order in ("swap = False", "swap = True"):
             text = step[order]["completion"][0]
             try:
                 differ += parse_reply(naive, text, "text").label != parse_reply(exact, text, "text").label
-            except ValueError:
-                pass
-    assert differ > 0 and rescore_llmbar(run, REPO / "eval_sets" / "llmbar").differs_from_recorded == 0
+            except ParseFailure as failure:
+                refused += failure.reason == "ambiguous_verdict"
+    assert refused > 0 and differ == 0 and rescore_llmbar(run, REPO / "eval_sets" / "llmbar").differs_from_recorded == 0
 
 
 def test_data_is_found_from_any_folder_or_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
