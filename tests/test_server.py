@@ -612,3 +612,27 @@ def test_no_cors_headers_and_any_host_is_served(serve) -> None:
                                            "Host": "reward.internal.example"})
         assert status in (200, 405), (method, path, status)
         assert not [h for h in headers if h.lower().startswith("access-control-")], (method, path, dict(headers))
+
+
+def test_a_missing_reference_is_each_contracts_own_invalid_answer(serve) -> None:
+    """Decided per contract (docs/server.md): DashScope's own server (dashscope-sdk-python's server.py) is 422 only
+    when its parser rejects the body, and ``ground_truth`` may be null there, so a sample the grader cannot grade is
+    the processor's 200 ``status: failed`` (retried or dropped) -- or success 0 under ``reward.invalid: zero``;
+    seed 001 likewise answers 200 ``status: fail``; Vertex and OpenRLHF have no failure field: 422 naming the field."""
+    url = serve(load_grader(MATCH))
+    assistant = {"role": "assistant", "content": "<answer>5</answer>"}
+    named = "no references key 'answer'"
+    status, _, body = call(url, "/compute_reward", {"response": "<answer>5</answer>"})
+    assert status == 200 and body["status"] == "fail" and named in body["detail"]
+    status, _, body = call(url, "/api/v1", {"func_type": "reward", "agent_output": {"messages": [assistant]}})
+    assert status == 200 and body["status"] == "failed" and named in body["error"]
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": None, "agent_outputs": [{"messages": [assistant]}]})
+    assert status == 200 and body["status"] == "failed" and body["error"].startswith("agent_outputs[0]: ") and named in body["error"]
+    status, _, body = call(url, "/", {"example": {"contents": [{"role": "user", "parts": [{"text": "2+3?"}]}]},
+                                      "response": {"role": "model", "parts": [{"text": "<answer>5</answer>"}]}})
+    assert status == 422 and body["detail"][0]["loc"] == ["body", "example"] and named in body["detail"][0]["msg"]
+    status, _, body = call(url, "/get_reward", {"query": ["2+3? <answer>5</answer>"], "prompts": ["2+3?"]})
+    assert status == 422 and body["detail"][0]["loc"] == ["body", "labels"] and named in body["detail"][0]["msg"]
+    zero = serve(load_grader(MATCH), {"reward": {"grader": "unused.yaml", "invalid": "zero"}})
+    status, _, body = call(zero, "/api/v1", {"func_type": "reward", "agent_output": {"messages": [assistant]}})
+    assert status == 200 and body["status"] == "success" and body["reward"]["reward_score"] == 0.0
