@@ -166,17 +166,19 @@ class RewardServer:
     ``serve()`` blocks in the foreground: SIGTERM or SIGINT stops accepting connections, waits up
     to ``graceful_timeout`` seconds for in-flight requests, then runs the app's shutdown (the
     computer is closed) and returns. ``start()``/``stop()`` (or ``with``) run it on a thread for
-    tests; ``port=0`` picks a free port and ``url`` says which.
+    tests; ``port=0`` picks a free port and ``url`` says which. Every connection has a deadline for
+    its request headers and the open connections are capped (``header_timeout``, ``max_connections``;
+    by default the reward app's ``server.header_timeout_s`` and ``server.max_connections``).
     """
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: float = 30.0,
                  log_level: str = "info", on_started: Callable[[RewardServer], None] | None = None,
                  header_timeout: float | None = None, max_connections: int | None = None) -> None:
         # A reward app's own config (server.header_timeout_s, server.max_connections) decides unless told here.
-        section = getattr(getattr(getattr(getattr(app, "state", None), "config", None), "server", None), "__dict__", {})
+        section = getattr(getattr(getattr(app, "state", None), "config", None), "server", None)  # None: not a reward app
         protocol = type("GuardedH11", (_GuardedH11,), {
-            "header_timeout": float(header_timeout or section.get("header_timeout_s") or HEADER_TIMEOUT_S),
-            "max_connections": int(max_connections or section.get("max_connections") or MAX_CONNECTIONS)})
+            "header_timeout": float(header_timeout or getattr(section, "header_timeout_s", None) or HEADER_TIMEOUT_S),
+            "max_connections": int(max_connections or getattr(section, "max_connections", None) or MAX_CONNECTIONS)})
         # log_config=None: keep the host's logging setup; access_log off: the app logs every request itself.
         config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, access_log=False,
                                 lifespan="on", timeout_graceful_shutdown=graceful_timeout, http=protocol)  # type: ignore[arg-type]
