@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 import urllib.error
@@ -524,3 +525,114 @@ def test_subclassing_the_grader_computer(serve) -> None:
     assert isinstance(BoxedAnswerReward(), GraderRewardComputer)
     status, _, body = call(url, "/compute_reward", {"response": "\\boxed{5}", "extra_params": {"solution": "5"}})
     assert (status, body["score"]) == (200, 1.0)
+
+
+# ---- hostile clients: deep JSON, slow headers, too many connections, other origins ---------------
+
+
+@pytest.mark.parametrize("path", ["/compute_reward", "/api/v1", "/", "/get_reward"])
+def test_json_nested_too_deep_is_400_naming_the_limit(serve, path: str) -> None:
+    url = serve(Recorder())
+    status, _, body = call(url, path, raw=b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested deeper than 64 levels" in body["detail"], body
+    status, _, body = call(url, path, raw=b'{"response": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}")
+    assert status == 400 and "nested deeper than 64 levels" in body["detail"], body
+    # brackets inside strings are text, not nesting
+    status, _, body = call(url, "/compute_reward", {"response": "[" * 10_000, "extra_params": {"note": "{" * 10_000}})
+    assert status == 200, body
+
+
+def _slow_client(url: str, partial: bytes = b"POST /compute_reward HTT") -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=60)  # the timeout is only a safety net against a hang
+    sock.sendall(partial)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Blocks until the server closes the connection (True); False when it is still open at the safety timeout."""
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+            if data.startswith(b"HTTP/1.1 503"):
+                continue
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(serve) -> None:
+    url = serve(Recorder(), {"server": {"header_timeout_s": 1}})
+    slow = [_slow_client(url) for _ in range(30)]
+    status, _, body = call(url, "/compute_reward", {"response": "r"})  # a well-behaved client is answered meanwhile
+    assert status == 200 and body["status"] == "success"
+    trickled = threading.Event()
+
+    def trickle() -> None:  # one byte at a time: each byte must not restart the deadline
+        sock = slow[0]
+        try:
+            for byte in b"P" * 600:
+                sock.send(bytes([byte]))
+                time.sleep(0.1)
+        except OSError:
+            trickled.set()
+
+    helper = _slow_client(url, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    slow.append(helper)
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    assert all(_closed_by_server(s) for s in slow[1:]), "a slow client was never closed"
+    thread.join(120)
+    assert trickled.is_set(), "a client trickling one byte at a time kept its connection"
+
+
+def test_past_max_connections_the_longest_waiting_idle_connection_makes_room(serve) -> None:
+    url = serve(Recorder(), {"server": {"header_timeout_s": 600, "max_connections": 20}})
+    slow = [_slow_client(url) for _ in range(30)]
+    for sock in slow[:10]:  # the ten that waited longest are closed to make room (the header deadline is far away)
+        assert _closed_by_server(sock)
+    status, _, body = call(url, "/compute_reward", {"response": "r"})  # a newcomer is answered while 20 slow ones are held
+    assert status == 200 and body["status"] == "success"
+    for sock in slow[10:]:
+        sock.close()
+
+
+def test_no_cors_headers_and_any_host_is_served(serve) -> None:
+    """The reward server may be bound on 0.0.0.0 behind any name (Cloud Run), so it checks no Host; it grants no
+    cross-origin reads either: a browser page elsewhere cannot read its answers."""
+    url = serve(Recorder())
+    for method, path in (("GET", "/health"), ("POST", "/compute_reward"), ("OPTIONS", "/compute_reward")):
+        status, headers, _ = call(url, path, {"response": "r"} if method == "POST" else None, method=method,
+                                  headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+                                           "Host": "reward.internal.example"})
+        assert status in (200, 405), (method, path, status)
+        assert not [h for h in headers if h.lower().startswith("access-control-")], (method, path, dict(headers))
+
+
+def test_a_missing_reference_is_each_contracts_own_invalid_answer(serve) -> None:
+    """Decided per contract (docs/server.md): DashScope's own server (dashscope-sdk-python's server.py) is 422 only
+    when its parser rejects the body, and ``ground_truth`` may be null there, so a sample the grader cannot grade is
+    the processor's 200 ``status: failed`` (retried or dropped) -- or success 0 under ``reward.invalid: zero``;
+    seed 001 likewise answers 200 ``status: fail``; Vertex and OpenRLHF have no failure field: 422 naming the field."""
+    url = serve(load_grader(MATCH))
+    assistant = {"role": "assistant", "content": "<answer>5</answer>"}
+    named = "no references key 'answer'"
+    status, _, body = call(url, "/compute_reward", {"response": "<answer>5</answer>"})
+    assert status == 200 and body["status"] == "fail" and named in body["detail"]
+    status, _, body = call(url, "/api/v1", {"func_type": "reward", "agent_output": {"messages": [assistant]}})
+    assert status == 200 and body["status"] == "failed" and named in body["error"]
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": None, "agent_outputs": [{"messages": [assistant]}]})
+    assert status == 200 and body["status"] == "failed" and body["error"].startswith("agent_outputs[0]: ") and named in body["error"]
+    status, _, body = call(url, "/", {"example": {"contents": [{"role": "user", "parts": [{"text": "2+3?"}]}]},
+                                      "response": {"role": "model", "parts": [{"text": "<answer>5</answer>"}]}})
+    assert status == 422 and body["detail"][0]["loc"] == ["body", "example"] and named in body["detail"][0]["msg"]
+    status, _, body = call(url, "/get_reward", {"query": ["2+3? <answer>5</answer>"], "prompts": ["2+3?"]})
+    assert status == 422 and body["detail"][0]["loc"] == ["body", "labels"] and named in body["detail"][0]["msg"]
+    zero = serve(load_grader(MATCH), {"reward": {"grader": "unused.yaml", "invalid": "zero"}})
+    status, _, body = call(zero, "/api/v1", {"func_type": "reward", "agent_output": {"messages": [assistant]}})
+    assert status == 200 and body["status"] == "success" and body["reward"]["reward_score"] == 0.0

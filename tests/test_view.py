@@ -240,7 +240,9 @@ def test_one_row_whole_and_its_judge_prompt(view: str, files: dict[str, Path]) -
 
 @pytest.mark.parametrize("path, status", [
     pytest.param("/api/rows/120", 404, id="past_the_end"),
-    pytest.param("/api/rows/-1", 404, id="negative"),
+    pytest.param("/api/rows/100000000000000000000", 404, id="far_past_the_end"),
+    pytest.param("/api/rows/-1", 400, id="negative"),
+    pytest.param("/api/rows/-1/prompt", 400, id="negative_prompt"),
     pytest.param("/api/rows/x", 400, id="not_a_number"),
     pytest.param("/api/rows?sort=nope", 400, id="unknown_sort_column"),
     pytest.param("/api/rows?score_min=high", 400, id="score_not_a_number"),
@@ -249,6 +251,72 @@ def test_one_row_whole_and_its_judge_prompt(view: str, files: dict[str, Path]) -
 def test_bad_requests_get_a_named_error(view: str, path: str, status: int) -> None:
     code, body = get(view + path)
     assert code == status and body["error"]
+
+
+@pytest.mark.parametrize("query, name", [
+    pytest.param("offset=100000000000000000000", "offset", id="offset_10e20"),
+    pytest.param("offset=-1", "offset", id="offset_negative"),
+    pytest.param("offset=1.5", "offset", id="offset_not_an_integer"),
+    pytest.param("limit=100000000000000000000", "limit", id="limit_10e20"),
+    pytest.param("limit=1001", "limit", id="limit_over_the_maximum"),
+    pytest.param("limit=-5", "limit", id="limit_negative"),
+    pytest.param("score_min=nan", "score_min", id="score_min_nan"),
+    pytest.param("score_max=inf", "score_max", id="score_max_infinite"),
+    pytest.param("disagree=maybe", "disagree", id="flag_not_a_boolean"),
+    pytest.param("flipped=2", "flipped", id="flipped_not_a_boolean"),
+    pytest.param("sort=-nope", "sort", id="sort_descending_unknown"),
+    pytest.param("ofset=10", "ofset", id="unknown_parameter"),
+])
+def test_every_out_of_range_or_malformed_parameter_is_400_naming_it(view: str, query: str, name: str) -> None:
+    code, body = get(f"{view}/api/rows?{query}")
+    assert code == 400 and body["error"].startswith(f"{name}:"), body
+
+
+def test_the_largest_page_and_the_last_offset_are_answered(view: str) -> None:
+    assert len(api(f"{view}/api/rows?limit=1000")["rows"]) == ROWS
+    assert api(f"{view}/api/rows?offset={2**62}&limit=1000")["rows"] == []
+    assert api(f"{view}/api/rows?disagree=false&flipped=0")["total"] == ROWS
+
+
+def raw_request(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """One request with exactly these headers (``Host`` included), through http.client."""
+    import http.client
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for key, value in headers.items():
+            connection.putheader(key, value)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example:{port}", "localhost:1",
+                                  "localhost:{port}@evil.example", "", "[::1", "127.0.0.1:{port}x"])
+def test_a_host_that_does_not_name_the_viewer_is_403(view: str, host: str) -> None:
+    """DNS rebinding: a page on evil.example re-points its name at 127.0.0.1; its requests carry its own Host."""
+    port = view.rsplit(":", 1)[1]
+    for path in ("/", "/api/rows", "/api/rows/0", "/api/summary", "/static/view.js"):
+        status, headers, body = raw_request(view, "GET", path, {"Host": host.format(port=port)})
+        assert status == 403, (host, path, status)
+        assert "Zanzibar" not in body.decode() and "Paris" not in body.decode()
+        assert json.loads(body)["error"].startswith("Host ")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST:{port}", "[::1]:{port}", "localhost.:{port}"])
+def test_the_loopback_names_with_the_port_are_answered_without_cors_headers(view: str, host: str) -> None:
+    port = view.rsplit(":", 1)[1]
+    status, headers, body = raw_request(view, "GET", "/api/rows?limit=1", {"Host": host.format(port=port), "Origin": "http://evil.example"})
+    assert status == 200 and json.loads(body)["total"] == ROWS
+    assert not [h for h in headers if h.startswith("access-control-")], headers
+    status, headers, _ = raw_request(view, "OPTIONS", "/api/rows", {"Host": host.format(port=port), "Origin": "http://evil.example",
+                                                                   "Access-Control-Request-Method": "GET"})
+    assert status != 200 or not [h for h in headers if h.startswith("access-control-")], (status, headers)
+    assert not [h for h in headers if h.startswith("access-control-")], headers
 
 
 def test_summary_counts_histogram_tokens_and_agreement(view: str, files: dict[str, Path]) -> None:

@@ -80,7 +80,7 @@ def view(
         from ..platforms.server._run import RewardServer
         from ..view import ViewError, view_app
 
-        app = view_app(results, rubric=judge_rubric, mapping=pairs)
+        app = view_app(results, rubric=judge_rubric, mapping=pairs, host=host)
 
         def indexed() -> None:
             try:

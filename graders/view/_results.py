@@ -656,20 +656,57 @@ class ResultsFile:
         return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
 
 
+ROW_PARAMS = ("offset", "limit", "status", "label", "error_kind", "score_min", "score_max", "q", "disagree", "flipped", "sort")
+_YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def as_filter(query: Mapping[str, str]) -> RowFilter:
-    """``/api/rows`` query parameters -> RowFilter; empty values mean no filter."""
+    """``/api/rows`` query parameters -> RowFilter; empty values mean no filter. A parameter that is not
+    one of ``ROW_PARAMS``, a flag that is not true/false, or a score bound that is not a finite number
+    is a ViewError naming it (never a silent "no filter")."""
+    unknown = sorted(set(query) - set(ROW_PARAMS))
+    if unknown:
+        raise ViewError(f"{unknown[0]}: not a parameter of /api/rows (it takes {', '.join(ROW_PARAMS)})")
+
     def flag(name: str) -> bool:
-        return (query.get(name) or "").lower() in ("1", "true", "yes", "on")
+        text = (query.get(name) or "").strip().lower()
+        if text not in _YES + _NO:
+            raise ViewError(f"{name}: {text!r} is not true or false")
+        return text in _YES
 
     def number(name: str) -> float | None:
         text = (query.get(name) or "").strip()
         if not text:
             return None
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ViewError(f"{name}: {text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ViewError(f"{name}: {text!r} is not a finite number")
+        return value
 
     return RowFilter(status=query.get("status") or None, label=query.get("label") or None,
                      error_kind=query.get("error_kind") or None, score_min=number("score_min"), score_max=number("score_max"),
                      q=query.get("q") or None, disagree=flag("disagree"), flipped=flag("flipped"), sort=query.get("sort") or None)
+
+
+MAX_OFFSET = 2**62  # DuckDB's OFFSET is a BIGINT: past it a query fails instead of returning an empty page
+
+
+def page_window(query: Mapping[str, str]) -> tuple[int, int]:
+    """``offset`` (0 up to 2^62; past the last row is an empty page) and ``limit`` (0 to MAX_LIMIT, default 50)
+    from ``/api/rows``' query; a ViewError naming the parameter otherwise."""
+    def integer(name: str, default: int, top: int) -> int:
+        text = (query.get(name) or "").strip()
+        if not text:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise ViewError(f"{name}: {text!r} is not an integer") from None
+        if not 0 <= value <= top:
+            raise ViewError(f"{name}: {text} is out of range (0 to {top:,})")
+        return value
+
+    return integer("offset", 0, MAX_OFFSET), integer("limit", 50, MAX_LIMIT)

@@ -9,6 +9,12 @@ Routes (all GET):
   /api/rows/{index}       one row, whole
   /api/rows/{index}/prompt  the judge prompt rendered again from --rubric (404 without one)
 
+Every route answers only requests whose ``Host`` names this viewer: ``localhost``, ``127.0.0.1``,
+``[::1]``, the address given to ``--host`` or the one the connection reached, with the server's port
+(as Jupyter does); anything else is 403. A web page on another site that re-points its own name at
+127.0.0.1 (DNS rebinding) then cannot read the graded data, and no CORS header ever grants it either.
+A malformed or out-of-range query parameter is 400 naming it.
+
 Handlers are plain functions: Starlette runs them on its thread pool, where DuckDB's blocking
 queries belong (each takes its own cursor).
 """
@@ -25,7 +31,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ._results import ResultsFile, ViewError, as_filter
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ._results import ResultsFile, ViewError, as_filter, page_window
 from ._summary import summarise
 
 if TYPE_CHECKING:  # the rubric and its prompt rendering load with --rubric only: the first page does not wait for them
@@ -46,8 +54,52 @@ def _error(message: str, status: int) -> JSONResponse:
     return _json({"version": API_VERSION, "error": message}, status)
 
 
-def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Mapping[str, str] | None = None) -> Starlette:
-    """The browser's app over an opened file; ``rubric`` lets the row view show the judge prompt."""
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host_name_and_port(value: str) -> tuple[str, int | None] | None:
+    """``Host: name[:port]`` (``[v6]:port`` bracketed) -> (lowercased name, port or None); None when malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:] if rest else None
+    else:
+        name, sep, port_text = value.partition(":")
+        port_text = port_text if sep else None
+    if not name or (port_text is not None and not port_text.isdigit()):
+        return None
+    return name.rstrip("."), int(port_text) if port_text else None
+
+
+class HostCheck:
+    """403 for a request whose ``Host`` does not name this server (DNS rebinding guard); see the module docstring."""
+
+    def __init__(self, app: ASGIApp, host: str | None = None) -> None:
+        self.app = app
+        self.names = LOCAL_NAMES | ({host.strip("[]").lower()} if host and host not in ("0.0.0.0", "::") else set())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            value = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+            parsed = _host_name_and_port(value)
+            local = scope.get("server") or (None, None)
+            port = local[1]
+            allowed = parsed is not None and (parsed[0] in self.names or parsed[0] == str(local[0]).lower()) and (
+                parsed[1] if parsed[1] is not None else 80) == port
+            if not allowed:
+                response = _error(f"Host {value!r} is not this viewer's address; open it as http://127.0.0.1:{port} "
+                                  "(or the --host it was started with)", 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Mapping[str, str] | None = None,
+             host: str | None = None) -> ASGIApp:
+    """The browser's app over an opened file; ``rubric`` lets the row view show the judge prompt; ``host`` is the
+    address it is bound to (a name given there is answered besides the loopback names)."""
 
     def page(request: Request) -> Response:
         return HTMLResponse(static_text("index.html").replace("{{mode}}", "server"))
@@ -61,10 +113,7 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
     def rows(request: Request) -> Response:
         query = request.query_params
         try:
-            offset, limit = int(query.get("offset") or 0), int(query.get("limit") or 50)
-        except ValueError:
-            return _error("offset and limit must be integers", 400)
-        try:
+            offset, limit = page_window(query)
             page_ = results.rows(as_filter(query), offset=offset, limit=limit)
         except ViewError as e:
             return _error(str(e), 400)
@@ -76,7 +125,9 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
         try:
             index = int(request.path_params["index"])
         except ValueError:
-            return _error("the row index must be an integer", 400)
+            return _error(f"index: {request.path_params['index']!r} is not an integer (a row's 0-based position)", 400)
+        if index < 0:
+            return _error(f"index: {index} is out of range (rows are numbered from 0; the file has {results.total_rows} rows)", 400)
         try:
             found = results.row(index)
         except ViewError as e:
@@ -101,7 +152,7 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
         return _json(render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None))
 
     static = resources.files(__package__).joinpath("static")
-    return Starlette(routes=[
+    return HostCheck(Starlette(routes=[
         Route("/", page),
         Route("/api/summary", summary),
         Route("/api/rows", rows),
@@ -109,4 +160,4 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
         Route("/api/rows/{index}/prompt", prompt),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", app=StaticFiles(directory=str(static))),
-    ])
+    ]), host)

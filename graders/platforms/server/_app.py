@@ -33,10 +33,12 @@ import contextlib
 import functools
 import hmac
 import inspect
+import itertools
 import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -95,10 +97,29 @@ def _set_outcome(request: Request, outcome: str) -> None:
     request.state.gradekit_outcome = outcome
 
 
+MAX_JSON_DEPTH = 64  # no platform's request nests past ~8 levels; Python's parser recurses, so a deep body is a RecursionError
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep ``raw``'s arrays and objects nest, counted on the brackets outside strings, before
+    anything is parsed (so a body nested 10^5 deep costs one linear scan, never a recursion)."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
+    too_deep = _Refusal(400, {"detail": f"Invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels (the server's limit)"},
+                        "invalid json")
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise too_deep
     try:
         return json.loads(raw)
+    except RecursionError:  # only if the scan was fooled (an encoding it does not read): the same answer
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as e:
         raise _Refusal(400, {"detail": f"Invalid JSON body: {e}"}, "invalid json") from None
 

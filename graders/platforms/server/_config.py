@@ -10,6 +10,8 @@
       max_body_bytes: 10485760   # a larger body is 413, refused before it is read (10 MiB)
       body_timeout_s: 10         # a body that has not arrived by then is 408; no worker is held meanwhile
       request_timeout_s: 120     # a reward not ready by then is 504 with no reward, so a training step never hangs
+      header_timeout_s: 10       # a connection whose request headers are not in by then is closed (slow clients)
+      max_connections: 512       # open connections; past it the longest-waiting idle one is closed, else 503
     openrlhf:
       end_tokens: [...]          # special tokens cut off the end of /get_reward's response (default: the
                                  # common chat templates' end-of-turn/end-of-text tokens); [] keeps them
@@ -81,6 +83,8 @@ class ServerSection(_Section):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1)
     body_timeout_s: float = Field(10.0, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0)
+    max_connections: int = Field(512, ge=1)
 
 
 class OpenRLHFSection(_Section):
