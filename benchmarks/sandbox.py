@@ -34,7 +34,7 @@ from pathlib import Path
 from graders._code_tests import code_tests_grader
 from graders._python import python_grader
 from graders._sample import Sample
-from graders._sandbox import SandboxWarning
+from graders.sandbox import SandboxWarning
 
 EVALUATE = "def evaluate(example, response):\n    return 1.0\n"
 SAMPLE = Sample(messages="q", response="x", references={"answer": "a"})

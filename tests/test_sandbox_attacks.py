@@ -31,7 +31,7 @@ import pytest
 
 from graders._python import PythonGrader, python_grader
 from graders._sample import Grade, Sample
-from graders._sandbox import SandboxWarning, probe
+from graders.sandbox import SandboxWarning, probe
 
 ROOT = Path(__file__).resolve().parent.parent
 EXEC_GRADER = """
