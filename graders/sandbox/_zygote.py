@@ -138,9 +138,13 @@ class Zygote:
         os.dup2(os.open(os.devnull, os.O_RDWR), DEVNULL_FD)
         libc = ctypes.CDLL(None, use_errno=True)
         self.libc = libc
-        if self.isolated and (os.getpid() != 2 or os.getppid() != 1):
+        # Under bubblewrap the zygote is pid 2 (bwrap is pid 1); without it (unshare) it is pid 1 itself,
+        # which no process of its namespace can signal unless it installs a handler: it installs none.
+        if self.isolated and os.getpid() != 1 and (os.getpid() != 2 or os.getppid() != 1):
             # kill(-1) outside our own pid namespace would hit every process of this user.
             raise SystemExit("gradekit zygote: not in a fresh pid namespace; refusing to run isolated")
+        if os.getpid() == 1:
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         with contextlib.suppress(Exception):
             libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children of ours cannot ptrace us or read /proc/<us>/fd, mem
         with contextlib.suppress(Exception):
