@@ -262,7 +262,10 @@ def namespace_command(python_args: list[str], *, sources: list[str], network: bo
     namespaces = ["--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation", "private", "--ipc", "--uts"]
     if not network:
         namespaces.append("--net")
-    return [tools["unshare"], *namespaces, "--", tools["sh"], "-ec", "\n".join(script), "sandbox", exe, *python_args]
+    # The outer setpriv ties unshare to the grading process: when that dies, unshare dies, and with it
+    # (the inner --pdeathsig) the zygote, pid 1 of the namespace, and so every process in it.
+    return [tools["setpriv"], "--pdeathsig=KILL", "--", tools["unshare"], *namespaces, "--", tools["sh"], "-ec",
+            "\n".join(script), "sandbox", exe, *python_args]
 
 
 def _try(argv: list[str]) -> str:

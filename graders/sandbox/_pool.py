@@ -61,7 +61,12 @@ class _Worker:
 
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        data = (json.dumps(message, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        if "args" in message:  # a call: its header line, then its arguments (which only the call's child decodes)
+            header = {key: value for key, value in message.items() if key != "args"}
+            data = (json.dumps(header) + "\n" + json.dumps({"args": message["args"]}, ensure_ascii=False, default=str)
+                    + "\n").encode("utf-8")
+        else:
+            data = (json.dumps(message, ensure_ascii=False, default=str) + "\n").encode("utf-8")
         try:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
