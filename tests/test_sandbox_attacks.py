@@ -790,3 +790,19 @@ async def test_a_code_tests_program_finds_no_expected_output_in_its_memory(mode:
             assert grade.score == -1.0, grade.debug
     finally:
         grader.close()
+
+
+async def test_through_the_reward_server_no_request_finds_another_in_memory(attacked, serve) -> None:
+    """The same through the reward server (``gradekit serve``'s app), with two workers: after one
+    request, none of the next four (on either worker) finds its arguments."""
+    import httpx
+
+    url = serve(attacked(workers=2))
+    marker = "gk-mem-" + uuid.uuid4().hex
+    scan = MEMORY_SCAN % r"gk-mem-[0-9a-f]{32}" + "\nprint('found', sorted(found))\nresult = 1.0 if found else 0.0\n"
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = (await client.post(f"{url}/compute_reward", json={"prompt": "q", "response": f"secret = {marker!r}\nresult = 0.5\n"})).json()
+        assert first["score"] == 0.5, first
+        for _ in range(4):
+            body = (await client.post(f"{url}/compute_reward", json={"prompt": "q", "response": scan})).json()
+            assert body["status"] == "success" and body["score"] == 0.0, body
