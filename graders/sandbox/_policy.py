@@ -98,6 +98,7 @@ class _Probe:
     results: dict[tuple[bool, str | None], tuple[list[str] | None, bool, str]] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     namespaces: dict[tuple, str] = field(default_factory=dict)
+    pid1: dict[str, bool] = field(default_factory=dict)
     stage: str | None = None
 
 
@@ -133,9 +134,27 @@ def package_paths(packages: list[str] | tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+def _as_pid_1() -> bool:
+    """Whether this bwrap can start the zygote as pid 1 of its namespace (bubblewrap >= 0.4): then,
+    as in the namespace mode, no process of a call can signal the zygote (pid 1 has no default
+    signal actions), so a call cannot take its worker down under the next sample."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False
+    if exe not in _PROBE.pid1:
+        try:
+            shown = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            shown = ""
+        _PROBE.pid1[exe] = "--as-pid-1" in shown
+    return _PROBE.pid1[exe]
+
+
 def _bwrap_argv(binds: list[tuple[str, str]], env: dict[str, str], network: bool) -> list[str]:
     argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    if _as_pid_1():
+        argv.append("--as-pid-1")
     if not network:
         argv.append("--unshare-net")
     for name in ("usr", "lib", "lib64", "lib32", "bin", "sbin"):
@@ -268,12 +287,12 @@ def namespace_command(python_args: list[str], *, sources: list[str], network: bo
             "\n".join(script), "sandbox", exe, *python_args]
 
 
-def _try(argv: list[str]) -> str:
+def _try(argv: list[str], expect: str = "2 ok") -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
-    if done.returncode == 0 and done.stdout.strip() == "2 ok":
+    if done.returncode == 0 and done.stdout.strip() == expect:
         return ""
     return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
 
@@ -315,7 +334,7 @@ def probe(network: bool = False) -> tuple[bool, bool, str]:
             attempts.append(False)
             for nobody in attempts:
                 argv = command(check, packages={}, env={}, network=network, as_nobody=nobody)
-                why = _try(argv)
+                why = _try(argv, "1 ok" if _as_pid_1() else "2 ok")  # the zygote's pid there
                 if not why:
                     result = (argv, nobody, "")
                     break

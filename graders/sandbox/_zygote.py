@@ -138,8 +138,9 @@ class Zygote:
         os.dup2(os.open(os.devnull, os.O_RDWR), DEVNULL_FD)
         libc = ctypes.CDLL(None, use_errno=True)
         self.libc = libc
-        # Under bubblewrap the zygote is pid 2 (bwrap is pid 1); without it (unshare) it is pid 1 itself,
-        # which no process of its namespace can signal unless it installs a handler: it installs none.
+        # The zygote is pid 1 of its namespace (bubblewrap's --as-pid-1, or unshare without bubblewrap),
+        # which no process of that namespace can signal unless it installs a handler (it installs none
+        # that matters: SIGINT goes back to the default); an old bubblewrap makes it pid 2 under bwrap.
         if self.isolated and os.getpid() != 1 and (os.getpid() != 2 or os.getppid() != 1):
             # kill(-1) outside our own pid namespace would hit every process of this user.
             raise SystemExit("gradekit zygote: not in a fresh pid namespace; refusing to run isolated")
@@ -384,7 +385,7 @@ class Zygote:
     def _cleanup(self, pid):
         """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
         if self.isolated:
-            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's. A kill
+            # Our own pid namespace: everyone but pid 1 (bubblewrap, or us) and us is the call's. A kill
             # is asynchronous and orphans are reaped by pid 1, so wait until they are gone from
             # /proc: the next call must not even see them (a quick listing when nothing was left).
             me = str(os.getpid())
