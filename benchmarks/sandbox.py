@@ -7,6 +7,8 @@ Per-call overhead (one worker, a trivial ``evaluate``; median wall time per call
 (a) the sandbox: bubblewrap around a zygote, each call a fork (``sandbox: auto`` with bwrap),
     calls back to back; (a') the same with ``--gap-ms`` between calls (the work a zygote does
     after answering, the reap, the wipe and the next fork, is then off the caller's clock)
+(a'') ``sandbox: auto`` on a machine without bubblewrap (a PATH without ``bwrap``): as root, the
+    zygote as nobody in new pid, net, ipc, uts and mount namespaces (util-linux); not root, rlimits
 (b) the same zygote without bubblewrap (``sandbox: none``: rlimits and the fork per call)
 (c) today's design before the sandbox: one reused worker fed JSON lines (the baseline)
 (d) a fresh ``python -I -S`` per call
@@ -22,19 +24,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from graders._code_tests import code_tests_grader
 from graders._python import python_grader
 from graders._sample import Sample
-from graders._sandbox import SandboxWarning
+from graders.sandbox import SandboxWarning
 
 EVALUATE = "def evaluate(example, response):\n    return 1.0\n"
 SAMPLE = Sample(messages="q", response="x", references={"answer": "a"})
@@ -57,6 +62,22 @@ exec(sys.argv[1], ns)
 msg = json.loads(sys.stdin.read())
 print(json.dumps({"ok": True, "value": float(ns["evaluate"](*msg["args"]))}))
 """
+
+
+@contextlib.contextmanager
+def without_bwrap() -> Iterator[None]:
+    """PATH holds every program of the system's bin folders but ``bwrap``: auto runs as without it."""
+    saved = os.environ["PATH"]
+    with tempfile.TemporaryDirectory(prefix="gradekit-no-bwrap-") as folder:
+        for bin_dir in ("/usr/local/bin", "/usr/bin", "/usr/sbin"):
+            for program in sorted(Path(bin_dir).glob("*")) if Path(bin_dir).is_dir() else []:
+                if program.name != "bwrap" and not Path(folder, program.name).exists():
+                    Path(folder, program.name).symlink_to(program)
+        os.environ["PATH"] = folder
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = saved
 
 
 def median_ms(times: list[float]) -> float:
@@ -232,6 +253,8 @@ def main() -> None:
 
     sandboxed, kind = asyncio.run(grader_calls("auto", args.calls))
     spaced, _ = asyncio.run(grader_calls("auto", max(1, args.calls // 3), args.gap_ms / 1000))
+    with without_bwrap():
+        unbwrapped, unbwrapped_kind = asyncio.run(grader_calls("auto", args.calls))
     plain, _ = asyncio.run(grader_calls("none", args.calls))
     reused = reused_worker(args.calls)
     fresh = fresh_process(args.fresh_calls)
@@ -240,17 +263,20 @@ def main() -> None:
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; a forked call also pays CPython's copy-on-write page")
     print(" faults and an exit, which a reused worker does not, and both grow with the load)")
     rows = [(f"(a) sandbox ({kind}), fork per call", sandboxed),
-            (f"(a') the same, calls {args.gap_ms:g} ms apart", spaced), ("(b) sandbox: none, fork per call", plain),
+            (f"(a') the same, calls {args.gap_ms:g} ms apart", spaced),
+            (f"(a'') auto without bwrap ({unbwrapped_kind})", unbwrapped), ("(b) sandbox: none, fork per call", plain),
             ("(c) reused worker (before)", reused), (f"(d) fresh python per call ({args.fresh_calls} calls)", fresh),
             ("(e) bare os.fork() + pipe round trip + reap", bare)]
     for label, wall in rows:
         print(f"  {label:44s} {wall:8.2f} ms  x{wall / reused:7.2f}")
     print(f"  a fresh process per call costs x{fresh / sandboxed:.1f} the sandbox's time; "
-          f"the sandbox costs x{sandboxed / bare:.2f} a bare fork (x{spaced / bare:.2f} spaced), rlimits only x{plain / bare:.2f}")
+          f"the sandbox costs x{sandboxed / bare:.2f} a bare fork (x{spaced / bare:.2f} spaced), without bwrap "
+          f"x{unbwrapped / bare:.2f}, sandbox: none x{plain / bare:.2f}")
     print("CPU and minor page faults per call (from /proc/<zygote>/stat; the children are the calls' forks):")
-    for sandbox in ("auto", "none"):
-        own_cpu, own_faults, child_cpu, child_faults = asyncio.run(cost_per_call(sandbox, args.calls))
-        print(f"  sandbox: {sandbox:5s} zygote {own_cpu:5.2f} ms, {own_faults:4.0f} faults; "
+    for sandbox, label in (("auto", "auto"), ("auto", "auto, no bwrap"), ("none", "none")):
+        with without_bwrap() if label == "auto, no bwrap" else contextlib.nullcontext():
+            own_cpu, own_faults, child_cpu, child_faults = asyncio.run(cost_per_call(sandbox, args.calls))
+        print(f"  sandbox: {label:13s} zygote {own_cpu:5.2f} ms, {own_faults:4.0f} faults; "
               f"its calls' children {child_cpu:5.2f} ms, {child_faults:4.0f} faults")
     if args.programs <= 0:
         return

@@ -5,7 +5,8 @@ from a YAML/JSON config (``load_grader``). Aggregates are pure functions over li
 
 The package reads as the flow: the graders themselves are its own modules; ``runs`` grades
 files and DataFrames; ``calibration`` checks a judge against human labels; ``platforms`` serves
-a grader to RL platforms (reward server, adapters, exports); ``cli`` is the command line.
+a grader to RL platforms (reward server, adapters, exports); ``sandbox`` runs untrusted code
+(graded programs and python graders); ``cli`` is the command line.
 Names load on first use, so ``gradekit --help`` imports none of pandas, openai or FastAPI.
 """
 
@@ -20,7 +21,6 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._python": ["PythonGrader", "python_grader"],
     "._sample": ["FunctionCall", "Grade", "Grader", "Message", "Sample", "SyncGrader", "ToolCall", "Trajectory",
                  "aclose_grader", "sample_from_row", "sample_from_vertex"],
-    "._sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],
     "._spread": ["SpreadReport", "SpreadTally", "reward_spread"],
     "._string_match": ["Normalization", "ParseConfig", "json_match_grader", "normalized_match_grader", "numeric_match_grader",
                        "string_check_grader", "string_match_grader"],
@@ -38,4 +38,5 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score"],
     ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
+    ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],
 })

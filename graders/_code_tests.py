@@ -2,7 +2,7 @@
 
 The most common code reward in RL: the response's code (the last fenced block, or the whole
 response) runs once per test case, each case in a fresh fork of a warm sandboxed zygote (the
-same machinery as the python grader, :mod:`graders._sandbox`), with a per-case timeout and
+same machinery as the python grader, :mod:`graders.sandbox`), with a per-case timeout and
 memory cap. A case is either stdin/stdout (the program reads the input, its output is compared
 line by line, trailing whitespace ignored) or assert-style (test code appended to the program;
 the case passes when it runs to the end). The program's own output is compared here, outside
@@ -28,9 +28,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ._python import DEFAULT_FILE_MB, DEFAULT_PROCESSES, BACKSTOP, Limits, ZygotePool
 from ._sample import Grade, Sample
-from ._sandbox import Policy
+from .sandbox import BACKSTOP, DEFAULT_FILE_MB, DEFAULT_PROCESSES, Limits, Policy, ZygotePool
 
 Scoring = Literal["fraction", "all_or_nothing"]
 DEFAULT_CASE_TIMEOUT = 5.0

@@ -109,12 +109,10 @@ from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, label_model_grader, llm_grader
-from ._python import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_MEMORY_MB, DEFAULT_PROCESSES, DEFAULT_TIMEOUT, python_grader
+from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
 
 from ._sample import Grade, Grader, Sample, aclose_grader
-from ._sandbox import Isolation
-from ._sandbox import Policy as SandboxPolicy
 from ._string_match import (
     MatchOperation,
     Normalization,
@@ -127,6 +125,8 @@ from ._string_match import (
 )
 from ._text_similarity import text_similarity_grader
 from ._vertex import is_vertex_spec, parse_vertex_spec, vertex_grader
+from .sandbox import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_PROCESSES, Isolation
+from .sandbox import Policy as SandboxPolicy
 
 
 class GraderConfigError(ValueError):

@@ -24,6 +24,18 @@ class Waits(list):
         self.append(seconds)
 
 
+@pytest.fixture(scope="session")
+def path_without_bwrap(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PATH holding every program of the system's bin folders except bubblewrap: how the sandbox
+    tests make ``sandbox: auto`` run as on a machine without it (util-linux stays available)."""
+    folder = tmp_path_factory.mktemp("no-bwrap")
+    for bin_dir in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for program in sorted(Path(bin_dir).glob("*")) if Path(bin_dir).is_dir() else []:
+            if program.name != "bwrap" and not (folder / program.name).exists():
+                (folder / program.name).symlink_to(program)
+    return str(folder)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may reach a real provider or the user's cache, whatever the developer's shell holds.

@@ -171,16 +171,31 @@ def test_strict_without_bubblewrap_exits_2_naming_the_package(tmp_path: Path, mo
     assert "sandbox: strict needs bubblewrap" in err and "apt-get install bubblewrap" in err
 
 
-def test_auto_without_bubblewrap_warns_once_and_still_grades(tmp_path: Path) -> None:
+def test_auto_without_bubblewrap_warns_once_and_still_grades(tmp_path: Path, path_without_bwrap: str) -> None:
+    config = tmp_path / "auto.yaml"
+    config.write_text("type: code_tests\nworkers: 1\n")
+    done = run_validate(config, tmp_path, path=path_without_bwrap)
+    assert done.returncode == 0, done.stderr
+    assert "reward: 1" in done.stdout
+    gap = "filesystem isolation for reads" if os.geteuid() == 0 else "network isolation"
+    assert done.stderr.count("SandboxWarning") == 1 and f"not enforced: {gap}" in done.stderr
+    assert "WARNING: code_tests runs without bubblewrap" in done.stdout
+    if os.geteuid() == 0:
+        assert "code_tests  namespaces without bubblewrap (as nobody" in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal is for root: not root, auto runs with rlimits (and says so)")
+def test_auto_as_root_without_bubblewrap_or_namespaces_exits_2(tmp_path: Path) -> None:
+    """Root with neither bwrap nor util-linux's unshare/setpriv: graded code would run as root in the
+    host's namespaces, so auto refuses, naming both ways out."""
     config = tmp_path / "auto.yaml"
     config.write_text("type: code_tests\nworkers: 1\n")
     empty = tmp_path / "bin"
     empty.mkdir()
     done = run_validate(config, tmp_path, path=str(empty))
-    assert done.returncode == 0, done.stderr
-    assert "reward: 1" in done.stdout
-    assert done.stderr.count("SandboxWarning") == 1 and "not enforced: network isolation" in done.stderr
-    assert "WARNING: code_tests runs without bubblewrap" in done.stdout
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "apt-get install bubblewrap" in done.stderr and "sandbox: none" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_validate_says_none_loudly(tmp_path: Path) -> None:

@@ -5,11 +5,14 @@ returns the ``result`` the code leaves (0.0 unless it sets one). Each attack is 
 tries to raise a reward, read a secret or escape; each must end ``invalid`` or scored by its own
 returned value, and the sample after it must get exactly its own value.
 
-Two modes: ``bubblewrap`` (the sandbox; CI installs it, so there it must run) and ``rlimits``
-(``sandbox: auto`` on a machine without bubblewrap, made here by a PATH without ``bwrap``).
-Attacks that only bubblewrap stops are skipped in the rlimits mode with the reason; the README
-table says the same. Attacks that would send real traffic or a real fork bomb unconfined
-are never run unconfined.
+Two modes: ``bubblewrap`` (the sandbox; CI installs it, so there it must run) and ``no_bwrap``
+(``sandbox: auto`` on a machine without bubblewrap, made here by a PATH without ``bwrap``). As
+root (CI, the usual container) no_bwrap is the ``namespaces`` isolation (nobody, new pid, net,
+ipc, uts and mount namespaces through util-linux); not root it is ``rlimits`` only. The
+fixture ``mode`` is the isolation kind the grader must report. Attacks that only the stronger
+modes stop are skipped in the weaker ones with the reason; docs/sandbox.md's table says the
+same. Attacks that would send real traffic or a real fork bomb unconfined are never run
+unconfined.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pytest
 
 from graders._python import PythonGrader, python_grader
 from graders._sample import Grade, Sample
-from graders._sandbox import SandboxWarning, probe
+from graders.sandbox import SandboxWarning, probe
 
 ROOT = Path(__file__).resolve().parent.parent
 EXEC_GRADER = """
@@ -52,17 +55,16 @@ def own_value_or_invalid(grade: Grade, own: float = 0.0) -> bool:
     return grade.status == "invalid" or (grade.status == "ok" and grade.score == own)
 
 
-@pytest.fixture(params=["bubblewrap", "rlimits"])
-def mode(request, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+@pytest.fixture(params=["bubblewrap", "no_bwrap"])
+def mode(request, monkeypatch: pytest.MonkeyPatch, path_without_bwrap: str) -> str:
     if request.param == "bubblewrap" and not HAVE_BWRAP:
         if os.environ.get("CI"):
             pytest.fail("bubblewrap is missing or does not work; .ci/run installs the 'bubblewrap' package")
         pytest.skip("bubblewrap is not installed here")
-    if request.param == "rlimits":
-        empty = tmp_path / "no-bwrap"
-        empty.mkdir()
-        monkeypatch.setenv("PATH", str(empty))  # sandbox: auto finds no bwrap and falls back
-    return request.param
+    if request.param == "bubblewrap":
+        return "bubblewrap"
+    monkeypatch.setenv("PATH", path_without_bwrap)  # sandbox: auto finds no bwrap and falls back
+    return "namespaces" if os.geteuid() == 0 else "rlimits"
 
 
 @pytest.fixture
@@ -75,7 +77,7 @@ async def attacked(mode: str) -> AsyncIterator[Callable[..., PythonGrader]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SandboxWarning)
             grader = python_grader(EXEC_GRADER, **kwargs)
-        assert grader.isolation.kind == ("bubblewrap" if mode == "bubblewrap" else "rlimits")
+        assert grader.isolation.kind == mode
         made.append(grader)
         return grader
 
@@ -86,7 +88,13 @@ async def attacked(mode: str) -> AsyncIterator[Callable[..., PythonGrader]]:
 
 def only_bubblewrap(mode: str, why: str) -> None:
     if mode != "bubblewrap":
-        pytest.skip(f"not enforced without bubblewrap: {why}")
+        pytest.skip(f"the {mode} variant, skipped by design: {why} is enforced by bubblewrap only")
+
+
+def only_isolated(mode: str, why: str) -> None:
+    """Enforced by bubblewrap and by the namespaces mode (root without bubblewrap), not by rlimits."""
+    if mode == "rlimits":
+        pytest.skip(f"the rlimits variant (not root, no bubblewrap), skipped by design: {why} is not enforced there")
 
 
 async def next_sample_gets_its_own_value(grader: PythonGrader) -> None:
@@ -186,10 +194,10 @@ async def test_change_a_later_samples_score(attacked) -> None:
 
 
 async def test_files_and_ipc_do_not_cross_samples(attacked, mode: str) -> None:
-    """The call's own temp dir goes in both modes; under bubblewrap every writable place and
-    System V IPC go too (without it, /tmp is the host's and not ours to empty)."""
+    """The call's own temp dir goes in every mode; with private mounts (bubblewrap, namespaces)
+    every writable place and System V IPC go too (under rlimits, /tmp is the host's and not ours to empty)."""
     grader = attacked()
-    everywhere = mode == "bubblewrap"
+    everywhere = mode != "rlimits"
     await grader(sample(f"""
         import ctypes, os
         open(os.path.join(os.environ["HOME"], "planted"), "w").write("1")
@@ -243,12 +251,12 @@ def test_read_the_api_key_from_env_parent_proc_and_command_line(mode: str, tmp_p
     done = subprocess.run([sys.executable, str(script), "--api-key", SECRET], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["kind"] == ("bubblewrap" if mode == "bubblewrap" else "rlimits")
+    assert result["kind"] == mode
     if mode == "rlimits":
         # The environment is still scrubbed, but the host's /proc shows the parent's command line.
         assert result["status"] == "ok"
         return
-    assert result == {"kind": "bubblewrap", "score": 0.0, "status": "ok"}, result
+    assert result == {"kind": mode, "score": 0.0, "status": "ok"}, result
 
 
 async def test_the_environment_itself_is_clean_in_both_modes(attacked, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,7 +303,7 @@ async def test_read_files_outside_the_sandbox(attacked, mode: str, tmp_path: Pat
 
 
 async def test_write_outside_the_temp_dir(attacked, mode: str, tmp_path: Path) -> None:
-    only_bubblewrap(mode, "filesystem isolation")
+    only_isolated(mode, "filesystem isolation")
     grader = attacked()
     outside = [tmp_path / "escaped", ROOT / f"escaped-{uuid.uuid4().hex}", Path("/tmp") / f"escaped-{uuid.uuid4().hex}"]
     grade = await grader(sample(f"""
@@ -348,7 +356,7 @@ class _Listener:
 
 
 async def test_connect_to_loopback_and_to_an_outside_address(attacked, mode: str) -> None:
-    only_bubblewrap(mode, "network isolation (and this attack would send real traffic)")
+    only_isolated(mode, "network isolation (and this attack would send real traffic)")
     listener = _Listener()
     try:
         grader = attacked()
@@ -375,9 +383,11 @@ async def test_connect_to_loopback_and_to_an_outside_address(attacked, mode: str
 
 
 async def test_network_true_shares_the_hosts_network(mode: str) -> None:
-    only_bubblewrap(mode, "network isolation")
+    only_isolated(mode, "network isolation")
     listener = _Listener()
-    grader = python_grader(EXEC_GRADER, workers=1, timeout=10, network=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        grader = python_grader(EXEC_GRADER, workers=1, timeout=10, network=True)
     try:
         grade = await grader(sample(f"""
             import socket
@@ -407,7 +417,7 @@ def host_processes_named(tag: str) -> list[int]:
 
 
 async def test_a_subprocess_that_outlives_the_call(attacked, mode: str) -> None:
-    only_bubblewrap(mode, "killing processes that leave the call's session")
+    only_isolated(mode, "killing processes that leave the call's session")
     tag = "gk" + uuid.uuid4().hex[:10]
     grader = attacked()
     grade = await grader(sample(f"""
@@ -439,8 +449,8 @@ async def test_a_subprocess_that_outlives_the_call(attacked, mode: str) -> None:
 
 async def test_fork_bomb(attacked, mode: str) -> None:
     isolation = probe()
-    only_bubblewrap(mode, "the process count limit (uid 0 ignores RLIMIT_NPROC); not run unconfined")
-    if os.geteuid() == 0 and not isolation[1]:
+    only_isolated(mode, "the process count limit (uid 0 ignores RLIMIT_NPROC); not run unconfined")
+    if mode == "bubblewrap" and os.geteuid() == 0 and not isolation[1]:
         pytest.skip("root could not switch to nobody here: RLIMIT_NPROC would not hold")
     grader = attacked(processes=16)
     grade = await grader(sample("""
@@ -569,3 +579,228 @@ def test_killing_the_grading_process_mid_call_leaves_nothing_behind(mode: str, t
     assert len(survivors) <= allowed, survivors
     if survivors:
         pytest.skip("not enforced without bubblewrap: a grandchild that left the call's session survives")
+
+
+# ---- issue 21: root without bubblewrap, and what a call inherits ---------------------------------
+
+
+async def honest_samples_get_their_own(grader: PythonGrader, count: int = 2) -> None:
+    """After an attack, honest samples that return -1.0 score exactly -1.0 (never a forged 1.0)."""
+    for _ in range(count):
+        honest = await grader(sample("result = -1.0"))
+        assert honest.status == "ok" and honest.score == -1.0, honest
+
+
+async def test_forge_later_replies_through_the_zygotes_proc_fd(attacked) -> None:
+    """A root sample could open the zygote's pipes through /proc/<zygote>/fd and write replies the
+    host would take for the next samples'. The zygote must be out of its reach in every mode."""
+    grader = attacked()
+    grade = await grader(sample("""
+        import os
+        zygote = os.getppid()
+        line = b'{"ok": true, "value": 1.0, "logs": ""}\\n'
+        wrote = []
+        try:
+            fds = os.listdir(f"/proc/{zygote}/fd")
+        except OSError as e:
+            fds = []
+            print("no fd listing:", e)
+        for fd in fds:
+            path = f"/proc/{zygote}/fd/{fd}"
+            try:
+                if os.readlink(path).startswith("pipe:"):
+                    w = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(w, line * 3)
+                    os.close(w)
+                    wrote.append(fd)
+            except OSError:
+                pass
+        print("wrote to the zygote's fds", wrote)
+        result = -1.0
+    """))
+    assert own_value_or_invalid(grade, -1.0), grade
+    await honest_samples_get_their_own(grader)
+
+
+async def test_kill_every_process(attacked, mode: str) -> None:
+    """``kill -9 -1`` from a call reaches only its own pid namespace: a host process of the same
+    user survives, the next sample gets its own value, and the zygote survives too: it is pid 1 of
+    its namespace (bubblewrap's --as-pid-1, or unshare), which no process inside can signal."""
+    only_isolated(mode, "a pid namespace (kill(-1) would reach every process of the user)")
+    victim_argv = ["sleep", "120"]
+    if os.geteuid() == 0:  # a host process of the sandbox's own user: the one kill(-1) could reach
+        victim_argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *victim_argv]
+    victim = subprocess.Popen(victim_argv)
+    try:
+        grader = attacked()
+        await grader(sample("result = 0.0"))
+        before = grader.worker_pids
+        host_ns = os.readlink("/proc/self/ns/pid")
+        grade = await grader(sample(f"""
+            import os, signal
+            if os.readlink("/proc/self/ns/pid") == {host_ns!r}:
+                result = 1.0  # the host's pid namespace: kill(-1) would take the machine down, so it is not sent
+            else:
+                os.kill(-1, signal.SIGKILL)
+                result = -0.5
+        """))
+        assert own_value_or_invalid(grade, -0.5), grade
+        await next_sample_gets_its_own_value(grader)
+        assert grader.worker_pids == before, "the zygote (pid 1 of its namespace) survives its call's kill(-1)"
+        assert victim.poll() is None, "a host process was killed from inside the sandbox"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+async def test_ptrace_attach_the_zygote(attacked) -> None:
+    grader = attacked()
+    grade = await grader(sample("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        zygote = os.getppid()
+        attached = libc.ptrace(16, zygote, None, None) == 0  # PTRACE_ATTACH
+        print("attach", attached, "errno", ctypes.get_errno())
+        if attached:
+            os.waitpid(zygote, 0x40000000)  # __WALL: the stop of the attach
+            libc.ptrace(17, zygote, None, None)  # PTRACE_DETACH
+        result = 1.0 if attached else 0.0
+    """))
+    assert grade.status == "ok" and grade.score == 0.0, grade
+    await next_sample_gets_its_own_value(grader)
+
+
+async def test_connect_to_a_host_abstract_unix_socket(attacked, mode: str) -> None:
+    only_isolated(mode, "a network namespace (abstract unix sockets belong to it)")
+    name = "\0gradekit-attack-" + uuid.uuid4().hex
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(name)
+    server.listen(4)
+    server.setblocking(False)
+    try:
+        grader = attacked()
+        grade = await grader(sample(f"""
+            import socket
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect({name!r})
+                result = 1.0
+            except OSError as e:
+                print("refused:", e)
+                result = 0.0
+        """))
+        assert grade.score == 0.0, grade.debug
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+
+
+async def test_read_an_earlier_samples_files_from_another_worker(attacked, mode: str) -> None:
+    """Files one sample leaves in /tmp, /var/tmp, /dev/shm or beside its HOME are not there for a
+    later sample, on the same worker or on another grader's."""
+    only_isolated(mode, "private /tmp, /var/tmp and /dev/shm")
+    tag = "gk-planted-" + uuid.uuid4().hex
+    places = ["/tmp", "/var/tmp", "/dev/shm"]
+    writer, reader = attacked(), attacked()
+    try:
+        await writer(sample(f"""
+            import os
+            for folder in {places!r} + [os.environ["HOME"], os.path.dirname(os.environ["HOME"])]:
+                try:
+                    open(os.path.join(folder, {tag!r}), "w").write("secret")
+                except OSError as e:
+                    print(folder, e)
+        """))
+        look = f"""
+            import glob, os
+            found = []
+            for folder in {places!r} + [os.environ["HOME"], os.path.dirname(os.environ["HOME"])]:
+                found += glob.glob(os.path.join(folder, "**", {tag!r}), recursive=True)
+            print("found", found)
+            result = 1.0 if found else 0.0
+        """
+        for grader in (reader, writer):
+            grade = await grader(sample(look))
+            assert grade.status == "ok" and grade.score == 0.0, grade.debug
+    finally:
+        for folder in places:  # what an unconfined run (the old behaviour) would have left on the host
+            Path(folder, tag).unlink(missing_ok=True)
+
+
+MEMORY_SCAN = r"""
+import gc, re, sys
+pattern = re.compile(%r)
+found, seen = set(), set()
+def look(value, depth=0):
+    if isinstance(value, str):
+        found.update(pattern.findall(value))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        found.update(m.decode() for m in re.findall(pattern.pattern.encode(), bytes(value)))
+    elif depth < 8 and id(value) not in seen and isinstance(value, (dict, list, tuple, set, frozenset)):
+        seen.add(id(value))  # dicts of plain values are not tracked by the collector: walk into containers
+        for item in (list(value.keys()) + list(value.values()) if isinstance(value, dict) else list(value)):
+            look(item, depth + 1)
+for obj in gc.get_objects():
+    look(obj)
+    if hasattr(obj, "__dict__") and isinstance(getattr(obj, "__dict__", None), dict):
+        look(obj.__dict__)
+frame = sys._getframe()
+while frame is not None:
+    look(dict(frame.f_locals))
+    frame = frame.f_back
+"""
+
+
+async def test_a_call_finds_no_earlier_samples_request_in_its_memory(attacked) -> None:
+    """The zygote holds no sample's data when it forks the next call: a sample that scans what it
+    inherits (every object the collector knows, every frame up its stack) finds no earlier
+    sample's arguments, in every mode."""
+    grader = attacked()
+    marker = "gk-mem-" + uuid.uuid4().hex
+    first = await grader(sample(f"secret = {marker!r}\nresult = 0.0\n"))
+    assert first.score == 0.0, first
+    scan = MEMORY_SCAN % r"gk-mem-[0-9a-f]{32}" + "\nprint('found', sorted(found))\nresult = 1.0 if found else 0.0\n"
+    for _ in range(2):  # the worker that served the first sample, forked ahead and forked on demand
+        grade = await grader(sample(scan))
+        assert grade.status == "ok" and grade.score == 0.0, grade.debug
+
+
+async def test_a_code_tests_program_finds_no_expected_output_in_its_memory(mode: str) -> None:
+    """An honest program's output (the expected output of the problem) stays with its own sample: a
+    later program for the same problem that prints whatever looks like an answer in its inherited
+    memory fails."""
+    from graders import code_tests_grader
+
+    answer = "gk-out-" + uuid.uuid4().hex
+    cases = [{"input": "", "output": answer + "\n"}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        grader = code_tests_grader(workers=1, timeout=10)
+    try:
+        assert grader.isolation.kind == mode
+        honest = await grader(Sample(messages="q", response=f"print({answer!r})", references={"tests": cases}))
+        assert honest.score == 1.0, honest.debug
+        thief = MEMORY_SCAN % r"gk-out-[0-9a-f]{32}" + "\nprint(sorted(found)[0] if found else 'nothing')\n"
+        for _ in range(2):
+            grade = await grader(Sample(messages="q", response=thief, references={"tests": cases}))
+            assert grade.score == -1.0, grade.debug
+    finally:
+        grader.close()
+
+
+async def test_through_the_reward_server_no_request_finds_another_in_memory(attacked, serve) -> None:
+    """The same through the reward server (``gradekit serve``'s app), with two workers: after one
+    request, none of the next four (on either worker) finds its arguments."""
+    import httpx
+
+    url = serve(attacked(workers=2))
+    marker = "gk-mem-" + uuid.uuid4().hex
+    scan = MEMORY_SCAN % r"gk-mem-[0-9a-f]{32}" + "\nprint('found', sorted(found))\nresult = 1.0 if found else 0.0\n"
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = (await client.post(f"{url}/compute_reward", json={"prompt": "q", "response": f"secret = {marker!r}\nresult = 0.5\n"})).json()
+        assert first["score"] == 0.5, first
+        for _ in range(4):
+            body = (await client.post(f"{url}/compute_reward", json={"prompt": "q", "response": scan})).json()
+            assert body["status"] == "success" and body["score"] == 0.0, body

@@ -121,7 +121,7 @@ def sandbox_report(sandboxes: dict[str, Any]) -> tuple[dict[str, str], list[str]
     warnings = [f"{name} runs with sandbox: none: its code is NOT isolated (network, files, processes); use it only for trusted code"
                 for name, isolation in sandboxes.items() if isolation.kind == "none"]
     warnings += [f"{name} runs without bubblewrap: {isolation.reason}; not enforced: {', '.join(isolation.not_enforced)}"
-                 for name, isolation in sandboxes.items() if isolation.kind == "rlimits"]
+                 for name, isolation in sandboxes.items() if isolation.kind in ("namespaces", "rlimits")]
     return shown, warnings
 
 

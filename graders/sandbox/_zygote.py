@@ -138,9 +138,14 @@ class Zygote:
         os.dup2(os.open(os.devnull, os.O_RDWR), DEVNULL_FD)
         libc = ctypes.CDLL(None, use_errno=True)
         self.libc = libc
-        if self.isolated and (os.getpid() != 2 or os.getppid() != 1):
+        # The zygote is pid 1 of its namespace (bubblewrap's --as-pid-1, or unshare without bubblewrap),
+        # which no process of that namespace can signal unless it installs a handler (it installs none
+        # that matters: SIGINT goes back to the default); an old bubblewrap makes it pid 2 under bwrap.
+        if self.isolated and os.getpid() != 1 and (os.getpid() != 2 or os.getppid() != 1):
             # kill(-1) outside our own pid namespace would hit every process of this user.
             raise SystemExit("gradekit zygote: not in a fresh pid namespace; refusing to run isolated")
+        if os.getpid() == 1:
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         with contextlib.suppress(Exception):
             libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children of ours cannot ptrace us or read /proc/<us>/fd, mem
         with contextlib.suppress(Exception):
@@ -380,7 +385,7 @@ class Zygote:
     def _cleanup(self, pid):
         """No process of the call survives it (its files and IPC objects go in :meth:`tidy`)."""
         if self.isolated:
-            # Our own pid namespace: everyone but pid 1 (bubblewrap) and us is the call's. A kill
+            # Our own pid namespace: everyone but pid 1 (bubblewrap, or us) and us is the call's. A kill
             # is asynchronous and orphans are reaped by pid 1, so wait until they are gone from
             # /proc: the next call must not even see them (a quick listing when nothing was left).
             me = str(os.getpid())
@@ -577,22 +582,82 @@ class Zygote:
         return {"cases": results}
 
 
+class _Requests:
+    """The host's requests, read into one reused buffer that is zeroed as each request is consumed.
+
+    A call's arguments never become an object of the zygote: the request line is forwarded to the
+    call's child from this buffer and wiped, and whatever else a request made (its header, a
+    code_tests program and its cases, the reply) lives in the frame of :func:`_handle`, which
+    returns before the next call's child is forked. A later call therefore finds no earlier
+    sample's data among the objects it inherits (``gc.get_objects()``, frames).
+    """
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = bytearray(1 << 16)
+        self.n = 0
+
+    def line(self):
+        """The next line (with its newline) as a view into the buffer; None at the end of input."""
+        start = 0
+        while True:
+            i = self.buf.find(b"\n", start, self.n)
+            if i >= 0:
+                return memoryview(self.buf)[: i + 1]
+            start = self.n
+            if self.n == len(self.buf):
+                grown = bytearray(2 * len(self.buf))
+                grown[: self.n] = self.buf
+                self.buf[:] = bytes(len(self.buf))
+                self.buf = grown
+            with memoryview(self.buf) as view:
+                got = os.readv(self.fd, [view[self.n:]])
+            if not got:
+                return None
+            self.n += got
+
+    def consume(self, view):
+        """Drop a line returned by :meth:`line` and zero its bytes."""
+        k = len(view)
+        view.release()
+        rest = self.n - k
+        self.buf[:rest] = self.buf[k:self.n]
+        self.buf[rest:self.n] = bytes(k)
+        self.n = rest
+
+
+def _handle(zygote, requests, reply_to):
+    """One request, answered; every reference to its data dies with this frame, before the next fork."""
+    header = requests.line()
+    if header is None:
+        return False
+    msg = json.loads(bytes(header))  # a call's header holds its op and timeout only; its arguments follow
+    requests.consume(header)
+    op = msg["op"]
+    if op == "call":
+        payload = requests.line()
+        if payload is None:
+            return False
+        try:
+            reply = zygote.call(msg, payload)
+        finally:
+            requests.consume(payload)
+    else:
+        reply = zygote.load(msg) if op == "load" else zygote.run(msg)
+    data = reply if type(reply) is bytes else (json.dumps(reply) + "\n").encode("utf-8")
+    while data:
+        data = data[os.write(reply_to, data):]
+    return True
+
+
 def main():
     settings = json.loads(sys.argv[1])
     reply_to = os.dup(1)  # written with os.write: no file object (fewer pages touched per call)
     os.dup2(2, 1)  # anything on fd 1 from now on goes to stderr (discarded), never into the protocol
     zygote = Zygote(settings)
-    requests = sys.stdin.buffer
-    while True:
-        line = requests.readline()
-        if not line:
-            return
-        msg = json.loads(line)
-        op = msg["op"]
-        reply = zygote.load(msg) if op == "load" else zygote.call(msg, line) if op == "call" else zygote.run(msg)
-        data = reply if type(reply) is bytes else (json.dumps(reply) + "\n").encode("utf-8")
-        while data:
-            data = data[os.write(reply_to, data):]
+    del settings
+    requests = _Requests(0)
+    while _handle(zygote, requests, reply_to):
         zygote.tidy()
         zygote.prefork()
 

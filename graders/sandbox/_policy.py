@@ -1,9 +1,19 @@
-"""Where graded code runs: bubblewrap around a zygote, or rlimits alone when bubblewrap is missing.
+"""Where graded code runs: bubblewrap around a zygote, or namespaces without it, or rlimits alone.
 
-The policy (``sandbox:`` in a grader config) is ``auto`` (bubblewrap when it works, otherwise
-rlimits only with a one-time warning naming what is not enforced), ``strict`` (bubblewrap or
-refuse: :class:`SandboxUnavailable`, exit status 2 on the command line) or ``none`` (trusted
-code: rlimits and the per-call fork only, said loudly by ``gradekit validate``).
+The policy (``sandbox:`` in a grader config) is ``auto`` (bubblewrap when it works; otherwise,
+as root, new namespaces and an unprivileged user through util-linux ``unshare``/``setpriv``, or
+refuse when even that cannot run; not root, rlimits only; a one-time warning names what is not
+enforced), ``strict`` (bubblewrap or refuse: :class:`SandboxUnavailable`, exit status 2 on the
+command line) or ``none`` (trusted code: rlimits and the per-call fork only, said loudly by
+``gradekit validate``).
+
+Why auto never runs code as root in the host's namespaces: a root sample can ptrace the zygote
+or open its pipe to the host through ``/proc/<zygote>/fd`` (and forge later samples' replies),
+``kill -9 -1`` the machine, and reach every socket of the host. Without bubblewrap, as root
+(the usual container), the worker therefore enters new pid, net, ipc, uts and mount namespaces
+(``unshare``), gets private tmpfs mounts at ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (HOME is a
+folder there) and a tmpfs over every folder on the interpreter's path that ``nobody`` could not
+traverse (``/root``), and only then becomes ``nobody`` with no capabilities (``setpriv``).
 
 Under bubblewrap a worker gets new user, pid, network, IPC, UTS and cgroup namespaces, a
 cleared environment, a read-only view of the interpreter, its standard library and the
@@ -51,7 +61,7 @@ class SandboxWarning(RuntimeWarning):
 class Isolation:
     """What a worker actually gets, for reports and ``validate``."""
 
-    kind: Literal["bubblewrap", "rlimits", "none"]
+    kind: Literal["bubblewrap", "namespaces", "rlimits", "none"]
     as_nobody: bool = False  # root switched to nobody so that RLIMIT_NPROC applies
     network: bool = False
     not_enforced: tuple[str, ...] = ()
@@ -65,11 +75,18 @@ class Isolation:
             if self.not_enforced:
                 text += "; not enforced: " + ", ".join(self.not_enforced)
             return text
+        if self.kind == "namespaces":
+            text = "namespaces without bubblewrap (as nobody; new pid, net, ipc, uts, mount namespaces; private /tmp, /dev/shm, HOME; fork per call)"
+            if self.network:
+                text += "; network ALLOWED by the config"
+            return text + "; not enforced: " + ", ".join(self.not_enforced)
         if self.kind == "none":
             return "NONE: sandbox: none, the code runs unisolated (rlimits and a fork per call only); use only for trusted code"
         return f"rlimits only ({self.reason}); not enforced: " + ", ".join(self.not_enforced)
 
 
+NAMESPACE_GAPS = ("filesystem isolation for reads (world-readable host files are readable)",
+                  "writes to world-writable host folders other than /tmp, /var/tmp and /dev/shm")
 RLIMIT_ONLY_GAPS = ("network isolation", "filesystem isolation (reads and writes outside the temp dir)",
                     "a private /proc (other processes' command lines are readable)",
                     "killing processes that leave the call's session")
@@ -80,6 +97,8 @@ class _Probe:
     lock: threading.Lock = field(default_factory=threading.Lock)
     results: dict[tuple[bool, str | None], tuple[list[str] | None, bool, str]] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
+    namespaces: dict[tuple, str] = field(default_factory=dict)
+    pid1: dict[str, bool] = field(default_factory=dict)
     stage: str | None = None
 
 
@@ -115,9 +134,27 @@ def package_paths(packages: list[str] | tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+def _as_pid_1() -> bool:
+    """Whether this bwrap can start the zygote as pid 1 of its namespace (bubblewrap >= 0.4): then,
+    as in the namespace mode, no process of a call can signal the zygote (pid 1 has no default
+    signal actions), so a call cannot take its worker down under the next sample."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False
+    if exe not in _PROBE.pid1:
+        try:
+            shown = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            shown = ""
+        _PROBE.pid1[exe] = "--as-pid-1" in shown
+    return _PROBE.pid1[exe]
+
+
 def _bwrap_argv(binds: list[tuple[str, str]], env: dict[str, str], network: bool) -> list[str]:
     argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    if _as_pid_1():
+        argv.append("--as-pid-1")
     if not network:
         argv.append("--unshare-net")
     for name in ("usr", "lib", "lib64", "lib32", "bin", "sbin"):
@@ -184,14 +221,98 @@ def command(python_args: list[str], *, packages: dict[str, str], env: dict[str, 
     return _as_nobody(argv, binds) if as_nobody else argv
 
 
-def _try(argv: list[str]) -> str:
+TOOLS = ("unshare", "setpriv", "mount", "mkdir", "sh")  # util-linux and a shell: the namespace mode's parts
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable host folders that get a private tmpfs each
+
+
+def _tools() -> dict[str, str] | None:
+    found = {name: shutil.which(name) for name in TOOLS}
+    # Resolved: a PATH entry that is a link in /tmp would vanish under the private /tmp.
+    return None if None in found.values() else {name: os.path.realpath(path) for name, path in found.items()}  # type: ignore[arg-type]
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The outermost folder above ``path`` that others may not enter (``/root``, 0700), if any."""
+    current = "/"
+    for part in Path(path).parts[1:-1]:
+        current = os.path.join(current, part)
+        try:
+            if not os.stat(current).st_mode & 0o001:
+                return current
+        except OSError:
+            return None
+    return None
+
+
+def namespace_command(python_args: list[str], *, sources: list[str], network: bool, tools: dict[str, str]) -> list[str]:
+    """The argv that starts ``python python_args`` as nobody in new namespaces, without bubblewrap.
+
+    In a private mount namespace (still root): each folder above the interpreter (or a package
+    folder) that nobody could not enter gets an empty tmpfs, and the folder itself is bound back
+    read-only at its own path (so absolute RUNPATHs keep working), ``/tmp``, ``/var/tmp`` and
+    ``/dev/shm`` get private tmpfs mounts and ``/dev/mqueue`` the new IPC namespace's queues;
+    then ``setpriv`` drops to nobody with no capabilities and no new privileges. The
+    interpreter is pid 1 of its pid namespace: nothing inside can signal it (no handler) and the
+    whole namespace dies with it.
+    """
+    exe, _ = _python()
+    q = shlex.quote
+    stage = _stage_dir()
+    covers: list[str] = []
+    rebind: list[tuple[str, str]] = []
+    for source in sources:
+        cover = _closed_ancestor(source)
+        if cover is not None:
+            if not any(cover == c or cover.startswith(c + os.sep) for c in covers):
+                covers = [c for c in covers if not c.startswith(cover + os.sep)] + [cover]
+            rebind.append((source, os.path.join(stage, f"ns{len(rebind)}")))
+    script = ["cd /"]
+    for source, point in rebind:
+        script.append(f"{q(tools['mkdir'])} -p {q(point)}; {q(tools['mount'])} --bind {q(source)} {q(point)}")
+    for cover in covers:
+        script.append(f"{q(tools['mount'])} -t tmpfs -o mode=0755,size=1m,nosuid,nodev gradekit {q(cover)}")
+    for source, point in rebind:
+        script.append(f"{q(tools['mkdir'])} -p {q(source)}; {q(tools['mount'])} --bind -o ro {q(point)} {q(source)}")
+    for place, size in zip(PRIVATE, (SCRATCH_MB, 64, 64)):
+        script.append(f"if [ -d {place} ]; then {q(tools['mount'])} -t tmpfs -o mode=1777,size={size}m,nosuid,nodev gradekit {place}; fi")
+    script.append(f"if [ -d /dev/mqueue ]; then {q(tools['mount'])} -t mqueue gradekit /dev/mqueue || true; fi")
+    script.append(f"exec {q(tools['setpriv'])} --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
+                  "--bounding-set=-all --no-new-privs --pdeathsig=KILL -- \"$@\"")
+    namespaces = ["--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation", "private", "--ipc", "--uts"]
+    if not network:
+        namespaces.append("--net")
+    # The outer setpriv ties unshare to the grading process: when that dies, unshare dies, and with it
+    # (the inner --pdeathsig) the zygote, pid 1 of the namespace, and so every process in it.
+    return [tools["setpriv"], "--pdeathsig=KILL", "--", tools["unshare"], *namespaces, "--", tools["sh"], "-ec",
+            "\n".join(script), "sandbox", exe, *python_args]
+
+
+def _try(argv: list[str], expect: str = "2 ok") -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
-    if done.returncode == 0 and done.stdout.strip() == "2 ok":
+    if done.returncode == 0 and done.stdout.strip() == expect:
         return ""
     return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+
+
+def probe_namespaces(network: bool = False) -> str:
+    """Why the namespace mode (root, no bubblewrap) cannot run here ("" when it can), tried once."""
+    tools = _tools()
+    key = (network, "namespaces", tuple(sorted(tools.items())) if tools else None)
+    with _PROBE.lock:
+        if key not in _PROBE.namespaces:
+            if os.geteuid() != 0:
+                why = "not root"
+            elif tools is None:
+                why = "util-linux unshare/setpriv (and mount, mkdir, sh) are not all on PATH"
+            else:
+                exe, roots = _python()
+                why = _try(namespace_command(["-I", "-S", "-c", "import os; print(os.getuid() and 2, 'ok')"],
+                                             sources=roots, network=network, tools=tools))
+            _PROBE.namespaces[key] = why
+        return _PROBE.namespaces[key]
 
 
 def probe(network: bool = False) -> tuple[bool, bool, str]:
@@ -213,7 +334,7 @@ def probe(network: bool = False) -> tuple[bool, bool, str]:
             attempts.append(False)
             for nobody in attempts:
                 argv = command(check, packages={}, env={}, network=network, as_nobody=nobody)
-                why = _try(argv)
+                why = _try(argv, "1 ok" if _as_pid_1() else "2 ok")  # the zygote's pid there
                 if not why:
                     result = (argv, nobody, "")
                     break
@@ -238,8 +359,19 @@ def resolve(policy: Policy, *, network: bool = False, label: str = "graded code"
     if policy == "strict":
         raise SandboxUnavailable(f"{label}: sandbox: strict needs bubblewrap, which cannot run here ({why}); "
                                  f"install the '{PACKAGE}' package (apt-get install {PACKAGE}), or set sandbox: auto")
-    isolation = Isolation("rlimits", not_enforced=RLIMIT_ONLY_GAPS + (("the process count limit (root)",) if os.geteuid() == 0 else ()),
-                          reason=f"bubblewrap unavailable: {why}; install the '{PACKAGE}' package")
+    if os.geteuid() == 0:
+        # Root in the host's namespaces could take over the zygote and the machine: never that.
+        broken = probe_namespaces(network)
+        if broken:
+            raise SandboxUnavailable(
+                f"{label}: bubblewrap cannot run here ({why}), and running graded code as root without it is refused: "
+                f"new namespaces as nobody (util-linux unshare/setpriv) failed too ({broken}); "
+                f"apt-get install {PACKAGE} (the '{PACKAGE}' package), or set sandbox: none for trusted code only")
+        isolation = Isolation("namespaces", as_nobody=True, network=network, not_enforced=NAMESPACE_GAPS,
+                              reason=f"bubblewrap unavailable: {why}; install the '{PACKAGE}' package")
+        _warn_once(f"gradekit sandbox: {label} runs with {isolation.describe()}")
+        return isolation
+    isolation = Isolation("rlimits", not_enforced=RLIMIT_ONLY_GAPS, reason=f"bubblewrap unavailable: {why}; install the '{PACKAGE}' package")
     _warn_once(f"gradekit sandbox: {label} runs with {isolation.describe()}")
     return isolation
 
@@ -264,8 +396,15 @@ def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str
         args = ["-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
         return command(args, packages=packages, env={"LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
                        network=isolation.network, as_nobody=isolation.as_nobody)
-    settings = {**settings, "isolated": False, "env": env}
     dirs = sorted({os.path.dirname(path) for path in packages.values()})
     preamble = f"import sys; sys.path[:0] = {dirs!r}\n"
-    exe, _ = _python()
+    exe, roots = _python()
+    if isolation.kind == "namespaces":
+        tools = _tools()
+        if tools is None:
+            raise SandboxUnavailable("util-linux unshare/setpriv left PATH after the sandbox was probed")
+        settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": [*PRIVATE, "/dev/mqueue"], "env": env}
+        args = ["-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
+        return namespace_command(args, sources=sorted(set(roots) | set(dirs)), network=isolation.network, tools=tools)
+    settings = {**settings, "isolated": False, "env": env}
     return [exe, "-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
