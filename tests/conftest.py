@@ -193,3 +193,41 @@ def serve() -> Iterator[Callable[..., str]]:
     yield start
     for server in servers:
         server.stop()
+
+
+async def until(ready: Callable[[], bool], what: str, deadline: float = 60.0) -> None:
+    """Wait (async) for ``ready()``; fail naming ``what`` after ``deadline`` seconds instead of hanging the suite.
+
+    The deadline is a safety net, never a measurement: a loaded machine only makes the wait longer.
+    """
+    end = time.monotonic() + deadline
+    while not ready():
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not reached within {deadline:.0f} s")
+        await asyncio.sleep(0.005)
+
+
+def until_sync(ready: Callable[[], bool], what: str, deadline: float = 60.0) -> None:
+    """``until`` for threads and sync tests."""
+    end = time.monotonic() + deadline
+    while not ready():
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not reached within {deadline:.0f} s")
+        time.sleep(0.01)
+
+
+def need(module: str, install: str) -> Any:
+    """Import ``module`` for a test that needs an extra: skipped where it is missing, failed under CI.
+
+    CI installs ``.[test]``, so a missing extra there is a broken install, not a reason to skip;
+    as Redis, bubblewrap, chromium and Ray do, it fails, naming what to install.
+    """
+    import importlib
+    import os
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{module} is missing ({exc}); CI must install it: {install}", pytrace=False)
+        pytest.skip(f"{module} is missing: {install}")

@@ -21,7 +21,7 @@ from graders.platforms import ark_group_grader
 from graders.platforms._ark import ArkTrajectory, ChatCompletionSample, PluginStatus
 from judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from .conftest import need, reference_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -519,7 +519,7 @@ def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvid
     from graders import export_openai_grader, load_grader
     from graders._sample import Sample
 
-    need_sdk = pytest.importorskip("openai.types.graders")
+    need_sdk = need("openai.types.graders", "pip install 'openai>=1.78'")
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
 
     def judge(body: dict) -> Any:
@@ -593,7 +593,7 @@ def test_text_similarity_from_openai_json_runs_and_exports_back() -> None:
     assert asyncio.run(grader(Sample(response="x", references={}))).status == "invalid"
     exported = export_openai_grader(config)
     assert exported == {k: v for k, v in config.items() if k != "pass_threshold"}, "the grader type has no pass_threshold"
-    sdk = pytest.importorskip("openai.types.graders")
+    sdk = need("openai.types.graders", "pip install 'openai>=1.78'")
     assert not sdk.TextSimilarityGrader.model_validate(exported).__pydantic_extra__
     with pytest.raises(Exception, match="unknown evaluation_metric 'rouge_6'"):
         load_grader({**config, "evaluation_metric": "rouge_6"})

@@ -18,6 +18,8 @@ import pytest
 
 from judge.testing import FakeProvider, Reply, auto_reply
 
+from .conftest import until
+
 MESSAGES = [{"role": "system", "content": "You are a judge."}, {"role": "user", "content": "Grade this answer."}]
 
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -257,8 +259,7 @@ async def test_delay_past_client_timeout_does_not_block_others(fake: FakeProvide
     # the server, the fast request would time out. No bound here depends on how loaded the machine is.
     fake.push(Reply(content="slow", delay=60), Reply(content="fast"), Reply(content="too slow", delay=60))
     slow = asyncio.create_task(ask(client_for(fake, timeout=120.0)))
-    while len(fake.chat_requests()) < 1:  # make sure the slow one took the first scripted reply
-        await asyncio.sleep(0.01)
+    await until(lambda: len(fake.chat_requests()) >= 1, "the slow request at the fake")  # it took the first scripted reply
     fast = await ask(client_for(fake, timeout=30.0))
     assert fast.choices[0].message.content == "fast"
     assert not slow.done()  # still sleeping at the fake while the fast one was answered
@@ -280,8 +281,7 @@ async def test_stop_wakes_pending_delays(client_for: ClientFactory) -> None:
     # would still be sleeping when uvicorn's graceful period ends and cancels it: the client gets no answer.
     fake = FakeProvider(script=[Reply(content="late", delay=300)]).start()
     pending = asyncio.create_task(ask(client_for(fake, timeout=120.0)))
-    while not fake.chat_requests():
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(fake.chat_requests()), "the delayed request at the fake")
     await asyncio.to_thread(fake.stop)
     assert (await pending).choices[0].message.content == "late"
 

@@ -1,13 +1,25 @@
-"""The house stays in order: the README's Layout table matches the folders, and no import circle exists."""
+"""The house stays in order: the README's Layout table matches the folders (nested packages too), every module
+imports on its own in a fresh interpreter, no import circle exists, the README stays a newcomer's page
+(under 10,000 characters) and every relative link in README.md and docs/*.md resolves."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("judge", "graders")
+# Rows whose folder arrives with a branch merged after this one (s3-sandbox adds graders/sandbox/). Once it
+# is merged, empty this set: then a row naming a folder that does not exist fails again.
+PENDING = {"graders/sandbox"} - {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "graders").glob("*/__init__.py")}
+README_LIMIT = 10_000
 
 
 def _module_name(path: Path) -> str:
@@ -69,10 +81,68 @@ def test_readme_layout_names_every_folder_and_only_real_ones() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([^`]+)/` \|", section, re.M))
-    for folder in listed:
+    for folder in listed - PENDING:
         assert (ROOT / folder).is_dir(), f"README Layout lists {folder}/, which does not exist"
     top = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and p.name not in {"build", "dist", "venv"}
            and not p.name.endswith(".egg-info")}
-    subpackages = {str(p.parent.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).glob("*/__init__.py")}
+    subpackages = {p.parent.relative_to(ROOT).as_posix() for pkg in PACKAGES for p in (ROOT / pkg).rglob("*/__init__.py")}
     missing = (top | subpackages) - listed
     assert not missing, f"folders missing from the README's Layout: {sorted(missing)}"
+
+
+def _project_modules() -> list[str]:
+    """Every importable module of the packages; ``__main__`` modules run a program when imported, so they are left out."""
+    names = [_module_name(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")) if p.stem != "__main__"]
+    return sorted(set(names))
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    return module, done.returncode, done.stderr[-1500:]
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """The static read misses circles made at run time (a lazily loaded public name, ``importlib``); importing each
+    module first, in its own interpreter, meets them in the order a user's ``import`` would.
+
+    Two at a time: about 40 s on the shared 2-CPU machine (100 modules), the heaviest being the Ray input module.
+    """
+    with ThreadPoolExecutor(2) as pool:
+        failed = [(m, err) for m, code, err in pool.map(_import_alone, _project_modules()) if code != 0]
+    assert not failed, "modules that do not import on their own:\n" + "\n".join(f"{m}:\n{err}" for m, err in failed)
+
+
+def test_readme_stays_a_newcomers_page() -> None:
+    size = len((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert size < README_LIMIT, f"README.md is {size:,} characters (limit {README_LIMIT:,}): move reference to docs/*.md, figures to docs/benchmarks.md"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (letters of any script kept), spaces to dashes."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {_slug(m) for m in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M)}
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves(page: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)(?: \"[^\"]*\")?\)", text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not this test's to check offline
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)

@@ -97,7 +97,10 @@ def test_answer_listing_lists_the_reference_among_other_rows_answers() -> None:
     rows = [{"prediction": "p", "references": [f"答案{i}"]} for i in range(6)]
     text = probe.perturb(rows[2], 2, rows)["prediction"]
     assert text.startswith("可能的答案：") and "答案2" in text and text.count("；") == 3
-    assert probe.perturb(rows[2], 2, rows) == probe.perturb(rows[2], 2, rows)  # seeded
+    # Seeded: the same listing in every process and on every run (the literal was computed once, elsewhere),
+    # so two probe reports of one judge are comparable; another seed lists other rows' answers in another order.
+    assert text == "可能的答案：答案0；答案4；答案2；答案3。"
+    assert answer_listing(language="zh", candidates=4, seed=1).perturb(rows[2], 2, rows)["prediction"] != text
 
 
 async def test_position_swap_probe_on_gpt4_replay_matches_its_recorded_conflicts() -> None:

@@ -22,7 +22,7 @@ from graders.runs._provider_batch import grade_file_batch, state_path_for
 from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from judge.testing import BatchFault, FakeProvider, Reply
 
-from .conftest import reference_judge
+from .conftest import reference_judge, until
 from .test_cli_grade import grade, rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,8 +269,8 @@ async def test_kill_between_create_and_save_adopts_the_batch(tmp_path: Path, bat
     src, out = write_jsonl(tmp_path / "in.jsonl", en_rows(3)), tmp_path / "out.jsonl"
     with FakeProvider(responder=reference_judge, hold_batches=True) as fake:
         task = asyncio.create_task(run_batch(batch_judge(fake), src, out))
-        while fake.batch_polls < 1:
-            await asyncio.sleep(0.005)
+        await until(lambda: fake.batch_polls >= 1 or task.done(), "the batch run's first poll")
+        assert not task.done(), task
         task.cancel()  # the process dies while polling...
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -289,8 +289,8 @@ async def test_changed_input_with_open_batches_stops_and_restart_starts_over(tmp
     src, out = write_jsonl(tmp_path / "in.jsonl", en_rows(2)), tmp_path / "out.jsonl"
     with FakeProvider(responder=reference_judge, hold_batches=True) as fake:
         task = asyncio.create_task(run_batch(batch_judge(fake), src, out))
-        while fake.batch_polls < 1:
-            await asyncio.sleep(0.005)
+        await until(lambda: fake.batch_polls >= 1 or task.done(), "the batch run's first poll")
+        assert not task.done(), task
         task.cancel()  # stopped with its batch open
         with pytest.raises(asyncio.CancelledError):
             await task

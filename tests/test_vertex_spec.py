@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from graders._config import GraderConfigError, load_grader
 from graders._sample import Sample, sample_from_vertex
 from graders._vertex import cloud_run_grader, dump_vertex_spec, parse_vertex_spec, vertex_grader
 from judge.testing import FakeProvider, Reply
+
+from .conftest import until_sync
 
 DATA = Path(__file__).parent / "data" / "graders"
 EXAMPLE = json.loads((DATA / "example_vertex.json").read_text(encoding="utf-8"))
@@ -170,8 +171,8 @@ def reward_service() -> Iterator[tuple[str, list[dict]]]:
                                            log_level="warning", log_config=None, lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    until_sync(lambda: server.started or not thread.is_alive(), "the reward service started")
+    assert server.started, "the reward service's thread ended before it started"
     port = server.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}/", seen
     server.should_exit = True

@@ -29,9 +29,9 @@ from typer.testing import CliRunner
 from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from .conftest import need, reference_judge
 
-pytest.importorskip("duckdb", reason="gradekit view needs the view extra: pip install 'gradekit[view]'")
+need("duckdb", "pip install 'gradekit[view]'")
 
 ROWS = 120
 GARBLED = "GARBLED"  # predictions carrying this get an unreadable judge reply: a parse failure with its raw reply

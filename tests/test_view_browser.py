@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from graders.cli import app
 
+from .conftest import need
 from .test_view import UNREADABLE, files, read, start_view, stop_view  # noqa: F401  (files: the graded-file fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def _missing(reason: str) -> None:
 
 @pytest.fixture(scope="module")
 def browser(files: dict[str, Path]) -> Iterator[Any]:  # noqa: F811  (graded first: Playwright's loop then owns this thread)
-    pytest.importorskip("duckdb", reason="gradekit view needs the view extra")
+    need("duckdb", "pip install 'gradekit[view]'")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
