@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import contextlib
+from collections.abc import Iterator
+
 import typer
 from typer.core import TyperCommand, TyperGroup
 
@@ -26,14 +29,49 @@ def _help_flag_defaults_to_false(option: Any) -> Any:
     return option
 
 
+@contextlib.contextmanager
+def _help_as_plain_text(*objects: Any) -> Iterator[None]:
+    """Show help strings as written: rich markup would eat ``[default: gpt-4o-mini]`` and ``gradekit[ray]``.
+
+    typer renders every help string as rich markup; gradekit's help is plain text, so each one is
+    escaped for the one rendering and put back after it (the strings themselves stay plain, for
+    click's own formatter and for anything else that reads them).
+    """
+    from rich.markup import escape
+
+    saved = [(o, a, getattr(o, a)) for o in objects for a in ("help", "short_help", "epilog") if isinstance(getattr(o, a, None), str)]
+    try:
+        for o, a, text in saved:
+            setattr(o, a, escape(text))
+        yield
+    finally:
+        for o, a, text in saved:
+            setattr(o, a, text)
+
+
 class _Command(TyperCommand):
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_defaults_to_false(super().get_help_option(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _help_as_plain_text(self, *self.params):
+            return super().format_help(ctx, formatter)
+
 
 class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:  # --install-completion / --show-completion (typer appends them late): the help flag's None default
+            if param.name in ("install_completion", "show_completion"):
+                _help_flag_defaults_to_false(param)
+        return params
+
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _help_as_plain_text(self, *self.params, *self.commands.values()):
+            return super().format_help(ctx, formatter)
 
 
 app = typer.Typer(
@@ -41,7 +79,7 @@ app = typer.Typer(
     cls=_Group,
     help="LLM-as-judge graders that turn model outputs into rewards.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion: bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -87,4 +125,6 @@ for _name, _command in (
 
 
 def main() -> None:
-    app()
+    # One name however it is started (`gradekit` or `python -m graders`): usage lines and the shell
+    # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m graders".
+    app(prog_name="gradekit")
