@@ -86,7 +86,7 @@ async def attacked(mode: str) -> AsyncIterator[Callable[..., PythonGrader]]:
 
 def only_bubblewrap(mode: str, why: str) -> None:
     if mode != "bubblewrap":
-        pytest.skip(f"not enforced without bubblewrap: {why}")
+        pytest.skip(f"rlimits-mode variant, skipped by design (only bubblewrap enforces this; the bubblewrap variant runs): {why}")
 
 
 async def next_sample_gets_its_own_value(grader: PythonGrader) -> None:
@@ -568,4 +568,4 @@ def test_killing_the_grading_process_mid_call_leaves_nothing_behind(mode: str, t
         os.kill(pid, 9)
     assert len(survivors) <= allowed, survivors
     if survivors:
-        pytest.skip("not enforced without bubblewrap: a grandchild that left the call's session survives")
+        pytest.skip("rlimits-mode variant, skipped by design (only bubblewrap enforces this; the bubblewrap variant runs): a grandchild that left the call's session survives")
