@@ -702,6 +702,8 @@ class _Tally:
     def restore(cls, state: Mapping[str, Any]) -> _Tally:
         tally = cls()
         for key, value in state.items():
+            if key == "requests":  # "requests sent" is this run's traffic; the rows and tokens are the whole output's
+                continue
             setattr(tally, key, Counter(value) if key in ("labels", "kinds") else value)
         return tally
 
