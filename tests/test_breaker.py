@@ -350,3 +350,23 @@ def test_calibrate_lists_disagreements_by_the_on_key(tmp_path) -> None:
     listed = result.output.split("disagreements")[1]
     assert "id=q2: human 'correct', judge 'incorrect'" in listed and "id=q3: human 'correct', judge '<parse_failure>'" in listed
     assert "id=q1" not in listed
+
+
+def test_ctrl_c_under_no_cache_promises_no_cache_hits(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 40), tmp_path / "out.jsonl"
+
+    def judge(body: dict) -> Reply:
+        return Reply(delay=60) if "question 1" not in str(body["messages"]) else reference_judge(body)
+
+    with FakeProvider(responder=judge) as fake:
+        process = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, "grade", str(source), "-r", EN, "-o", str(out), "--base-url",
+                                    fake.base_url, "--api-key", "k", "--no-cache", "--concurrency", "2", "--progress-every", "0.05"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert process.stderr is not None
+        first = process.stderr.readline()  # a progress line: the run is under way
+        assert first.startswith("graded "), first
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "run the same command again to resume" in err and "cache hits" not in err and "come back from the cache" not in err
+    assert "judged again" in err

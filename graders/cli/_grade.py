@@ -227,8 +227,10 @@ def grade(
     except BreakerTripped as e:
         raise _breaker_exit(e, output, json_output, err) from None
     except KeyboardInterrupt:
+        # Without a cache the rows judged but not yet written have nowhere to come back from: do not promise hits.
+        again = "rows already judged come back from the cache" if cache is not None else "without a cache, rows not yet written are judged again"
         err.print(f"interrupted: the rows finished so far are saved in {output}; run the same command again to resume "
-                  "(rows already judged come back from the cache).", highlight=False, markup=False, soft_wrap=True)
+                  f"({again}).", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     finally:
         if cache is not None:
