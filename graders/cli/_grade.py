@@ -408,6 +408,7 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
         table.add_row("reward spread", f"{sp.groups} groups; all-equal {equal} ({sp.all_equal_groups}); mean {sp.mean:.4f}, "
                       f"variance {sp.variance:.4f}; pass rate {sp.pass_rate:.1%}")
+        table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
     console.print(table)
