@@ -337,6 +337,16 @@ def test_retry_errors_without_an_earlier_run_of_the_command_says_so(tmp_path) ->
     assert result.exit_code == 2 and "no checkpoint" in result.output
 
 
+def test_retry_errors_before_any_output_grades_every_row(tmp_path) -> None:
+    # docs/broken-judge.md: with no OUTPUT yet there is nothing to retry, so the run is a first run (exit 0).
+    source, out = write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
+    with FakeProvider(responder=reference_judge) as fake:
+        result = runner.invoke(app, ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--retry-errors"])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in read(out)] == ["ok"] * 3
+
+
 def test_calibrate_lists_disagreements_by_the_on_key(tmp_path) -> None:
     graded = tmp_path / "graded.jsonl"
     graded.write_text("".join(json.dumps(r) + "\n" for r in [
