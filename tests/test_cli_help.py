@@ -64,3 +64,46 @@ def test_version_and_shell_completion() -> None:
     env = {"_GRADEKIT_COMPLETE": "complete_bash", "COMP_WORDS": "gradekit ca", "COMP_CWORD": "1"}
     done = subprocess.run([sys.executable, "-m", "graders"], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert "calibrate" in done.stdout.split(), (done.stdout, done.stderr)
+
+
+def test_verbose_shows_each_request_with_the_key_redacted(tmp_path) -> None:
+    from judge.testing import FakeProvider
+
+    from .conftest import reference_judge
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"question": "q", "references": ["a"], "prediction": "a"}\n', encoding="utf-8")
+    key = "sk-secret-test-key-12345"
+    with FakeProvider(responder=reference_judge) as fake:
+        for level in ("", "2"):
+            done = subprocess.run([sys.executable, "-m", "graders", "-v", "grade", str(source), "-r", "semantic_equivalence_en",
+                                   "-o", str(tmp_path / f"out{level}.jsonl"), "--base-url", fake.base_url, "--api-key", key,
+                                   "--no-cache"], capture_output=True, text=True, timeout=120, env={**os.environ, "GRADEKIT_VERBOSE": level})
+            assert done.returncode == 0, done.stderr
+            assert "HTTP Request: POST" in done.stderr and "/chat/completions" in done.stderr, done.stderr
+            assert key not in done.stderr and "secret-test" not in done.stderr
+        assert "openai._base_client" in done.stderr  # GRADEKIT_VERBOSE=2: openai's own debug lines too
+
+
+def test_redact_catches_every_form_a_key_travels_in() -> None:
+    from graders.cli._verbose import REDACTED, redact
+
+    for text in ("Authorization: Bearer abcdef123456", "{'authorization': 'Bearer abcdef123456'}", "'api_key': 'abcdef123456'",
+                 "key sk-abcdef123456 here", "x-api-key=abcdef123456"):
+        assert "abcdef123456" not in redact(text) and REDACTED in redact(text), text
+    assert redact("plain mykey-value", ["mykey-value"]) == f"plain {REDACTED}"
+
+
+def test_a_crash_is_one_line_with_the_version_and_no_traceback() -> None:
+    from importlib.metadata import version
+
+    # Every known mistake has its message; a bug has none. A command that divides by zero stands in for one.
+    crash = ("import sys; from graders.cli import app, main\n"
+             "@app.command('boom')\ndef boom() -> None:\n    1 / 0\n"
+             "sys.argv = ['gradekit', 'boom']; main()")
+    done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[0] == f"gradekit {version('gradekit')} crashed: ZeroDivisionError: division by zero"
+    shown = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "GRADEKIT_TRACEBACK": "1"})
+    assert "Traceback" in shown.stderr and shown.stderr.startswith(f"gradekit {version('gradekit')} crashed")

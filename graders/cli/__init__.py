@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 
 import typer
@@ -102,8 +104,17 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _main(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
-                                       help="Print gradekit's version and exit.")) -> None:
+                                       help="Print gradekit's version and exit."),
+          verbose: bool = typer.Option(False, "-v", "--verbose",
+                                       help="Show each judge request on stderr, keys redacted (GRADEKIT_VERBOSE=2: openai's debug "
+                                            "lines too); put it before the command: gradekit -v grade ...")) -> None:
     """LLM-as-judge graders that turn model outputs into rewards."""
+    # A bool flag, not a count: typer coerces an int option through pydantic, which `gradekit rubrics` must not load.
+    level = os.environ.get("GRADEKIT_VERBOSE", "")
+    if verbose or level:
+        from ._verbose import show_requests
+
+        show_requests(2 if level == "2" else 1)
 
 
 # Every command with the help flag above; in this order in `gradekit --help`.
@@ -127,4 +138,14 @@ for _name, _command in (
 def main() -> None:
     # One name however it is started (`gradekit` or `python -m graders`): usage lines and the shell
     # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m graders".
-    app(prog_name="gradekit")
+    try:
+        app(prog_name="gradekit")
+    except Exception as e:  # a bug, not a user's mistake: one line to report, with the version first
+        import traceback
+
+        sys.stderr.write(f"gradekit {_version()} crashed: {type(e).__name__}: {e}\n")
+        if os.environ.get("GRADEKIT_TRACEBACK"):
+            traceback.print_exc()
+        else:
+            sys.stderr.write("please report it with the command that ran; GRADEKIT_TRACEBACK=1 shows the traceback\n")
+        raise SystemExit(1) from None
