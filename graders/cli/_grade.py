@@ -172,10 +172,14 @@ def grade(
         raise fail(str(e)) from e
     if ray_address is not None:
         try:
+            prices = load_prices(prices_path)  # the run is priced here, as a local run is: the actors keep no table
+        except ValueError as e:
+            raise fail(str(e)) from e
+        try:
             return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not no_adapt, encoding=encoding)
+                                 resume=not restart, adapt=not no_adapt, encoding=encoding, prices=prices)
         except BreakerTripped as e:
             raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
     try:
@@ -423,7 +427,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
                   cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
-                  encoding: str | None = None) -> None:
+                  encoding: str | None = None, prices: dict | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -444,6 +448,10 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     try:
         gcs = connect(address)
     except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
+        if address == "auto" and isinstance(e, ConnectionError):
+            # Ray's own text suggests an --address flag, which gradekit does not have.
+            raise fail("--ray auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
+                       "start one with `ray start --head`, or use --ray local to start one for this run") from e
         raise fail(f"--ray {address}: cannot reach the Ray cluster: {e}") from e
     try:
         count = workers or default_workers()
@@ -487,6 +495,13 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
     finally:
         ray.shutdown()
+    if prices is not None:  # the output's tokens at the table's prices, as _add_money prices a local run
+        from judge import cost_usd
+        from judge._budget import price_of
+
+        priced = model or DEFAULT_MODEL
+        if price_of(prices, priced) is not None:
+            summary.cost_usd = cost_usd(prices, priced, summary.prompt_tokens, summary.completion_tokens)
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(destination), **what, "model": model or DEFAULT_MODEL, **summary.model_dump(),
