@@ -52,6 +52,8 @@ def rubric_row(rubric: Rubric, sample: Sample, mapping: Mapping[str, str]) -> di
                 path = "references.answer"
             else:
                 continue
+        if path in ("prompt", "question") and not any(m.role == "user" for m in sample.messages):
+            continue  # no question was sent (a server request without a prompt): missing, not an empty question
         try:
             row[var] = resolve_path(sample, path)
         except PlaceholderError:

@@ -28,6 +28,10 @@ class SpreadReport(BaseModel):
     pass_threshold: float = 0.5
     too_easy: bool = False
     too_hard: bool = False
+    # Groups (2+ rewards) that teach nothing for a reason: every reward is the highest seen (too
+    # easy) or the lowest seen (too hard); when those are one value the pass threshold says which.
+    too_easy_groups: int = 0
+    too_hard_groups: int = 0
     advice: list[str] = []
 
 
@@ -43,6 +47,8 @@ class SpreadTally:
         self._n = 0
         self._sum = self._sumsq = 0.0
         self._passed = 0
+        self._low = math.inf
+        self._high = -math.inf
 
     def add(self, group: Hashable, reward: float) -> None:
         if reward is None or math.isnan(reward):
@@ -59,6 +65,7 @@ class SpreadTally:
         self._sum += reward
         self._sumsq += reward * reward
         self._passed += reward >= self.pass_threshold
+        self._low, self._high = min(self._low, reward), max(self._high, reward)
 
     def report(self) -> SpreadReport:
         if not self._n:
@@ -69,6 +76,12 @@ class SpreadTally:
         equal = sum(1 for g in multi if g[2])
         stds = [math.sqrt(max(0.0, g[4] / g[0] - (g[3] / g[0]) ** 2)) for g in multi]
         pass_rate = self._passed / self._n
+        flat_at = [g[1] for g in multi if g[2]]
+        if self._high > self._low:
+            easy_groups, hard_groups = flat_at.count(self._high), flat_at.count(self._low)
+        else:  # every reward is one value: high or low by the pass threshold
+            easy_groups = len(flat_at) if self._high >= self.pass_threshold else 0
+            hard_groups = len(flat_at) - easy_groups
         report = SpreadReport(
             groups=len(self._groups),
             rewards=self._n,
@@ -81,6 +94,8 @@ class SpreadTally:
             pass_threshold=self.pass_threshold,
             too_easy=pass_rate >= self.easy,
             too_hard=pass_rate <= self.hard,
+            too_easy_groups=easy_groups,
+            too_hard_groups=hard_groups,
         )
         advice = []
         if report.too_easy:

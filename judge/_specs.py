@@ -43,6 +43,9 @@ def spec_path(name_or_path: str | Path) -> Path:
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
     index = rubric_index()
+    if str(name_or_path) not in index and (path.suffix in (".yaml", ".yml") or len(path.parts) > 1):
+        # A path, not a name: "unknown rubric" would send the user looking for a name they never typed.
+        raise RubricError(f"{path}: no such rubric file" + ("" if path.parent.is_dir() else f" (no folder {path.parent})"))
     if str(name_or_path) not in index:
         known = ", ".join(index)
         raise RubricError(f"unknown rubric {str(name_or_path)!r}; shipped rubrics: {known} (or give a path to a .yaml spec)")

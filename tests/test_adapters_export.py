@@ -449,3 +449,17 @@ def test_cli_export_as_a_real_subprocess(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False)
     assert done.returncode == 2, done.stdout
     assert "LLM judge needs network access" in done.stderr
+
+
+def test_exported_vertex_evaluate_takes_a_plain_string_response(tmp_path: Path) -> None:
+    # Vertex's own examples pass the model's text as is; a Content and a string give the same score.
+    out = tmp_path / "reward.py"
+    result = runner.invoke(app, ["export", str(EXAMPLES / "math_answer.yaml"), "--to", "vertex-evaluate", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    example = {"contents": [{"role": "user", "parts": [{"text": "1+1?"}]}], "references": {"answer": "2"}}
+    content = {"role": "model", "parts": [{"text": "\\boxed{2}"}]}
+    got = run_fresh(tmp_path, [{"file": str(out), "entry": "evaluate", "args": [example, content]},
+                               {"file": str(out), "entry": "evaluate", "args": [example, "\\boxed{2}"]},
+                               {"file": str(out), "entry": "evaluate", "args": [example, 42]}])
+    assert "score" in got[0] and got[1] == got[0], got
+    assert got[2]["raised"] == "ValueError" and "response must be" in got[2]["message"], got

@@ -337,6 +337,16 @@ def test_retry_errors_without_an_earlier_run_of_the_command_says_so(tmp_path) ->
     assert result.exit_code == 2 and "no checkpoint" in result.output
 
 
+def test_retry_errors_before_any_output_grades_every_row(tmp_path) -> None:
+    # docs/broken-judge.md: with no OUTPUT yet there is nothing to retry, so the run is a first run (exit 0).
+    source, out = write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
+    with FakeProvider(responder=reference_judge) as fake:
+        result = runner.invoke(app, ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--retry-errors"])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in read(out)] == ["ok"] * 3
+
+
 def test_calibrate_lists_disagreements_by_the_on_key(tmp_path) -> None:
     graded = tmp_path / "graded.jsonl"
     graded.write_text("".join(json.dumps(r) + "\n" for r in [
@@ -350,3 +360,23 @@ def test_calibrate_lists_disagreements_by_the_on_key(tmp_path) -> None:
     listed = result.output.split("disagreements")[1]
     assert "id=q2: human 'correct', judge 'incorrect'" in listed and "id=q3: human 'correct', judge '<parse_failure>'" in listed
     assert "id=q1" not in listed
+
+
+def test_ctrl_c_under_no_cache_promises_no_cache_hits(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 40), tmp_path / "out.jsonl"
+
+    def judge(body: dict) -> Reply:
+        return Reply(delay=60) if "question 1" not in str(body["messages"]) else reference_judge(body)
+
+    with FakeProvider(responder=judge) as fake:
+        process = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, "grade", str(source), "-r", EN, "-o", str(out), "--base-url",
+                                    fake.base_url, "--api-key", "k", "--no-cache", "--concurrency", "2", "--progress-every", "0.05"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert process.stderr is not None
+        first = process.stderr.readline()  # a progress line: the run is under way
+        assert first.startswith("graded "), first
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "run the same command again to resume" in err and "cache hits" not in err and "come back from the cache" not in err
+    assert "judged again" in err

@@ -248,3 +248,17 @@ def test_a_graded_eval_set_calibrates_against_its_own_kept_label_column(tmp_path
     result = calibrate_rows(graded, bootstrap=0)
     assert result.human_column == "input_label" and result.classification.accuracy == pytest.approx(2 / 3)
     assert result.human_scores == [1.0, 0.0, 0.0] and result.classification.correlation.n == 3
+
+
+def test_calibrate_errors_name_the_columns_and_the_option_to_pick_another(tmp_path: Path) -> None:
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text(json.dumps({"id": 1, "label": "Yes", "status": "ok", "score": 1.0}) + "\n", encoding="utf-8")
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"id": 1, "verdict": "Yes"}) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "id"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "'label' is missing" in text and "columns are id, verdict" in text, text
+    assert "--human-column verdict" in text
+    result = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "key"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "'key' is missing" in text and "columns are id, verdict" in text and "--on COLUMN" in text, text

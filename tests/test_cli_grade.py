@@ -98,6 +98,35 @@ def test_missing_csv_column_fails_before_any_request(judge_server, tmp_path) -> 
     assert judge_server.chat_requests() == []
 
 
+def test_csv_lacking_two_variables_names_both_with_guessed_maps(judge_server, tmp_path) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("question,answer,model_answer\nq,a,b\n", encoding="utf-8")
+    code, text = grade(str(src), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"), "--base-url",
+                       judge_server.base_url, "--api-key", "k", "--no-cache")
+    text = " ".join(text.split())
+    assert code == 2 and "'references'" in text and "'prediction'" in text, text
+    assert "--map references=answer --map prediction=model_answer" in text and "columns are question, answer, model_answer" in text
+    assert judge_server.chat_requests() == []
+
+
+def test_jsonl_row_lacking_two_fields_names_both(judge_server, tmp_path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"question": "q", "answer": ["a"], "model_answer": "a"}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    code, _ = grade(str(src), "-r", "semantic_equivalence_en", "-o", str(out), "--base-url", judge_server.base_url,
+                    "--api-key", "k", "--no-cache", "--keep-going")
+    [row] = rows(out)
+    assert code == 1 and row["status"] == "error" and row["error_kind"] == "input"
+    assert "'references'" in row["error"] and "'prediction'" in row["error"]
+    assert "--map references=answer --map prediction=model_answer" in row["error"]
+    assert judge_server.chat_requests() == []
+
+
+def test_a_rubric_path_that_does_not_exist_says_no_such_file(tmp_path) -> None:
+    code, text = grade(str(ZH_SET), "-r", str(tmp_path / "my_rubric.yaml"), "-o", str(tmp_path / "o.jsonl"), "--api-key", "k")
+    assert code == 2 and "no such rubric file" in text and "unknown rubric" not in text
+
+
 def test_bad_rows_get_explicit_error_rows_and_nothing_is_lost(judge_server, tmp_path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text(

@@ -297,3 +297,16 @@ def test_a_grade_is_never_a_reward_in_the_spread() -> None:
     assert Grade.failed("error", "x").score is None
     report = reward_spread([[float("nan"), 1.0, 0.0]])
     assert report.rewards == 2, "NaN (could not judge) is skipped, not counted as a reward"
+
+
+@pytest.mark.parametrize(("groups", "counts"), [
+    pytest.param([[1, 1], [0, 0], [0, 0], [1, 0], [1]], (1, 2), id="all_max_and_all_min"),
+    pytest.param([[1, 1], [1, 1]], (2, 0), id="one_value_that_passes_is_too_easy"),
+    pytest.param([[-1, -1, -1], [-1, -1]], (0, 2), id="one_value_that_fails_is_too_hard"),
+    pytest.param([[0.5, 0.5], [1, 0]], (0, 0), id="flat_in_the_middle_is_neither"),
+])
+def test_spread_counts_groups_too_easy_and_too_hard(groups, counts) -> None:
+    from graders import reward_spread
+
+    report = reward_spread(groups)
+    assert (report.too_easy_groups, report.too_hard_groups) == counts

@@ -141,6 +141,37 @@ def test_an_address_nothing_listens_at_exits_2_at_once(tmp_path: Path) -> None:
     assert f"127.0.0.1:{port}" in result.output and "Traceback" not in result.output
 
 
+def test_ray_auto_without_a_cluster_says_what_to_do_in_gradekits_words(tmp_path: Path) -> None:
+    _need_ray()
+    source = _rows(tmp_path / "in.jsonl", 2)
+    # RAY_TMPDIR: where `ray start` leaves the address of a running cluster; an empty one, so none is found.
+    env = _env(RAY_TMPDIR=str(tmp_path / "ray"), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    with FakeProvider() as fake:
+        done = subprocess.run(_grade(source, tmp_path / "out.jsonl", fake.base_url, "--ray", "auto"), env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert fake.chat_requests() == []
+    assert done.returncode == 2, done.stderr
+    assert "ray start --head" in done.stderr and "--ray local" in done.stderr
+    assert "--address" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
+    _need_ray()
+    from .conftest import reference_judge
+
+    source = _rows(tmp_path / "in.jsonl", 3)
+    env = _env(PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    with FakeProvider(responder=reference_judge) as fake:
+        costs = []
+        for name, ray_options in (("local", []), ("ray", ["--ray", "local", "--ray-workers", "1"])):
+            command = [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / f"{name}.jsonl"),
+                       "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json", *ray_options]  # default model: priced
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            costs.append(json.loads(done.stdout)["cost_usd"])
+    assert costs[0] is not None and costs[1] == costs[0]
+
+
 # ---- the file runner on the cluster -------------------------------------------------------
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:

@@ -217,6 +217,25 @@ def test_the_reward_spread_of_a_resumed_or_finished_run_covers_the_whole_output(
     assert resumed["resumed_from"] == 12 and resumed["spread"] == whole
 
 
+def test_a_resumed_run_counts_only_its_own_requests(tmp_path) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 30)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert json.loads(_grade(source, output, fake, tmp_path, "--json").output)["requests"] == 30
+        # As a run killed after 12 rows leaves it: 12 rows written, its checkpoint's counts, the rest in the cache.
+        checkpoint = output.with_name(output.name + ".checkpoint.json")
+        state = json.loads(checkpoint.read_text(encoding="utf-8"))
+        kept = "".join(output.read_text(encoding="utf-8").splitlines(keepends=True)[:12])
+        output.write_text(kept, encoding="utf-8")
+        state.update(complete=False, mark={"rows": 12, "offset": len(kept.encode())})
+        state["tally"].update(verdicts=12, ok=12, requests=12)
+        checkpoint.write_text(json.dumps(state), encoding="utf-8")
+        sent = len(fake.chat_requests())
+        resumed = json.loads(_grade(source, output, fake, tmp_path, "--json").output)
+        assert resumed["resumed_from"] == 12 and resumed["cache_hits"] >= 18
+        assert resumed["requests"] == len(fake.chat_requests()) - sent == 0
+
+
 def test_no_cache_wins_over_a_cache_named_in_the_environment(tmp_path) -> None:
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write_input(source, 3)

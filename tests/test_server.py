@@ -309,6 +309,19 @@ def test_openrlhf_422_names_the_field(serve) -> None:
     assert status == 422 and reply["detail"][0]["loc"] == ["body", "query", 1]
 
 
+def test_a_rubric_variable_the_request_lacks_is_named_not_graded_empty(fake: FakeProvider, serve) -> None:
+    # No prompt: the rubric's question cannot be filled; the judge is never asked with an empty one.
+    url = serve(judge_grader(fake))
+    status, _, reply = call(url, "/get_reward", {"query": ["Paris"], "labels": ["Paris"]})
+    assert status == 422 and reply["detail"][0]["loc"] == ["body", "prompts"] and "'question'" in reply["detail"][0]["msg"], reply
+    no_prompt = {**VERTEX, "example": {"contents": [], "references": {"answer": "Paris"}}}
+    status, _, reply = call(url, "/", no_prompt)
+    assert status == 422 and "'question'" in json.dumps(reply), reply
+    status, _, body = call(url, "/compute_reward", {"response": "Paris", "extra_params": {"answer": "Paris"}})
+    assert status == 200 and body["status"] == "fail" and body["extra_info"]["grade_status"] == "invalid" and "'question'" in json.dumps(body)
+    assert fake.chat_requests() == []
+
+
 # ---- invalid samples: the configured policy ------------------------------------------------------
 
 

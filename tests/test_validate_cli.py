@@ -173,6 +173,9 @@ def test_grade_group_by_reports_the_spread(tmp_path: Path) -> None:
     assert spread["variance"] == pytest.approx(statistics.pvariance(flat))
     assert spread["too_easy"] is False and spread["too_hard"] is False
     assert "reward spread" in text and "4 groups" in text
+    # p1 is all correct (1.0), p3 all incorrect (0.0): one group too easy, one too hard, counted explicitly.
+    assert (spread["too_easy_groups"], spread["too_hard_groups"]) == (1, 1)
+    assert "too easy (all max): 1 groups; too hard (all min): 1 groups" in " ".join(text.split())
 
 
 def test_grade_group_by_unknown_csv_column(tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_one_row_whole_and_its_judge_prompt(view: str, files: dict[str, Path]) -
     assert row == {"index": 7, **rows[7], "human_label": "correct"}
     assert row["raw_reply"] == UNREADABLE and row["status"] == "error"
     prompt = api(f"{view}/api/rows/7/prompt")
-    assert prompt["rubric"] == "semantic_equivalence_en"
+    assert prompt["rubric"] == "semantic_equivalence_en" and prompt["version"] == 1  # docs/view.md
     assert any(rows[7]["prediction"] in m["content"] for m in prompt["messages"])
 
 

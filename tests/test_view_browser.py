@@ -124,6 +124,33 @@ def test_disagreement_list_opens_the_row(page: Any, view: str, files: dict[str, 
     assert "human_label" in page.inner_text("#verdict")
 
 
+def test_disagreements_are_named_by_the_on_key(page: Any, view: str, files: dict[str, Path]) -> None:  # noqa: F811
+    rows = read(files["jsonl"])
+    page.goto(view)
+    link = page.locator("#disagreements a").first
+    link.wait_for()
+    index = int(link.get_attribute("data-index"))
+    assert link.inner_text() == f"id={rows[index]['id']}"  # the view was started with --on id
+
+
+def test_a_row_has_its_own_url_that_survives_a_reload(page: Any, view: str) -> None:
+    page.goto(f"{view}/#/rows/17")  # a bookmark
+    page.wait_for_function("document.getElementById('row-title').textContent === 'row 17'")
+    assert page.is_visible("#row-view")
+    page.click("#close")
+    page.wait_for_function("document.getElementById('row-view').hidden")
+    assert "#/rows/" not in page.url
+    page.wait_for_selector("#rows-table tbody tr[data-index='3']")
+    page.click("#rows-table tbody tr[data-index='3']")
+    page.wait_for_function("document.getElementById('row-title').textContent === 'row 3'")
+    assert page.url.endswith("#/rows/3")
+    page.reload()
+    page.wait_for_function("document.getElementById('row-title').textContent === 'row 3'")
+    assert page.is_visible("#row-view")
+    page.go_back()  # back from a row to the table (the close above was a history entry too)
+    page.wait_for_function("!location.hash.startsWith('#/rows/3')")
+
+
 def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
     out = tmp_path / "report.html"
     result = CliRunner().invoke(app, ["report", str(files["jsonl"]), "-o", str(out), "--labels", str(files["labels"]), "--on", "id"])
@@ -140,6 +167,8 @@ def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[
     page.route("**/*", only_the_file)
     page.goto(out.as_uri())
     page.wait_for_function("document.querySelectorAll('#rows-table tbody tr').length === 50")
+    page.wait_for_selector("#sort option", state="attached")
+    assert page.locator("#sort option").first.inner_text() == "worst first"  # the report's order, not the file's
     rows = read(files["jsonl"])
     assert page.inner_text("#total") == str(len(rows))
     errors = sum(r["status"] == "error" for r in rows)

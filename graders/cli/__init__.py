@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
 import typer
 from typer.core import TyperCommand, TyperGroup
 
@@ -26,14 +31,49 @@ def _help_flag_defaults_to_false(option: Any) -> Any:
     return option
 
 
+@contextlib.contextmanager
+def _help_as_plain_text(*objects: Any) -> Iterator[None]:
+    """Show help strings as written: rich markup would eat ``[default: gpt-4o-mini]`` and ``gradekit[ray]``.
+
+    typer renders every help string as rich markup; gradekit's help is plain text, so each one is
+    escaped for the one rendering and put back after it (the strings themselves stay plain, for
+    click's own formatter and for anything else that reads them).
+    """
+    from rich.markup import escape
+
+    saved = [(o, a, getattr(o, a)) for o in objects for a in ("help", "short_help", "epilog") if isinstance(getattr(o, a, None), str)]
+    try:
+        for o, a, text in saved:
+            setattr(o, a, escape(text))
+        yield
+    finally:
+        for o, a, text in saved:
+            setattr(o, a, text)
+
+
 class _Command(TyperCommand):
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_defaults_to_false(super().get_help_option(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _help_as_plain_text(self, *self.params):
+            return super().format_help(ctx, formatter)
+
 
 class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:  # --install-completion / --show-completion (typer appends them late): the help flag's None default
+            if param.name in ("install_completion", "show_completion"):
+                _help_flag_defaults_to_false(param)
+        return params
+
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_defaults_to_false(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _help_as_plain_text(self, *self.params, *self.commands.values()):
+            return super().format_help(ctx, formatter)
 
 
 app = typer.Typer(
@@ -41,7 +81,7 @@ app = typer.Typer(
     cls=_Group,
     help="LLM-as-judge graders that turn model outputs into rewards.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion: bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -64,8 +104,17 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _main(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
-                                       help="Print gradekit's version and exit.")) -> None:
+                                       help="Print gradekit's version and exit."),
+          verbose: bool = typer.Option(False, "-v", "--verbose",
+                                       help="Show each judge request on stderr, keys redacted (GRADEKIT_VERBOSE=2: openai's debug "
+                                            "lines too); put it before the command: gradekit -v grade ...")) -> None:
     """LLM-as-judge graders that turn model outputs into rewards."""
+    # A bool flag, not a count: typer coerces an int option through pydantic, which `gradekit rubrics` must not load.
+    level = os.environ.get("GRADEKIT_VERBOSE", "")
+    if verbose or level:
+        from ._verbose import show_requests
+
+        show_requests(2 if level == "2" else 1)
 
 
 # Every command with the help flag above; in this order in `gradekit --help`.
@@ -87,4 +136,16 @@ for _name, _command in (
 
 
 def main() -> None:
-    app()
+    # One name however it is started (`gradekit` or `python -m graders`): usage lines and the shell
+    # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m graders".
+    try:
+        app(prog_name="gradekit")
+    except Exception as e:  # a bug, not a user's mistake: one line to report, with the version first
+        import traceback
+
+        sys.stderr.write(f"gradekit {_version()} crashed: {type(e).__name__}: {e}\n")
+        if os.environ.get("GRADEKIT_TRACEBACK"):
+            traceback.print_exc()
+        else:
+            sys.stderr.write("please report it with the command that ran; GRADEKIT_TRACEBACK=1 shows the traceback\n")
+        raise SystemExit(1) from None

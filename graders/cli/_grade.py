@@ -148,11 +148,12 @@ def grade(
     # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
     cache = opts.open_cache()
     if ray_address is not None:
+        prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
         try:
             return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params)
+                                 resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
         except BreakerTripped as e:
             raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
     limiter = opts.limiter(model)
@@ -197,8 +198,10 @@ def grade(
     except BreakerTripped as e:
         raise _breaker_exit(e, output, json_output, err) from None
     except KeyboardInterrupt:
+        # Without a cache the rows judged but not yet written have nowhere to come back from: do not promise hits.
+        again = "rows already judged come back from the cache" if cache is not None else "without a cache, rows not yet written are judged again"
         err.print(f"interrupted: the rows finished so far are saved in {output}; run the same command again to resume "
-                  "(rows already judged come back from the cache).", highlight=False, markup=False, soft_wrap=True)
+                  f"({again}).", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     finally:
         if cache is not None:
@@ -379,6 +382,7 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
         table.add_row("reward spread", f"{sp.groups} groups; all-equal {equal} ({sp.all_equal_groups}); mean {sp.mean:.4f}, "
                       f"variance {sp.variance:.4f}; pass rate {sp.pass_rate:.1%}")
+        table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
     console.print(table)
@@ -393,7 +397,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                   variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
                   cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
-                  encoding: str | None = None, params: dict | None = None) -> None:
+                  encoding: str | None = None, params: dict | None = None, prices: dict | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
@@ -414,6 +418,10 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     try:
         gcs = connect(address)
     except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
+        if address == "auto" and isinstance(e, ConnectionError):
+            # Ray's own text suggests an --address flag, which gradekit does not have.
+            raise fail("--ray auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
+                       "start one with `ray start --head`, or use --ray local to start one for this run") from e
         raise fail(f"--ray {address}: cannot reach the Ray cluster: {e}") from e
     try:
         count = workers or default_workers()
@@ -457,6 +465,13 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
     finally:
         ray.shutdown()
+    if prices is not None:  # the output's tokens at the table's prices, as _add_money prices a local run
+        from judge import cost_usd
+        from judge._budget import price_of
+
+        priced = model or DEFAULT_MODEL
+        if price_of(prices, priced) is not None:
+            summary.cost_usd = cost_usd(prices, priced, summary.prompt_tokens, summary.completion_tokens)
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(destination), **what, "model": model or DEFAULT_MODEL, **summary.model_dump(),

@@ -175,6 +175,13 @@ class _Context(object):
 
 
 def _vertex_context(example, response):
+    if isinstance(response, str):  # Vertex's own examples pass the model's text as is
+        response = {"role": "model", "parts": [{"text": response}]}
+    if response is not None and not isinstance(response, dict):
+        raise ValueError("response must be a Vertex Content ({'role': 'model', 'parts': [{'text': ...}]}) or a string, got %s"
+                         % type(response).__name__)
+    if not isinstance(example, dict):
+        raise ValueError("example must be an object ({'contents': [...], 'references': {...}}), got %s" % type(example).__name__)
     messages = []
     system = example.get("systemInstruction") or example.get("system_instruction")
     if system:

@@ -86,26 +86,66 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
 
 
 def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
-    """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs."""
+    """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs.
+
+    Every missing column is named in the one message, so a user fixes them all in one run.
+    """
     header = input_columns(path, encoding)
     if header is None:
         return
-    for var, column in mapping.items():
-        if rubric.variables[var].required and column not in header:
-            raise InputError(
-                f"{path}: column {column!r} (variable {var!r} of rubric {rubric.name!r}) is not in the file; "
-                f"columns are {', '.join(header) or '(none)'}; map another with --map {var}=COLUMN"
-            )
+    missing = {var: column for var, column in mapping.items() if rubric.variables[var].required and column not in header}
+    if missing:
+        raise InputError(f"{path}: {_lacking(missing, rubric, 'column')} not in the file; "
+                         f"columns are {', '.join(header) or '(none)'}; {_map_hint(missing, header, mapping)}")
 
 
 def _variables(row: Mapping[str, Any], rubric: Rubric, mapping: Mapping[str, str], number: int) -> dict[str, Any]:
     values: dict[str, Any] = {}
+    missing: dict[str, str] = {}
     for var, column in mapping.items():
         if column in row and row[column] is not None:
             values[var] = row[column]
         elif rubric.variables[var].required:
-            raise RowError(f"row {number}: field {column!r} (variable {var!r} of rubric {rubric.name!r}) is missing")
+            missing[var] = column
+    if missing:
+        present = [k for k in row if row[k] is not None]
+        raise RowError(f"row {number}: {_lacking(missing, rubric, 'field')} missing; {_map_hint(missing, present, mapping)}")
     return values
+
+
+# Column names datasets use for a rubric variable, beyond what difflib finds close.
+_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "prediction": ("model_answer", "model_output", "output", "response", "completion", "answer", "generation", "pred"),
+    "references": ("answer", "answers", "reference", "gold", "gold_answer", "target", "label", "ground_truth", "expected"),
+    "question": ("prompt", "query", "input", "instruction", "problem"),
+    "response": ("output", "completion", "model_answer", "answer", "prediction"),
+}
+
+
+def _lacking(missing: Mapping[str, str], rubric: Rubric, what: str) -> str:
+    """The subject of the message: which columns (or fields) and their variables, with the verb."""
+    if len(missing) == 1:
+        var, column = next(iter(missing.items()))
+        return f"{what} {column!r} (variable {var!r} of rubric {rubric.name!r}) is"
+    named = ", ".join(repr(c) if c == v else f"{c!r} for variable {v!r}" for v, c in missing.items())
+    return f"{len(missing)} {what}s of rubric {rubric.name!r} ({named}) are"
+
+
+def _map_hint(missing: Mapping[str, str], columns: Iterable[str], mapping: Mapping[str, str]) -> str:
+    """``--map VAR=COLUMN`` for each missing variable, with a guessed COLUMN where one is close."""
+    import difflib
+
+    free = [c for c in columns if c not in mapping.values()]  # a column already read for another variable is no guess
+    hints = []
+    for var in missing:
+        guess = next((c for c in _SYNONYMS.get(var, ()) if c in free), None)
+        if guess is None:
+            close = difflib.get_close_matches(var, free, n=1, cutoff=0.6)
+            guess = close[0] if close else None
+        if guess is not None:
+            free.remove(guess)
+        hints.append(f"--map {var}={guess or 'COLUMN'}")
+    return f"map {'it' if len(hints) == 1 else 'them'} with {' '.join(hints)}"
 
 
 def keep_input(row: Mapping[str, Any], result_columns: list[str] = RESULT_COLUMNS) -> dict[str, Any]:
@@ -677,6 +717,8 @@ class _Tally:
     def restore(cls, state: Mapping[str, Any]) -> _Tally:
         tally = cls()
         for key, value in state.items():
+            if key == "requests":  # "requests sent" is this run's traffic; the rows and tokens are the whole output's
+                continue
             setattr(tally, key, Counter(value) if key in ("labels", "kinds") else value)
         return tally
 

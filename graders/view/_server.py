@@ -149,7 +149,8 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
             return found
         from ._prompt import render_prompt
 
-        return _json(render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None))
+        return _json({"version": API_VERSION,
+                      **render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None)})
 
     static = resources.files(__package__).joinpath("static")
     return HostCheck(Starlette(routes=[

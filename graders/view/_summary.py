@@ -64,12 +64,14 @@ def _agreement(r: ResultsFile) -> dict[str, Any] | None:
     if judged:
         expected = sum(sum(matrix[i]) * sum(row[i] for row in matrix) for i in range(len(labels))) / judged ** 2
         kappa = (accuracy - expected) / (1 - expected) if expected < 1 else None  # type: ignore[operator]
+    # With --labels each disagreement carries its --on key, so the page can name the row as the user knows it.
+    key = f", CAST({_quote(r.labels.on)} AS VARCHAR) AS \"key\"" if r.labels else ""
     disagreements = r._fetch(
-        f"SELECT rowid AS \"index\", {HUMAN}, {judge} AS judge_label FROM {TABLE} WHERE {r._disagrees()} "
+        f"SELECT rowid AS \"index\", {HUMAN}, {judge} AS judge_label{key} FROM {TABLE} WHERE {r._disagrees()} "
         f"ORDER BY rowid LIMIT {DISAGREEMENTS_LISTED}")
     return {"labelled": int(labelled), "judged": judged, "failures": int(failures), "agreed": agreed,
             "disagreed": judged - agreed, "accuracy": accuracy, "kappa": kappa,
-            "confusion": {"labels": labels, "matrix": matrix}, "disagreements": disagreements,
+            "confusion": {"labels": labels, "matrix": matrix}, "disagreements": disagreements, "on": r.labels.on if r.labels else None,
             "human_source": f"{r.labels.path} ({r.labels.column} on {r.labels.on})" if r.labels
             else ("label" if r.kind == "pairwise" else "input_label")}
 

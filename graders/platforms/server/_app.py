@@ -491,7 +491,9 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         responses = await engine.compute_all(requests)
         failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
         if failures:
-            raise _failed(failures, missing="labels" if batch.labels is None else None)
+            # An invalid item of a request without labels (or prompts) is explained by that absent field.
+            absent = "labels" if batch.labels is None else "prompts" if batch.prompts is None else None
+            raise _failed(failures, missing=absent)
         _set_outcome(request, "success")
         return JSONResponse(openrlhf_reply(responses))
 

@@ -134,7 +134,8 @@
       select.value = current;
     }
     const sort = $("sort"), current = sort.value;
-    sort.replaceChildren(el("option", { value: "" }, "file order"));
+    // The report's rows come worst first (errors, then disagreements); the server's in file order.
+    sort.replaceChildren(el("option", { value: "" }, MODE === "report" ? "worst first" : "file order"));
     for (const c of s.columns) sort.append(el("option", { value: c }, c + " ↑"), el("option", { value: "-" + c }, c + " ↓"));
     sort.value = current;
     renderAgreement(s.agreement);
@@ -148,8 +149,9 @@
     const rows = a.confusion.matrix.map((row, i) =>
       el("tr", {}, el("th", {}, labels[i]), ...row.map((n, j) => el("td", { class: i === j ? "diag" : "" }, n))));
     const list = el("ul", { id: "disagreements" }, ...a.disagreements.map((d) =>
-      el("li", {}, el("a", { href: "#", "data-index": d.index, onclick: (e) => { e.preventDefault(); openRow(d.index); } },
-        `row ${d.index}`), `: human ${d.human_label}, judge ${show(d.judge_label)}`)));
+      el("li", {}, el("a", { href: "#/rows/" + d.index, "data-index": d.index },
+        d.key !== null && d.key !== undefined && a.on ? `${a.on}=${d.key}` : `row ${d.index}`),
+        `: human ${d.human_label}, judge ${show(d.judge_label)}`)));
     box.replaceChildren(
       el("div", { class: "card" }, el("h3", {}, "agreement with human labels"),
         el("div", { class: "big", id: "accuracy" }, pct(a.accuracy)), el("div", {}, `Cohen's kappa ${num(a.kappa)}`),
@@ -196,8 +198,25 @@
   function messages(list) {
     return el("div", {}, ...list.map((m) => el("div", { class: "message" }, el("b", {}, m.role), el("pre", {}, m.content))));
   }
-  async function openRow(index) {
-    const row = await source.row(index);
+  // Each row has its own URL (#/rows/17): a row can be linked, bookmarked and reloaded.
+  const ROW_HASH = /^#\/rows\/(\d+)$/;
+  function openRow(index) {
+    const target = "#/rows/" + index;
+    if (location.hash !== target) location.hash = target; // the hashchange shows it
+    else showRow(index);
+  }
+  function closeRow() {
+    $("row-view").hidden = true;
+    if (ROW_HASH.test(location.hash)) history.pushState(null, "", location.pathname + location.search);
+  }
+  function route() {
+    const m = ROW_HASH.exec(location.hash);
+    if (m) showRow(Number(m[1])); else $("row-view").hidden = true;
+  }
+  async function showRow(index) {
+    let row;
+    try { row = await source.row(index); } catch (e) { row = null; }
+    if (!row) { $("state").textContent = `no row ${index} in this ${MODE === "report" ? "report" : "file"}`; return; }
     if (!row) return;
     $("row-title").textContent = `row ${index}`;
     const body = $("row-body"), parts = [];
@@ -245,9 +264,12 @@
   $("filters").addEventListener("reset", () => setTimeout(() => { offset = 0; load(); }, 0));
   $("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); load(); });
   $("next").addEventListener("click", () => { if (offset + PAGE < total) { offset += PAGE; load(); } });
-  $("close").addEventListener("click", () => { $("row-view").hidden = true; });
-  document.addEventListener("keydown", (e) => { if (e.key === "Escape") $("row-view").hidden = true; });
+  $("close").addEventListener("click", closeRow);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("row-view").hidden) closeRow(); });
+  window.addEventListener("hashchange", route);
+  window.addEventListener("popstate", route);
   load();
+  route(); // a bookmarked or reloaded #/rows/N opens its row
   source.summary().then((s) => {
     renderSummary(s);
     // The summary comes once the copy is done: the first page's "indexing" note no longer holds.
