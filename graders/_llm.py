@@ -169,7 +169,7 @@ def autorater_grader(
         judge: the Judge that plays the autorater.
         prompt: the autorater prompt with ``{{prompt}}``, ``{{response}}``,
             ``{{system_instruction}}`` and ``{{references.key}}`` placeholders.
-        parse: how to read the autorater's reply (``REGEX_EXTRACT`` keeps the last match).
+        parse: how to read the autorater's reply (``REGEX_EXTRACT``: one distinct match, else a parse failure).
         expression: exactMatchScorer: the expected parsed reply (may hold ``{{references.key}}``);
             ``correct`` if it matches, ``wrong`` otherwise. None: parsedResponseConversionScorer,
             the parsed reply is the score itself (a non-number is an error).

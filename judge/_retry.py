@@ -51,7 +51,7 @@ def is_transient(exc: BaseException) -> bool:
 
 RATE_LIMIT_BUDGET_S = 600.0  # seconds of 429 waits one request may spend; no hint holds longer
 
-_log = logging.getLogger("judge")
+_log = logging.getLogger("gradekit.judge")
 _warned: collections.deque[int] = collections.deque(maxlen=64)  # 429s already warned about (one is read twice)
 
 

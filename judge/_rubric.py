@@ -50,8 +50,8 @@ class OutputSpec(BaseModel):
     field: str | None = None  # json_schema: the key holding the label (also the tag name on fallback)
     rationale_field: str | None = "rationale"
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
-    tag: str | None = None  # tags: <tag>label</tag>, the last one counts
-    pattern: str | None = None  # regex: group "label", else group 1, else the whole match; the last match counts
+    tag: str | None = None  # tags: <tag>label</tag>; two different verdicts are a parse failure (ambiguous_verdict)
+    pattern: str | None = None  # regex: group "label", else group 1, else the whole match; two different matches are ambiguous
 
     @model_validator(mode="after")
     def _needs(self) -> OutputSpec:

@@ -89,7 +89,7 @@ async def test_a_huge_hint_holds_the_process_no_longer_than_the_429_budget(fake,
                                                                            headers: dict[str, str]) -> None:
     limiter = Limiter(concurrency=4, sleep=Waits())
     fake.push(Reply(status=429, headers=headers))
-    with caplog.at_level(logging.WARNING, logger="judge"):
+    with caplog.at_level(logging.WARNING, logger="gradekit.judge"):
         verdict = await make_judge(limiter=limiter).judge(EN, ROW)
     assert verdict.ok, verdict
     assert 0 < limiter.held_seconds <= 600

@@ -31,7 +31,7 @@ class _Echo(logging.Handler):
 
 def warnings_to_stderr() -> None:
     """Show a file run's warnings (``gradekit.runs``, ``gradekit.cache``) to the user, once, whatever logging is set up."""
-    for name in ("gradekit.runs", "gradekit.cache"):
+    for name in ("gradekit.runs", "gradekit.cache", "gradekit.judge"):
         logger = logging.getLogger(name)
         if not any(isinstance(h, _Echo) for h in logger.handlers):
             logger.addHandler(_Echo(logging.WARNING))

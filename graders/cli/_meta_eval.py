@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json
+from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -40,6 +40,7 @@ def meta_eval(
     from ..calibration._pairwise import CONFLICT_RULES
     from ..calibration._suites import SuiteError, load_suite
 
+    warnings_to_stderr()
     opts.check()
     models, concurrency = opts.model, opts.concurrency
     if on_conflict is not None and (on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model)):

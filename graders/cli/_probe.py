@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json
+from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
@@ -41,6 +41,7 @@ def probe(
     from ..runs._file import resolve_mapping
     from ..runs._io import InputError, read_rows
 
+    warnings_to_stderr()
     opts.check()
     model = opts.one_model("probe")
     if not 0 <= tolerance <= 1:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ._common import fail, print_json
+from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # pydantic models load when the command runs
@@ -152,6 +152,7 @@ def validate(
     except _InputError as e:
         raise fail(str(e)) from e
 
+    warnings_to_stderr()
     opts.check()
     model = opts.one_model("validate")
     cache = opts.open_cache(by_default=False)  # one example: cached only when --cache asks for it
