@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import fingerprint, tail_hash, text_rows_before
+from ._io import RunInput, fingerprint, tail_hash, text_rows_before
 
 
 class Checkpoint:
@@ -18,7 +18,7 @@ class Checkpoint:
     the output lacks; a killed process leaves at most some unclaimed rows, which a resume drops.
     """
 
-    def __init__(self, source: Path, destination: Path, settings: Mapping[str, Any]) -> None:
+    def __init__(self, source: Path | RunInput, destination: Path, settings: Mapping[str, Any]) -> None:
         self.path = destination.with_name(destination.name + ".checkpoint.json")
         self.destination = destination
         self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}

@@ -29,7 +29,7 @@ from judge._pacing import Pacing
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, RunInput, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
 from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
 
@@ -83,7 +83,7 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
+def check_columns(path: Path | RunInput, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
     """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs."""
     header = input_columns(path, encoding)
     if header is None:
@@ -151,7 +151,7 @@ RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "erro
                 "raw_reply": "string", "attempts": "int64"}
 
 
-def column_types(source: Path, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
+def column_types(source: Path | RunInput, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
                  result_columns: list[str]) -> dict[str, Any]:
     """Arrow types for a Parquet output: the input's own schema, and fixed types for the results."""
     if file_format(destination) != "parquet":
@@ -178,7 +178,7 @@ def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **
 async def grade_file(
     judge: Judge,
     rubric: Rubric,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str],
     on_row: Callable[[Verdict], None] | None = None,
@@ -200,8 +200,10 @@ async def grade_file(
 
     A broken judge (dead endpoint, wrong key or model) stops the run early with
     :class:`~judge._breaker.BreakerTripped` unless ``keep_going``; ``retry_errors`` grades again
-    the rows an earlier run left with a transient error. See :func:`run_file`.
+    the rows an earlier run left with a transient error. See :func:`run_file`. ``source`` may be
+    a :class:`RunInput` the caller resolved already.
     """
+    source = RunInput.resolve(source, encoding)
     check_columns(source, rubric, mapping, encoding)
     extra = {"encoding": encoding} if encoding else {}
     return await run_file(
@@ -241,7 +243,7 @@ def _judge_attempts(grade: Grade) -> int | None:
 
 async def grade_file_with(
     grader: Grader,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str] | None = None,
     *,
@@ -262,6 +264,7 @@ async def grade_file_with(
     The judges of the grader's LLM nodes report to the run's circuit breaker as in
     :func:`grade_file`; ``keep_going`` and ``retry_errors`` are as there.
     """
+    source = RunInput.resolve(source, encoding)
     rows = RowMapping.build(mapping, input_columns(source, encoding))
 
     async def run(sample: Sample) -> Grade:
@@ -283,7 +286,7 @@ async def grade_file_with(
 
 
 async def run_file(
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     result_columns: list[str],
     result_types: Mapping[str, str],
@@ -301,7 +304,7 @@ async def run_file(
     retry_errors: bool = False,
     encoding: str | None = None,
     lock: bool = True,
-    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
+    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
@@ -314,6 +317,7 @@ async def run_file(
     It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
     already does. ``reader`` yields the input's rows from a skip (``--ray`` reads them with Ray Data).
     """
+    source = RunInput.resolve(source, encoding)
     if lock:
         with output_lock(source, destination):
             return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
@@ -478,7 +482,7 @@ HOLD_ROWS = 10_000
 
 
 async def stream_in_order(
-    source: Path,
+    source: Path | RunInput,
     writer: RowWriter,
     workers: int,
     *,
@@ -493,7 +497,7 @@ async def stream_in_order(
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     encoding: str | None = None,
-    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
+    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> Trip | None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
@@ -512,7 +516,7 @@ async def stream_in_order(
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
     judge it again) make a run that keeps some of an earlier output's rows.
     """
-    rows = enumerate(reader(source, skip, encoding), start=skip + 1)
+    rows = enumerate(reader(RunInput.resolve(source, encoding), skip, encoding), start=skip + 1)
     pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
     kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._io import InputError
+from ._io import InputError, RunInput
 
 
 class OutputLocked(InputError):
@@ -24,15 +24,20 @@ def lock_path(destination: Path) -> Path:
     return destination.with_name(destination.name + ".lock")
 
 
-def check_not_input(source: Path, destination: Path) -> None:
+def check_not_input(source: Path | RunInput, destination: Path) -> None:
     """Refuse an output that is the input, by path or by inode (a hard link, a symlink).
 
     For a folder input, refuse an output that is one of its files. An output inside the folder
     that does not exist yet, or that an earlier run wrote (its checkpoint beside it), is fine:
     the folder's reader skips gradekit's outputs (see :func:`input_files`).
     """
-    if source.is_dir():
-        _check_not_in_folder(source, destination)
+    if isinstance(source, RunInput):
+        if source.is_folder:
+            _check_not_in_folder(source, destination)
+            return
+        source = source.source
+    elif source.is_dir():
+        _check_not_in_folder(RunInput.resolve(source), destination)
         return
     try:
         same = destination.resolve() == source.resolve() or (destination.exists() and os.path.samefile(source, destination))
@@ -43,9 +48,10 @@ def check_not_input(source: Path, destination: Path) -> None:
                          "Choose another output path")
 
 
-def _check_not_in_folder(folder: Path, destination: Path) -> None:
-    from ._io import FORMATS, _is_output, input_files
+def _check_not_in_folder(source: RunInput, destination: Path) -> None:
+    from ._io import FORMATS, _is_output
 
+    folder = source.source
     try:
         inside = destination.resolve().is_relative_to(folder.resolve())
     except OSError:
@@ -57,14 +63,14 @@ def _check_not_in_folder(folder: Path, destination: Path) -> None:
         raise InputError(f"{destination} is one of the input folder's files; writing it would destroy that input. "
                          "Choose another output path (a new file in the folder is fine: gradekit skips its own outputs)")
     if destination.exists():  # a hard link or symlink elsewhere to one of the folder's files
-        for file in input_files(folder):
+        for file in source.files:
             if os.path.samefile(file, destination):
                 raise InputError(f"{destination} is the same file as the input {file}; writing it would destroy the input. "
                                  "Choose another output path")
 
 
 @contextlib.contextmanager
-def output_lock(source: Path, destination: Path) -> Iterator[None]:
+def output_lock(source: Path | RunInput, destination: Path) -> Iterator[None]:
     """Hold ``<output>.lock`` (``fcntl.flock``, the pid inside) while a run writes ``destination``.
 
     The kernel drops a flock when its process dies, so a SIGKILLed run never leaves a stale lock;
