@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
-from judge._breaker import JUDGE_FAILURES, TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
+from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
 from judge._rubric import rubric_fingerprint
 from judge._pacing import Pacing
 
@@ -524,7 +524,7 @@ async def stream_in_order(
     stopped = False  # the breaker tripped: nothing more is written
 
     def held(outcome: Any, seen: int) -> bool:
-        return (breaker is not None and outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES
+        return (breaker is not None and outcome.status == "error" and breaker.holds(outcome.error_kind)
                 and breaker.successes <= seen and len(pending) < HOLD_ROWS)
 
     def write_ready(until: int | None = None, hold: bool = True) -> None:
@@ -572,7 +572,7 @@ async def stream_in_order(
                 if outcome.status != "ok" and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
                 if breaker is not None and getattr(outcome, "error_kind", None) not in ("input", "budget"):
-                    breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error)
+                    breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error, getattr(outcome, "raw", None))
             pending[number] = (out_row, outcome, breaker.successes if breaker is not None else 0)
             flush()
 
@@ -580,7 +580,8 @@ async def stream_in_order(
         await asyncio.gather(*(worker() for _ in range(workers)))
         trip = breaker.tripped if breaker is not None else None
         if trip is not None:
-            failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES]
+            assert breaker is not None
+            failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and breaker.cuts(outcome.error_kind)]
             write_ready(until=min(failed) if failed else None, hold=False)
             stopped = True
         else:
