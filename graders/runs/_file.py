@@ -330,6 +330,13 @@ async def run_file(
     checkpoint = Checkpoint(source, destination, settings)
     state = checkpoint.load() if resume or retry_errors else None
     warnings = [checkpoint.warning] if (resume or retry_errors) and checkpoint.warning else []
+    # A data file with a checkpoint (or lock, or parts) beside it is an earlier output, not input: say so, it may be neither.
+    mine = {destination.resolve(), _retry_path(destination).resolve()}
+    outputs = [f for f in source.skipped if f.resolve() not in mine]
+    if outputs:
+        names = ", ".join(str(f.relative_to(source.source)) for f in outputs[:10]) + (", ..." if len(outputs) > 10 else "")
+        warnings.insert(0, f"{source}: skipped {len(outputs)} file(s) that are earlier gradekit outputs (a .checkpoint.json, "
+                           f".lock or .parts beside them): {names}; move them out of the folder, or delete that file, to grade them")
     for warning in warnings:
         logger.warning("warning: %s", warning)
     previous: Iterator[dict[str, Any]] | None = None

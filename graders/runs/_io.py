@@ -89,7 +89,7 @@ def input_files(source: Path | RunInput) -> list[Path]:
     return list(source.files) if isinstance(source, RunInput) else _walk(source)
 
 
-def _walk(source: Path) -> list[Path]:
+def _walk(source: Path, outputs: list[Path] | None = None) -> list[Path]:
     """The files an INPUT names (see :func:`input_files`).
 
     A folder is read recursively, as Ray Data reads one. Names starting with ``.`` or ``_`` are
@@ -113,7 +113,11 @@ def _walk(source: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not d.startswith((".", "_")) and not (d.endswith(".parts") and Path(d[:-6]).suffix.lower() in FORMATS)]
         for name in names:
             file = here / name
-            if name.startswith((".", "_")) or not file.is_file() or _is_output(file):
+            if name.startswith((".", "_")) or not file.is_file():
+                continue
+            if _is_output(file):
+                if outputs is not None and file.suffix.lower() in FORMATS:
+                    outputs.append(file)  # said by the run (RunInput.skipped), never skipped silently
                 continue
             if file.suffix.lower() in FORMATS:
                 found.append(file)
@@ -160,6 +164,7 @@ class RunInput:
     files: tuple[Path, ...]
     format: str  # csv, jsonl or parquet: every file's
     encoding: str | None = None  # --encoding for CSV/JSONL, None for UTF-8
+    skipped: tuple[Path, ...] = ()  # a folder's data files left out as earlier gradekit outputs (a checkpoint beside them, ...)
     _counts: dict[Path, int] = field(default_factory=dict, repr=False)  # rows per file, once counted
 
     @classmethod
@@ -167,8 +172,9 @@ class RunInput:
         """The input ``source`` names (an InputError when it cannot be one); a RunInput is returned as it is."""
         if isinstance(source, RunInput):
             return source
-        files = tuple(_walk(source))
-        return cls(source, files, file_format(files[0]), encoding)
+        outputs: list[Path] = []
+        files = tuple(_walk(source, outputs))
+        return cls(source, files, file_format(files[0]), encoding, tuple(sorted(outputs)))
 
     def __str__(self) -> str:
         return str(self.source)
