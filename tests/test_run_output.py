@@ -234,3 +234,27 @@ def test_every_kind_of_file_run_takes_the_output_lock(tmp_path, kind) -> None:
                                   else ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
     assert free.exit_code == 0, free.output
     assert output.exists() and not lock_path(output).exists()
+
+
+@pytest.mark.parametrize("alias", ["symlink", "hardlink"])
+def test_the_output_lock_holds_for_another_name_of_the_same_file(tmp_path, alias) -> None:
+    source, output, other_name = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "alias.jsonl"
+    _write_input(source, 12)
+    gate = Gate(*range(12))
+    with FakeProvider(responder=gate) as fake, FakeProvider(responder=reference_judge) as other:
+        if alias == "symlink":
+            other_name.symlink_to(output)  # a name for a file the first run has not created yet
+        first = _start(fake, tmp_path, source, output)
+        try:
+            _wait_for(lambda: fake.chat_requests(), first, "the first run's requests")  # it holds the lock by now
+            if alias == "hardlink":
+                other_name.hardlink_to(output)  # the file exists once the run writes it
+            second = _grade(other, tmp_path, source, other_name)  # before: both ran, exit 0, one file
+            assert second.exit_code == 2, second.output
+            assert "being written by another run" in second.output and "Traceback" not in second.output
+            assert len(other.chat_requests()) == 0  # refused before any request
+        finally:
+            gate.open.set()
+            out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert [r["id"] for r in _jsonl(output)] == list(range(12))

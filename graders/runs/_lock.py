@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._io import InputError, RunInput
+from ._io import InputError, RunInput, file_format
 
 
 class OutputLocked(InputError):
@@ -78,19 +78,59 @@ def output_lock(source: Path | RunInput, destination: Path) -> Iterator[None]:
     an output that is the input or a folder that cannot be written (exit 2 in the CLI).
     """
     check_not_input(source, destination)
-    path = lock_path(destination)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot write {destination}: cannot create its folder ({e.strerror})") from e
+    # The resolved file, not the name: a symlink to the output takes the same lock file, and the
+    # output's own inode is locked too, so a hard link (another name, same device and inode) is refused.
+    resolved = destination.resolve()
+    path = lock_path(resolved)
     fd = _acquire(path, destination)
+    created = not resolved.exists()
+    try:
+        inode = _lock_inode(resolved, destination, create=file_format(resolved) != "parquet")
+    except BaseException:
+        _release(path, fd)
+        raise
     try:
         yield
     finally:
-        # Unlink while still holding it: a run that opened the old file sees an inode that is gone and retries.
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if inode is not None:
+            os.close(inode)
+        if created and not resolved.with_name(resolved.name + ".checkpoint.json").exists():
+            with contextlib.suppress(OSError):
+                if resolved.stat().st_size == 0:
+                    resolved.unlink()  # created only to be locked, and the run stopped before writing it
+        _release(path, fd)
+
+
+def _release(path: Path, fd: int) -> None:
+    # Unlink while still holding it: a run that opened the old file sees an inode that is gone and retries.
+    with contextlib.suppress(OSError):
+        path.unlink()
+    os.close(fd)
+
+
+def _lock_inode(resolved: Path, destination: Path, *, create: bool) -> int | None:
+    """flock the output file itself (created empty for CSV/JSONL, which the writer opens in place anyway).
+
+    A Parquet output is joined into place when its run ends, so until then only its name is locked.
+    """
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"cannot write {destination}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise OutputLocked(f"{destination} is being written by another run under another name (a hard link to the same file, "
+                           f"device {os.stat(resolved).st_dev} inode {os.stat(resolved).st_ino}); wait for it to end, "
+                           "or stop it, then run this command again") from None
+    return fd
 
 
 def _acquire(path: Path, destination: Path) -> int:
