@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import itertools
 import json
@@ -244,6 +245,26 @@ def codec(encoding: str | None) -> str:
     return "utf-8-sig" if found == "utf-8" else found
 
 
+@functools.lru_cache(maxsize=None)
+def wide(name: str) -> bool:
+    """Whether a codec does not write a newline as the byte 0x0a (UTF-16, UTF-32): its lines are found after decoding."""
+    encoder = codecs.getincrementalencoder(name)()
+    encoder.encode("a")  # past a byte order mark the codec writes first (utf-8-sig, utf-16, utf-32)
+    return encoder.encode("\n") != b"\n"
+
+
+def _utf8_lines(handle: IO[bytes], name: str) -> Iterator[bytes]:
+    """A UTF-16/32 file's lines, decoded first (a 0x0a byte is half a character there) and given as UTF-8 bytes.
+
+    A byte sequence that does not decode stays as those bytes (surrogateescape), so it is its row's
+    error on the UTF-8 path, as in any other encoding.
+    """
+    text = io.TextIOWrapper(handle, encoding=name, errors="surrogateescape", newline="")
+    for line in text:
+        yield line.encode("utf-8", "surrogateescape")
+    text.detach()
+
+
 def read_rows(path: Path | RunInput, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
 
@@ -342,8 +363,11 @@ def _display(name: str) -> str:
 def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
     number = 0
     offset = 0
+    lines: Iterator[bytes] | IO[bytes] = handle
+    if wide(name):  # decoded first, then read as UTF-8 (byte offsets in messages are then the UTF-8 text's)
+        lines, name = _utf8_lines(handle, name), "utf-8-sig"
     utf8 = name == "utf-8-sig"
-    for raw in handle:
+    for raw in lines:
         start, offset = offset, offset + len(raw)
         if start == 0 and utf8 and raw.startswith(codecs.BOM_UTF8):
             raw, start = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
@@ -457,6 +481,8 @@ def _file_columns(path: Path, encoding: str | None, schema: Any = None) -> list[
             return None
         with path.open(encoding=codec(encoding), errors="surrogateescape", newline="") as handle:
             columns = next(csv.reader(handle), [])
+        if columns:
+            columns[0] = columns[0].removeprefix("\ufeff")  # a byte order mark the codec keeps (utf-16-le, ...)
     repeated = [name for name, n in Counter(columns).items() if n > 1]
     if repeated:
         raise InputError(f"{path}: duplicate column names {', '.join(map(repr, repeated))}; give each column its own name")
@@ -472,6 +498,14 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
     name = codec(encoding)
     offset = 0
     with path.open("rb") as handle:
+        if wide(name):  # no line is a run of bytes ending in 0x0a here: decode the first bytes as one piece
+            data = handle.read(_PROBE_BYTES)
+            try:
+                codecs.getincrementaldecoder(name)().decode(data, final=len(data) < _PROBE_BYTES)
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}: byte {e.start} is not valid {name}, so the file is in another encoding; "
+                                 "name it with --encoding") from None
+            return
         for count, raw in enumerate(handle):
             try:
                 raw.decode(name)
@@ -515,7 +549,8 @@ def _count_file(path: Path, encoding: str | None) -> int:
         return pq.ParquetFile(path).metadata.num_rows
     if file_format(path) == "jsonl":
         with path.open("rb") as handle:
-            return sum(1 for line in handle if line.strip())
+            name = codec(encoding)
+            return sum(1 for line in (_utf8_lines(handle, name) if wide(name) else handle) if line.strip())
     return sum(1 for _ in _file_rows(path, 0, encoding))
 
 
