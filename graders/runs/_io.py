@@ -383,7 +383,12 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
                 pass
             else:
                 if isinstance(value, dict):
-                    yield value
+                    # Inline, the cheap half of _repeated_key: a flat row has one '":' per key.
+                    if raw.count(b'":') == len(value) or (repeated := _repeated_key(raw)) is None:
+                        yield value
+                    else:
+                        yield RowError(f"{path} row {number}: the key {repeated!r} appears more than once in the object; "
+                                       "a JSON key names one value (a CSV or Parquet file refuses repeated columns too)")
                     continue
         try:
             line = raw.decode(name)
@@ -401,8 +406,37 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
             continue
         if not isinstance(value, dict):
             yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+        elif line.count('":') != len(value) and (repeated := _repeated_key(line)) is not None:
+            yield RowError(f"{path} row {number}: the key {repeated!r} appears more than once in the object; "
+                           "a JSON key names one value (a CSV or Parquet file refuses repeated columns too)")
         else:
             yield value
+
+
+def _repeated_key(data: bytes | str) -> str | None:
+    """A key that appears twice in one object of the row (the parsers keep the last value silently), or None.
+
+    Called only when the cheap test does not add up: each key of a flat row written by a JSON
+    encoder is followed by ``":``, so a row with as many ``":`` as keys has no repeated key and
+    is not parsed again. A row where the count differs (nested objects, a ``":`` inside a string,
+    keys spaced from their colon) is parsed again with the standard library's pairs hook. Missed:
+    only a row whose spaced and unspaced keys make the count come out even by chance.
+    """
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen and not repeated:
+                repeated.append(key)
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None  # orjson read it; whatever json refuses here (a huge number) is no repeated key
+    return repeated[0] if repeated else None
 
 
 def _parquet_rows(source: IO[bytes], path: str, skip: int) -> Iterator[dict[str, Any] | RowError]:
