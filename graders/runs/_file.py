@@ -389,27 +389,38 @@ async def run_file(
     breaker = None if keep_going else Breaker()
     trip: Trip | None = None
     finished = False
+    saved: list[Mapping[str, Any] | None] = [mark]  # the last mark a checkpoint holds: where the output is whole
+
+    def save_mark(at: Mapping[str, Any]) -> None:
+        checkpoint.save(at, tally.state())
+        saved[0] = at
+
     try:
-        with breaker_scope(breaker):
-            trip = await stream_in_order(
-                source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
-                on_mark=(lambda at: checkpoint.save(at, tally.state())) if previous is None else None, close=False,
-                breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
-        finished = trip is None
-    finally:
-        if previous is None and not finished and trip is not None:
-            checkpoint.save(writer.mark(), tally.state())  # the output ends before the rows the broken judge failed
-        writer.close(complete=finished)
-        if previous is not None and not finished:
-            _remove_output(target)  # the earlier output and its checkpoint stay as they were
-        elif previous is not None:
-            os.replace(target, destination)
-            _remove_output(destination, parts_only=True)
-        if finished and tally.skipped:
-            checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
-        elif finished:
-            checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
-                            tally.state(), complete=True)
+        try:
+            with breaker_scope(breaker):
+                trip = await stream_in_order(
+                    source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
+                    on_mark=save_mark if previous is None else None, close=False,
+                    breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
+            finished = trip is None
+        finally:
+            if previous is None and not finished and trip is not None:
+                save_mark(writer.mark())  # the output ends before the rows the broken judge failed
+            writer.close(complete=finished)
+            if previous is not None and not finished:
+                _remove_output(target)  # the earlier output and its checkpoint stay as they were
+            elif previous is not None:
+                os.replace(target, destination)
+                _remove_output(destination, parts_only=True)
+            if finished and tally.skipped:
+                checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
+            elif finished:
+                checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
+                                tally.state(), complete=True)
+    except OSError as e:
+        if not _disk_full(e):
+            raise
+        raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
@@ -421,6 +432,41 @@ async def run_file(
         raise BreakerTripped(trip, f"{trip.describe()}. Stopped early: {where}; fix it and run the same command again "
                                    "to resume (--keep-going turns this check off).", summary)
     return summary
+
+
+def _disk_full(error: OSError) -> bool:
+    """A write failed for want of room: a full device, a quota, or a file size limit (Arrow says it in words)."""
+    import errno
+
+    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(
+        words in str(error) for words in ("No space left", "Disk quota exceeded", "File too large"))
+
+
+def _stop_disk_full(error: OSError, writer: RowWriter, destination: Path, checkpoint: Checkpoint, mark: Mapping[str, Any] | None,
+                    retrying: bool) -> InputError:
+    """Cut the output back to the last whole row its checkpoint holds, so the same command resumes once there is room."""
+    import contextlib
+
+    target = writer.path
+    reason = error.strerror or str(error)
+    # Closed first, whatever its buffer still holds: a later flush (at exit, once the cut frees room) must not write past the cut.
+    with contextlib.suppress(OSError):
+        writer.close(complete=False)
+    with contextlib.suppress(OSError):
+        checkpoint.path.with_name(checkpoint.path.name + ".tmp").unlink(missing_ok=True)
+    for stale in (target.with_name(target.name + ".tmp"), *target.with_name(target.name + ".parts").glob("*.tmp")):
+        with contextlib.suppress(OSError):
+            stale.unlink(missing_ok=True)
+    if retrying:
+        _remove_output(target)
+        return InputError(f"cannot write {target}: {reason}. {destination} was left as it was; make room on the device "
+                          "and run the same command again")
+    rows = int(mark["rows"]) if mark else 0
+    if file_format(target) != "parquet":
+        with contextlib.suppress(OSError):
+            os.truncate(target, int(mark["offset"]) if mark else 0)  # the rows after it come back from the cache
+    return InputError(f"cannot write {destination}: {reason}. It ends at its last whole row ({rows} rows) and its checkpoint "
+                      "is saved; make room on the device and run the same command again to resume")
 
 
 class _Written:
