@@ -9,14 +9,17 @@ and LLM nodes built anywhere are covered without plumbing) and reports each requ
 It trips on either rule:
 
 - the first ``first_rows`` rows judged all failed with the same non-transient error (a 401, a
-  403, a 404 for the model, any same ``bad_request``);
+  403, a 404 for the model, any same ``bad_request``), or all got replies that are not in the
+  rubric's format (``parse_failure``: a judge that never answers in the format would otherwise
+  be asked three times per row for the whole file);
 - more than ``share`` of the last ``window`` requests failed (connection refused, 5xx, timeouts,
   malformed bodies, 401/403/404). Counted per request, not per row: a row retries up to six
   times, so a row-level count would send hundreds of requests before it could decide. 429s
   count neither way: the provider is alive and pacing is the limiter's job.
 
 Once tripped, a Judge sends no further request (retries in flight stop too) and the run stops
-taking rows; the run decides what to write and raises :class:`BreakerTripped`.
+taking rows; the run decides what to write and raises :class:`BreakerTripped`. Rows that failed
+the way that tripped it are never written (:meth:`Breaker.cuts`), whatever the status code.
 """
 
 from __future__ import annotations
@@ -77,33 +80,58 @@ class Breaker:
         self.successes = 0  # requests and rows that went well; a held error row waits for one after it
         self._recent: deque[bool] = deque(maxlen=window)  # True: that request failed
         self._first: list[tuple[str, str] | None] = []
-        self._last_failure: tuple[str, str, str | None, str | None] | None = None
+        self._replies: list[str] = []  # the first parse failure's reply, for a trip's example
+        # The endpoint and model of the latest request, whatever it answered: a trip always names them.
+        self._endpoint: tuple[str | None, str | None] = (None, None)
 
     def request(self, failure: tuple[str, str] | None, *, base_url: str | None = None, model: str | None = None) -> None:
-        """One request's outcome: None when the judge answered, else (error kind, message)."""
+        """One request's outcome: None when the judge answered (or the request was at fault), else (error kind, message).
+
+        Only rows count as successes (:meth:`row`): a request the client reports as None may be a
+        400 whose row failed, and a held error row must wait for a row that went well.
+        """
         self._recent.append(failure is not None)
+        if base_url is not None or model is not None:
+            self._endpoint = (base_url or self._endpoint[0], model or self._endpoint[1])
         if failure is None:
-            self.successes += 1
             return
-        self._last_failure = (failure[0], failure[1], base_url, model)
         failed = sum(self._recent)
         if self.tripped is None and len(self._recent) >= self.window and failed > self.share * self.window:
             self.tripped = Trip(failure[0], failure[1], f"{failed} of the last {len(self._recent)} requests failed",
-                                base_url, model)
+                                base_url or self._endpoint[0], model or self._endpoint[1])
 
-    def row(self, status: str, kind: str | None, error: str | None) -> None:
-        """One finished row (after its retries); rows that never reached the judge are not reported."""
+    def row(self, status: str, kind: str | None, error: str | None, reply: str | None = None) -> None:
+        """One finished row (after its retries); rows that never reached the judge are not reported.
+
+        ``reply`` is the judge's reply of a failed row, shown as the example of a parse-failure trip.
+        """
         if status == "ok":
             self.successes += 1
         if len(self._first) >= self.first_rows:
             return
         self._first.append((kind or "", _ROW_PREFIX.sub("", error or "")) if status != "ok" else None)
+        if status != "ok" and kind == "parse_failure" and reply and not self._replies:
+            self._replies.append(reply)
         if self.tripped is None and len(self._first) == self.first_rows:
             first = self._first[0]
+            base_url, model = self._endpoint
             if first is not None and first[0] == "bad_request" and all(f == first for f in self._first):
-                base_url, model = (self._last_failure or (None, None, None, None))[2:]
                 self.tripped = Trip(first[0], first[1], f"the first {self.first_rows} rows failed with the same error",
                                     base_url, model)
+            elif all(f is not None and f[0] == "parse_failure" for f in self._first):
+                example = f"the reply {self._replies[0][:300]!r}" if self._replies else first[1]  # type: ignore[index]
+                self.tripped = Trip("parse_failure", example,
+                                    f"the first {self.first_rows} rows got no reply in the rubric's format", base_url, model)
+
+    def holds(self, kind: str | None) -> bool:
+        """Whether a row that failed with ``kind`` waits before it is written: the breaker may still trip on it."""
+        if self.cuts(kind):
+            return True
+        return kind == "parse_failure" and self.tripped is None and len(self._first) < self.first_rows
+
+    def cuts(self, kind: str | None) -> bool:
+        """Whether a row that failed with ``kind`` is left out of a tripped run's output (it failed for what tripped it)."""
+        return kind in JUDGE_FAILURES or (self.tripped is not None and kind == self.tripped.kind)
 
 
 _current: ContextVar[Breaker | None] = ContextVar("gradekit_breaker", default=None)

@@ -380,3 +380,65 @@ def test_ctrl_c_under_no_cache_promises_no_cache_hits(tmp_path) -> None:
     assert process.returncode == 130, err
     assert "run the same command again to resume" in err and "cache hits" not in err and "come back from the cache" not in err
     assert "judged again" in err
+
+
+# ---- issue 20/21: every trip names the endpoint and model; a 400 storm and a parse-failure storm ----
+
+
+async def test_a_400_storm_writes_no_bad_request_rows_and_the_rerun_after_the_fix_grades_them(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 60), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    mapping = {v: v for v in rubric.variables}
+    with FakeProvider(responder=failing(400)) as fake:
+        async with judge_at(fake.base_url, tmp_path, cache=False) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, mapping)
+        url = fake.base_url
+    assert caught.value.trip.kind == "bad_request"
+    assert read(out) == []  # before: the first rows written as bad_request error rows
+    message = str(caught.value)
+    assert url in message and "fake-judge" in message and "unknown" not in message  # before: "(unknown URL) (model unknown)"
+    with FakeProvider(responder=reference_judge) as fixed:
+        async with judge_at(fixed.base_url, tmp_path, cache=False) as judge:
+            summary = await grade_file(judge, rubric, source, out, mapping)
+    assert summary.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 60
+
+
+async def test_a_judge_that_never_answers_in_the_format_trips_the_breaker_on_the_first_rows(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 200), tmp_path / "out.jsonl"
+    rubric = load_rubric(EN)
+    with FakeProvider(responder=lambda body: Reply(content="I would rather talk about the weather.")) as fake:
+        async with judge_at(fake.base_url, tmp_path, cache=False, concurrency=4) as judge:
+            with pytest.raises(BreakerTripped) as caught:
+                await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables})
+        sent = len(fake.chat_requests())
+        url = fake.base_url
+    assert sent <= 3 * (3 + 4 + 2)  # the first rows and those in flight; before: 3 per row, 600
+    assert caught.value.trip.kind == "parse_failure"
+    message = str(caught.value)
+    assert url in message and "fake-judge" in message and "talk about the weather" in message
+    assert read(out) == []
+
+
+def test_a_parse_failure_storm_exits_3_on_the_command_line(tmp_path) -> None:
+    source, out = write_rows(tmp_path / "in.jsonl", 100), tmp_path / "out.jsonl"
+    with FakeProvider(responder=lambda body: Reply(content="No idea.")) as fake:
+        result = runner.invoke(app, ["grade", str(source), "-r", EN, "-o", str(out), "--base-url", fake.base_url, "--api-key", "k",
+                                     "--model", "judge-y", "--no-cache", "--concurrency", "2"])
+        sent = len(fake.chat_requests())
+    assert result.exit_code == 3, result.output
+    message = " ".join(result.output.split())
+    for part in (fake.base_url, "judge-y", "parse_failure", "No idea."):
+        assert part in message
+    assert sent < 40
+
+
+def test_a_row_trip_names_the_endpoint_and_model_even_when_no_request_failed_as_broken() -> None:
+    from judge._breaker import Breaker
+
+    breaker = Breaker(first_rows=3)
+    for _ in range(3):
+        breaker.request(None, base_url="http://judge.example/v1", model="m-1")  # a 400: the client reports it as None
+        breaker.row("error", "bad_request", "HTTP 400: bad")
+    assert breaker.tripped is not None
+    assert "http://judge.example/v1" in breaker.tripped.describe() and "model m-1" in breaker.tripped.describe()

@@ -89,7 +89,10 @@ def test_an_output_inside_the_folder_is_not_read_back(tmp_path: Path) -> None:
     assert first.exit_code == 1, first.output
     assert len(_jsonl(output)) == 10
     assert json.loads(again.output)["already_complete"] is True  # same input: the output did not change the fingerprint
-    assert json.loads(other.output)["rows"] == 10  # a later run over the folder skips the earlier output too
+    assert json.loads(other.stdout)["rows"] == 10  # a later run over the folder skips the earlier output too
+    # ... and says so, naming it (before: nothing printed); the run that writes it there does not warn of itself.
+    assert "skipped 1 file(s) that are earlier gradekit outputs" in other.stderr and "graded.jsonl" in other.stderr
+    assert "earlier gradekit outputs" not in again.stderr
     # An existing data file of the folder as OUTPUT would destroy that input: refused before any request.
     with FakeProvider() as fake:
         refused = _grade(fake, tmp_path, folder, folder / "a.jsonl")
@@ -225,3 +228,16 @@ def test_a_killed_folder_run_resumes_past_its_first_file_and_a_changed_folder_st
         again = _grade(fake, tmp_path, folder, output)
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["resumed_from"] == 0 and len(_jsonl(output)) == 92
+
+
+def test_a_data_file_with_a_checkpoint_beside_it_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    _write_jsonl(folder / "a.jsonl", range(0, 40))
+    _write_jsonl(folder / "b.jsonl", range(40, 50))
+    (folder / "b.jsonl.checkpoint.json").write_text("{}", encoding="utf-8")  # left by some earlier run
+    with FakeProvider() as fake:
+        result = _grade(fake, tmp_path, folder, tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert len(_jsonl(tmp_path / "out.jsonl")) == 40
+    warning = " ".join(result.stderr.split())  # before: 10 of 50 rows missing and nothing said
+    assert "skipped 1 file(s) that are earlier gradekit outputs" in warning and "b.jsonl" in warning

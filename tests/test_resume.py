@@ -169,12 +169,45 @@ def test_other_settings_or_a_changed_input_start_over(tmp_path) -> None:
     _write_input(source, 10)
     with FakeProvider(responder=reference_judge) as fake:
         assert _grade(source, output, fake, tmp_path).exit_code == 0
-        other_model = _grade(source, output, fake, tmp_path, "--model", "another-judge")
+        other_model = _grade(source, output, fake, tmp_path, "--model", "another-judge", "--restart")
         assert other_model.exit_code == 0 and "already complete" not in other_model.output
         assert len(fake.chat_requests()) == 20
         _write_input(source, 12)
         grown = _grade(source, output, fake, tmp_path, "--model", "another-judge")
         assert "already complete" not in grown.output and _output_ids(output) == list(range(12))
+
+
+@pytest.mark.parametrize("change", [["--model", "another-judge"], ["-r", "semantic_equivalence_zh"], ["--map", "prediction=question"]],
+                         ids=["model", "rubric", "mapping"])
+def test_a_finished_output_is_not_replaced_by_a_run_with_other_settings_unless_restart(tmp_path, change) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 10)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(source, output, fake, tmp_path).exit_code == 0
+        before, sent = output.read_bytes(), len(fake.chat_requests())
+        other = _grade(source, output, fake, tmp_path, *change)  # before: exit 0, the 10 rows silently replaced
+        message = " ".join(other.output.split())
+        assert other.exit_code == 2, other.output
+        assert "finished output graded with other settings" in message and "--restart" in message
+        assert {"--model": "model:", "-r": "rubric:", "--map": "mapping:"}[change[0]] in message
+        assert output.read_bytes() == before and len(fake.chat_requests()) == sent
+        assert _grade(source, output, fake, tmp_path, *change, "--restart").exit_code in (0, 1)
+        assert len(fake.chat_requests()) == sent + 10  # graded again, as asked
+
+
+@pytest.mark.parametrize("text", ["[]", "[1, 2]", '"x"', "{}", '{"identity": [], "mark": 3}', "{not json", "\x00\xff"],
+                         ids=["empty-list", "list", "string", "empty-object", "wrong-types", "not-json", "binary"])
+def test_a_malformed_checkpoint_warns_and_starts_over(tmp_path, text) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_input(source, 8)
+    with FakeProvider(responder=reference_judge) as fake:
+        assert _grade(source, output, fake, tmp_path).exit_code == 0
+        output.with_name(output.name + ".checkpoint.json").write_text(text, encoding="latin-1")
+        again = _grade(source, output, fake, tmp_path)  # before: a list was an AttributeError traceback
+        assert again.exit_code == 0, again.output
+        assert again.exception is None or isinstance(again.exception, SystemExit)
+        assert "grading every row again" in " ".join(again.output.split())
+    assert _output_ids(output) == list(range(8))
 
 
 def test_a_row_cut_off_by_the_kill_is_dropped_and_rewritten(tmp_path) -> None:

@@ -173,3 +173,45 @@ def test_a_header_only_csv_graded_to_jsonl_writes_an_empty_jsonl(tmp_path) -> No
         result = _grade(fake, tmp_path, source, output)
     assert result.exit_code == 0, result.output
     assert output.read_bytes() == b""
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+@pytest.mark.parametrize("encoding, bom", [("utf-16", b""), ("utf-16-le", "\ufeff"), ("utf-16-be", ""), ("utf-32", b""),
+                                           ("utf-32-le", "\ufeff")],
+                         ids=["utf-16", "utf-16-le-bom", "utf-16-be", "utf-32", "utf-32-le-bom"])
+def test_utf16_and_utf32_input_is_read_with_encoding(tmp_path, suffix, encoding, bom) -> None:
+    """A newline is not the byte 0x0a in these encodings: lines are found after decoding (before: nothing could be read)."""
+    rows = [_row(i) for i in range(6)]
+    if suffix == ".csv":
+        text = _csv_bytes(rows).decode("utf-8")
+    else:
+        text = "".join(json.dumps(dict(zip(HEADER, row)), ensure_ascii=False) + "\n" for row in rows)
+    source, output = tmp_path / f"in{suffix}", tmp_path / "out.jsonl"
+    source.write_bytes((bom if isinstance(bom, bytes) else bom.encode(encoding)) + text.replace("question 3", "question 3 — 问").encode(encoding))
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(fake, tmp_path, source, output, "--encoding", encoding)
+    assert result.exit_code == 0, result.output
+    graded = _jsonl(output)
+    assert [str(r["id"]) for r in graded] == [str(i) for i in range(6)] and {r["status"] for r in graded} == {"ok"}
+    assert graded[3]["question"] == "question 3 — 问?" and "question" in graded[0]  # no BOM in the first column's name
+
+
+@pytest.mark.parametrize("line, key", [
+    ('{"question": "q?", "references": "a", "prediction": "a", "id": "1", "prediction": "planted"}', "prediction"),
+    ('{"question":"q?","references":"a","prediction":"a","id":"1","question":"other?"}', "question"),
+    ('{"question": "q?", "references": {"x": 1, "x": 2}, "prediction": "a", "id": "1"}', "x"),
+    ('{"question" : "q?", "references" : "a", "prediction" : "a", "prediction" : "b", "id": "1"}', "prediction"),
+], ids=["spaced", "compact", "nested", "space-before-colon"])
+def test_a_jsonl_row_with_a_repeated_key_is_that_rows_error_naming_the_key(tmp_path, line, key) -> None:
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    good = [json.dumps(dict(zip(HEADER, _row(i)))) for i in range(3)]
+    tricky = json.dumps({"question": 'say "a": here', "references": "a", "prediction": "a", "id": "9"})  # '":' inside a string
+    source.write_text("\n".join([good[0], line, good[1], tricky, good[2]]) + "\n", encoding="utf-8")
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(fake, tmp_path, source, output)
+        assert len(fake.chat_requests()) == 4  # before: the row was graded with the last value
+    assert result.exit_code == 1, result.output
+    rows = _jsonl(output)
+    assert [r["status"] for r in rows] == ["ok", "error", "ok", "ok", "ok"]
+    assert rows[1]["error_kind"] == "input" and f"the key {key!r} appears more than once" in rows[1]["error"]
+    assert "row 2" in rows[1]["error"]

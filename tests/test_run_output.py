@@ -234,3 +234,81 @@ def test_every_kind_of_file_run_takes_the_output_lock(tmp_path, kind) -> None:
                                   else ["grade", str(source), *how, "-o", str(output)], env=_env(fake, tmp_path))
     assert free.exit_code == 0, free.output
     assert output.exists() and not lock_path(output).exists()
+
+
+@pytest.mark.parametrize("alias", ["symlink", "hardlink"])
+def test_the_output_lock_holds_for_another_name_of_the_same_file(tmp_path, alias) -> None:
+    source, output, other_name = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "alias.jsonl"
+    _write_input(source, 12)
+    gate = Gate(*range(12))
+    with FakeProvider(responder=gate) as fake, FakeProvider(responder=reference_judge) as other:
+        if alias == "symlink":
+            other_name.symlink_to(output)  # a name for a file the first run has not created yet
+        first = _start(fake, tmp_path, source, output)
+        try:
+            _wait_for(lambda: fake.chat_requests(), first, "the first run's requests")  # it holds the lock by now
+            if alias == "hardlink":
+                other_name.hardlink_to(output)  # the file exists once the run writes it
+            second = _grade(other, tmp_path, source, other_name)  # before: both ran, exit 0, one file
+            assert second.exit_code == 2, second.output
+            assert "being written by another run" in second.output and "Traceback" not in second.output
+            assert len(other.chat_requests()) == 0  # refused before any request
+        finally:
+            gate.open.set()
+            out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert [r["id"] for r in _jsonl(output)] == list(range(12))
+
+
+@pytest.fixture(params=["tmpfs", "fsize"])
+def small_disk(tmp_path, request):
+    """A folder on a 64 KiB tmpfs (as root), or None: the test then caps the run's file size (RLIMIT_FSIZE) instead."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = request.param == "tmpfs" and os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    if request.param == "tmpfs" and not mounted:
+        pytest.skip("mounting a tmpfs needs root (the fsize case covers a full disk without it)")
+    try:
+        yield disk if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_disk_that_fills_mid_run_is_exit_2_ending_at_a_whole_row_and_resumes_once_there_is_room(tmp_path, small_disk) -> None:
+    import resource
+
+    n = 600  # about 250 KiB of output rows: far more than the room
+    source = tmp_path / "in.jsonl"
+    _write_input(source, n)
+    output = (small_disk or tmp_path) / "out.jsonl"
+    cap = None if small_disk is not None else 64 * 1024
+
+    def limit() -> None:
+        if cap is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+    with FakeProvider(responder=reference_judge) as fake:
+        env = {**os.environ, **_env(fake, tmp_path)}
+        if cap is not None:
+            env["GRADEKIT_CACHE"] = ""  # the cache file would meet the size limit too
+        full = subprocess.run([sys.executable, "-m", "graders", *_args(source, output), *(["--no-cache"] if cap else [])],
+                              env=env, capture_output=True, text=True, preexec_fn=limit, timeout=120)
+        assert full.returncode == 2, full.stderr  # before: exit 1 and an OSError traceback from RowWriter.close
+        message = " ".join(full.stderr.split())
+        assert "Traceback" not in full.stderr and "run the same command again to resume" in message
+        assert "No space left" in message or "File too large" in message
+        text = output.read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines()]  # every line a whole row
+        assert text == "" or text.endswith("\n")
+        assert [r["id"] for r in rows] == list(range(len(rows))) and len(rows) < n
+        if small_disk is not None:
+            subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # room again
+        again = subprocess.run([sys.executable, "-m", "graders", *_args(source, output), *(["--no-cache"] if cap else [])],
+                               env=env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        if cap is None:
+            # The rows judged before came back from the cache (those in flight at the stop may be asked again).
+            assert n <= len(fake.chat_requests()) <= n + 4
+    assert [r["id"] for r in _jsonl(output)] == list(range(n))

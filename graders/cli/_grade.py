@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command r
 
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._file import RunSummary
+    from ..runs._io import RunInput
 
 
 @judge_options
@@ -88,7 +89,7 @@ def grade(
     from .._config import GraderConfigError
     from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
     from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, codec, file_format, input_format
+    from ..runs._io import InputError, RunInput, codec, file_format
     from ..runs._lock import check_not_input
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
@@ -109,8 +110,9 @@ def grade(
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
-        input_format(input)  # a folder's files are listed here, so an empty or mixed one fails before any request
-        check_not_input(input, output)
+        # Resolved once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request.
+        source = RunInput.resolve(input, encoding)
+        check_not_input(source, output)
         if encoding is not None:
             codec(encoding)  # an unknown name fails here, before any request
     except (RubricError, InputError) as e:
@@ -150,7 +152,7 @@ def grade(
     if ray_address is not None:
         prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
         try:
-            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, input, output, variables, model=model, base_url=base_url,
+            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model, base_url=base_url,
                                  api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
                                  resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
@@ -183,7 +185,7 @@ def grade(
         with traffic:
             if spec is None:
                 endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
-                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, input, output, variables, concurrency,
+                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables, concurrency,
                                                   show, run_options))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
@@ -192,7 +194,7 @@ def grade(
                 summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak,
                                                     encoding))
             else:
-                summary = asyncio.run(_run(judge, spec, input, output, variables, show, run_options))
+                summary = asyncio.run(_run(judge, spec, source, output, variables, show, run_options))
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
@@ -239,7 +241,7 @@ class _Show:
     def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None) -> None:
         self.err, self.bar, self.every, self.done, self.encoding = err, bar, every, done, encoding
 
-    def progress(self, source: Path):  # -> RunProgress
+    def progress(self, source: Path | RunInput):  # -> RunProgress
         from ..runs._io import count_rows
         from ._progress import RunProgress
 

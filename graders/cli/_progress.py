@@ -37,7 +37,7 @@ def already_written(output: Path, restart: bool) -> int:
     try:
         state = json.loads(output.with_name(output.name + ".checkpoint.json").read_text(encoding="utf-8"))
         return 0 if state.get("complete") else int(state["mark"]["rows"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a malformed checkpoint: the run warns and starts over
         return 0
 
 

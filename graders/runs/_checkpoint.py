@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import fingerprint, tail_hash, text_rows_before
+from ._io import InputError, RunInput, fingerprint, tail_hash, text_rows_before
 
 
 class Checkpoint:
@@ -18,7 +18,9 @@ class Checkpoint:
     the output lacks; a killed process leaves at most some unclaimed rows, which a resume drops.
     """
 
-    def __init__(self, source: Path, destination: Path, settings: Mapping[str, Any]) -> None:
+    warning: str | None = None  # why load() did not trust the checkpoint it found
+
+    def __init__(self, source: Path | RunInput, destination: Path, settings: Mapping[str, Any]) -> None:
         self.path = destination.with_name(destination.name + ".checkpoint.json")
         self.destination = destination
         self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}
@@ -30,14 +32,22 @@ class Checkpoint:
         is not trusted: ``warning`` says why, and the run starts over rather than lose rows or
         append to a torn line.
         """
-        self.warning: str | None = None
+        self.warning = None
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except FileNotFoundError:
             return None
-        if not isinstance(state, dict) or state.get("identity") != self.identity:
+        except (OSError, ValueError) as e:
+            self.warning = f"{self.path} cannot be read ({type(e).__name__}: {e}); grading every row again"
             return None
-        mark = state.get("mark") or {}
+        if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("mark"), dict)
+                and isinstance(state.get("tally"), dict)):
+            self.warning = f"{self.path} is not a checkpoint gradekit wrote (malformed); grading every row again"
+            return None
+        if state["identity"] != self.identity:
+            self._refuse_other_settings(state)
+            return None
+        mark = state["mark"]
         parts = self.destination.with_name(self.destination.name + ".parts")
         if not (self.destination.exists() or (mark.get("parts") and parts.is_dir())):
             return None  # the output (or a Parquet run's parts) is gone: start over
@@ -49,6 +59,20 @@ class Checkpoint:
             self.warning = f"{self.path} does not match {self.destination}: {problem}; grading every row again"
             return None
         return state
+
+    def _refuse_other_settings(self, state: Mapping[str, Any]) -> None:
+        """A finished output of the same input, graded with other settings, is not replaced unless asked (``--restart``)."""
+        before = state["identity"].get("settings")
+        if not (state.get("complete") and self.destination.exists() and isinstance(before, dict)
+                and state["identity"].get("input") == self.identity["input"]):
+            return
+        now = self.identity["settings"]
+        differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        if not differ:
+            return
+        shown = "; ".join(_difference(k, before.get(k), now.get(k)) for k in differ)
+        raise InputError(f"{self.destination} is a finished output graded with other settings ({shown}); "
+                         "pass --restart to grade it again and replace it, or choose another output path")
 
     def _disagreement(self, state: Mapping[str, Any], mark: Mapping[str, Any], parts: Path) -> str | None:
         """Why the output is not what the checkpoint says (rows, size, the hash of its last bytes), or None."""
@@ -79,3 +103,10 @@ class Checkpoint:
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _difference(key: str, before: Any, now: Any) -> str:
+    """One setting that differs, as a user reads it (a rubric is recorded as a hash of its spec and template)."""
+    if key == "rubric":
+        return "rubric: another rubric, or its spec or template changed"
+    return f"{key}: {json.dumps(before, ensure_ascii=False)} there, {json.dumps(now, ensure_ascii=False)} now"

@@ -22,14 +22,14 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, Field
 
 from judge import Judge, Rubric, Verdict
-from judge._breaker import JUDGE_FAILURES, TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
+from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
 from judge._rubric import rubric_fingerprint
 from judge._pacing import Pacing
 
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, RunInput, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
 from ._lock import output_lock
 from .._spread import SpreadReport, SpreadTally
 
@@ -85,7 +85,7 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def check_columns(path: Path, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
+def check_columns(path: Path | RunInput, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
     """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs.
 
     Every missing column is named in the one message, so a user fixes them all in one run.
@@ -193,7 +193,7 @@ RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "erro
                 "raw_reply": "string", "attempts": "int64"}
 
 
-def column_types(source: Path, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
+def column_types(source: Path | RunInput, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
                  result_columns: list[str]) -> dict[str, Any]:
     """Arrow types for a Parquet output: the input's own schema, and fixed types for the results."""
     if file_format(destination) != "parquet":
@@ -220,7 +220,7 @@ def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **
 async def grade_file(
     judge: Judge,
     rubric: Rubric,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str],
     on_row: Callable[[Verdict], None] | None = None,
@@ -243,8 +243,10 @@ async def grade_file(
 
     A broken judge (dead endpoint, wrong key or model) stops the run early with
     :class:`~judge._breaker.BreakerTripped` unless ``keep_going``; ``retry_errors`` grades again
-    the rows an earlier run left with a transient error. See :func:`run_file`.
+    the rows an earlier run left with a transient error. See :func:`run_file`. ``source`` may be
+    a :class:`RunInput` the caller resolved already.
     """
+    source = RunInput.resolve(source, encoding)
     check_columns(source, rubric, mapping, encoding)
     extra: dict[str, Any] = {"encoding": encoding} if encoding else {}
     columns, types, to_row = RESULT_COLUMNS, RESULT_TYPES, result_row
@@ -289,7 +291,7 @@ def _judge_attempts(grade: Grade) -> int | None:
 
 async def grade_file_with(
     grader: Grader,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str] | None = None,
     *,
@@ -310,6 +312,7 @@ async def grade_file_with(
     The judges of the grader's LLM nodes report to the run's circuit breaker as in
     :func:`grade_file`; ``keep_going`` and ``retry_errors`` are as there.
     """
+    source = RunInput.resolve(source, encoding)
     rows = RowMapping.build(mapping, input_columns(source, encoding))
 
     async def run(sample: Sample) -> Grade:
@@ -331,7 +334,7 @@ async def grade_file_with(
 
 
 async def run_file(
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     result_columns: list[str],
     result_types: Mapping[str, str],
@@ -349,7 +352,7 @@ async def run_file(
     retry_errors: bool = False,
     encoding: str | None = None,
     lock: bool = True,
-    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
+    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
@@ -362,6 +365,7 @@ async def run_file(
     It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
     already does. ``reader`` yields the input's rows from a skip (``--ray`` reads them with Ray Data).
     """
+    source = RunInput.resolve(source, encoding)
     if lock:
         with output_lock(source, destination):
             return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
@@ -374,6 +378,13 @@ async def run_file(
     checkpoint = Checkpoint(source, destination, settings)
     state = checkpoint.load() if resume or retry_errors else None
     warnings = [checkpoint.warning] if (resume or retry_errors) and checkpoint.warning else []
+    # A data file with a checkpoint (or lock, or parts) beside it is an earlier output, not input: say so, it may be neither.
+    mine = {destination.resolve(), _retry_path(destination).resolve()}
+    outputs = [f for f in source.skipped if f.resolve() not in mine]
+    if outputs:
+        names = ", ".join(str(f.relative_to(source.source)) for f in outputs[:10]) + (", ..." if len(outputs) > 10 else "")
+        warnings.insert(0, f"{source}: skipped {len(outputs)} file(s) that are earlier gradekit outputs (a .checkpoint.json, "
+                           f".lock or .parts beside them): {names}; move them out of the folder, or delete that file, to grade them")
     for warning in warnings:
         logger.warning("warning: %s", warning)
     previous: Iterator[dict[str, Any]] | None = None
@@ -426,27 +437,38 @@ async def run_file(
     breaker = None if keep_going else Breaker()
     trip: Trip | None = None
     finished = False
+    saved: list[Mapping[str, Any] | None] = [mark]  # the last mark a checkpoint holds: where the output is whole
+
+    def save_mark(at: Mapping[str, Any]) -> None:
+        checkpoint.save(at, tally.state())
+        saved[0] = at
+
     try:
-        with breaker_scope(breaker):
-            trip = await stream_in_order(
-                source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
-                on_mark=(lambda at: checkpoint.save(at, tally.state())) if previous is None else None, close=False,
-                breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
-        finished = trip is None
-    finally:
-        if previous is None and not finished and trip is not None:
-            checkpoint.save(writer.mark(), tally.state())  # the output ends before the rows the broken judge failed
-        writer.close(complete=finished)
-        if previous is not None and not finished:
-            _remove_output(target)  # the earlier output and its checkpoint stay as they were
-        elif previous is not None:
-            os.replace(target, destination)
-            _remove_output(destination, parts_only=True)
-        if finished and tally.skipped:
-            checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
-        elif finished:
-            checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
-                            tally.state(), complete=True)
+        try:
+            with breaker_scope(breaker):
+                trip = await stream_in_order(
+                    source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
+                    on_mark=save_mark if previous is None else None, close=False,
+                    breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
+            finished = trip is None
+        finally:
+            if previous is None and not finished and trip is not None:
+                save_mark(writer.mark())  # the output ends before the rows the broken judge failed
+            writer.close(complete=finished)
+            if previous is not None and not finished:
+                _remove_output(target)  # the earlier output and its checkpoint stay as they were
+            elif previous is not None:
+                os.replace(target, destination)
+                _remove_output(destination, parts_only=True)
+            if finished and tally.skipped:
+                checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
+            elif finished:
+                checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
+                                tally.state(), complete=True)
+    except OSError as e:
+        if not _disk_full(e):
+            raise
+        raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
@@ -458,6 +480,41 @@ async def run_file(
         raise BreakerTripped(trip, f"{trip.describe()}. Stopped early: {where}; fix it and run the same command again "
                                    "to resume (--keep-going turns this check off).", summary)
     return summary
+
+
+def _disk_full(error: OSError) -> bool:
+    """A write failed for want of room: a full device, a quota, or a file size limit (Arrow says it in words)."""
+    import errno
+
+    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(
+        words in str(error) for words in ("No space left", "Disk quota exceeded", "File too large"))
+
+
+def _stop_disk_full(error: OSError, writer: RowWriter, destination: Path, checkpoint: Checkpoint, mark: Mapping[str, Any] | None,
+                    retrying: bool) -> InputError:
+    """Cut the output back to the last whole row its checkpoint holds, so the same command resumes once there is room."""
+    import contextlib
+
+    target = writer.path
+    reason = error.strerror or str(error)
+    # Closed first, whatever its buffer still holds: a later flush (at exit, once the cut frees room) must not write past the cut.
+    with contextlib.suppress(OSError):
+        writer.close(complete=False)
+    with contextlib.suppress(OSError):
+        checkpoint.path.with_name(checkpoint.path.name + ".tmp").unlink(missing_ok=True)
+    for stale in (target.with_name(target.name + ".tmp"), *target.with_name(target.name + ".parts").glob("*.tmp")):
+        with contextlib.suppress(OSError):
+            stale.unlink(missing_ok=True)
+    if retrying:
+        _remove_output(target)
+        return InputError(f"cannot write {target}: {reason}. {destination} was left as it was; make room on the device "
+                          "and run the same command again")
+    rows = int(mark["rows"]) if mark else 0
+    if file_format(target) != "parquet":
+        with contextlib.suppress(OSError):
+            os.truncate(target, int(mark["offset"]) if mark else 0)  # the rows after it come back from the cache
+    return InputError(f"cannot write {destination}: {reason}. It ends at its last whole row ({rows} rows) and its checkpoint "
+                      "is saved; make room on the device and run the same command again to resume")
 
 
 class _Written:
@@ -526,7 +583,7 @@ HOLD_ROWS = 10_000
 
 
 async def stream_in_order(
-    source: Path,
+    source: Path | RunInput,
     writer: RowWriter,
     workers: int,
     *,
@@ -541,7 +598,7 @@ async def stream_in_order(
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     encoding: str | None = None,
-    reader: Callable[[Path, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
+    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> Trip | None:
     """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
 
@@ -560,7 +617,7 @@ async def stream_in_order(
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
     judge it again) make a run that keeps some of an earlier output's rows.
     """
-    rows = enumerate(reader(source, skip, encoding), start=skip + 1)
+    rows = enumerate(reader(RunInput.resolve(source, encoding), skip, encoding), start=skip + 1)
     pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
     kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1
@@ -568,7 +625,7 @@ async def stream_in_order(
     stopped = False  # the breaker tripped: nothing more is written
 
     def held(outcome: Any, seen: int) -> bool:
-        return (breaker is not None and outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES
+        return (breaker is not None and outcome.status == "error" and breaker.holds(outcome.error_kind)
                 and breaker.successes <= seen and len(pending) < HOLD_ROWS)
 
     def write_ready(until: int | None = None, hold: bool = True) -> None:
@@ -616,7 +673,7 @@ async def stream_in_order(
                 if outcome.status != "ok" and outcome.error and f"row {number}" not in outcome.error:
                     outcome.error = f"row {number}: {outcome.error}"
                 if breaker is not None and getattr(outcome, "error_kind", None) not in ("input", "budget"):
-                    breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error)
+                    breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error, getattr(outcome, "raw", None))
             pending[number] = (out_row, outcome, breaker.successes if breaker is not None else 0)
             flush()
 
@@ -624,7 +681,8 @@ async def stream_in_order(
         await asyncio.gather(*(worker() for _ in range(workers)))
         trip = breaker.tripped if breaker is not None else None
         if trip is not None:
-            failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and outcome.error_kind in JUDGE_FAILURES]
+            assert breaker is not None
+            failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and breaker.cuts(outcome.error_kind)]
             write_ready(until=min(failed) if failed else None, hold=False)
             stopped = True
         else:

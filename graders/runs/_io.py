@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import itertools
 import json
@@ -21,6 +22,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,8 +82,16 @@ def file_format(path: Path) -> str:
 OUTPUT_MARKS = (".checkpoint.json", ".lock", ".parts")  # beside a file gradekit writes (see _checkpoint, _lock, RowWriter)
 
 
-def input_files(source: Path) -> list[Path]:
+def input_files(source: Path | RunInput) -> list[Path]:
     """The files an INPUT names: itself, or every CSV/JSONL/Parquet file of a folder, in sorted path order.
+
+    See :func:`_walk` for the folder rules; a :class:`RunInput` answers from what it resolved.
+    """
+    return list(source.files) if isinstance(source, RunInput) else _walk(source)
+
+
+def _walk(source: Path, outputs: list[Path] | None = None) -> list[Path]:
+    """The files an INPUT names (see :func:`input_files`).
 
     A folder is read recursively, as Ray Data reads one. Names starting with ``.`` or ``_`` are
     skipped at every level (hidden files, ``_SUCCESS``, ``_metadata``: Ray Data's and Spark's
@@ -103,7 +114,11 @@ def input_files(source: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not d.startswith((".", "_")) and not (d.endswith(".parts") and Path(d[:-6]).suffix.lower() in FORMATS)]
         for name in names:
             file = here / name
-            if name.startswith((".", "_")) or not file.is_file() or _is_output(file):
+            if name.startswith((".", "_")) or not file.is_file():
+                continue
+            if _is_output(file):
+                if outputs is not None and file.suffix.lower() in FORMATS:
+                    outputs.append(file)  # said by the run (RunInput.skipped), never skipped silently
                 continue
             if file.suffix.lower() in FORMATS:
                 found.append(file)
@@ -128,9 +143,88 @@ def _is_output(file: Path) -> bool:
     return bool(dot) and file.with_name(f"{stem}.{rest}.lock").exists()
 
 
-def input_format(source: Path) -> str:
+def input_format(source: Path | RunInput) -> str:
     """csv, jsonl or parquet: a file's, or the one format of a folder's files."""
+    if isinstance(source, RunInput):
+        return source.format
     return file_format(input_files(source)[0]) if source.is_dir() else file_format(source)
+
+
+@dataclass(frozen=True, eq=False)
+class RunInput:
+    """A run's input (a file or a folder), resolved once and passed down the run.
+
+    The folder is walked once (``files``); what each step asks of the input afterwards (its
+    columns, fingerprint, Parquet schema, row counts) is worked out on first need and kept, so
+    the lock, the checkpoint, the column check and the reader all see the same files and no step
+    walks the folder or reads a header again. Build it with :meth:`resolve`; a str() of it is the
+    path, so messages read as before.
+    """
+
+    source: Path
+    files: tuple[Path, ...]
+    format: str  # csv, jsonl or parquet: every file's
+    encoding: str | None = None  # --encoding for CSV/JSONL, None for UTF-8
+    skipped: tuple[Path, ...] = ()  # a folder's data files left out as earlier gradekit outputs (a checkpoint beside them, ...)
+    _counts: dict[Path, int] = field(default_factory=dict, repr=False)  # rows per file, once counted
+
+    @classmethod
+    def resolve(cls, source: Path | RunInput, encoding: str | None = None) -> RunInput:
+        """The input ``source`` names (an InputError when it cannot be one); a RunInput is returned as it is."""
+        if isinstance(source, RunInput):
+            return source
+        outputs: list[Path] = []
+        files = tuple(_walk(source, outputs))
+        return cls(source, files, file_format(files[0]), encoding, tuple(sorted(outputs)))
+
+    def __str__(self) -> str:
+        return str(self.source)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.source)
+
+    @property
+    def is_folder(self) -> bool:
+        return len(self.files) != 1 or self.files[0] != self.source
+
+    @cached_property
+    def columns(self) -> list[str] | None:
+        """The columns every row has (CSV header, Parquet schema), checked as :func:`input_columns` says."""
+        return _columns(self.files, self.encoding, self._schema)
+
+    @cached_property
+    def fingerprint(self) -> dict[str, Any]:
+        """See :func:`fingerprint`."""
+        if self.is_folder:
+            files = [[f.relative_to(self.source).as_posix(), (st := f.stat()).st_size, st.st_mtime_ns] for f in self.files]
+            return {"path": str(self.source.resolve()), "files": files}
+        stat = self.source.stat()
+        return {"path": str(self.source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+    @cached_property
+    def schema(self) -> Any:
+        """A Parquet input's schema: its first file's (the others are held to it by ``columns``)."""
+        return _file_schema(self.files[0])
+
+    def _schema(self, file: Path) -> Any:
+        return self.schema if file == self.files[0] else _file_schema(file)
+
+    @property
+    def rows(self) -> int | None:
+        """The row count when it is known without reading the rows (Parquet metadata, or counted before)."""
+        if all(f in self._counts for f in self.files) or self.format == "parquet":
+            return self.count_rows()
+        return None
+
+    def rows_in(self, file: Path) -> int:
+        """Rows one of the files holds (counted once: a pass over CSV/JSONL, Parquet metadata)."""
+        if file not in self._counts:
+            self._counts[file] = _count_file(file, self.encoding)
+        return self._counts[file]
+
+    def count_rows(self) -> int:
+        """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse)."""
+        return sum(self.rows_in(file) for file in self.files)
 
 
 class RowError(ValueError):
@@ -151,7 +245,27 @@ def codec(encoding: str | None) -> str:
     return "utf-8-sig" if found == "utf-8" else found
 
 
-def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
+@functools.lru_cache(maxsize=None)
+def wide(name: str) -> bool:
+    """Whether a codec does not write a newline as the byte 0x0a (UTF-16, UTF-32): its lines are found after decoding."""
+    encoder = codecs.getincrementalencoder(name)()
+    encoder.encode("a")  # past a byte order mark the codec writes first (utf-8-sig, utf-16, utf-32)
+    return encoder.encode("\n") != b"\n"
+
+
+def _utf8_lines(handle: IO[bytes], name: str) -> Iterator[bytes]:
+    """A UTF-16/32 file's lines, decoded first (a 0x0a byte is half a character there) and given as UTF-8 bytes.
+
+    A byte sequence that does not decode stays as those bytes (surrogateescape), so it is its row's
+    error on the UTF-8 path, as in any other encoding.
+    """
+    text = io.TextIOWrapper(handle, encoding=name, errors="surrogateescape", newline="")
+    for line in text:
+        yield line.encode("utf-8", "surrogateescape")
+    text.detach()
+
+
+def read_rows(path: Path | RunInput, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
 
     ``path`` is a file or a folder of files (see :func:`input_files`), read as one stream.
@@ -161,13 +275,14 @@ def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterato
     nested past the parser's depth or a damaged Parquet page is that row's RowError, never the
     end of the file.
     """
-    files = input_files(path)
-    if len(files) == 1 and files[0] == path:
-        yield from _file_rows(path, skip, encoding)
+    source = RunInput.resolve(path, encoding)
+    encoding = source.encoding if isinstance(path, RunInput) else encoding
+    if not source.is_folder:
+        yield from _file_rows(source.source, skip, encoding)
         return
-    for file in files:
+    for file in source.files:
         if skip:
-            rows = count_rows(file, encoding)
+            rows = source.rows_in(file)
             if rows <= skip:
                 skip -= rows  # a whole file already written: not parsed again (JSONL, Parquet) or only counted (CSV)
                 continue
@@ -248,8 +363,11 @@ def _display(name: str) -> str:
 def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[dict[str, Any] | RowError]:
     number = 0
     offset = 0
+    lines: Iterator[bytes] | IO[bytes] = handle
+    if wide(name):  # decoded first, then read as UTF-8 (byte offsets in messages are then the UTF-8 text's)
+        lines, name = _utf8_lines(handle, name), "utf-8-sig"
     utf8 = name == "utf-8-sig"
-    for raw in handle:
+    for raw in lines:
         start, offset = offset, offset + len(raw)
         if start == 0 and utf8 and raw.startswith(codecs.BOM_UTF8):
             raw, start = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
@@ -265,7 +383,12 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
                 pass
             else:
                 if isinstance(value, dict):
-                    yield value
+                    # Inline, the cheap half of _repeated_key: a flat row has one '":' per key.
+                    if raw.count(b'":') == len(value) or (repeated := _repeated_key(raw)) is None:
+                        yield value
+                    else:
+                        yield RowError(f"{path} row {number}: the key {repeated!r} appears more than once in the object; "
+                                       "a JSON key names one value (a CSV or Parquet file refuses repeated columns too)")
                     continue
         try:
             line = raw.decode(name)
@@ -283,8 +406,37 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
             continue
         if not isinstance(value, dict):
             yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+        elif line.count('":') != len(value) and (repeated := _repeated_key(line)) is not None:
+            yield RowError(f"{path} row {number}: the key {repeated!r} appears more than once in the object; "
+                           "a JSON key names one value (a CSV or Parquet file refuses repeated columns too)")
         else:
             yield value
+
+
+def _repeated_key(data: bytes | str) -> str | None:
+    """A key that appears twice in one object of the row (the parsers keep the last value silently), or None.
+
+    Called only when the cheap test does not add up: each key of a flat row written by a JSON
+    encoder is followed by ``":``, so a row with as many ``":`` as keys has no repeated key and
+    is not parsed again. A row where the count differs (nested objects, a ``":`` inside a string,
+    keys spaced from their colon) is parsed again with the standard library's pairs hook. Missed:
+    only a row whose spaced and unspaced keys make the count come out even by chance.
+    """
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen and not repeated:
+                repeated.append(key)
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None  # orjson read it; whatever json refuses here (a huge number) is no repeated key
+    return repeated[0] if repeated else None
 
 
 def _parquet_rows(source: IO[bytes], path: str, skip: int) -> Iterator[dict[str, Any] | RowError]:
@@ -316,7 +468,7 @@ def _parquet_rows(source: IO[bytes], path: str, skip: int) -> Iterator[dict[str,
             start += size
 
 
-def input_columns(path: Path, encoding: str | None = None) -> list[str] | None:
+def input_columns(path: Path | RunInput, encoding: str | None = None) -> list[str] | None:
     """The columns every row has, when the format says so up front (CSV header, Parquet schema).
 
     Called before any request, it also stops a file that cannot be a good input: one whose
@@ -325,8 +477,11 @@ def input_columns(path: Path, encoding: str | None = None) -> list[str] | None:
     same types), since the output has one set of columns; a JSONL folder's rows may differ as
     a JSONL file's may.
     """
-    files = input_files(path)
-    found = [(file, _file_columns(file, encoding)) for file in files]
+    return RunInput.resolve(path, encoding).columns
+
+
+def _columns(files: tuple[Path, ...], encoding: str | None, schema: Any) -> list[str] | None:
+    found = [(file, _file_columns(file, encoding, schema)) for file in files]
     # An empty CSV or JSONL file (a shard with no rows) has no header to compare: it adds no row.
     known = [(file, columns) for file, columns in found if columns is not None and (columns or file.stat().st_size)]
     if not known:
@@ -340,26 +495,28 @@ def input_columns(path: Path, encoding: str | None = None) -> list[str] | None:
                              + (f"; it adds {', '.join(map(repr, extra))}" if extra else "")
                              + "; every file of a CSV or Parquet folder has the same columns")
     if len(known) > 1 and file_format(base) == "parquet":
-        schema = parquet_schema(base)
+        first_schema = schema(base)
         for file, _ in known[1:]:
-            other = parquet_schema(file)
-            for field in schema:
-                if other.field(field.name).type != field.type:
-                    raise InputError(f"{file}: column {field.name!r} is {other.field(field.name).type} where {base} "
-                                     f"has {field.type}; every file of a Parquet folder has the same column types")
+            other = schema(file)
+            for column in first_schema:
+                if other.field(column.name).type != column.type:
+                    raise InputError(f"{file}: column {column.name!r} is {other.field(column.name).type} where {base} "
+                                     f"has {column.type}; every file of a Parquet folder has the same column types")
     return first
 
 
-def _file_columns(path: Path, encoding: str | None) -> list[str] | None:
+def _file_columns(path: Path, encoding: str | None, schema: Any = None) -> list[str] | None:
     kind = file_format(path)
     if kind == "parquet":
-        columns = list(parquet_schema(path).names)
+        columns = list((schema or _file_schema)(path).names)
     else:
         check_encoding(path, encoding)
         if kind == "jsonl":
             return None
         with path.open(encoding=codec(encoding), errors="surrogateescape", newline="") as handle:
             columns = next(csv.reader(handle), [])
+        if columns:
+            columns[0] = columns[0].removeprefix("\ufeff")  # a byte order mark the codec keeps (utf-16-le, ...)
     repeated = [name for name, n in Counter(columns).items() if n > 1]
     if repeated:
         raise InputError(f"{path}: duplicate column names {', '.join(map(repr, repeated))}; give each column its own name")
@@ -375,6 +532,14 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
     name = codec(encoding)
     offset = 0
     with path.open("rb") as handle:
+        if wide(name):  # no line is a run of bytes ending in 0x0a here: decode the first bytes as one piece
+            data = handle.read(_PROBE_BYTES)
+            try:
+                codecs.getincrementaldecoder(name)().decode(data, final=len(data) < _PROBE_BYTES)
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}: byte {e.start} is not valid {name}, so the file is in another encoding; "
+                                 "name it with --encoding") from None
+            return
         for count, raw in enumerate(handle):
             try:
                 raw.decode(name)
@@ -388,11 +553,15 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
                 return
 
 
-def parquet_schema(path: Path) -> Any:
+def parquet_schema(path: Path | RunInput) -> Any:
     """A Parquet file's schema; a folder's is its first file's (:func:`input_columns` holds the others to it)."""
-    import pyarrow.parquet as pq
+    if isinstance(path, RunInput):
+        return path.schema
+    return _file_schema(input_files(path)[0] if path.is_dir() else path)
 
-    path = input_files(path)[0] if path.is_dir() else path
+
+def _file_schema(path: Path) -> Any:
+    import pyarrow.parquet as pq
 
     try:
         return pq.read_schema(path)
@@ -400,18 +569,23 @@ def parquet_schema(path: Path) -> Any:
         raise InputError(f"{path}: not a readable Parquet file ({e})") from e
 
 
-def count_rows(path: Path, encoding: str | None = None) -> int:
+def count_rows(path: Path | RunInput, encoding: str | None = None) -> int:
     """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse); a folder's in all."""
-    if path.is_dir():
-        return sum(count_rows(file, encoding) for file in input_files(path))
+    if isinstance(path, RunInput) or path.is_dir():
+        return RunInput.resolve(path, encoding).count_rows()
+    return _count_file(path, encoding)
+
+
+def _count_file(path: Path, encoding: str | None) -> int:
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows
     if file_format(path) == "jsonl":
         with path.open("rb") as handle:
-            return sum(1 for line in handle if line.strip())
-    return sum(1 for _ in read_rows(path, encoding=encoding))
+            name = codec(encoding)
+            return sum(1 for line in (_utf8_lines(handle, name) if wide(name) else handle) if line.strip())
+    return sum(1 for _ in _file_rows(path, 0, encoding))
 
 
 def written_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -421,15 +595,16 @@ def written_rows(path: Path) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def fingerprint(path: Path) -> dict[str, Any]:
+def fingerprint(path: Path | RunInput) -> dict[str, Any]:
     """Enough to tell that an input file is the one a checkpoint was written for.
 
     A folder's covers every file it is read from (relative path, size, mtime): a file added,
     removed or changed since the checkpoint makes a resumed run start over, as for one file.
     """
+    if isinstance(path, RunInput):
+        return path.fingerprint
     if path.is_dir():
-        files = [[f.relative_to(path).as_posix(), (st := f.stat()).st_size, st.st_mtime_ns] for f in input_files(path)]
-        return {"path": str(path.resolve()), "files": files}
+        return RunInput.resolve(path).fingerprint
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 

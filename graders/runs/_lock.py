@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._io import InputError
+from ._io import InputError, RunInput, file_format
 
 
 class OutputLocked(InputError):
@@ -24,15 +24,20 @@ def lock_path(destination: Path) -> Path:
     return destination.with_name(destination.name + ".lock")
 
 
-def check_not_input(source: Path, destination: Path) -> None:
+def check_not_input(source: Path | RunInput, destination: Path) -> None:
     """Refuse an output that is the input, by path or by inode (a hard link, a symlink).
 
     For a folder input, refuse an output that is one of its files. An output inside the folder
     that does not exist yet, or that an earlier run wrote (its checkpoint beside it), is fine:
     the folder's reader skips gradekit's outputs (see :func:`input_files`).
     """
-    if source.is_dir():
-        _check_not_in_folder(source, destination)
+    if isinstance(source, RunInput):
+        if source.is_folder:
+            _check_not_in_folder(source, destination)
+            return
+        source = source.source
+    elif source.is_dir():
+        _check_not_in_folder(RunInput.resolve(source), destination)
         return
     try:
         same = destination.resolve() == source.resolve() or (destination.exists() and os.path.samefile(source, destination))
@@ -43,9 +48,10 @@ def check_not_input(source: Path, destination: Path) -> None:
                          "Choose another output path")
 
 
-def _check_not_in_folder(folder: Path, destination: Path) -> None:
-    from ._io import FORMATS, _is_output, input_files
+def _check_not_in_folder(source: RunInput, destination: Path) -> None:
+    from ._io import FORMATS, _is_output
 
+    folder = source.source
     try:
         inside = destination.resolve().is_relative_to(folder.resolve())
     except OSError:
@@ -57,14 +63,14 @@ def _check_not_in_folder(folder: Path, destination: Path) -> None:
         raise InputError(f"{destination} is one of the input folder's files; writing it would destroy that input. "
                          "Choose another output path (a new file in the folder is fine: gradekit skips its own outputs)")
     if destination.exists():  # a hard link or symlink elsewhere to one of the folder's files
-        for file in input_files(folder):
+        for file in source.files:
             if os.path.samefile(file, destination):
                 raise InputError(f"{destination} is the same file as the input {file}; writing it would destroy the input. "
                                  "Choose another output path")
 
 
 @contextlib.contextmanager
-def output_lock(source: Path, destination: Path) -> Iterator[None]:
+def output_lock(source: Path | RunInput, destination: Path) -> Iterator[None]:
     """Hold ``<output>.lock`` (``fcntl.flock``, the pid inside) while a run writes ``destination``.
 
     The kernel drops a flock when its process dies, so a SIGKILLed run never leaves a stale lock;
@@ -72,19 +78,59 @@ def output_lock(source: Path, destination: Path) -> Iterator[None]:
     an output that is the input or a folder that cannot be written (exit 2 in the CLI).
     """
     check_not_input(source, destination)
-    path = lock_path(destination)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot write {destination}: cannot create its folder ({e.strerror})") from e
+    # The resolved file, not the name: a symlink to the output takes the same lock file, and the
+    # output's own inode is locked too, so a hard link (another name, same device and inode) is refused.
+    resolved = destination.resolve()
+    path = lock_path(resolved)
     fd = _acquire(path, destination)
+    created = not resolved.exists()
+    try:
+        inode = _lock_inode(resolved, destination, create=file_format(resolved) != "parquet")
+    except BaseException:
+        _release(path, fd)
+        raise
     try:
         yield
     finally:
-        # Unlink while still holding it: a run that opened the old file sees an inode that is gone and retries.
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if inode is not None:
+            os.close(inode)
+        if created and not resolved.with_name(resolved.name + ".checkpoint.json").exists():
+            with contextlib.suppress(OSError):
+                if resolved.stat().st_size == 0:
+                    resolved.unlink()  # created only to be locked, and the run stopped before writing it
+        _release(path, fd)
+
+
+def _release(path: Path, fd: int) -> None:
+    # Unlink while still holding it: a run that opened the old file sees an inode that is gone and retries.
+    with contextlib.suppress(OSError):
+        path.unlink()
+    os.close(fd)
+
+
+def _lock_inode(resolved: Path, destination: Path, *, create: bool) -> int | None:
+    """flock the output file itself (created empty for CSV/JSONL, which the writer opens in place anyway).
+
+    A Parquet output is joined into place when its run ends, so until then only its name is locked.
+    """
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"cannot write {destination}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise OutputLocked(f"{destination} is being written by another run under another name (a hard link to the same file, "
+                           f"device {os.stat(resolved).st_dev} inode {os.stat(resolved).st_ino}); wait for it to end, "
+                           "or stop it, then run this command again") from None
+    return fd
 
 
 def _acquire(path: Path, destination: Path) -> int:

@@ -231,7 +231,7 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
     """
     from .._sample import Grade
     from ._file import GRADER_COLUMNS, GRADER_TYPES, RESULT_COLUMNS, RESULT_TYPES, _variables, check_columns, grader_row, result_row, run_file
-    from ._io import input_columns
+    from ._io import RunInput, input_columns
     from ._ray_input import ray_rows
     from ._rows import RowMapping
     from judge import Verdict
@@ -240,6 +240,7 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
     # in a killed actor's hands. A grader may be pure CPU: 64 rows per call pay for the call.
     size = batch or (spec.concurrency + 2 if spec.rubric is not None else max(spec.concurrency + 2, 64))
     cpus = cluster_cpus()
+    source = RunInput.resolve(source, encoding)
     if spec.rubric is not None:
         rubric = spec.rubric
         check_columns(source, rubric, mapping, encoding)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ray.data.datasource import FileBasedDatasource
 
-from ._io import InputError, RowError, count_rows, file_format, input_files, rows_of
+from ._io import InputError, RowError, RunInput, rows_of
 
 CHUNK_ROWS = 1024  # rows pickled together: one Arrow cell each, so a block is a few cells, not a row per cell
 
@@ -61,7 +61,7 @@ class RowsDatasource(FileBasedDatasource):
             yield pa.table({"rows": pa.array([pickle.dumps(chunk, protocol=5)], pa.large_binary())})
 
 
-def ray_rows(source: Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
+def ray_rows(source: Path | RunInput, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """The rows of ``source`` (a file or folder), read by Ray Data, in order: :func:`read_rows`'s stream.
 
     A resumed run's leading files that are wholly written are not read at all (counted on the
@@ -69,11 +69,11 @@ def ray_rows(source: Path, skip: int = 0, encoding: str | None = None) -> Iterat
     """
     import ray
 
-    files = input_files(source)
-    kind = file_format(files[0])
+    source = RunInput.resolve(source, encoding)
+    files, kind, encoding = list(source.files), source.format, source.encoding
     start = 0
     while skip and start < len(files):
-        rows = count_rows(files[start], encoding)
+        rows = source.rows_in(files[start])
         if rows > skip:
             break
         skip -= rows
