@@ -147,7 +147,8 @@ def test_grade_with_a_reasoning_model_judges_every_row_with_at_most_two_400s(tmp
                                         "--judge-param", "reasoning_effort=low"])
         requests = fake.chat_requests()
     assert done.exit_code == 0, done.output
-    summary = json.loads(done.output)
+    summary = json.loads(done.stdout)
+    assert "temperature no longer sent" in done.stderr  # what was learnt is said once, on stderr
     assert summary["errors"] == 0 and summary["ok"] == 20
     assert sum(r.status == 400 for r in requests) <= 2
     assert summary["reasoning_tokens"] > 0 and "cached_tokens" in summary

@@ -80,7 +80,8 @@ async def test_proto3_default_rewards_are_zero() -> None:
 
 def polite_judge(body: dict) -> Reply:
     answer = body["messages"][-1]["content"].split("Answer: ", 1)[1]
-    return Reply(content="Hmm <answer>No</answer>... final <answer>" + ("Yes" if "please" in answer.lower() else "No") + "</answer>")
+    # One verdict per reply: two different ones (a draft, then the final) would be ambiguous_verdict.
+    return Reply(content="Hmm, let me weigh the wording... final <answer>" + ("Yes" if "please" in answer.lower() else "No") + "</answer>")
 
 
 async def test_composite_spec_with_every_local_scorer(fake: FakeProvider, make_judge) -> None:

@@ -389,7 +389,9 @@ async def run_file(
         logger.warning("warning: %s", warning)
     previous: Iterator[dict[str, Any]] | None = None
     if retry_errors:
-        if state is None and (destination.exists() or checkpoint.path.exists()):
+        # An empty output is this run's own placeholder (created to lock its inode), not an earlier run's rows.
+        written = destination.exists() and destination.stat().st_size > 0
+        if state is None and (written or checkpoint.path.exists()):
             raise InputError(f"--retry-errors: {destination} has no checkpoint from an earlier run of this command (same input "
                              "and settings), so its rows cannot be matched to the input; run without --retry-errors")
         if state is not None:
