@@ -106,6 +106,7 @@ from judge._files import read_data_file
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
+from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, label_model_grader, llm_grader
 from ._python import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_MEMORY_MB, DEFAULT_PROCESSES, DEFAULT_TIMEOUT, python_grader
@@ -502,7 +503,28 @@ def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callab
     """
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
+    if is_eval_definition(data):
+        return ConfiguredGrader(_eval_grader(builder, data, where), builder)
     return ConfiguredGrader(builder.node(data, ""), builder)
+
+
+def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGrader:
+    """An Evals-API definition (or what ``evals.retrieve()`` returned): one part per testing criterion."""
+    try:
+        definition = EvalDefinition.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{where}: {problems}") from None
+    if not definition.testing_criteria:
+        raise GraderConfigError(f"{where}: testing_criteria is empty: an eval needs at least one criterion")
+    criteria = []
+    for index, criterion in enumerate(definition.testing_criteria):
+        name = criterion_name(definition.name, index, criterion)
+        if any(name == known for known, _, _ in criteria):
+            raise GraderConfigError(f"{where}: testing_criteria.{index}: a second criterion named {name!r}")
+        node = criterion_node(criterion)
+        criteria.append((name, node, builder.node(node, f"testing_criteria.{index}", str(criterion.get("name") or name))))
+    return EvalGrader(criteria, definition.name or "eval")
 
 
 def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> GroupGrader:

@@ -322,6 +322,7 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
     (``--model``, ``--base-url`` and their environment variables), so another judge starts over.
     """
     from .._config import load_grader
+    from .._evals import EvalGrader, run_figures
     from ..runs._file import grade_file_with
     from ..runs._io import InputError
 
@@ -332,10 +333,17 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
     try:
         progress = show.progress(source)
         async with progress.showing():
-            return await grade_file_with(grader, source, destination, mapping, concurrency=concurrency + 2, settings=settings,
-                                         on_row=progress.row, **options)
+            summary = await grade_file_with(grader, source, destination, mapping, concurrency=concurrency + 2, settings=settings,
+                                            on_row=progress.row, **options)
     finally:
         await grader.aclose()
+    if isinstance(grader.grader, EvalGrader):  # read back from OUTPUT, so a resumed run reports every row
+        from ..runs._io import written_rows
+
+        counts, per = run_figures(written_rows(destination), grader.grader.names)
+        summary.result_counts = counts.model_dump()
+        summary.per_testing_criteria_results = [p.model_dump() for p in per]
+    return summary
 
 
 async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], poll: float,
@@ -408,6 +416,11 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
                       f"variance {sp.variance:.4f}; pass rate {sp.pass_rate:.1%}")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
+    if s.result_counts is not None:
+        c = s.result_counts
+        table.add_row("eval results", f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}")
+        for r in s.per_testing_criteria_results or []:
+            table.add_row("", f"{r['testing_criteria']}: {r['passed']} passed, {r['failed']} failed")
     console.print(table)
     if s.budget:
         console.print(f"[yellow]{s.skipped} rows skipped: {s.budget}. Run the same command with a larger cap to grade them;"

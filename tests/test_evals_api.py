@@ -1,0 +1,143 @@
+"""Evals-API definitions as graders: an eval's testing criteria over run data in the {"item", "sample"} shape."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from typer.testing import CliRunner
+
+from graders.cli import app
+from judge.testing import FakeProvider, Reply
+
+runner = CliRunner()
+
+PYTHON = "def grade(sample, item):\n    return 1.0 if str(item['n']) in sample['output_text'] or item['n'] % 2 == 0 else 0.2\n"
+
+EVAL = {
+    "name": "capitals",
+    "data_source_config": {"type": "custom", "include_sample_schema": True,
+                           "item_schema": {"type": "object", "properties": {"question": {"type": "string"}, "answer": {"type": "string"},
+                                                                            "n": {"type": "integer"}}}},
+    "testing_criteria": [
+        {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}", "operation": "eq"},
+        {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
+         "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8},
+        {"type": "python", "name": "code", "source": PYTHON, "pass_threshold": 0.5},
+        {"type": "label_model", "name": "judge", "model": "gpt-4o-mini", "labels": ["good", "bad"], "passing_labels": ["good"],
+         "input": [{"role": "system", "content": "Label the answer good or bad."},
+                   {"role": "user", "content": "Question {{ item.n }}: {{ item.question }}\nAnswer: {{ sample.output_text }}"}]},
+    ],
+}
+
+ANSWERS = ["Paris", "Berlin", "Madrid", "Rome", "Lisbon"]
+
+
+def outputs(n: int) -> str:
+    answer = ANSWERS[n % 5]
+    return [answer, answer.lower(), answer[:-1], f"no idea {n}"][n % 4]
+
+
+def items() -> list[dict]:
+    return [{"item": {"question": f"capital number {n}?", "answer": ANSWERS[n % 5], "n": n}, "sample": {"output_text": outputs(n)}}
+            for n in range(40)]
+
+
+def indel_ratio(a: str, b: str) -> float:
+    """rapidfuzz's fuzz.ratio / 100, written out here: 1 - indel distance / (len a + len b)."""
+    if not a and not b:
+        return 1.0
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+    return 2 * table[-1][-1] / (len(a) + len(b))
+
+
+def judge_says(n: int) -> str:
+    return "bad" if n % 3 == 0 else "good"
+
+
+def responder(body: dict) -> Reply:
+    n = int(re.search(r"Question (\d+):", body["messages"][-1]["content"]).group(1))
+    return Reply(content=json.dumps({"label": judge_says(n)}))
+
+
+def expected() -> tuple[dict, dict]:
+    per = {"exact": [0, 0], "close": [0, 0], "code": [0, 0], "judge": [0, 0]}
+    total = passed = 0
+    for row in items():
+        item, text = row["item"], row["sample"]["output_text"]
+        n = item["n"]
+        verdicts = {"exact": text == item["answer"], "close": indel_ratio(text, item["answer"]) >= 0.8,
+                    "code": (1.0 if str(n) in text or n % 2 == 0 else 0.2) >= 0.5, "judge": judge_says(n) == "good"}
+        for name, ok in verdicts.items():
+            per[name][0 if ok else 1] += 1
+        total += 1
+        passed += all(verdicts.values())
+    return ({"total": total, "passed": passed, "failed": total - passed, "errored": 0},
+            {name: {"passed": p, "failed": f} for name, (p, f) in per.items()})
+
+
+def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(EVAL))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()))
+    with FakeProvider(responder=responder) as fake:
+        result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--json"])
+        requests = fake.chat_requests()
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    counts, per = expected()
+    assert 0 < counts["passed"] < counts["total"]
+    assert summary["result_counts"] == counts
+    got = summary["per_testing_criteria_results"]
+    assert [r["testing_criteria"].rsplit("-", 5)[0] for r in got] == ["exact", "close", "code", "judge"]
+    assert all(re.fullmatch(r".+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r["testing_criteria"]) for r in got)
+    assert {r["testing_criteria"].split("-")[0]: {"passed": r["passed"], "failed": r["failed"]} for r in got} == per
+    assert len(requests) == 40
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 40 and all(set(r["parts"]) == {g["testing_criteria"] for g in got} for r in rows)
+    assert [r["score"] for r in rows] == [float(r["metrics"]["passed"]) for r in rows]
+
+
+def test_retrieved_eval_keeps_criterion_ids_and_ignores_extra_fields(tmp_path) -> None:
+    retrieved = {"object": "eval", "id": "eval_1", "created_at": 1, "metadata": {}, "name": "capitals",
+                 "data_source_config": {"type": "custom", "schema": {}},
+                 "testing_criteria": [{**EVAL["testing_criteria"][0], "id": "exact-c4fdf789-2fa5-407f-8a41-a6f4f9afd482"}]}
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(retrieved))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()[:8]))
+    result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["per_testing_criteria_results"] == [{"testing_criteria": "exact-c4fdf789-2fa5-407f-8a41-a6f4f9afd482", "passed": 2, "failed": 6}]
+    assert summary["result_counts"] == {"total": 8, "passed": 2, "failed": 6, "errored": 0}
+
+
+def test_an_errored_criterion_makes_an_error_row_never_a_fail(tmp_path) -> None:
+    broken = {**EVAL, "testing_criteria": [EVAL["testing_criteria"][0],
+                                           {"type": "string_check", "name": "missing", "input": "{{ item.nope }}", "reference": "x", "operation": "eq"}]}
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(broken))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()[:4]))
+    result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 1
+    assert summary["result_counts"] == {"total": 4, "passed": 0, "failed": 0, "errored": 4}
+    assert [(r["passed"], r["failed"]) for r in summary["per_testing_criteria_results"]] == [(1, 3), (0, 0)]
+
+
+def test_sample_output_json_templating(tmp_path) -> None:
+    check = {"name": "j", "data_source_config": {"type": "custom", "item_schema": {}},
+             "testing_criteria": [{"type": "string_check", "name": "city", "input": "{{ sample.output_json.city }}",
+                                   "reference": "{{ item.answer }}", "operation": "ilike"}]}
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(check))
+    rows = [{"item": {"answer": "paris"}, "sample": {"output_text": '{"city": "Paris"}', "output_json": {"city": "Paris"}}},
+            {"item": {"answer": "rome"}, "sample": {"output_json": {"city": "Oslo"}}}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 1, "failed": 1, "errored": 0}
