@@ -159,3 +159,46 @@ def run_figures(rows: Iterable[Mapping[str, Any]], names: list[str]) -> tuple[Re
             else:
                 result.failed += 1
     return counts, list(per.values())
+
+
+def sdk_problems(data: Mapping[str, Any]) -> list[str]:
+    """What the openai SDK's own types say is wrong with an eval definition (empty: nothing).
+
+    Each criterion is checked against its type's TypedDict in ``openai.types.eval_create_params``
+    (one by one: the SDK declares the list an ``Iterable``, which pydantic does not look into), and
+    ``data_source_config`` against ``DataSourceConfig``. What ``evals.retrieve()`` returned
+    (``"object": "eval"``) keeps its ``schema`` in place of ``item_schema``: its config is not
+    checked, and the ``id`` the API gave each criterion is dropped first. ``multi`` is no eval
+    criterion in the SDK; it is checked as ``openai.types.graders.MultiGraderParam``.
+    """
+    from openai.types import eval_create_params as p
+    from openai.types.graders import MultiGraderParam
+    from pydantic import TypeAdapter, ValidationError
+
+    kinds: dict[str, Any] = {"string_check": p.StringCheckGraderParam, "text_similarity": p.TestingCriterionTextSimilarity,
+                             "python": p.TestingCriterionPython, "score_model": p.TestingCriterionScoreModel,
+                             "label_model": p.TestingCriterionLabelModel, "multi": MultiGraderParam}
+    problems: list[str] = []
+
+    def check(kind: Any, value: Any, where: str) -> None:
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as e:
+            problems.extend(f"{where}{'.' if err['loc'] else ''}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:10])
+
+    if data.get("object") != "eval":
+        if "data_source_config" not in data:
+            problems.append("data_source_config: required")
+        else:
+            check(p.DataSourceConfig, data["data_source_config"], "data_source_config")
+    criteria = data.get("testing_criteria")
+    if not isinstance(criteria, list):
+        return [*problems, "testing_criteria: must be a list"]
+    for index, criterion in enumerate(criteria):
+        where = f"testing_criteria.{index}"
+        kind = kinds.get(criterion.get("type")) if isinstance(criterion, Mapping) else None
+        if kind is None:
+            problems.append(f"{where}.type: one of {', '.join(kinds)}")
+            continue
+        check(kind, criterion_node(criterion), where)
+    return problems

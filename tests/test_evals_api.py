@@ -141,3 +141,20 @@ def test_sample_output_json_templating(tmp_path) -> None:
     result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 1, "failed": 1, "errored": 0}
+
+
+def test_validate_checks_an_eval_with_the_sdk_types(tmp_path) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(EVAL))
+    wrong = json.loads(json.dumps(EVAL))
+    wrong["testing_criteria"][0]["operation"] = "contains"  # not an operation the SDK's StringCheckGrader takes
+    del wrong["testing_criteria"][1]["pass_threshold"]  # required for text_similarity in an eval
+    bad.write_text(json.dumps(wrong))
+    ok = runner.invoke(app, ["validate", str(good), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["valid"] is True and len(json.loads(ok.stdout)["testing_criteria"]) == 4
+    refused = runner.invoke(app, ["validate", str(bad), "--json"])
+    assert refused.exit_code == 2
+    problems = json.loads(refused.stdout)["problems"]
+    assert any(p.startswith("openai SDK: ") and "pass_threshold" in p for p in problems)
+    assert any("operation" in p for p in problems)
