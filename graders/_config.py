@@ -522,6 +522,9 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
         name = criterion_name(definition.name, index, criterion)
         if any(name == known for known, _, _ in criteria):
             raise GraderConfigError(f"{where}: testing_criteria.{index}: a second criterion named {name!r}")
+        if criterion.get("type") == "score_model":
+            raise GraderConfigError(f"{where}: testing_criteria.{index}: score_model criteria are not run by gradekit yet; "
+                                    "a label_model or a python criterion can stand in")
         node = criterion_node(criterion)
         criteria.append((name, node, builder.node(node, f"testing_criteria.{index}", str(criterion.get("name") or name))))
     return EvalGrader(criteria, definition.name or "eval")

@@ -2,7 +2,8 @@
 
 The Evals API goes read-only on 2026-10-31 and shuts down on 2026-11-30; its definitions keep
 running here. Each testing criterion is built as the gradekit node of its type (string_check,
-text_similarity, python, label_model, multi) and decides pass/fail as an eval run does:
+text_similarity, python, label_model, multi; score_model is refused, not run yet) and decides
+pass/fail as an eval run does:
 
 - ``string_check`` and ``label_model``: passes when it scores 1 (a match, a passing label);
 - ``text_similarity``, ``python``, ``multi``: passes when the score reaches ``pass_threshold``;

@@ -158,3 +158,12 @@ def test_validate_checks_an_eval_with_the_sdk_types(tmp_path) -> None:
     problems = json.loads(refused.stdout)["problems"]
     assert any(p.startswith("openai SDK: ") and "pass_threshold" in p for p in problems)
     assert any("operation" in p for p in problems)
+
+
+def test_a_score_model_criterion_is_refused_by_name(tmp_path) -> None:
+    definition = tmp_path / "eval.json"
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [{"type": "score_model", "name": "s", "model": "m", "input": [],
+                                                                    "range": [0, 1], "pass_threshold": 0.5}]}))
+    (tmp_path / "items.jsonl").write_text(json.dumps(items()[0]) + "\n")
+    result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(definition), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2 and "score_model criteria are not run by gradekit yet" in result.output
