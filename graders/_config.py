@@ -345,6 +345,7 @@ class _Builder:
         self.source, self.base, self._judge, self.settings = source, base, judge, settings
         self.made_judge: Judge | None = None
         self.sandboxes: dict[str, Isolation] = {}  # where each code-running grader runs, for validate
+        self.media_root: Path | None = None  # the folder local image paths are read from: the input's
 
     def judge(self) -> Judge:
         if isinstance(self._judge, Judge):
@@ -408,7 +409,7 @@ class _Builder:
                                           pass_threshold=node.pass_threshold, name=name, embedding_model=node.embedding_model,
                                           judge=self.judge() if node.evaluation_metric == "cosine" else None)
         if isinstance(node, LabelModelNode):
-            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
+            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name, media_root=self.media_root)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
@@ -493,16 +494,20 @@ def _builder(data: dict[str, Any], source: str, base: Path, judge: Judge | Calla
     return _Builder(source, base, judge, parsed)
 
 
-def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> ConfiguredGrader:
+def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None,
+                media_root: Path | None = None) -> ConfiguredGrader:
     """Build a grader from a YAML/JSON file or a dict (schema in this module's docstring).
 
     Args:
         source: the file, or the config itself.
         judge: the Judge for LLM nodes (or a function making one on first need); by default
             one is built from the file's ``judge:`` block and the environment.
+        media_root: the folder a label_model's local image paths are read from (a run's input
+            folder); a path outside it is refused, and without it a local path is.
     """
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
+    builder.media_root = media_root
     if is_eval_definition(data):
         return ConfiguredGrader(_eval_grader(builder, data, where), builder)
     return ConfiguredGrader(builder.node(data, ""), builder)

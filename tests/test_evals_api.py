@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
@@ -26,7 +27,9 @@ EVAL = {
         {"type": "python", "name": "code", "source": PYTHON, "pass_threshold": 0.5},
         {"type": "label_model", "name": "judge", "model": "gpt-4o-mini", "labels": ["good", "bad"], "passing_labels": ["good"],
          "input": [{"role": "system", "content": "Label the answer good or bad."},
-                   {"role": "user", "content": "Question {{ item.n }}: {{ item.question }}\nAnswer: {{ sample.output_text }}"}]},
+                   {"role": "user", "content": [{"type": "input_text", "text": "Question {{ item.n }}: {{ item.question }}"},
+                                                {"type": "input_image", "image_url": "{{ item.image }}", "detail": "low"},
+                                                {"type": "input_text", "text": "Answer: {{ sample.output_text }}"}]}]},
     ],
 }
 
@@ -38,9 +41,27 @@ def outputs(n: int) -> str:
     return [answer, answer.lower(), answer[:-1], f"no idea {n}"][n % 4]
 
 
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000")  # a PNG's first bytes: enough to be sent
+
+
+def image(n: int) -> str:
+    """Even rows name a local file beside the input, odd rows carry a data: URI."""
+    return f"img/{n % 3}.png" if n % 2 == 0 else "data:image/png;base64," + base64.b64encode(PNG + bytes([n])).decode()
+
+
+def image_sent(n: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(PNG + bytes([n % 3]) if n % 2 == 0 else PNG + bytes([n])).decode()
+
+
 def items() -> list[dict]:
-    return [{"item": {"question": f"capital number {n}?", "answer": ANSWERS[n % 5], "n": n}, "sample": {"output_text": outputs(n)}}
-            for n in range(40)]
+    return [{"item": {"question": f"capital number {n}?", "answer": ANSWERS[n % 5], "n": n, "image": image(n)},
+             "sample": {"output_text": outputs(n)}} for n in range(40)]
+
+
+def write_images(folder) -> None:
+    (folder / "img").mkdir(exist_ok=True)
+    for k in range(3):
+        (folder / "img" / f"{k}.png").write_bytes(PNG + bytes([k]))
 
 
 def indel_ratio(a: str, b: str) -> float:
@@ -58,8 +79,13 @@ def judge_says(n: int) -> str:
     return "bad" if n % 3 == 0 else "good"
 
 
+def user_text(body: dict) -> str:
+    content = body["messages"][-1]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
 def responder(body: dict) -> Reply:
-    n = int(re.search(r"Question (\d+):", body["messages"][-1]["content"]).group(1))
+    n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
     return Reply(content=json.dumps({"label": judge_says(n)}))
 
 
@@ -83,6 +109,7 @@ def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
     definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
     definition.write_text(json.dumps(EVAL))
     data.write_text("".join(json.dumps(row) + "\n" for row in items()))
+    write_images(tmp_path)
     with FakeProvider(responder=responder) as fake:
         result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--base-url", fake.base_url,
                                      "--api-key", "k", "--no-cache", "--json"])
@@ -97,6 +124,11 @@ def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
     assert all(re.fullmatch(r".+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r["testing_criteria"]) for r in got)
     assert {r["testing_criteria"].split("-")[0]: {"passed": r["passed"], "failed": r["failed"]} for r in got} == per
     assert len(requests) == 40
+    for request in requests:  # every label_model request carries its row's image as a chat content part, after the text
+        content = request.body["messages"][-1]["content"]
+        n = int(re.search(r"Question (\d+):", user_text(request.body)).group(1))
+        assert content[0]["type"] == "text" and "[image 1]" in content[0]["text"]
+        assert content[1:] == [{"type": "image_url", "image_url": {"url": image_sent(n), "detail": "low"}}]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and all(set(r["parts"]) == {g["testing_criteria"] for g in got} for r in rows)
     assert [r["score"] for r in rows] == [float(r["metrics"]["passed"]) for r in rows]
@@ -167,3 +199,38 @@ def test_a_score_model_criterion_is_refused_by_name(tmp_path) -> None:
     (tmp_path / "items.jsonl").write_text(json.dumps(items()[0]) + "\n")
     result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(definition), "-o", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 2 and "score_model criteria are not run by gradekit yet" in result.output
+
+
+def test_a_local_image_outside_the_input_folder_is_refused(tmp_path) -> None:
+    (tmp_path / "secret.png").write_bytes(PNG)
+    inside = tmp_path / "run"
+    inside.mkdir()
+    write_images(inside)
+    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": "../secret.png"}}]
+    (inside / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
+    (inside / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with FakeProvider(responder=responder) as fake:
+        result = runner.invoke(app, ["grade", str(inside / "items.jsonl"), "--grader", str(inside / "eval.json"), "-o",
+                                     str(inside / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"])
+        sent = fake.chat_requests()
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 0, "failed": 1, "errored": 1}
+    out = [json.loads(line) for line in (inside / "out.jsonl").read_text().splitlines()]
+    assert out[1]["status"] == "invalid" and "outside the input's folder" in out[1]["error"]
+    assert len(sent) == 1  # the refused row sent nothing
+
+
+def test_media_reach_the_cache_key_as_digests_only() -> None:
+    from judge._cache import cache_key
+    from judge._media import Media, digest_media
+
+    def request(url: str) -> dict:
+        return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "q"},
+                                                                        {"type": "image_url", "image_url": {"url": url}}]}]}
+
+    one, two = image_sent(1), image_sent(3)
+    assert cache_key("u", request(one)) != cache_key("u", request(two))
+    assert cache_key("u", request(one)) == cache_key("u", request(one))
+    shown = json.dumps(digest_media(request(one)["messages"]))
+    assert one.split(",")[1] not in shown and "data:sha256:" in shown
+    assert "base64" not in str(Media("image", one))  # what the row-values key and any printed row carry

@@ -328,7 +328,7 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
 
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
-    grader = load_grader(config, judge=make_judge)
+    grader = load_grader(config, judge=make_judge, media_root=source if source.is_dir() else source.parent)
     settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
         progress = show.progress(source)
