@@ -94,11 +94,13 @@ def digest_media(messages: Any) -> Any:
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "image_url" and isinstance(part.get("image_url"), Mapping):
                 url = str(part["image_url"].get("url") or "")
-                shown = f"data:sha256:{hashlib.sha256(url.encode()).hexdigest()}" if url.startswith("data:") else url
+                # Idempotent: a digest already in place (a cassette's stored request, filtered again on load) stays.
+                shown = f"data:sha256:{hashlib.sha256(url.encode()).hexdigest()}" if url.startswith("data:") and not url.startswith("data:sha256:") else url
                 part = {**part, "image_url": {**part["image_url"], "url": shown}}
             elif isinstance(part, Mapping) and part.get("type") == "input_audio" and isinstance(part.get("input_audio"), Mapping):
                 data = str(part["input_audio"].get("data") or "")
-                part = {**part, "input_audio": {**part["input_audio"], "data": f"sha256:{hashlib.sha256(data.encode()).hexdigest()}"}}
+                if not data.startswith("sha256:"):
+                    part = {**part, "input_audio": {**part["input_audio"], "data": f"sha256:{hashlib.sha256(data.encode()).hexdigest()}"}}
             parts.append(part)
         out.append({**message, "content": parts})
     return out

@@ -234,3 +234,21 @@ def test_media_reach_the_cache_key_as_digests_only() -> None:
     shown = json.dumps(digest_media(request(one)["messages"]))
     assert one.split(",")[1] not in shown and "data:sha256:" in shown
     assert "base64" not in str(Media("image", one))  # what the row-values key and any printed row carry
+
+
+def test_a_cassette_holds_media_as_digests_and_replays(tmp_path) -> None:
+    definition, data = tmp_path / "eval.json", tmp_path / "items.jsonl"
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()[:6]))
+    write_images(tmp_path)
+    tape = tmp_path / "tape.yaml"
+    with FakeProvider(responder=responder) as fake:
+        recorded = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(tmp_path / "a.jsonl"), "--base-url",
+                                       fake.base_url, "--api-key", "k", "--record", str(tape), "--json"])
+    assert recorded.exit_code == 0, recorded.output
+    text = tape.read_text()
+    assert "data:sha256:" in text and all(image_sent(n).split(",")[1] not in text for n in range(6))
+    replayed = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(tmp_path / "b.jsonl"), "--base-url",
+                                   "http://127.0.0.1:9/v1", "--replay", str(tape), "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    assert json.loads(replayed.stdout)["result_counts"] == json.loads(recorded.stdout)["result_counts"]
