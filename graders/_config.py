@@ -107,6 +107,7 @@ from judge._files import read_data_file
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
+from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._llm import autorater_grader, label_model_grader, llm_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
@@ -346,6 +347,7 @@ class _Builder:
         self.source, self.base, self._judge, self.settings = source, base, judge, settings
         self.made_judge: Judge | None = None
         self.sandboxes: dict[str, Isolation] = {}  # where each code-running grader runs, for validate
+        self.media_root: Path | None = None  # the folder local image paths are read from: the input's
 
     def judge(self) -> Judge:
         if isinstance(self._judge, Judge):
@@ -410,7 +412,7 @@ class _Builder:
                                           pass_threshold=node.pass_threshold, name=name, embedding_model=node.embedding_model,
                                           judge=self.judge() if node.evaluation_metric == "cosine" else None)
         if isinstance(node, LabelModelNode):
-            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name)
+            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name, media_root=self.media_root)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
@@ -495,17 +497,45 @@ def _builder(data: dict[str, Any], source: str, base: Path, judge: Judge | Calla
     return _Builder(source, base, judge, parsed)
 
 
-def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> ConfiguredGrader:
+def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None,
+                media_root: Path | None = None) -> ConfiguredGrader:
     """Build a grader from a YAML/JSON file or a dict (schema in this module's docstring).
 
     Args:
         source: the file, or the config itself.
         judge: the Judge for LLM nodes (or a function making one on first need); by default
             one is built from the file's ``judge:`` block and the environment.
+        media_root: the folder a label_model's local image paths are read from (a run's input
+            folder); a path outside it is refused, and without it a local path is.
     """
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
+    builder.media_root = media_root
+    if is_eval_definition(data):
+        return ConfiguredGrader(_eval_grader(builder, data, where), builder)
     return ConfiguredGrader(builder.node(data, ""), builder)
+
+
+def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGrader:
+    """An Evals-API definition (or what ``evals.retrieve()`` returned): one part per testing criterion."""
+    try:
+        definition = EvalDefinition.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{where}: {problems}") from None
+    if not definition.testing_criteria:
+        raise GraderConfigError(f"{where}: testing_criteria is empty: an eval needs at least one criterion")
+    criteria = []
+    for index, criterion in enumerate(definition.testing_criteria):
+        name = criterion_name(definition.name, index, criterion)
+        if any(name == known for known, _, _ in criteria):
+            raise GraderConfigError(f"{where}: testing_criteria.{index}: a second criterion named {name!r}")
+        if criterion.get("type") == "score_model":
+            raise GraderConfigError(f"{where}: testing_criteria.{index}: score_model criteria are not run by gradekit yet; "
+                                    "a label_model or a python criterion can stand in")
+        node = criterion_node(criterion)
+        criteria.append((name, node, builder.node(node, f"testing_criteria.{index}", str(criterion.get("name") or name))))
+    return EvalGrader(criteria, definition.name or "eval")
 
 
 def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> GroupGrader:

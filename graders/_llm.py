@@ -225,8 +225,57 @@ def _label_model_directory() -> Path:
     return _label_model_dir()
 
 
-def label_model_grader(judge: Judge, messages: list[Mapping[str, str]], labels: list[str], passing_labels: list[str], *,
-                       name: str = "label_model") -> Grader:
+def local_media(value: str, root: Path | None) -> str:
+    """An image cell as the judge takes it: a URL or data: URI as it is, a local path (inside ``root``, the input's folder) as a data: URI.
+
+    Raises:
+        ValueError: a path outside ``root`` (after links are resolved), no ``root`` to read it from, or no such file.
+    """
+    if value.startswith(("data:", "https://", "http://")):
+        return value
+    if root is None:
+        raise ValueError(f"image {value[:80]!r} is a local path, and this grader has no input folder to read it from")
+    base = root.resolve()
+    path = (base / value).resolve()
+    if not path.is_relative_to(base):
+        raise ValueError(f"image {value[:80]!r} is outside the input's folder {str(base)!r}: refused")
+    if not path.is_file():
+        raise ValueError(f"image {value[:80]!r}: no such file in {str(base)!r}")
+    import base64
+    import mimetypes
+
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _message_parts(content: Any, sample: Sample, root: Path | None, media: list[Any]) -> str:
+    """A message's text with its placeholders filled; its images and clips go to ``media``, marked in the text by position."""
+    if not isinstance(content, list):
+        return fill_placeholders(str(content or ""), sample)
+    pieces = []
+    for part in content:
+        if isinstance(part, str):
+            pieces.append(fill_placeholders(part, sample))
+            continue
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in ("input_text", "output_text", "text"):
+            pieces.append(fill_placeholders(str(part.get("text") or ""), sample))
+        elif kind == "input_image":
+            url = local_media(fill_placeholders(str(part.get("image_url") or ""), sample), root)
+            media.append({"type": "input_image", "image_url": url, **({"detail": part["detail"]} if part.get("detail") else {})})
+            pieces.append(f"[image {len(media)}]")
+        elif kind == "input_audio":
+            audio = dict(part.get("input_audio") or {})
+            audio["data"] = fill_placeholders(str(audio.get("data") or ""), sample)
+            media.append({"type": "input_audio", "input_audio": audio})
+            pieces.append(f"[audio {len(media)}]")
+        else:
+            raise ValueError(f"a content part of type {kind!r} is not one of input_text, input_image, input_audio")
+    return "\n".join(pieces)
+
+
+def label_model_grader(judge: Judge, messages: list[Mapping[str, Any]], labels: list[str], passing_labels: list[str], *,
+                       name: str = "label_model", media_root: Path | None = None) -> Grader:
     """OpenAI's ``label_model`` grader, run locally: the judge picks one of ``labels`` (a JSON enum);
     a label in ``passing_labels`` scores 1, any other 0 (OpenAI's pass/fail of a label grader).
 
@@ -234,7 +283,11 @@ def label_model_grader(judge: Judge, messages: list[Mapping[str, str]], labels: 
         messages: OpenAI's ``input``: ``[{role, content}]`` whose content may use
             ``{{ sample.output_text }}`` and ``{{ item.<key> }}`` (gradekit's ``response`` and
             ``references.<key>`` too). System and developer messages become the system prompt;
-            the others, in order, the user prompt (an assistant turn is marked as such).
+            the others, in order, the user prompt (an assistant turn is marked as such). A content
+            may be a list of parts (``input_text``, ``input_image`` with a URL, a data: URI or a path,
+            ``input_audio``): the images and clips reach the judge as the chat API's content parts
+            after the text, which marks each one's place (``[image 1]``).
+        media_root: the folder a local image path is read from (the input's); a path outside it is refused.
     """
     if not labels or len(set(labels)) != len(labels):
         raise ValueError(f"label_model {name!r}: labels must be distinct and at least one")
@@ -247,7 +300,8 @@ def label_model_grader(judge: Judge, messages: list[Mapping[str, str]], labels: 
         "name": name,
         "description": "OpenAI label_model grader",
         "template": "label_model.j2",
-        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"}},
+        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
+                      "media": {"type": "media", "required": False}},
         "output": {"mode": "json_schema", "field": "label", "schema": schema, "rationale_field": None},
         "labels": {label: 1.0 if label in passing_labels else 0.0 for label in labels},
         "directory": _label_model_directory(),
@@ -255,17 +309,18 @@ def label_model_grader(judge: Judge, messages: list[Mapping[str, str]], labels: 
 
     async def grade(sample: Sample) -> Grade:
         system, user = [], []
+        media: list[Any] = []
         try:
             for message in messages:
-                text = fill_placeholders(str(message.get("content") or ""), sample)
+                text = _message_parts(message.get("content"), sample, media_root, media)
                 role = message.get("role", "user")
                 if role in ("system", "developer"):
                     system.append(text)
                 else:
                     user.append(text if role == "user" else f"[{role}]\n{text}")
-        except PlaceholderError as e:
+        except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        verdict = await judge.judge(rubric, {"system_text": "\n\n".join(system), "user_text": "\n\n".join(user)})
+        verdict = await judge.judge(rubric, {"system_text": "\n\n".join(system), "user_text": "\n\n".join(user), "media": media})
         return grade_from_verdict(verdict, name)
 
     grade.__name__ = name

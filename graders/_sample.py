@@ -288,6 +288,16 @@ def resolve_path(sample: Sample, path: str) -> Any:
         return sample.response_text
     if path in ("system_instruction", "system"):
         return sample.system_text
+    if head == "sample" and rest:  # OpenAI's sample namespace: output_json, choices, output_tools
+        value = to_openai_sample(sample)
+        for key in rest.split("."):
+            if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            elif isinstance(value, Mapping) and key in value:
+                value = value[key]
+            else:
+                raise PlaceholderError(f"{path!r}: the sample has no {rest!r}")
+        return value
     if head in ("references", "item", "metadata") and rest:
         value: Any = sample.metadata if head == "metadata" else sample.references
         for key in rest.split("."):
@@ -425,12 +435,14 @@ def to_openai_sample(sample: Sample) -> dict[str, Any]:
     except (json.JSONDecodeError, ValueError):
         output_json = None
     tools = [c.model_dump(exclude_none=True) for c in (final.tool_calls or [])] if final is not None else []
-    return {
+    built = {
         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tools else "stop"}],
         "output_text": text,
         "output_json": output_json if isinstance(output_json, (dict, list)) else None,
         "output_tools": tools,
     }
+    given = sample.metadata.get("sample")  # an Evals-API row's own sample wins over what is derived from the response
+    return {**built, **{k: v for k, v in given.items() if v is not None}} if isinstance(given, Mapping) else built
 
 
 def to_openai_item(sample: Sample) -> dict[str, Any]:

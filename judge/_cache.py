@@ -48,6 +48,10 @@ def default_cache_path() -> Path:
 
 def cache_key(base_url: str, request: dict[str, Any]) -> str:
     """Hash of everything that decides the completion: endpoint, model, messages, format, sampling, n."""
+    if "messages" in request:  # an image's or clip's bytes go into the key as their digest, never as text
+        from ._media import digest_media
+
+        request = {**request, "messages": digest_media(request["messages"])}
     canonical = json.dumps({"base_url": base_url.rstrip("/"), **request}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

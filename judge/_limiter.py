@@ -17,8 +17,17 @@ from ._pacing import Pacer, Pacing
 _CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
 
 
-def estimate_tokens(text: str) -> int:
-    """A cheap upper-ish estimate: one token per CJK character, one per four other characters."""
+_MEDIA_TOKENS = 1_000  # an image or clip in a prompt, whatever its bytes: its base64 is not text the model reads
+
+
+def estimate_tokens(text: str | list) -> int:
+    """A cheap upper-ish estimate: one token per CJK character, one per four other characters.
+
+    Content parts (a list) count their text parts so, and each image or audio part as ``_MEDIA_TOKENS``.
+    """
+    if isinstance(text, list):
+        return sum(estimate_tokens(p.get("text") or "") if isinstance(p, dict) and p.get("type") == "text" else _MEDIA_TOKENS
+                   for p in text)
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
 

@@ -36,7 +36,7 @@ class RubricInputError(ValueError):
 class VariableSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["str", "list"] = "str"
+    type: Literal["str", "list", "media"] = "str"  # media: images/audio attached to the user message as content parts
     description: str = ""
     required: bool = True
 
@@ -146,7 +146,7 @@ class Rubric(BaseModel):
             if value is None or (isinstance(value, float) and value != value):  # None or NaN
                 if spec.required:
                     raise RubricInputError(f"rubric {self.name!r} needs variable {var!r}, which is missing", var)
-                value = [] if spec.type == "list" else ""
+                value = [] if spec.type in ("list", "media") else ""
             values[var] = _coerce(value, spec.type, self.name, var)
         return values
 
@@ -178,6 +178,9 @@ class Rubric(BaseModel):
             raise RubricError(f"rubric {self.name!r}: template {self.template!r} failed: {e}") from e
         if not messages or messages[-1]["role"] != "user":
             raise RubricError(f"rubric {self.name!r}: template {self.template!r} must define a non-empty user block")
+        media = [m for var, spec in self.variables.items() if spec.type == "media" for m in context[var]]
+        if media:  # the chat API's content parts: the rendered text first, then each image or clip in order
+            messages[-1] = {"role": "user", "content": [{"type": "text", "text": messages[-1]["content"]}, *(m.part() for m in media)]}
         return messages
 
 
@@ -190,6 +193,13 @@ def rubric_fingerprint(rubric: Rubric) -> str:
 
 
 def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
+    if kind == "media":
+        from ._media import as_media
+
+        try:
+            return as_media(value)
+        except ValueError as e:
+            raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
     if kind == "str":
         if isinstance(value, (list, dict)):
             return json.dumps(value, ensure_ascii=False)

@@ -297,20 +297,28 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
     (``--model``, ``--base-url`` and their environment variables), so another judge starts over.
     """
     from .._config import load_grader
+    from .._evals import EvalGrader, run_figures
     from ..runs._file import grade_file_with
     from ..runs._io import InputError
 
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
-    grader = load_grader(config, judge=make_judge)
+    grader = load_grader(config, judge=make_judge, media_root=source if source.is_dir() else source.parent)
     settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
         progress = show.progress(source)
         async with progress.showing():
-            return await grade_file_with(grader, source, destination, mapping, concurrency=concurrency + 2, settings=settings,
-                                         on_row=progress.row, **options)
+            summary = await grade_file_with(grader, source, destination, mapping, concurrency=concurrency + 2, settings=settings,
+                                            on_row=progress.row, **options)
     finally:
         await grader.aclose()
+    if isinstance(grader.grader, EvalGrader):  # read back from OUTPUT, so a resumed run reports every row
+        from ..runs._io import written_rows
+
+        counts, per = run_figures(written_rows(destination), grader.grader.names)
+        summary.result_counts = counts.model_dump()
+        summary.per_testing_criteria_results = [p.model_dump() for p in per]
+    return summary
 
 
 async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], poll: float,
@@ -387,6 +395,11 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
         table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
+    if s.result_counts is not None:
+        c = s.result_counts
+        table.add_row("eval results", f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}")
+        for r in s.per_testing_criteria_results or []:
+            table.add_row("", f"{r['testing_criteria']}: {r['passed']} passed, {r['failed']} failed")
     console.print(table)
     if s.budget:
         console.print(f"[yellow]{s.skipped} rows skipped: {s.budget}. Run the same command with a larger cap to grade them;"

@@ -127,9 +127,10 @@ def sandbox_report(sandboxes: dict[str, Any]) -> tuple[dict[str, str], list[str]
 
 @judge_options
 def validate(
-    grader: Path = typer.Option(..., "--grader", help="Grader config (YAML/JSON), or a Vertex reinforcementTuningSpec JSON."),
-    example: Path = typer.Option(..., "--example", help="A Vertex-style row (contents, systemInstruction, references) or a gradekit sample, as JSON."),
-    response: Path = typer.Option(..., "--response", help="The model's response: a Vertex Content, an OpenAI message, or plain text (.txt)."),
+    definition: Path = typer.Argument(None, help="An OpenAI eval definition (evals.create's JSON, or what evals.retrieve() returned): checked with the openai SDK's types and built, no grading."),
+    grader: Path = typer.Option(None, "--grader", help="Grader config (YAML/JSON), or a Vertex reinforcementTuningSpec JSON."),
+    example: Path = typer.Option(None, "--example", help="A Vertex-style row (contents, systemInstruction, references) or a gradekit sample, as JSON."),
+    response: Path = typer.Option(None, "--response", help="The model's response: a Vertex Content, an OpenAI message, or plain text (.txt)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
     *,
     opts: JudgeOptions,
@@ -147,6 +148,12 @@ def validate(
 
     from .._config import GraderConfigError
 
+    if definition is not None:
+        if grader is not None or example is not None or response is not None:
+            raise fail("give an eval definition (DEFINITION), or --grader with --example and --response, not both")
+        _validate_definition(definition, json_output)
+    if grader is None or example is None or response is None:
+        raise fail("give --grader, --example and --response (or an eval definition as DEFINITION)")
     try:
         sample = read_example(example).with_response(read_response(response))
     except _InputError as e:
@@ -177,6 +184,43 @@ def validate(
     else:
         _print(result)
     raise typer.Exit(0 if grade.ok else 1)
+
+
+def _validate_definition(path: Path, json_output: bool) -> None:
+    """Exit 0 when the openai SDK's types accept the eval and gradekit builds every criterion, else 2."""
+    import asyncio
+
+    from judge import Judge
+
+    from .._config import GraderConfigError, load_grader
+    from .._evals import EvalGrader, sdk_problems
+    from .._sample import aclose_grader
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise fail(f"{path}: {e.strerror or e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise fail(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict) or "testing_criteria" not in data:
+        raise fail(f"{path}: not an eval definition (no testing_criteria); a grader config takes --grader, --example and --response")
+    problems = [f"openai SDK: {p}" for p in sdk_problems(data)]
+    names: list[str] = []
+    try:
+        built = load_grader(path, judge=lambda: Judge(None, api_key="unused"))  # built, never asked: nothing is judged
+        if isinstance(built.grader, EvalGrader):
+            names = built.grader.names
+        asyncio.run(aclose_grader(built))
+    except GraderConfigError as e:
+        problems.append(f"gradekit: {e}")
+    if json_output:
+        print_json({"definition": str(path), "valid": not problems, "problems": problems, "testing_criteria": names})
+    else:
+        for problem in problems:
+            typer.echo(f"error: {problem}", err=True)
+        if not problems:
+            typer.echo(f"{path}: a valid eval; testing criteria: {', '.join(names)}")
+    raise typer.Exit(2 if problems else 0)
 
 
 def _print(result: dict[str, Any]) -> None:

@@ -11,6 +11,27 @@ from pathlib import Path
 MATCH_ON = ("method", "path", "body")
 
 
+def _media_as_digests(request):  # -> vcr Request
+    """Images and audio go into a cassette as their digests: vcrpy filters a request so both when it
+    records it and when it matches a live one, so replay still tells two images apart."""
+    body = request.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not body or (b"data:" not in body and b"input_audio" not in body):
+        return request
+    import json
+
+    from judge._media import digest_media
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return request
+    if isinstance(data, dict) and "messages" in data:
+        request.body = json.dumps({**data, "messages": digest_media(data["messages"])}, ensure_ascii=False).encode("utf-8")
+    return request
+
+
 @contextlib.contextmanager
 def cassette(path: Path, mode: str) -> Iterator[None]:
     """``mode`` "record" writes every interaction afresh; "replay" answers only from the cassette."""
@@ -25,6 +46,7 @@ def cassette(path: Path, mode: str) -> Iterator[None]:
         match_on=MATCH_ON,
         filter_headers=["authorization", "api-key", "x-api-key", "cookie", "openai-organization"],
         decode_compressed_response=True,
+        before_record_request=_media_as_digests,
     )
     if mode == "record":
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,8 @@ class RowMapping:
         Missing cells (None, NaN, NA, NaT, or a key the row lacks) leave their part empty: no
         prompt, an empty response, no such reference. Numbers in text fields become their text.
         """
+        if not self.explicit and is_eval_row(row):
+            return eval_row_sample(row, where)
         plan = self._plan_for(row)
         messages: list[Message] = []
         response: list[Message] = []
@@ -145,6 +147,40 @@ class RowMapping:
         # The messages are validated and the rest is plain data: no second validation pass.
         return Sample.model_construct(messages=messages, response=response, references=_nest(row, plan.references),
                                       metadata=_nest(row, plan.metadata), tools=None)
+
+
+def is_eval_row(row: Mapping[Hashable, Any]) -> bool:
+    """A line of Evals-API run data: ``{"item": {...}, "sample": {...}}`` and nothing else."""
+    return "item" in row and set(row) <= {"item", "sample"} and isinstance(plain(row.get("item")), Mapping)
+
+
+def eval_row_sample(row: Mapping[Hashable, Any], where: str) -> Sample:
+    """The Sample of an Evals-API row: ``item`` is the references, ``sample`` the response.
+
+    The response is ``sample.output_text``, else the last choice's message; the whole ``sample``
+    is kept in metadata so ``{{sample.output_json.x}}`` and a python grader see it as given.
+    """
+    item = plain(row["item"])
+    given = plain(row.get("sample"))
+    if missing(given):
+        given = {}
+    if not isinstance(given, Mapping):
+        raise RowError(f"{where}: 'sample' must be an object (output_text, output_json, choices), got {type(given).__name__}")
+    response: list[Message] = []
+    text = given.get("output_text")
+    try:
+        if isinstance(text, str):
+            response = [Message(role="assistant", content=text)]
+        elif isinstance(given.get("choices"), list) and given["choices"]:
+            last = given["choices"][-1]
+            message = last.get("message") if isinstance(last, Mapping) else None
+            if isinstance(message, Mapping):
+                response = [Message.model_validate({"role": "assistant", **message})]
+        elif given.get("output_json") is not None:
+            response = [Message(role="assistant", content=json.dumps(given["output_json"], ensure_ascii=False))]
+    except ValidationError as e:
+        raise RowError(f"{where}: sample: {_first_problem(e)}") from None
+    return Sample.model_construct(messages=[], response=response, references=dict(item), metadata={"sample": dict(given)}, tools=None)
 
 
 def _nest(row: Mapping[Hashable, Any], pairs: tuple[tuple[tuple[str, ...], Hashable], ...]) -> dict[str, Any]:

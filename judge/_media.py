@@ -1,0 +1,106 @@
+"""Images and audio in a judge prompt: chat content parts, known to the cache by digest only.
+
+A media value reaches the judge as a URL or a ``data:`` URI (images) or base64 data with a format
+(audio). :class:`Media` is what a rubric's ``media`` variable holds once prepared: its ``str()`` is
+its digest, so the row-values cache key and anything that prints a prepared row carry the digest,
+never the bytes; :func:`digest_media` does the same for a request's messages before they are hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image (``url``: https or data: URI) or audio clip (``data``: base64, ``format``: wav, mp3)."""
+
+    kind: str  # "image" or "audio"
+    value: str
+    detail: str | None = None
+    format: str | None = None
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.value.encode("utf-8")).hexdigest()
+
+    def __str__(self) -> str:
+        return f"{self.kind}:sha256:{self.digest}"
+
+    def part(self) -> dict[str, Any]:
+        """The chat completions content part."""
+        if self.kind == "audio":
+            return {"type": "input_audio", "input_audio": {"data": self.value, "format": self.format or "wav"}}
+        image: dict[str, Any] = {"url": self.value}
+        if self.detail:
+            image["detail"] = self.detail
+        return {"type": "image_url", "image_url": image}
+
+
+def as_media(value: Any) -> list[Media]:
+    """A cell or a part (a URL, a data: URI, an OpenAI ``input_image``/``input_audio`` or chat part, or a list) as Media.
+
+    Raises:
+        ValueError: a value that is neither (a local path must be read by the caller, which knows its folder).
+    """
+    if value is None or value == "":
+        return []
+    if isinstance(value, Media):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [m for v in value for m in as_media(v)]
+    if isinstance(value, str):
+        if value.startswith(("data:", "https://", "http://")):
+            return [Media("image", value)]
+        raise ValueError(f"a media value must be an http(s) URL or a data: URI, got {value[:60]!r}")
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        if kind == "input_image":
+            return [Media("image", _url(value.get("image_url"))[0], value.get("detail"))]
+        if kind == "image_url":
+            url, detail = _url(value.get("image_url"))
+            return [Media("image", url, detail)]
+        if kind == "input_audio":
+            audio = value.get("input_audio") or {}
+            if isinstance(audio, Mapping) and isinstance(audio.get("data"), str):
+                return [Media("audio", audio["data"], format=audio.get("format"))]
+    raise ValueError(f"not a media part: {str(value)[:80]!r}")
+
+
+def _url(image: Any) -> tuple[str, str | None]:
+    if isinstance(image, Mapping):
+        image, detail = image.get("url"), image.get("detail")
+    else:
+        detail = None
+    if not isinstance(image, str) or not image.startswith(("data:", "https://", "http://")):
+        raise ValueError(f"an image must be an http(s) URL or a data: URI, got {str(image)[:60]!r}")
+    return image, detail
+
+
+def digest_media(messages: Any) -> Any:
+    """Messages with every data: URI and audio payload replaced by its digest (for hashing and for logs)."""
+    if not isinstance(messages, list) or all(isinstance(m, Mapping) and not isinstance(m.get("content"), list) for m in messages):
+        return messages
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "image_url" and isinstance(part.get("image_url"), Mapping):
+                url = str(part["image_url"].get("url") or "")
+                # Idempotent: a digest already in place (a cassette's stored request, filtered again on load) stays.
+                shown = f"data:sha256:{hashlib.sha256(url.encode()).hexdigest()}" if url.startswith("data:") and not url.startswith("data:sha256:") else url
+                part = {**part, "image_url": {**part["image_url"], "url": shown}}
+            elif isinstance(part, Mapping) and part.get("type") == "input_audio" and isinstance(part.get("input_audio"), Mapping):
+                data = str(part["input_audio"].get("data") or "")
+                if not data.startswith("sha256:"):
+                    part = {**part, "input_audio": {**part["input_audio"], "data": f"sha256:{hashlib.sha256(data.encode()).hexdigest()}"}}
+            parts.append(part)
+        out.append({**message, "content": parts})
+    return out
