@@ -446,7 +446,7 @@ class Judge:
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
         if self.max_prompt_tokens is not None:
-            estimated = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+            estimated = sum(estimate_tokens(m.get("content") or "") for m in messages)
             if estimated > self.max_prompt_tokens:
                 return finish(status="error", error_kind="input", mode=mode,
                               error=f"the rendered prompt is about {estimated:,} tokens, over max_prompt_tokens ({self.max_prompt_tokens:,})")
@@ -466,7 +466,7 @@ class Judge:
         if self.budget is None:
             return await self._ask(rubric, prepared, usage, finish)
         request, mode = prepared.request, prepared.mode
-        prompt = sum(estimate_tokens(_text_of(m.get("content"))) for m in request["messages"])
+        prompt = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
         reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
@@ -544,7 +544,7 @@ class Judge:
         if route == "embeddings":
             estimate = sum(estimate_tokens(text) for text in request["input"])
         else:
-            estimate = sum(estimate_tokens(_text_of(m.get("content"))) for m in request["messages"])
+            estimate = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
@@ -902,15 +902,6 @@ async def _assemble_stream(raw: Any) -> dict[str, Any]:
     choices = [{"index": 0, "message": message, "finish_reason": finish_reason}] if (content or reasoning or calls or finish_reason) else []
     return {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
             "usage": usage or {}}
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message content: a string, or the text of its parts (images count as none)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
-    return ""
 
 
 def _truncated(message: str) -> ParseFailure:

@@ -303,7 +303,7 @@ async def _run_grader(config: Path, make_judge: Callable[[], Judge], endpoint: d
 
     if not config.exists():
         raise InputError(f"{config}: no such grader config")
-    grader = load_grader(config, judge=make_judge, media_root=source if source.is_dir() else source.parent)
+    grader = load_grader(config, judge=make_judge, media_root=_media_root(source))
     settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **endpoint}
     try:
         progress = show.progress(source)
@@ -495,3 +495,9 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         _print_summary(summary, destination, Console())
         Console(highlight=False).print(f"ray: {info.workers} workers on {info.nodes} nodes of {info.address}")
     raise typer.Exit(1 if summary.errors or summary.skipped else 0)
+
+
+def _media_root(source) -> Path:
+    """The folder local media paths must stay inside: the input folder, or the input file's folder."""
+    path = Path(getattr(source, "source", source))
+    return path if path.is_dir() else path.parent
