@@ -537,8 +537,9 @@ class Judge:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
         A chat request goes through the endpoint's learning gate first: until the endpoint has
-        answered once, requests go one at a time, so a 400 for a parameter the model refuses is
-        met once and its fix (:mod:`judge._dialect`) applies to every request after it.
+        answered once, the others wait for the first request (at most ``LEARN_WAIT_S``), so a 400
+        for a parameter the model refuses is met once and its fix (:mod:`judge._dialect`) applies
+        to every request after it.
         Raises ``_Relearn`` when the request was built before a fix it lacks.
         """
         if route == "embeddings":
@@ -574,7 +575,10 @@ class Judge:
                             raise
                         if breaker is not None:
                             breaker.request(None, base_url=self.base_url, model=request["model"])
-            except (asyncio.CancelledError, _Failed, _Relearn):
+            except (asyncio.CancelledError, _Relearn):
+                raise
+            except _Failed:
+                settled = True  # an answer all the same (a parameter the user set, refused): the others need not wait
                 raise
             except Exception as exc:  # every other failure becomes a Verdict error via _Failed
                 failure = _error_of(exc)
