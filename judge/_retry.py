@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import datetime
 import email.utils
 import logging
@@ -52,7 +51,6 @@ def is_transient(exc: BaseException) -> bool:
 RATE_LIMIT_BUDGET_S = 600.0  # seconds of 429 waits one request may spend; no hint holds longer
 
 _log = logging.getLogger("gradekit.judge")
-_warned: collections.deque[int] = collections.deque(maxlen=64)  # 429s already warned about (one is read twice)
 
 
 def _finite(text: str) -> float | None:
@@ -121,8 +119,13 @@ def retry_after_seconds(exc: BaseException | None, now: float | None = None, *,
     if seconds is None:
         return None
     if seconds > cap:
-        if id(exc) not in _warned:
-            _warned.append(id(exc))
+        # Marked on the 429 itself (one is read twice: for the wait and for the hold); an id() would be
+        # reused by a later exception once this one is collected, and that one would go unwarned.
+        if exc is not None and not getattr(exc, "_gradekit_cap_warned", False):
+            try:
+                exc._gradekit_cap_warned = True  # type: ignore[union-attr]
+            except AttributeError:
+                pass
             _log.warning("the provider asked to wait %.0f s (%s): capped at %.0f s, the most one request may wait "
                          "(RetryPolicy.rate_limit_budget for a 429)", seconds, said, cap)
         return cap

@@ -89,8 +89,14 @@ async def test_a_huge_hint_holds_the_process_no_longer_than_the_429_budget(fake,
                                                                            headers: dict[str, str]) -> None:
     limiter = Limiter(concurrency=4, sleep=Waits())
     fake.push(Reply(status=429, headers=headers))
-    with caplog.at_level(logging.WARNING, logger="gradekit.judge"):
-        verdict = await make_judge(limiter=limiter).judge(EN, ROW)
+    # On the logger itself: a CLI test earlier in the process may have stopped it propagating (warnings_to_stderr).
+    logger = logging.getLogger("gradekit.judge")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gradekit.judge"):
+            verdict = await make_judge(limiter=limiter).judge(EN, ROW)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert verdict.ok, verdict
     assert 0 < limiter.held_seconds <= 600
     assert all(w <= 600 for w in waits)
