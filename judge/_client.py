@@ -417,7 +417,7 @@ class Judge:
 
     def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
         try:
-            parsed = self._read(rubric, stored, mode)
+            parsed, thinking = self._read(rubric, stored, mode)
         except (ParseFailure, _Failed):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
@@ -426,7 +426,7 @@ class Judge:
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
         return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
-                      rationale=parsed.rationale, raw=_raw_text(stored), reasoning=reasoning_of(stored), saved_prompt_tokens=saved_prompt,
+                      rationale=parsed.rationale, raw=_raw_text(stored), reasoning=thinking, saved_prompt_tokens=saved_prompt,
                       saved_completion_tokens=saved_completion)
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
@@ -485,7 +485,7 @@ class Judge:
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version)
             try:
-                parsed = self._read(rubric, completion, mode)
+                parsed, thinking = self._read(rubric, completion, mode)
             except _Failed as refusal:  # refusals are deterministic: no re-ask
                 return finish(status="error", error_kind=refusal.kind, error=str(refusal), mode=mode, raw=_raw_text(completion))
             except ParseFailure as failure:
@@ -498,13 +498,13 @@ class Judge:
                 self.cache.put(prepared.key, completion, row_key=prepared.row_key)
             self._remember(rubric, mode)
             return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
-                          rationale=parsed.rationale, raw=_raw_text(completion), reasoning=reasoning_of(completion))
+                          rationale=parsed.rationale, raw=_raw_text(completion), reasoning=thinking)
         assert last is not None
         kind: ErrorKind = "truncated" if getattr(last, "kind", "") == "truncated" else "parse_failure"
         return finish(status="error", error_kind=kind, error=str(last), mode=mode, raw=raw, reasoning=reasoning)
 
-    def _read(self, rubric: Rubric, completion: dict[str, Any], mode: AskMode):  # -> Parsed
-        """The verdict of a completion, read from its final answer only (never from thinking)."""
+    def _read(self, rubric: Rubric, completion: dict[str, Any], mode: AskMode):  # -> (Parsed, thinking)
+        """The verdict of a completion, read from its final answer only, and the thinking set apart from it."""
         choice = (completion.get("choices") or [{}])[0]
         message = choice.get("message") or {}
         finish_reason = choice.get("finish_reason")
@@ -526,7 +526,7 @@ class Judge:
             detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
             raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
         try:
-            return parse_reply(rubric, reply.answer, mode, tool_args)
+            return parse_reply(rubric, reply.answer, mode, tool_args), reply.thinking
         except ParseFailure as failure:
             if finish_reason == "length":
                 raise _truncated(f"reply cut off at max_tokens (finish_reason=length): {failure}") from failure
@@ -610,7 +610,7 @@ class Judge:
             return False
         if fix.param is not None and fix.param in self.sampling:
             name = fix.param
-            fix = user_fix(fix, self.sampling)
+            fix = user_fix(fix)
             if fix is None:
                 raise _Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
@@ -694,7 +694,7 @@ class Judge:
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         try:
-            parsed = self._read(rubric, completion, mode)
+            parsed, _ = self._read(rubric, completion, mode)  # the thinking is in ``fields`` already, for every outcome
         except _Failed as refusal:
             return Verdict(status="error", error_kind=refusal.kind, error=str(refusal), raw=_raw_text(completion), **fields)
         except ParseFailure as failure:

@@ -18,7 +18,7 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,7 +231,7 @@ def parameter_fix(code: str | None, param: str | None, message: str, request: Ma
     return Fix(param=name, drop=_TOGETHER.get(name, (name,)))
 
 
-def user_fix(fix: Fix, user_set: Collection[str]) -> Fix | None:
+def user_fix(fix: Fix) -> Fix | None:
     """``fix`` as it applies to a parameter the user set: a rename keeps the user's cap, a drop is refused (None)."""
     if fix.param in RENAMES:
         return Fix(param=fix.param, rename=(fix.param, RENAMES[fix.param]))

@@ -81,7 +81,7 @@ async def test_every_rubric_on_every_dialect_reads_the_final_answer(dialect: str
     assert len(refused) <= len(learnt.learnt), (learnt.learnt, [r.body.get("stream") for r in refused])
     if DIALECTS[dialect].thinking in ("field", "tags"):
         assert all(v.reasoning for v in verdicts), "the thinking is kept apart for the user"
-        assert all(expected not in (v.rationale or "") or v.rationale != v.reasoning for v in verdicts)
+        assert all(v.reasoning != v.rationale for v in verdicts), "the thinking is not the rationale either"
 
 
 @pytest.mark.parametrize("dialect", ["vllm-no-parser", "dashscope-thinking", "ark-thinking", "deepseek-reasoner", "vllm-reasoning-parser"])
@@ -138,7 +138,7 @@ def _rows_file(path: Path, n: int) -> Path:
 
 def test_grade_with_a_reasoning_model_judges_every_row_with_at_most_two_400s(tmp_path: Path) -> None:
     forget_dialects()
-    source, out = _rows_file(tmp_path / "in.jsonl", 40), tmp_path / "out.jsonl"
+    out = tmp_path / "out.jsonl"
     with FakeProvider(dialect="openai-reasoning", responder=answer_for("llmbar_pairwise")) as fake:
         pairs = tmp_path / "pairs.jsonl"
         pairs.write_text("".join(json.dumps({"id": i, **ROWS["llmbar_pairwise"]}) + "\n" for i in range(20)), encoding="utf-8")
@@ -154,7 +154,6 @@ def test_grade_with_a_reasoning_model_judges_every_row_with_at_most_two_400s(tmp
     assert summary["reasoning_tokens"] > 0 and "cached_tokens" in summary
     assert all(r.body.get("reasoning_effort") == "low" for r in requests)  # --judge-param reaches every request
     assert not any("temperature" in r.body or "max_tokens" in r.body for r in requests if r.status == 200)
-    assert source.exists()
 
 
 def test_grade_on_a_dashscope_thinking_model_streams_and_keeps_the_reasoning(tmp_path: Path) -> None:

@@ -168,15 +168,15 @@ class JudgeOptions:
         except ConnectionError as e:  # a redis:// cache that does not answer: before any request
             raise fail(str(e)) from e
 
-    def limiter(self, model: str | None = None, **overrides: Any):
+    def limiter(self, model: str | None = None):
         """The process's limiter for these options (shared through --limiter when given)."""
         from judge import limiter_from_url
 
         try:
             # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
-            return limiter_from_url(overrides.pop("url", self.limiter_url), rps=self.rps, tpm=self.tpm, concurrency=self.concurrency,
+            return limiter_from_url(self.limiter_url, rps=self.rps, tpm=self.tpm, concurrency=self.concurrency,
                                     adapt=not self.no_adapt,
-                                    key=self.limiter_key or f"{self.base_url or 'default'}|{model or 'default'}", **overrides)
+                                    key=self.limiter_key or f"{self.base_url or 'default'}|{model or 'default'}")
         except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
             raise fail(str(e)) from e
 
