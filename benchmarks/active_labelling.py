@@ -1,0 +1,108 @@
+"""Active vs uniform labelling for `calibrate --ppi`: LLMBar's human-labelled sets with the recorded judges.
+
+The viewer's `/api/next?strategy=active` offers the row where the judge is least sure with a
+higher, recorded probability; `calibrate --ppi` weights each label by it (IPW PPI, Des Raj's
+sequential form). This replays that policy: for each recorded judge on the pooled human-labelled
+sets (MT-Bench 200 + LLMEval2 200 + FairEval 66 = 466 pairs), label rows one at a time, either
+drawn by the viewer's active rule (`graders.calibration._labels.draw_probabilities` over
+`uncertainty`) or uniformly, and estimate the mean human score (+1 output_1 better, -1 output_2)
+with `ppi_mean_active` after n = 50, 100, 200 labels. The judge's score is the mean of its two
+orders' votes, so a pair whose orders disagree scores 0 (the most unsure). Reported per judge and
+n: coverage of both intervals (goal >= 94% at alpha 0.05) and the mean width of the active
+interval over the uniform one (< 1: active labelling bought precision).
+
+    python benchmarks/active_labelling.py [--draws 2000] [--alpha 0.05] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from graders.calibration._labels import draw_probabilities, uncertainty  # noqa: E402
+from graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
+from graders.calibration._ppi import ppi_mean_active  # noqa: E402
+
+SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
+JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
+          ("ChatGPT", "Metrics_Reference")]
+VOTE = {"1": 1.0, "2": -1.0}
+SIZES = (50, 100, 200)
+
+
+def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
+    """Graded rows as the viewer sees them (score, agree) and the human score per pair."""
+    out, y = [], []
+    for subset in SETS:
+        run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
+        for a, b, label in zip(run.winner_ab, run.winner_ba, run.labels):
+            out.append({"status": "ok", "score": (VOTE.get(a or "", 0.0) + VOTE.get(b or "", 0.0)) / 2,
+                        "agree": a is not None and a == b})
+            y.append(VOTE[label])
+    return out, np.array(y)
+
+
+def sequence(weights: list[float], f: list[float], y: np.ndarray, n: int, active: bool,
+             rng: np.random.Generator) -> list[tuple[int, float]]:
+    """n rows drawn one at a time without replacement as the viewer draws them (the active rule learns each level's
+    squared correction from the labels so far), each with the probability it had when drawn."""
+    left = list(range(len(weights)))
+    drawn, seen = [], []
+    for _ in range(n):
+        q = draw_probabilities([weights[i] for i in left], "active" if active else "random", seen)
+        pick = int(rng.choice(len(left), p=np.array(q) / sum(q)))
+        i = left.pop(pick)
+        drawn.append((i, q[pick]))
+        seen.append((weights[i], ((y[i] - f[i]) / 2) ** 2))
+    return drawn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--draws", type=int, default=2000)
+    parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--judges", type=int, default=len(JUDGES), help="the first N judges only (a quick look)")
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    started = time.perf_counter()
+    print(f"Active vs uniform labelling, IPW PPI on LLMBar's human-labelled sets pooled "
+          f"({' + '.join(s.split('__')[1] for s in SETS)}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
+    print()
+    print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform |")
+    print("|---|---|---|---|---|---|---|")
+    worst, ratios = 100.0, []
+    for judge, strategy in JUDGES[:args.judges]:
+        graded, y = rows(judge, strategy)
+        f = [r["score"] for r in graded]
+        weights = [uncertainty(r, (-1.0, 1.0)) for r in graded]
+        target = float(y.mean())
+        stats = {(n, a): {"covered": 0, "widths": []} for n in SIZES for a in (True, False)}
+        for _ in range(args.draws):
+            for active in (True, False):
+                drawn = sequence(weights, f, y, max(SIZES), active, rng)
+                for n in SIZES:
+                    r = ppi_mean_active(f, [(i, float(y[i]), p) for i, p in drawn[:n]], alpha=args.alpha, bounds=(-1.0, 1.0))
+                    s = stats[(n, active)]
+                    s["covered"] += r.ci_low <= target <= r.ci_high
+                    s["widths"].append(r.ci_high - r.ci_low)
+        for n in SIZES:
+            a, u = stats[(n, True)], stats[(n, False)]
+            ca, cu = a["covered"] / args.draws * 100, u["covered"] / args.draws * 100
+            wa, wu = float(np.mean(a["widths"])), float(np.mean(u["widths"]))
+            worst = min(worst, ca)
+            ratios.append(wa / wu)
+            print(f"| {judge}/{strategy} | {n} | {ca:.1f}% | {cu:.1f}% | {wa:.3f} | {wu:.3f} | {wa / wu:.2f}x |")
+    print()
+    print(f"lowest active coverage {worst:.1f}% (goal >= 94%); width ratio {min(ratios):.2f}x to {max(ratios):.2f}x; "
+          f"{time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
