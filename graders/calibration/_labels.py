@@ -95,7 +95,7 @@ def read_labels(path: str | Path, on: str) -> LabelState:
         except (ValueError, UnicodeDecodeError):
             last = number == len(lines) or all(not rest.strip() for rest in lines[number:])
             warnings.append(f"{path} line {number}: " + ("a torn last line (a writer was killed mid-line), ignored" if last
-                                                        else "not a JSON object, ignored"))
+                                                        else "not a JSON object (a torn line of a killed writer?), ignored"))
             continue
         key = _key(act.get(on))
         if key is None:
@@ -187,9 +187,10 @@ def check_vocabularies(human: Iterable[Any], judge: Iterable[Any], human_source:
     h = sorted({str(v) for v in human if v is not None and str(v).strip()})
     j = sorted({str(v) for v in judge if v is not None and str(v).strip()})
     if h and j and not set(h) & set(j):
-        example = ",".join(f"{a}={b}" for a, b in zip(h, j))
+        example = ",".join(f"{a}=<{'|'.join(j)}>" for a in h[:3])
         raise ValueError(f"the {human_source} ({', '.join(h)}) share no value with {judge_source}'s labels ({', '.join(j)}): "
-                         f"every row would disagree. Map them with --label-map, e.g. --label-map {example}")
+                         f"every row would count as a disagreement. Map them with --label-map HUMAN=JUDGE,... "
+                         f"(e.g. --label-map {example})")
 
 
 def mapped(rows: Sequence[Mapping[str, Any]], column: str, label_map: Mapping[str, str]) -> list[dict[str, Any]]:
