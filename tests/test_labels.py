@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 
+from typer.testing import CliRunner
+
 from graders.calibration._labels import LabelsError, LabelStore, read_labels
+from graders.cli import app
 from judge.testing import FakeProvider, Reply
 
 from .conftest import need, reference_judge
@@ -61,8 +64,10 @@ def call(url: str, body: Any = None, headers: dict[str, str] | None = None, raw:
         return e.code, json.loads(e.read())
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=300)
+def run(*args: str) -> subprocess.CompletedProcess:
+    """A one-shot command in this process (Click's runner): the same exit status, stdout and stderr, no interpreter start."""
+    result = CliRunner().invoke(app, list(args))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: Path, tmp_path: Path) -> None:
@@ -110,7 +115,7 @@ def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: 
     assert len(lines) == 30 and len({line["id"] for line in lines}) == 30
     assert all(line["label"] in ("correct", "incorrect") and 0 < line["p"] <= 1 for line in lines)
 
-    done = cli("calibrate", str(graded), "--labels", str(store), "--on", "id", "--ppi", "--json", "--bootstrap", "0")
+    done = run("calibrate", str(graded), "--labels", str(store), "--on", "id", "--ppi", "--json", "--bootstrap", "0")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["ppi"]["n_labeled"] == 30 and report["ppi"]["method"] == "ipw-ppi"
@@ -137,14 +142,14 @@ def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: 
 
 
 def test_annotate_refuses_what_it_cannot_use(graded: Path, tmp_path: Path) -> None:
-    unknown = cli("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "nope", "--no-browser")
+    unknown = run("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "nope", "--no-browser")
     assert unknown.returncode == 2 and "nope" in unknown.stderr and "question" in unknown.stderr  # names the columns
-    no_values = cli("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "id", "--no-browser")
+    no_values = run("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "id", "--no-browser")
     assert no_values.returncode == 2 and "--label-values" in no_values.stderr
     target = tmp_path / "real.jsonl"
     target.write_text("", encoding="utf-8")
     (tmp_path / "link.jsonl").symlink_to(target)
-    linked = cli("view", str(graded), "--annotate", "--labels", str(tmp_path / "link.jsonl"), "--on", "id",
+    linked = run("view", str(graded), "--annotate", "--labels", str(tmp_path / "link.jsonl"), "--on", "id",
                  "--label-values", "a,b", "--no-browser")
     assert linked.returncode == 2 and "symlink" in linked.stderr and "Traceback" not in linked.stderr
 
@@ -184,16 +189,16 @@ def test_calibrate_names_vocabularies_and_clips_small_samples(graded: Path, tmp_
     yes_no = tmp_path / "yn.csv"
     yes_no.write_text("id,label\n" + "".join(f"{r['id']},{'yes' if r['label'] == 'correct' else 'no'}\n" for r in judged))
     for extra in ([], ["--ppi"]):
-        done = cli("calibrate", str(graded), "--labels", str(yes_no), "--on", "id", "--bootstrap", "0", *extra)
+        done = run("calibrate", str(graded), "--labels", str(yes_no), "--on", "id", "--bootstrap", "0", *extra)
         assert done.returncode == 2, done.stdout
         assert all(word in done.stderr for word in ("yes", "no", "correct", "incorrect", "--label-map")), done.stderr
-    mapped = cli("calibrate", str(graded), "--labels", str(yes_no), "--on", "id", "--bootstrap", "0", "--json",
+    mapped = run("calibrate", str(graded), "--labels", str(yes_no), "--on", "id", "--bootstrap", "0", "--json",
                  "--label-map", "yes=correct,no=incorrect")
     assert mapped.returncode == 0 and json.loads(mapped.stdout)["classification"]["accuracy"] == 1.0
 
     four = tmp_path / "four.csv"  # 4 labels of a 0/1 score, all agreeing with the judge: a normal interval leaves [0, 1]
     four.write_text("id,label\n" + "".join(f"{r['id']},{r['label']}\n" for r in judged))
-    done = cli("calibrate", str(graded), "--labels", str(four), "--on", "id", "--ppi", "--json", "--bootstrap", "0")
+    done = run("calibrate", str(graded), "--labels", str(four), "--on", "id", "--ppi", "--json", "--bootstrap", "0")
     assert done.returncode == 0, done.stderr
     ppi = json.loads(done.stdout)["ppi"]
     bounds = []
@@ -217,7 +222,7 @@ def test_report_shows_labelled_rows_and_disagreements(graded: Path, tmp_path: Pa
         store.append(r["id"], r["label"])
     store.append(judged[0]["id"], "incorrect" if judged[0]["label"] == "correct" else "correct")  # changed: the last act wins
     out = tmp_path / "report.html"
-    done = cli("report", str(graded), "-o", str(out), "--labels", str(store.path), "--on", "id")
+    done = run("report", str(graded), "-o", str(out), "--labels", str(store.path), "--on", "id")
     assert done.returncode == 0, done.stderr
     html = out.read_text(encoding="utf-8")
     data = json.loads(html.split('<script id="gradekit-data" type="application/json">', 1)[1].split("</script>", 1)[0])
