@@ -1,7 +1,8 @@
 """Human labels as a store: one JSONL line per act (a label, a changed label, an undo), fsynced.
 
 The viewer writes it (``gradekit view --annotate``), ``calibrate`` and ``report`` read it. A line is
-``{<on>: key, "label", "note", "labeller", "time", "p"}``; ``label`` null is an undo. Reading, the
+``{<on>: key, "label", "note", "labeller", "time", "p"}``; ``label`` null is an undo (a line with a
+numeric ``score`` and no ``label`` is a label too: a human score). Reading, the
 last line per key decides its label and note; ``p`` (the probability with which the row was
 offered when it entered the labelled set) comes from the act that made it labelled, so
 inverse-probability-weighted PPI can undo the sampling's preference.
@@ -40,6 +41,7 @@ class LabelState(BaseModel):
 
     records: list[dict[str, Any]]  # one per labelled key, entry order; the last act's label/note, the entry act's p
     acts: int = 0
+    keyless: int = 0  # lines without the key: likely a wrong --on, which a caller may prefer to report as such
     warnings: list[str] = []
 
     def by_key(self, on: str) -> dict[str, dict[str, Any]]:
@@ -84,7 +86,7 @@ def read_labels(path: str | Path, on: str) -> LabelState:
     lines = data.split(b"\n")
     warnings: list[str] = []
     labelled: dict[str, dict[str, Any]] = {}  # key -> effective record; dict order = entry order
-    acts = 0
+    acts = keyless = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -100,17 +102,18 @@ def read_labels(path: str | Path, on: str) -> LabelState:
         key = _key(act.get(on))
         if key is None:
             warnings.append(f"{path} line {number}: no {on!r} key, ignored")
+            keyless += 1
             continue
         acts += 1
         label = act.get("label")
-        if label is None or (isinstance(label, str) and not label.strip()):
+        if "label" in act and act.get("score") is None and (label is None or (isinstance(label, str) and not label.strip())):
             labelled.pop(key, None)  # an undo: the row is unlabelled again (and re-enters later with its own p)
             continue
         if key in labelled:
             labelled[key] = {**act, on: key, "p": labelled[key].get("p")}
         else:
             labelled[key] = {**act, on: key}
-    return LabelState(records=list(labelled.values()), acts=acts, warnings=warnings)
+    return LabelState(records=list(labelled.values()), acts=acts, keyless=keyless, warnings=warnings)
 
 
 def looks_like_store(path: str | Path) -> bool:

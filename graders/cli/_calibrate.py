@@ -112,6 +112,8 @@ def _labels(path: Path, on: str | None) -> list[dict]:
         state = read_labels(path, on)
     except LabelsError as e:
         raise InputError(str(e)) from None
+    if state.keyless:
+        return _load(path, "labels file")  # lines without --on's key: read as a table, whose errors name the columns
     for warning in state.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if not state.records:
