@@ -9,7 +9,8 @@ drawn by the viewer's active rule (`graders.calibration._labels.draw_probabiliti
 with `ppi_mean_active` after n = 50, 100, 200 labels. The judge's score is the mean of its two
 orders' votes, so a pair whose orders disagree scores 0 (the most unsure). Reported per judge and
 n: coverage of both intervals (goal >= 94% at alpha 0.05) and the mean width of the active
-interval over the uniform one (< 1: active labelling bought precision).
+interval over the uniform one (< 1: active labelling bought precision). A last row takes the four
+recorded judges as a jury (their mean vote: a graded uncertainty).
 
     python benchmarks/active_labelling.py [--draws 2000] [--alpha 0.05] [--seed 0]
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.calibration._labels import draw_probabilities, uncertainty  # noqa: E402
+from graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
 from graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
 from graders.calibration._ppi import ppi_mean_active  # noqa: E402
 
@@ -37,7 +38,12 @@ SIZES = (50, 100, 200)
 
 
 def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
-    """Graded rows as the viewer sees them (score, agree) and the human score per pair."""
+    """Graded rows as the viewer sees them (score, agree) and the human score per pair. ``jury``: the four recorded
+    judges' mean vote as the score (eight votes a pair, so the score's distance from 0 grades the uncertainty)."""
+    if judge == "jury":
+        members = [rows(j, s) for j, s in JUDGES]
+        y = members[0][1]
+        return [{"status": "ok", "score": float(np.mean([m[0][i]["score"] for m in members]))} for i in range(len(y))], y
     out, y = [], []
     for subset in SETS:
         run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
@@ -48,19 +54,42 @@ def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
     return out, np.array(y)
 
 
-def sequence(weights: list[float], f: list[float], y: np.ndarray, n: int, active: bool,
+def sequence(levels: np.ndarray, f: list[float], y: np.ndarray, n: int, active: bool,
              rng: np.random.Generator) -> list[tuple[int, float]]:
-    """n rows drawn one at a time without replacement as the viewer draws them (the active rule learns each level's
-    squared correction from the labels so far), each with the probability it had when drawn."""
-    left = list(range(len(weights)))
-    drawn, seen = [], []
+    """n rows drawn one at a time without replacement as the viewer draws them, each with the probability it had
+    when drawn. The active rule is `draw_probabilities`' (sqrt of each uncertainty level's squared correction,
+    learnt from the labels so far, mixed with uniform), vectorised here; `check` confirms they agree."""
+    left = np.ones(len(levels), dtype=bool)
+    sums, counts = [0.0] * (BINS + 1), [0] * (BINS + 1)
+    drawn = []
     for _ in range(n):
-        q = draw_probabilities([weights[i] for i in left], "active" if active else "random", seen)
-        pick = int(rng.choice(len(left), p=np.array(q) / sum(q)))
-        i = left.pop(pick)
-        drawn.append((i, q[pick]))
-        seen.append((weights[i], ((y[i] - f[i]) / 2) ** 2))
+        where = np.flatnonzero(left)
+        m = len(where)
+        if active:
+            w = np.array(level_weights(sums, counts))[levels[where]]
+            q = (1 - UNIFORM_SHARE) * w / w.sum() + UNIFORM_SHARE / m
+        else:
+            q = np.full(m, 1.0 / m)
+        pick = int(rng.choice(m, p=q / q.sum()))
+        i = int(where[pick])
+        left[i] = False
+        drawn.append((i, float(q[pick])))
+        sums[levels[i]] += ((y[i] - f[i]) / 2) ** 2
+        counts[levels[i]] += 1
     return drawn
+
+
+def check(uncertainties: list[float], levels: np.ndarray, f: list[float], y: np.ndarray) -> None:
+    """The vectorised rule gives the viewer's probabilities (after a few labels, on the remaining rows)."""
+    seen = [(uncertainties[i], ((y[i] - f[i]) / 2) ** 2) for i in range(10)]
+    expected = draw_probabilities(uncertainties[10:], "active", seen)
+    sums, counts = [0.0] * (BINS + 1), [0] * (BINS + 1)
+    for u, r in seen:
+        sums[level(u)] += r
+        counts[level(u)] += 1
+    w = np.array(level_weights(sums, counts))[levels[10:]]
+    got = (1 - UNIFORM_SHARE) * w / w.sum() + UNIFORM_SHARE / len(w)
+    assert np.allclose(got, expected), "the benchmark's sampler differs from the viewer's"
 
 
 def main() -> None:
@@ -68,7 +97,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--judges", type=int, default=len(JUDGES), help="the first N judges only (a quick look)")
+    parser.add_argument("--judges", type=int, default=len(JUDGES) + 1, help="the first N judges only (a quick look)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
@@ -78,15 +107,17 @@ def main() -> None:
     print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform |")
     print("|---|---|---|---|---|---|---|")
     worst, ratios = 100.0, []
-    for judge, strategy in JUDGES[:args.judges]:
+    for judge, strategy in [*JUDGES, ("jury", "4 recorded judges")][:args.judges]:
         graded, y = rows(judge, strategy)
         f = [r["score"] for r in graded]
         weights = [uncertainty(r, (-1.0, 1.0)) for r in graded]
+        levels = np.array([level(u) for u in weights])
+        check(weights, levels, f, y)
         target = float(y.mean())
         stats = {(n, a): {"covered": 0, "widths": []} for n in SIZES for a in (True, False)}
         for _ in range(args.draws):
             for active in (True, False):
-                drawn = sequence(weights, f, y, max(SIZES), active, rng)
+                drawn = sequence(levels, f, y, max(SIZES), active, rng)
                 for n in SIZES:
                     r = ppi_mean_active(f, [(i, float(y[i]), p) for i, p in drawn[:n]], alpha=args.alpha, bounds=(-1.0, 1.0))
                     s = stats[(n, active)]

@@ -249,8 +249,15 @@ def uncertainty(row: Mapping[str, Any], score_range: tuple[float, float] | None 
     return max(found)
 
 
-def _bin(u: float) -> int:
+def level(u: float) -> int:
+    """The uncertainty level (0 to BINS) a row's squared correction is pooled in."""
     return min(BINS, max(0, round(u * BINS)))
+
+
+def level_weights(sums: Sequence[float], counts: Sequence[int]) -> list[float]:
+    """Per uncertainty level: sqrt of its estimated squared correction (the labels' mean, shrunk towards the prior)."""
+    return [math.sqrt((sums[b] + PRIOR_LABELS * (0.1 + 0.15 * b / BINS)) / (counts[b] + PRIOR_LABELS))
+            for b in range(BINS + 1)]
 
 
 def draw_probabilities(uncertainties: Sequence[float | None], strategy: str = "active",
@@ -275,11 +282,10 @@ def draw_probabilities(uncertainties: Sequence[float | None], strategy: str = "a
     counts = [0] * (BINS + 1)
     for u, r in seen:
         if u is not None:
-            sums[_bin(u)] += min(1.0, max(0.0, r))
-            counts[_bin(u)] += 1
-    roots = [math.sqrt((sums[b] + PRIOR_LABELS * (0.1 + 0.15 * b / BINS)) / (counts[b] + PRIOR_LABELS))
-             for b in range(BINS + 1)]
-    weights = [roots[_bin(u)] if u is not None else 0.0 for u in uncertainties]
+            sums[level(u)] += min(1.0, max(0.0, r))
+            counts[level(u)] += 1
+    roots = level_weights(sums, counts)
+    weights = [roots[level(u)] if u is not None else 0.0 for u in uncertainties]
     total = sum(weights)
     if total <= 0:
         return [1.0 / m] * m

@@ -678,7 +678,8 @@ class ResultsFile:
         return self._fetch(f"SELECT {listed} FROM {TABLE} ORDER BY rowid")
 
     def worst(self, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` rows, the worst first: errors, then disagreements with the human label, then the rest."""
+        """Up to ``limit`` rows, the worst first: errors, disagreements with the human label, pairs whose orders
+        disagree, the other labelled rows, then the rest."""
         self.wait()
         rank = []
         if "status" in self._types:
@@ -687,6 +688,8 @@ class ResultsFile:
             rank.append(f"CASE WHEN {self._disagrees()} THEN 0 ELSE 1 END")
         if "agree" in self._types:
             rank.append("CASE WHEN CAST(agree AS VARCHAR) IN ('false', 'False', '0') THEN 0 ELSE 1 END")
+        if self.has_human_labels:  # then the rows a person labelled: what the agreement figures rest on
+            rank.append(f"CASE WHEN {HUMAN} IS NOT NULL THEN 0 ELSE 1 END")
         listed = ", ".join(_quote(c) for c in self._types)
         order = ", ".join([*rank, "rowid"])
         return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
