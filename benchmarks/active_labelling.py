@@ -9,7 +9,8 @@ drawn by the viewer's active rule (`graders.calibration._labels.draw_probabiliti
 with `ppi_mean_active` after n = 50, 100, 200 labels. The judge's score is the mean of its two
 orders' votes, so a pair whose orders disagree scores 0 (the most unsure). Reported per judge and
 n: coverage of both intervals (goal >= 94% at alpha 0.05) and the mean width of the active
-interval over the uniform one (< 1: active labelling bought precision). A last row takes the four
+interval over the uniform one (< 1: active labelling bought precision), beside the best ratio any
+rule drawing by the judge's uncertainty could reach on that data. A last row takes the four
 recorded judges as a jury (their mean vote: a graded uncertainty).
 
     python benchmarks/active_labelling.py [--draws 2000] [--alpha 0.05] [--seed 0]
@@ -92,6 +93,15 @@ def check(uncertainties: list[float], levels: np.ndarray, f: list[float], y: np.
     assert np.allclose(got, expected), "the benchmark's sampler differs from the viewer's"
 
 
+def bound(levels: np.ndarray, f: np.ndarray, y: np.ndarray) -> float:
+    """The narrowest width ratio any rule drawing by uncertainty level can reach (with-replacement approximation):
+    sqrt((mean of sqrt(e))^2 / mean of e), e a row's level's true mean squared correction (known here: every pair
+    is labelled). Near 1: the judge's uncertainty hardly predicts how wrong it is, and no order can help much."""
+    d2 = (y - f) ** 2
+    e = np.array([d2[levels == b].mean() for b in levels])
+    return float(np.sqrt(np.mean(np.sqrt(e)) ** 2 / np.mean(e)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draws", type=int, default=2000)
@@ -104,8 +114,8 @@ def main() -> None:
     print(f"Active vs uniform labelling, IPW PPI on LLMBar's human-labelled sets pooled "
           f"({' + '.join(s.split('__')[1] for s in SETS)}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
     print()
-    print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform |")
-    print("|---|---|---|---|---|---|---|")
+    print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform | best possible |")
+    print("|---|---|---|---|---|---|---|---|")
     worst, ratios = 100.0, []
     for judge, strategy in [*JUDGES, ("jury", "4 recorded judges")][:args.judges]:
         graded, y = rows(judge, strategy)
@@ -114,6 +124,7 @@ def main() -> None:
         levels = np.array([level(u) for u in weights])
         check(weights, levels, f, y)
         target = float(y.mean())
+        best = bound(levels, np.array(f), y)
         stats = {(n, a): {"covered": 0, "widths": []} for n in SIZES for a in (True, False)}
         for _ in range(args.draws):
             for active in (True, False):
@@ -129,7 +140,7 @@ def main() -> None:
             wa, wu = float(np.mean(a["widths"])), float(np.mean(u["widths"]))
             worst = min(worst, ca)
             ratios.append(wa / wu)
-            print(f"| {judge}/{strategy} | {n} | {ca:.1f}% | {cu:.1f}% | {wa:.3f} | {wu:.3f} | {wa / wu:.2f}x |")
+            print(f"| {judge}/{strategy} | {n} | {ca:.1f}% | {cu:.1f}% | {wa:.3f} | {wu:.3f} | {wa / wu:.2f}x | {best:.2f}x |")
     print()
     print(f"lowest active coverage {worst:.1f}% (goal >= 94%); width ratio {min(ratios):.2f}x to {max(ratios):.2f}x; "
           f"{time.perf_counter() - started:.1f} s")

@@ -124,6 +124,7 @@ def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: 
     labelled = {line["id"] for line in lines}
     proc, url = start_view(str(graded), "--annotate", "--labels", str(store), "--on", "id", "--label-values", "correct,incorrect")
     try:
+        assert call(url + "/api/rows?q=reference")[1]["total"] > 0  # not blind: the rationale is searched again
         progress = call(url + "/api/labels")[1]
         assert progress["labelled"] == 30 and progress["total"] == ROWS and progress["ppi"]["n_labeled"] == 30
         keys = {row["index"]: row["id"] for row in call(url + "/api/rows?limit=100")[1]["rows"]}
