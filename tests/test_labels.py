@@ -107,6 +107,7 @@ def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: 
         assert call(f"{url}/api/rows/0/label", raw=b"label=correct",
                     headers={"Content-Type": "application/x-www-form-urlencoded"})[0] == 415
         assert call(f"{url}/api/rows/0/label", {"label": "correct"}, {"Host": "attacker.example"})[0] == 403
+        assert call(f"{url}/api/next", headers={"Sec-Fetch-Site": "cross-site"})[0] == 403  # an <img> on another site
     finally:
         proc.send_signal(signal.SIGKILL)  # no shutdown: what was acknowledged must already be on disk
         proc.wait(timeout=60)

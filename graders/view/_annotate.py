@@ -11,8 +11,9 @@ one row, search, the summary), and refuses the filters and sorts that would reve
 
 Writes are guarded against other web pages: the Host check (see ``_server``), a JSON body only
 (a cross-site form or ``text/plain`` POST is refused with 415; a JSON one needs a CORS preflight,
-which is never granted), an ``Origin`` or ``Sec-Fetch-Site`` naming another site is 403, and a
-browser's request (one that sends ``Origin``) must carry the page's per-process token.
+which is never granted), an ``Origin`` or ``Sec-Fetch-Site`` naming another site is 403 (for
+``/api/next`` too: a draw records the offer whose p is stored with the label), and a browser's
+write (one that sends ``Origin``) must carry the page's per-process token.
 """
 
 from __future__ import annotations
@@ -288,6 +289,9 @@ def annotate_routes(annotator: Annotator, row_of: Any) -> list[Route]:
                                                                                    if k in annotator.index_of)})
 
     def next_row(request: Request) -> Response:
+        why = _same_origin(request)  # a draw records an offer (its p goes into the store): no other site may make one
+        if why is not None:
+            return _error(f"refused: {why}", 403)
         strategy = request.query_params.get("strategy") or "active"
         unknown = sorted(set(request.query_params) - {"strategy"})
         if unknown:
