@@ -101,6 +101,9 @@ class Annotator:
         for record in state.records:
             self.labelled[str(record[self.on])] = record
         self.offered: dict[int, float] = {}
+        if scores and not set(self.values) & set(scores):
+            self.warnings.append(f"no label value ({', '.join(self.values)}) is one of the judge's ({', '.join(scores)}): "
+                                 "the PPI card stays empty and the active order cannot learn; calibrate will need --label-map")
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -115,9 +115,10 @@
     $("label-name").textContent = judgeColumn;
     const box = $("summary"); box.replaceChildren();
     box.append(el("div", { class: "card" }, el("h3", {}, "rows"), el("div", { class: "big", id: "summary-rows" }, s.rows.toLocaleString())));
-    box.append(counts("status", s.status, "status"), counts(judgeColumn === "winner" ? "winner" : "labels", s.labels, "label"));
+    box.append(counts("status", s.status, "status"));
+    if (!s.blind) box.append(counts(judgeColumn === "winner" ? "winner" : "labels", s.labels, "label")); // --blind: no judge figure
     if (Object.keys(s.error_kinds || {}).length) box.append(counts("errors by kind", s.error_kinds, "error_kind"));
-    box.append(histogram("score", s.score));
+    if (!s.blind) box.append(histogram("score", s.score));
     for (const [part, score] of Object.entries(s.parts || {})) box.append(histogram("score of " + part, score));
     if (s.tokens) {
       box.append(el("div", { class: "card" }, el("h3", {}, "tokens"),
@@ -236,7 +237,7 @@
     if (row.reasoning) parts.push(...section("judge's thinking (not read for the verdict)", el("pre", { id: "reasoning" }, row.reasoning)));
     const pair = "winner_ab" in row;  // a pairwise row shows raw_reply_ab / raw_reply_ba in its orders
     const raw = RAW.filter((k) => k in row && row[k] !== null && !(pair && (k === "raw_reply_ab" || k === "raw_reply_ba")));
-    parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
+    if (!(row.hidden && row.hidden.some((k) => RAW.includes(k)))) parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
       : el("p", { id: "raw-reply", class: "muted" }, RAW.some((k) => k in row)
         ? (pair ? "kept per order above when an order failed" : "none kept: the verdict was read (the raw reply is kept for failed verdicts)")
         : row.error ? `not stored in this output; the error says: ${row.error}` : "not stored in this output (it has no raw column)")));
@@ -291,6 +292,7 @@
     const token = document.body.dataset.token || "";
     let values = [], current = null, done = [];
     $("labelling").hidden = false; $("label-panel").hidden = false;
+    if (mode === "blind") for (const id of ["filter-label", "filter-score_min"]) $(id).closest("label").hidden = true; // refused (400) while blind
     async function post(index, label) {
       const response = await fetch("/api/rows/" + index + "/label", {
         method: "POST", headers: { "Content-Type": "application/json", "X-Gradekit-Token": token },
