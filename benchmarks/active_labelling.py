@@ -10,8 +10,11 @@ with `ppi_mean_active` after n = 50, 100, 200 labels. The judge's score is the m
 orders' votes, so a pair whose orders disagree scores 0 (the most unsure). Reported per judge and
 n: coverage of both intervals (goal >= 94% at alpha 0.05) and the mean width of the active
 interval over the uniform one (< 1: active labelling bought precision), beside the best ratio any
-rule drawing by the judge's uncertainty could reach on that data. A last row takes the four
-recorded judges as a jury (their mean vote: a graded uncertainty).
+rule drawing by the judge's uncertainty could reach on that data. Then the four recorded judges
+as a jury (their mean vote: a graded uncertainty), and a synthetic judge on the same human labels
+whose score is a calibrated probability (right with probability c = 1 - U^3 / 2, U uniform: mostly
+sure, sometimes a coin; score +-(2c - 1)):
+the case where a judge's uncertainty does predict its error, which the recorded judges' does not.
 
     python benchmarks/active_labelling.py [--draws 2000] [--alpha 0.05] [--seed 0]
 """
@@ -41,6 +44,12 @@ SIZES = (50, 100, 200)
 def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
     """Graded rows as the viewer sees them (score, agree) and the human score per pair. ``jury``: the four recorded
     judges' mean vote as the score (eight votes a pair, so the score's distance from 0 grades the uncertainty)."""
+    if judge == "synthetic":  # a judge whose score is a calibrated probability: its uncertainty predicts its error
+        y = rows(*JUDGES[0])[1]
+        rng = np.random.default_rng(7)
+        sure = 1 - 0.5 * rng.uniform(size=len(y)) ** 3  # P(the judge's call is right): mostly sure, sometimes a coin
+        call = np.where(rng.uniform(size=len(y)) < sure, y, -y)
+        return [{"status": "ok", "score": float(c * (2 * p - 1))} for c, p in zip(call, sure)], y
     if judge == "jury":
         members = [rows(j, s) for j, s in JUDGES]
         y = members[0][1]
@@ -107,7 +116,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--judges", type=int, default=len(JUDGES) + 1, help="the first N judges only (a quick look)")
+    parser.add_argument("--judges", type=int, default=len(JUDGES) + 2, help="the first N judges only (a quick look)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
@@ -117,7 +126,7 @@ def main() -> None:
     print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform | best possible |")
     print("|---|---|---|---|---|---|---|---|")
     worst, ratios = 100.0, []
-    for judge, strategy in [*JUDGES, ("jury", "4 recorded judges")][:args.judges]:
+    for judge, strategy in [*JUDGES, ("jury", "4 recorded judges"), ("synthetic", "calibrated")][:args.judges]:
         graded, y = rows(judge, strategy)
         f = [r["score"] for r in graded]
         weights = [uncertainty(r, (-1.0, 1.0)) for r in graded]

@@ -215,8 +215,14 @@ def _label_scores(table: Sequence[Mapping[str, Any]], kind: str) -> dict[str, fl
 # -- the API --------------------------------------------------------------------------------------
 
 def check_blind_filter(annotator: Annotator | None, f: RowFilter) -> None:
-    """--blind: a filter or sort on a hidden column would tell what the judge said; refuse it (400)."""
-    if annotator is None or not annotator.blind:
+    """--blind: a filter or sort on a hidden column would tell what the judge said; refuse it (400). In labelling
+    mode ``disagree`` is refused too: it compares with labels fixed when the file was opened, not the live store."""
+    if annotator is None:
+        return
+    if f.disagree:
+        raise ViewError("disagree: not in --annotate mode (labels change as you label); "
+                        "`gradekit report OUTPUT --labels FILE --on KEY` lists the disagreements")
+    if not annotator.blind:
         return
     used = [name for name, on in (("label", f.label), ("score_min", f.score_min is not None),
                                   ("score_max", f.score_max is not None), ("disagree", f.disagree), ("flipped", f.flipped)) if on]
