@@ -456,10 +456,14 @@ class ResultsFile:
             state = read_labels(self.labels.path, self.labels.on)
         except LabelsError as e:
             raise ViewError(f"labels file {e}") from None
+        column = self.labels.column
+        if state.keyless and not state.records:
+            raise ViewError(f"labels file {self.labels.path}: no line has the key {self.labels.on!r} (--on)")
+        if state.records and not any(column in r for r in state.records):
+            raise ViewError(f"labels file {self.labels.path}: no column {column!r} (it has: {', '.join(state.records[0])})")
         for warning in state.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)
-        column = self.labels.column
         return {str(r[self.labels.on]): str(r[column]).strip() for r in state.records
                 if r.get(column) is not None and str(r[column]).strip()}
 
