@@ -180,3 +180,38 @@ def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[
     page.wait_for_selector("#row-view:not([hidden]) #raw-reply")
     assert page.inner_text("#raw-reply") == UNREADABLE
     assert requested == [out.as_uri()]  # the file itself, and nothing else
+
+
+def test_label_five_rows_by_keyboard_in_blind_mode_and_reload(page: Any, files: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    from graders.calibration._labels import read_labels
+
+    store = tmp_path / "labels.jsonl"
+    total = len(read(files["jsonl"]))
+    proc, url = start_view(str(files["jsonl"]), "--annotate", "--blind", "--labels", str(store), "--on", "id",
+                           "--rubric", "semantic_equivalence_en")
+    try:
+        page.goto(url)
+        first = None
+        for n, key in enumerate(["1", "2", "1", "2", "1", "u", "2"], start=1):
+            # The drawn row is open, its verdict hidden, before a key labels it.
+            page.wait_for_selector("#row-view:not([hidden]) #blind-note")
+            page.wait_for_function("document.getElementById('label-status').textContent === 'not labelled yet'")
+            assert page.locator("#verdict dt", has_text="score").count() == 0 and page.locator("#rationale").count() == 0
+            title = page.inner_text("#row-title")
+            first = first or title.split()[-1]
+            page.keyboard.press(key)
+            labelled = min(n, 5) if key != "u" else 4
+            page.wait_for_function(f"document.getElementById('label-progress').textContent === '{labelled} / {total}'")
+            if key == "u":  # the undone row opens again, unlabelled
+                page.wait_for_function("document.getElementById('label-status').textContent === 'not labelled yet'")
+            else:
+                page.wait_for_function(f"document.getElementById('row-title').textContent !== {title!r}")
+        page.reload()
+        page.wait_for_function(f"document.getElementById('label-progress').textContent === '5 / {total}'")
+        page.goto(f"{url}/#/rows/{first}")
+        page.wait_for_function("document.getElementById('label-status').textContent === 'labelled: correct'")
+        page.wait_for_selector("#verdict dt:text-is('score')")  # labelled: the judge's verdict shows now
+    finally:
+        stop_view(proc)
+    state = read_labels(store, "id")
+    assert len(state.records) == 5 and len(store.read_text(encoding="utf-8").splitlines()) == 7  # 6 labels and an undo

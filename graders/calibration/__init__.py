@@ -4,7 +4,9 @@
 ``_pairwise`` judges a pair in both orders and applies a pair rule; ``_llmbar`` reproduces the
 LLMBar paper's figures from its recorded judge outputs; ``_suites`` and ``_meta_eval`` score a
 judge on labelled pairwise suites beside the published judges; ``_ppi`` turns a few human labels
-plus many judge scores into an estimate with an honest interval; ``_probes`` perturbs inputs to catch a
+plus many judge scores into an estimate with an honest interval (weighted by the labels' draw
+probabilities when they were drawn actively); ``_labels`` is the human labels store (one fsynced
+JSONL line per act) and the active order rows are offered in; ``_probes`` perturbs inputs to catch a
 judge that rewards length, listings, injected instructions, content-free openers or position.
 """
 
@@ -18,7 +20,8 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                  "suite_replay_responder"],
     "._meta_eval": ["MetaEvalReport", "MetaEvalRow", "meta_eval", "plot_meta_eval"],
     "._pairwise": ["PairVerdict", "PairwiseRunSummary", "grade_pairwise_file", "pairwise_grader"],
-    "._ppi": ["PPIReport", "ppi_mean", "ppi_rows"],
+    "._labels": ["LabelState", "LabelStore", "LabelsError", "draw_probabilities", "read_labels", "uncertainty"],
+    "._ppi": ["PPIReport", "ppi_mean", "ppi_mean_active", "ppi_rows"],
     "._probes": ["MASTER_KEYS", "Probe", "ProbeReport", "answer_listing", "instruction_injection", "master_key", "master_keys",
                  "position_swap", "run_probes", "verbosity"],
     "._suites": ["Suite", "SuitePair", "load_suite"],

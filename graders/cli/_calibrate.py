@@ -45,12 +45,16 @@ def calibrate(
     ppi: bool = typer.Option(False, "--ppi", help="Estimate the mean human score over all GRADED rows by prediction-powered inference (needs --labels and --on)."),
     alpha: float = typer.Option(0.05, "--alpha", help="With --ppi: 1 - the confidence of the intervals."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="With --ppi: the rubric whose label -> score map turns a human label into a score [default: a numeric 'score' column in LABELS, pairwise winners, or the graded rows' own labels]."),
+    label_map: list[str] = typer.Option([], "--label-map", help="HUMAN=JUDGE pairs, comma-separated or repeated (e.g. yes=correct,no=incorrect): the human labels in the judge's vocabulary."),
 ) -> None:
     """Accuracy, per-label precision/recall/F1, confusion, kappa, correlations and bootstrap intervals of a
     graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias.
 
     With --ppi: the mean human score over every graded row, estimated from the judge's scores and the
     human labels of some rows (PPI, Angelopoulos et al. 2023), beside the human-only and judge-only means.
+    Labels with a recorded draw probability `p` (from `gradekit view --annotate`) are weighted by it
+    (IPW PPI, as in Zrnic and Candès 2024). A JSONL labels file is read as a labels store: the last
+    line per key wins. Human labels sharing no value with the judge's are an error (see --label-map).
     Exit status: 0 done, 2 bad input or option."""
     from ..calibration._agreement import calibrate_rows
     from ..runs._io import InputError
@@ -59,9 +63,17 @@ def calibrate(
         raise fail(f"--convention must be llmbar or skip, not {convention!r}")
     if ppi and (labels is None or not on):
         raise fail("--ppi needs --labels FILE and --on KEY: the labelled rows are the GRADED rows whose KEY has a human label")
+    from ..calibration._labels import mapped, parse_label_map
+
     try:
+        pairs = parse_label_map(label_map)
         graded_rows = _load(graded, "graded file")
-        label_rows = _load(labels, "labels file") if labels is not None else None
+        label_rows = _labels(labels, on) if labels is not None else None
+        if label_rows is not None:
+            label_rows = mapped(label_rows, human_column, pairs)
+        elif pairs:
+            graded_rows = mapped(graded_rows, human_column if human_column != "label" else "input_label", pairs)
+        _check_vocabulary(graded_rows, label_rows, on, human_column, judge_column, labels)
         # Numeric human scores alone (a 'score' column, no label column) feed PPI but no classification report.
         classify = not (ppi and label_rows is not None and any(human_column not in r for r in label_rows))
         result = None if not classify else calibrate_rows(
@@ -85,6 +97,48 @@ def calibrate(
         _print_ppi(estimate, Console(highlight=False))
     for path in written:
         Console().print(f"plot: {path}", highlight=False)
+
+
+def _labels(path: Path, on: str | None) -> list[dict]:
+    """The labels file's rows; a JSONL one read as a labels store (last line per key wins, a torn line skipped)."""
+    from ..calibration._labels import LabelsError, looks_like_store, read_labels
+    from ..runs._io import InputError
+
+    if not looks_like_store(path) or not on:
+        return _load(path, "labels file")
+    if not path.is_file():
+        raise InputError(f"{path}: no such labels file")
+    try:
+        state = read_labels(path, on)
+    except LabelsError as e:
+        raise InputError(str(e)) from None
+    if state.keyless:
+        return _load(path, "labels file")  # lines without --on's key: read as a table, whose errors name the columns
+    for warning in state.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if not state.records:
+        raise InputError(f"{path}: no labels (no line with {on!r} and a label)")
+    return state.records
+
+
+def _check_vocabulary(graded_rows, label_rows, on, human_column, judge_column, labels) -> None:
+    """Human labels that share no value with the judge's: every row would disagree (accuracy 0) silently."""
+    from ..calibration._agreement import as_label
+    from ..calibration._labels import check_vocabularies
+
+    pairwise = bool(graded_rows) and "winner_ab" in graded_rows[0]
+    judge = judge_column or ("winner" if pairwise else "label")
+    if label_rows is not None:
+        if any("score" in r and human_column not in r for r in label_rows):
+            return  # numeric human scores, no labels to compare
+        human = [as_label(r.get(human_column)) for r in label_rows]
+        source = f"human labels in {labels}"
+    else:
+        column = f"input_{human_column}" if human_column == judge and f"input_{human_column}" in graded_rows[0] else human_column
+        human = [as_label(r.get(column)) for r in graded_rows]
+        source = f"human labels ({column})"
+    verdicts = [as_label(r.get(judge)) for r in graded_rows if r.get("status") in (None, "", "ok")]
+    check_vocabularies(human, verdicts, source, f"the judge ({judge})")
 
 
 def _ppi(graded_rows, label_rows, on, human_column, rubric, alpha, graded, labels):
@@ -114,6 +168,12 @@ def _print_ppi(p, console: Console) -> None:
                       + (" : the judge's scores bought precision" if p.width_ratio < 1 else ": the judge bought nothing here"))
     if p.rows_without_judge_score:
         console.print(f"{p.rows_without_judge_score} graded rows have no judge score (errors) and are left out")
+    if p.method == "ipw-ppi":
+        console.print("labels drawn with recorded probabilities: inverse-probability weighted (Des Raj's sequential form)")
+    if p.score_range is not None:
+        console.print(f"intervals are clipped to the score's range [{p.score_range[0]:g}, {p.score_range[1]:g}]")
+    for warning in p.warnings:
+        console.print(f"note: {warning}")
 
 
 def _plots(result: FileCalibration, folder: Path) -> list[str]:

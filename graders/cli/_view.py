@@ -43,14 +43,19 @@ def view(
     host: str = typer.Option("127.0.0.1", "--host", envvar="GRADEKIT_VIEW_HOST", help="Bind address; only this machine can see the page unless told otherwise."),
     port: int = typer.Option(8520, "--port", envvar="GRADEKIT_VIEW_PORT", help="Port; 0 picks a free one."),
     no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser."),
+    annotate: bool = typer.Option(False, "--annotate", help="Labelling mode: label rows in the page into --labels FILE (a JSONL labels store, created if missing), keyed by --on."),
+    blind: bool = typer.Option(False, "--blind", help="With --annotate: hide the judge's verdict, score, rationale and raw reply of a row until it is labelled (page and API)."),
+    label_values: str = typer.Option(None, "--label-values", help="With --annotate: the labels to choose from, comma-separated [default: --rubric's labels, else those already in FILE]."),
+    labeller: str = typer.Option(None, "--labeller", help="With --annotate: the name stored with each label [default: the OS user]."),
 ) -> None:
     """Serve a page over OUTPUT: rows table with paging, sorting, filters and search, a row view, a summary.
 
     JSON API: GET /api/summary, GET /api/rows?offset=&limit=&status=&label=&error_kind=&score_min=&score_max=&q=&disagree=&flipped=&sort=,
-    GET /api/rows/{index}, GET /api/rows/{index}/prompt (see docs/view.md).
+    GET /api/rows/{index}, GET /api/rows/{index}/prompt (see docs/view.md); with --annotate also
+    POST /api/rows/{index}/label, GET /api/next?strategy=active|random, GET /api/labels.
 
     The first line on stdout is the page's URL. Runs until Ctrl-C/SIGTERM.
-    Exit status 2: OUTPUT, --labels or --rubric cannot be used (the message says why); 1: the server could not start (e.g. the port is taken).
+    Exit status 2: OUTPUT, --labels, --on, --rubric or the label values cannot be used (the message says why); 1: the server could not start (e.g. the port is taken).
     """
     import threading
     import webbrowser
@@ -63,10 +68,15 @@ def view(
         if not sep or not var or not column:
             raise fail(f"--map {pair!r}: expected VAR=COLUMN")
         pairs[var] = column
+    if (blind or label_values or labeller) and not annotate:
+        raise fail("--blind, --label-values and --labeller go with --annotate")
+    if annotate and (labels is None or not on):
+        raise fail("--annotate needs --labels FILE (where the labels are written; created if missing) and --on KEY")
     # Open the file first: its row count starts on a thread and runs while the server stack imports.
     # The copy for filters starts once the first page is answered (or a filter or the summary asks):
     # started at once, it would take the CPU the first page needs.
-    results = open_results(output, labels, on, human_column, background=True, deferred=True)
+    results = open_results(output, None if annotate else labels, None if annotate else on, human_column,
+                           background=True, deferred=True)
     try:
         judge_rubric = None
         if rubric is not None:
@@ -80,7 +90,8 @@ def view(
         from ..platforms.server._run import RewardServer
         from ..view import ViewError, view_app
 
-        app = view_app(results, rubric=judge_rubric, mapping=pairs, host=host)
+        annotator = _annotator(results, labels, on, blind, label_values, labeller, judge_rubric, human_column) if annotate else None
+        app = view_app(results, rubric=judge_rubric, mapping=pairs, host=host, annotator=annotator)
 
         def indexed() -> None:
             try:
@@ -93,6 +104,11 @@ def view(
         def announce(server: RewardServer) -> None:  # on the server's event loop: nothing here may wait
             typer.echo(server.url)  # first line of stdout: what tests and scripts read
             typer.echo(f"viewing {output}; Ctrl-C stops", err=True)
+            if annotator is not None:
+                typer.echo(f"labelling into {labels} as {annotator.store.labeller} ({', '.join(annotator.values)})"
+                           + (", blind" if blind else "") + f"; {len(annotator.labelled)} labelled already", err=True)
+                for warning in annotator.warnings:
+                    typer.echo(f"warning: {warning}", err=True)
             threading.Thread(target=indexed, name="gradekit-view-announce", daemon=True).start()
             if not no_browser:
                 webbrowser.open(server.url)
@@ -106,3 +122,41 @@ def view(
             raise fail(f"could not serve on {host}:{port} (is the port taken? --port 0 picks a free one)", code=1) from e
     finally:
         results.close()
+
+
+def _annotator(results: Any, labels: Path, on: str, blind: bool, label_values: str | None, labeller: str | None,
+               rubric: Any, human_column: str) -> Any:
+    """The labelling mode's state: the store (refused if a symlink), the vocabulary, the judge columns to hide."""
+    from ..calibration._labels import LabelsError, LabelStore, read_labels
+    from ..view import ViewError
+    from ..view._annotate import Annotator, hidden_columns
+
+    if on not in results.columns:
+        raise fail(f"--on {on!r}: {results.path} has no such column (it has: {', '.join(results.columns)})")
+    if human_column != "label":
+        raise fail("--human-column does not go with --annotate: the labels store's column is 'label'")
+    try:
+        existing = read_labels(labels, on)
+        store = LabelStore(labels, on, labeller)
+    except LabelsError as e:
+        raise fail(str(e)) from e
+    if label_values:
+        values = [v.strip() for v in label_values.split(",") if v.strip()]
+    elif rubric is not None:
+        values = ["1", "2", "tie"] if results.kind == "pairwise" else list(rubric.labels)
+    else:
+        values = list(dict.fromkeys(str(r["label"]) for r in existing.records))
+    values = list(dict.fromkeys(values))
+    if not values:
+        store.close()
+        raise fail(f"no label values: pass --label-values a,b,c (or --rubric NAME for its labels); {labels} holds no labels yet")
+    scores = None
+    if rubric is not None and results.kind != "pairwise":
+        scores = dict(rubric.labels)
+    if blind:
+        results.unsearched = hidden_columns(results.columns, results.kind)  # before the copy builds the search text
+    try:
+        return Annotator(results, store, values, blind=blind, label_scores=scores)
+    except ViewError as e:
+        store.close()
+        raise fail(str(e)) from e

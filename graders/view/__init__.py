@@ -3,7 +3,7 @@
 ``_results`` opens a graded file with DuckDB (paging, filters, sorting and search run as SQL
 over a columnar copy, never over the whole file in memory); ``_summary`` aggregates it (counts,
 histograms, agreement with human labels); ``_server`` serves the
-page and its JSON API; ``_report`` inlines the same page, script and the worst rows into one
+page and its JSON API; ``_annotate`` its labelling mode (`--annotate`, `--blind`); ``_report`` inlines the same page, script and the worst rows into one
 HTML file; ``_prompt`` renders a row's judge prompt again from its rubric. The page's assets
 live in ``static/`` and ship in the wheel.
 """

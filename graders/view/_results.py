@@ -227,9 +227,10 @@ class ResultsFile:
     """
 
     def __init__(self, path: str | Path, *, labels: Labels | None = None, memory_limit: str = "256MB",
-                 background: bool = True, deferred: bool = False) -> None:
+                 background: bool = True, deferred: bool = False, unsearched: frozenset[str] = frozenset()) -> None:
         import duckdb  # the view extra; imported here so that `gradekit --help` never loads it
 
+        self.unsearched = unsearched  # columns ?q= must not search (--blind: a hit would reveal the hidden verdict)
         self.path = Path(path)
         if not self.path.is_file():
             raise ViewError(f"{self.path}: no such file")
@@ -421,6 +422,7 @@ class ResultsFile:
         described = self._db.cursor().execute(f"DESCRIBE SELECT * FROM {reader}").fetchall()
         # Every column but numbers, booleans and times is searchable text (nested JSON as its JSON text).
         text = [f"CAST({_quote(name)} AS VARCHAR)" for name, kind, *_ in described if name != TEXT and kind not in _NOT_TEXT
+                and name not in self.unsearched
                 and not kind.startswith(("DECIMAL", "TIMESTAMP"))]
         searched = f"lower(concat_ws(chr(10), {', '.join(text)}))" if text else "''"
         self._query(f"CREATE OR REPLACE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {reader}")
@@ -433,6 +435,8 @@ class ResultsFile:
             return
         if self.labels.on not in self.columns:
             raise ViewError(f"{self.path}: no column {self.labels.on!r} to join the labels on (--on)")
+        if self._store_labels() is not None:
+            return
         try:
             names = [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {_reader(self.labels.path, True)}").fetchall()]
         except (duckdb.Error, InputError) as e:
@@ -440,6 +444,28 @@ class ResultsFile:
         for name in (self.labels.on, self.labels.column):
             if name not in names:
                 raise ViewError(f"labels file {self.labels.path}: no column {name!r} (it has: {', '.join(names)})")
+
+    def _store_labels(self) -> dict[str, str] | None:
+        """A JSONL labels file read as a labels store (last line per key wins, torn lines skipped with a warning):
+        key -> label; None for a CSV or Parquet labels table."""
+        from ..calibration._labels import LabelsError, looks_like_store, read_labels
+
+        if self.labels is None or not looks_like_store(self.labels.path):
+            return None
+        try:
+            state = read_labels(self.labels.path, self.labels.on)
+        except LabelsError as e:
+            raise ViewError(f"labels file {e}") from None
+        column = self.labels.column
+        if state.keyless and not state.records:
+            raise ViewError(f"labels file {self.labels.path}: no line has the key {self.labels.on!r} (--on)")
+        if state.records and not any(column in r for r in state.records):
+            raise ViewError(f"labels file {self.labels.path}: no column {column!r} (it has: {', '.join(state.records[0])})")
+        for warning in state.warnings:
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+        return {str(r[self.labels.on]): str(r[column]).strip() for r in state.records
+                if r.get(column) is not None and str(r[column]).strip()}
 
     def _attach_human_labels(self, db: Any) -> None:
         """Add ``human_label``: from the --labels file joined on its key, else the input's own gold label."""
@@ -450,9 +476,15 @@ class ResultsFile:
             labels, on, column = self.labels.path, self.labels.on, self.labels.column
             if on not in self._types:
                 raise ViewError(f"{self.path}: no column {on!r} to join the labels on (--on)")
+            store = self._store_labels()
             try:
-                db.execute(f"CREATE TABLE human AS SELECT CAST({_quote(on)} AS VARCHAR) AS k, "
-                           f"NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {_reader(labels, True)}")
+                if store is not None:
+                    db.execute("CREATE TABLE human (k VARCHAR, v VARCHAR)")
+                    if store:
+                        db.executemany("INSERT INTO human VALUES (?, ?)", list(store.items()))
+                else:
+                    db.execute(f"CREATE TABLE human AS SELECT CAST({_quote(on)} AS VARCHAR) AS k, "
+                               f"NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {_reader(labels, True)}")
             except duckdb.Error as e:
                 raise ViewError(f"labels file {labels}: {str(e).splitlines()[0]}") from None
             twice = db.execute("SELECT k FROM human WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 LIMIT 1").fetchone()
@@ -599,7 +631,8 @@ class ResultsFile:
             if self.labels is not None:  # look up only this page's keys in the labels file
                 rows = self._fetch(f"SELECT *, CAST({_quote(self.labels.on)} AS VARCHAR) AS {key} FROM {self._reader} {window}")
                 keys = sorted({row[key] for row in rows if row[key] is not None})
-                found = dict(self._db.cursor().execute(
+                store = self._store_labels()
+                found = {k: store[k] for k in keys if k in store} if store is not None else dict(self._db.cursor().execute(
                     f"SELECT CAST({_quote(self.labels.on)} AS VARCHAR), NULLIF(trim(CAST({_quote(self.labels.column)} AS VARCHAR)), '') "
                     f"FROM {_reader(self.labels.path, True)} WHERE CAST({_quote(self.labels.on)} AS VARCHAR) "
                     f"IN ({', '.join('?' * len(keys))})", keys).fetchall()) if keys else {}
@@ -641,8 +674,16 @@ class ResultsFile:
         found = self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} WHERE rowid = ?", [index])
         return found[0] if found else None
 
+    def column_values(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Every row's values of ``names`` (those the file has), in file order: what the labelling mode keys and ranks by."""
+        self.wait()
+        present = [n for n in names if n in self._types]
+        listed = ", ".join(["rowid AS \"index\"", *(_quote(n) for n in present)])
+        return self._fetch(f"SELECT {listed} FROM {TABLE} ORDER BY rowid")
+
     def worst(self, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` rows, the worst first: errors, then disagreements with the human label, then the rest."""
+        """Up to ``limit`` rows, the worst first: errors, disagreements with the human label, pairs whose orders
+        disagree, the other labelled rows, then the rest."""
         self.wait()
         rank = []
         if "status" in self._types:
@@ -651,6 +692,8 @@ class ResultsFile:
             rank.append(f"CASE WHEN {self._disagrees()} THEN 0 ELSE 1 END")
         if "agree" in self._types:
             rank.append("CASE WHEN CAST(agree AS VARCHAR) IN ('false', 'False', '0') THEN 0 ELSE 1 END")
+        if self.has_human_labels:  # then the rows a person labelled: what the agreement figures rest on
+            rank.append(f"CASE WHEN {HUMAN} IS NOT NULL THEN 0 ELSE 1 END")
         listed = ", ".join(_quote(c) for c in self._types)
         order = ", ".join([*rank, "rowid"])
         return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")

@@ -1,6 +1,6 @@
 """The results browser's web app: the page, its assets, and the JSON API the page and scripts use.
 
-Routes (all GET):
+Routes (GET; with --annotate also the labelling routes of ``_annotate``, one of them a POST):
   /                       the page
   /static/<file>          its script and styles (shipped in the wheel; nothing from a CDN)
   /api/summary            counts by status, label and error kind, score histogram, tokens, agreement
@@ -38,6 +38,8 @@ from ._summary import summarise
 
 if TYPE_CHECKING:  # the rubric and its prompt rendering load with --rubric only: the first page does not wait for them
     from judge import Rubric
+
+    from ._annotate import Annotator
 
 API_VERSION = 1
 
@@ -96,29 +98,51 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+def _page(annotator: Annotator | None) -> str:
+    """The page; in labelling mode it carries the write token (a page on another site cannot read it: no CORS)."""
+    html = static_text("index.html").replace("{{mode}}", "server")
+    if annotator is not None:
+        html = html.replace('data-annotate=""', f'data-annotate="{"blind" if annotator.blind else "on"}" '
+                                                f'data-token="{annotator.token}"')
+    return html
+
+
 def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Mapping[str, str] | None = None,
-             host: str | None = None) -> ASGIApp:
+             host: str | None = None, annotator: Annotator | None = None) -> ASGIApp:
     """The browser's app over an opened file; ``rubric`` lets the row view show the judge prompt; ``host`` is the
-    address it is bound to (a name given there is answered besides the loopback names)."""
+    address it is bound to (a name given there is answered besides the loopback names); ``annotator``: the labelling
+    mode (its routes, and with --blind the judge's columns taken out of unlabelled rows everywhere)."""
 
     def page(request: Request) -> Response:
-        return HTMLResponse(static_text("index.html").replace("{{mode}}", "server"))
+        return HTMLResponse(_page(annotator))
 
     def summary(request: Request) -> Response:
         try:
-            return _json({"version": API_VERSION, **summarise(results), "rubric": rubric.name if rubric else None})
+            found = {**summarise(results), "rubric": rubric.name if rubric else None}
         except ViewError as e:
             return _error(str(e), 500)
+        if annotator is not None and annotator.blind:
+            from ._annotate import blind_summary
+
+            found = blind_summary(annotator, found)
+        return _json({"version": API_VERSION, **found})
 
     def rows(request: Request) -> Response:
         query = request.query_params
         try:
             offset, limit = page_window(query)
-            page_ = results.rows(as_filter(query), offset=offset, limit=limit)
+            wanted = as_filter(query)
+            if annotator is not None:
+                from ._annotate import check_blind_filter
+
+                check_blind_filter(annotator, wanted)
+            page_ = results.rows(wanted, offset=offset, limit=limit)
         except ViewError as e:
             return _error(str(e), 400)
         if not page_.ready:
             results.index()  # a deferred copy starts once the first page is out, not before: it would compete for the CPU
+        if annotator is not None:
+            page_.rows = [annotator.present(row) for row in page_.rows]
         return _json({"version": API_VERSION, **page_.model_dump()})
 
     def _row(request: Request) -> dict[str, Any] | Response:
@@ -139,7 +163,9 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
 
     def one(request: Request) -> Response:
         found = _row(request)
-        return found if isinstance(found, Response) else _json(found)
+        if isinstance(found, Response):
+            return found
+        return _json(annotator.present(found) if annotator is not None else found)
 
     def prompt(request: Request) -> Response:
         if rubric is None:
@@ -153,7 +179,13 @@ def view_app(results: ResultsFile, *, rubric: Rubric | None = None, mapping: Map
                       **render_prompt(rubric, found, mapping, pairwise=results.kind == "pairwise" and rubric.pairwise is not None)})
 
     static = resources.files(__package__).joinpath("static")
+    labelling: list[Any] = []
+    if annotator is not None:
+        from ._annotate import annotate_routes
+
+        labelling = annotate_routes(annotator, _row)
     return HostCheck(Starlette(routes=[
+        *labelling,
         Route("/", page),
         Route("/api/summary", summary),
         Route("/api/rows", rows),

@@ -8,7 +8,8 @@
   const PAGE = 50;
   const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "reasoning", "prompt_tokens",
     "completion_tokens", "cached", "winner", "decided_by", "agree", "winner_ab", "winner_ba", "label_ab", "label_ba",
-    "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba"]);
+    "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba",
+    "human_note", "labelled", "hidden"]);
   const RAW = ["raw_reply", "raw_reply_ab", "raw_reply_ba"];
   const $ = (id) => document.getElementById(id);
   let summary = null, offset = 0, total = 0, columns = null, judgeColumn = "label";
@@ -114,9 +115,10 @@
     $("label-name").textContent = judgeColumn;
     const box = $("summary"); box.replaceChildren();
     box.append(el("div", { class: "card" }, el("h3", {}, "rows"), el("div", { class: "big", id: "summary-rows" }, s.rows.toLocaleString())));
-    box.append(counts("status", s.status, "status"), counts(judgeColumn === "winner" ? "winner" : "labels", s.labels, "label"));
+    box.append(counts("status", s.status, "status"));
+    if (!s.blind) box.append(counts(judgeColumn === "winner" ? "winner" : "labels", s.labels, "label")); // --blind: no judge figure
     if (Object.keys(s.error_kinds || {}).length) box.append(counts("errors by kind", s.error_kinds, "error_kind"));
-    box.append(histogram("score", s.score));
+    if (!s.blind) box.append(histogram("score", s.score));
     for (const [part, score] of Object.entries(s.parts || {})) box.append(histogram("score of " + part, score));
     if (s.tokens) {
       box.append(el("div", { class: "card" }, el("h3", {}, "tokens"),
@@ -224,6 +226,8 @@
     for (const k of ["status", judgeColumn, "score", "human_label", "error_kind", "error", "decided_by", "agree"])
       if (k in row && row[k] !== null) verdict.append(el("dt", {}, k), el("dd", { class: k === "status" ? "status-" + row[k] : null }, show(row[k])));
     parts.push(...section("verdict", verdict));
+    if (row.hidden && row.hidden.length) parts.push(el("p", { class: "hidden-note", id: "blind-note" },
+      `blind: the judge's ${row.hidden.join(", ")} show once you have labelled this row`));
     if ("winner_ab" in row) {
       const order = (sfx, title) => el("div", {}, el("h3", {}, title), el("dl", {}, ...["winner", "label", "score", "rationale", "raw_reply"].flatMap((k) =>
         (k + "_" + sfx) in row ? [el("dt", {}, k), el("dd", {}, show(row[k + "_" + sfx]))] : [])));
@@ -233,7 +237,7 @@
     if (row.reasoning) parts.push(...section("judge's thinking (not read for the verdict)", el("pre", { id: "reasoning" }, row.reasoning)));
     const pair = "winner_ab" in row;  // a pairwise row shows raw_reply_ab / raw_reply_ba in its orders
     const raw = RAW.filter((k) => k in row && row[k] !== null && !(pair && (k === "raw_reply_ab" || k === "raw_reply_ba")));
-    parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
+    if (!(row.hidden && row.hidden.some((k) => RAW.includes(k)))) parts.push(...section("raw reply", raw.length ? el("pre", { id: "raw-reply" }, raw.map((k) => show(row[k])).join("\n\n"))
       : el("p", { id: "raw-reply", class: "muted" }, RAW.some((k) => k in row)
         ? (pair ? "kept per order above when an order failed" : "none kept: the verdict was read (the raw reply is kept for failed verdicts)")
         : row.error ? `not stored in this output; the error says: ${row.error}` : "not stored in this output (it has no raw column)")));
@@ -247,6 +251,7 @@
     parts.push(...section("judge prompt", prompt));
     body.replaceChildren(...parts);
     $("row-view").hidden = false;
+    labelling.shown(row);
     const rendered = await source.prompt(index);
     if (!rendered) prompt.replaceChildren(el("p", { class: "muted" },
       MODE === "report" ? "not in the report" : "start `gradekit view` with --rubric NAME to see it"));
@@ -266,6 +271,7 @@
   $("next").addEventListener("click", () => { if (offset + PAGE < total) { offset += PAGE; load(); } });
   $("close").addEventListener("click", closeRow);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("row-view").hidden) closeRow(); });
+  const labelling = setupLabelling();
   window.addEventListener("hashchange", route);
   window.addEventListener("popstate", route);
   load();
@@ -276,4 +282,86 @@
     if (MODE === "server" && $("state").textContent.startsWith("indexing")) $("state").textContent = "";
   }, (e) => { $("state").textContent = "summary failed: " + e.message; });
   if (MODE === "report") $("state").textContent = DATA.note || "";
+
+  // ---- labelling mode (gradekit view --annotate) ------------------------------------------------
+  // The open row is the one being labelled: digits label it (then the next row is drawn), j/k move,
+  // u undoes this tab's last label. Writes carry the page's token and a JSON body (see _annotate.py).
+  function setupLabelling() {
+    const mode = document.body.dataset.annotate || "";
+    if (MODE !== "server" || !mode) return { shown: () => {} };
+    const token = document.body.dataset.token || "";
+    let values = [], current = null, done = [];
+    $("labelling").hidden = false; $("label-panel").hidden = false;
+    if (mode === "blind") for (const id of ["filter-label", "filter-score_min"]) $(id).closest("label").hidden = true; // refused (400) while blind
+    async function post(index, label) {
+      const response = await fetch("/api/rows/" + index + "/label", {
+        method: "POST", headers: { "Content-Type": "application/json", "X-Gradekit-Token": token },
+        body: JSON.stringify({ label, note: label === null ? null : ($("label-note").value.trim() || null) }),
+      });
+      const body = await response.json();
+      if (!response.ok) throw new Error(body.error || response.statusText);
+      return body;
+    }
+    async function progress() {
+      const p = await api("/api/labels");
+      values = p.values;
+      $("label-progress").textContent = `${p.labelled.toLocaleString()} / ${p.total.toLocaleString()}`;
+      $("label-ppi").textContent = p.ppi ? `PPI ${num(p.ppi.estimate)} [${num(p.ppi.ci_low)}, ${num(p.ppi.ci_high)}] (${p.ppi.method})`
+        : (p.ppi_error ? "PPI: " + p.ppi_error : "PPI: label 2 rows or more");
+      renderButtons();
+      return p;
+    }
+    function renderButtons() {
+      const chosen = current ? current.human_label : null;
+      $("label-buttons").replaceChildren(...values.map((v, i) => el("button", {
+        type: "button", "data-label": v, class: v === chosen ? "chosen" : null, onclick: () => choose(v),
+      }, `${i + 1} ${v}`)));
+    }
+    async function next() {
+      try {
+        const drawn = await api("/api/next?strategy=" + $("label-strategy").value);
+        openRow(drawn.index);
+      } catch (e) { $("label-status").textContent = e.message; }
+    }
+    async function choose(label) {
+      if (!current) return;
+      const index = current.index;
+      try {
+        await post(index, label);
+        done.push(index);
+        $("label-status").textContent = `row ${index}: ${label}`;
+        $("label-note").value = "";
+        await progress();
+        load();
+        await next();
+      } catch (e) { $("label-status").textContent = "not saved: " + e.message; }
+    }
+    async function undo() {
+      const index = done.pop();
+      if (index === undefined) { $("label-status").textContent = "nothing to undo in this tab"; return; }
+      try {
+        await post(index, null);
+        $("label-status").textContent = `row ${index}: label undone`;
+        await progress(); load(); openRow(index);
+      } catch (e) { $("label-status").textContent = "undo failed: " + e.message; }
+    }
+    $("label-next").addEventListener("click", next);
+    document.addEventListener("keydown", (e) => {
+      const target = e.target;
+      if (e.ctrlKey || e.metaKey || e.altKey || (target && (target.tagName === "INPUT" || target.tagName === "TEXTAREA" || target.tagName === "SELECT"))) return;
+      if (/^[1-9]$/.test(e.key) && current && values[Number(e.key) - 1] !== undefined) { e.preventDefault(); choose(values[Number(e.key) - 1]); }
+      else if (e.key === "j" && current) openRow(current.index + 1);
+      else if (e.key === "k" && current && current.index > 0) openRow(current.index - 1);
+      else if (e.key === "u") undo();
+      else if (e.key === "n") next();
+    });
+    progress().then(() => { if (!ROW_HASH.test(location.hash)) next(); }, (e) => { $("label-status").textContent = e.message; });
+    return {
+      shown(row) {
+        current = row;
+        $("label-status").textContent = row.labelled ? `labelled: ${row.human_label}` + (row.human_note ? ` (${row.human_note})` : "") : "not labelled yet";
+        renderButtons();
+      },
+    };
+  }
 })();
