@@ -192,13 +192,56 @@ def test_validate_checks_an_eval_with_the_sdk_types(tmp_path) -> None:
     assert any("operation" in p for p in problems)
 
 
-def test_a_score_model_criterion_is_refused_by_name(tmp_path) -> None:
-    definition = tmp_path / "eval.json"
-    definition.write_text(json.dumps({**EVAL, "testing_criteria": [{"type": "score_model", "name": "s", "model": "m", "input": [],
-                                                                    "range": [0, 1], "pass_threshold": 0.5}]}))
-    (tmp_path / "items.jsonl").write_text(json.dumps(items()[0]) + "\n")
-    result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(definition), "-o", str(tmp_path / "o.jsonl")])
-    assert result.exit_code == 2 and "score_model criteria are not run by gradekit yet" in result.output
+SCORE = {"type": "score_model", "name": "rating", "model": "gpt-4.1", "range": [1, 7], "pass_threshold": 5,
+         "sampling_params": {"temperature": 0.2, "seed": 7, "max_completions_tokens": 300},
+         "input": [{"role": "developer", "content": "Rate the answer from 1 to 7."},
+                   {"role": "user", "content": [{"type": "input_text", "text": "Question {{ item.n }}: {{ item.question }}"},
+                                                {"type": "input_image", "image_url": "{{ item.image }}"},
+                                                {"type": "input_text", "text": "Answer: {{ sample.output_text }}"}]}]}
+
+
+def judge_rates(n: int) -> float:
+    return 9 if n == 5 else 1 + (n * 5) % 7  # 9: outside the range, an error row
+
+
+def score_responder(body: dict) -> Reply:
+    n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+    return Reply(content=json.dumps({"steps": [{"description": "read", "conclusion": "ok"}], "result": judge_rates(n)}))
+
+
+def test_score_model_criterion_scores_in_range_and_passes_at_the_threshold(tmp_path) -> None:
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][0], SCORE]}))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()[:14]))
+    write_images(tmp_path)
+    with FakeProvider(responder=score_responder) as fake:
+        result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--json"])
+        requests = fake.chat_requests()
+    assert result.exit_code == 1, result.output  # the out-of-range reply is an error row
+    summary = json.loads(result.stdout)
+    rows = items()[:14]
+    exact = [r["sample"]["output_text"] == r["item"]["answer"] for r in rows]
+    rated = [judge_rates(n) >= 5 for n in range(14)]
+    ok = [n for n in range(14) if n != 5]
+    assert summary["result_counts"] == {"total": 14, "passed": sum(exact[n] and rated[n] for n in ok),
+                                        "failed": sum(not (exact[n] and rated[n]) for n in ok), "errored": 1}
+    per = {r["testing_criteria"].split("-")[0]: (r["passed"], r["failed"]) for r in summary["per_testing_criteria_results"]}
+    assert per["rating"] == (sum(rated[n] for n in ok), sum(not rated[n] for n in ok))
+    assert per["exact"] == (sum(exact), 14 - sum(exact))
+    assert len(requests) == 14
+    for request in requests:
+        body = request.body
+        n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+        assert body["response_format"]["type"] == "json_schema"
+        assert body["temperature"] == 0.2 and body["seed"] == 7 and body["max_completion_tokens"] == 300
+        assert "from 1 to 7" in body["messages"][0]["content"] and body["messages"][0]["role"] == "system"
+        assert body["messages"][-1]["content"][1:] == [{"type": "image_url", "image_url": {"url": image_sent(n)}}]
+    graded = [json.loads(line) for line in out.read_text().splitlines()]
+    name = next(k for k in graded[0]["parts"] if k.startswith("rating-"))
+    assert graded[5]["status"] == "error" and "outside its range [1, 7]" in graded[5]["error"]
+    assert [g["metrics"][f"{name}.raw_score"] for i, g in enumerate(graded) if i != 5] == [judge_rates(n) for n in ok]
+    assert graded[0]["parts"][name] == (judge_rates(0) - 1) / 6  # a range beyond [-1, 1] is rescaled to 0..1
 
 
 def test_a_local_image_outside_the_input_folder_is_refused(tmp_path) -> None:
