@@ -1,4 +1,4 @@
-"""The wire shapes of the four contracts, and how each request becomes one RewardRequest.
+"""The wire shapes of the five contracts, and how each request becomes one RewardRequest.
 
 Every route turns its body into :class:`RewardRequest` s and asks the configured computer's
 ``compute_reward``; so a user's BaseRewardComputer (which only defines that method) serves all
@@ -282,3 +282,51 @@ def openrlhf_reply(responses: Sequence[RewardResponse]) -> dict[str, Any]:
     shared = [k for k in metrics[0] if all(k in m for m in metrics[1:])] if metrics else []
     return {"rewards": rewards, "scores": [min(1.0, max(0.0, r)) for r in rewards],
             "extra_logs": {k: [m[k] for m in metrics] for k in shared}}
+
+
+# ---- Microsoft Foundry endpoint grader: POST /grade ----------------------------------------------
+
+
+class FoundryGradeRequest(BaseModel):
+    """Foundry's endpoint grader request: ``sample`` (the model's output: ``output_text``,
+    ``output_json``, ``choices``), ``item`` (the whole dataset example, its ``messages`` too) and
+    ``trace_id`` (``trace_`` + a UUID, the same for one rollout)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    sample: dict[str, Any]
+    item: dict[str, Any] = Field(default_factory=dict)
+    trace_id: str | None = None
+
+    @field_validator("item", mode="before")
+    @classmethod
+    def _no_item(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
+    """The sample's text is the response (``output_text``, else the last choice's message, else
+    ``output_json`` as JSON); the item's ``messages`` are the prompt and its other keys the
+    references (``{{item.x}}``); the whole ``sample`` stays in metadata for ``{{sample.output_json.x}}``."""
+    sample = body.sample
+    text = sample.get("output_text")
+    response_messages = None
+    if not isinstance(text, str):
+        choices = sample.get("choices")
+        message = choices[-1].get("message") if isinstance(choices, list) and choices and isinstance(choices[-1], Mapping) else None
+        if isinstance(message, Mapping):
+            final = Message.model_validate({"role": "assistant", **message})
+            text, response_messages = final.text, [final]
+        elif sample.get("output_json") is not None:
+            text = json.dumps(sample["output_json"], ensure_ascii=False)
+        else:
+            text = ""
+    item = dict(body.item)
+    messages = item.pop("messages", None)
+    return RewardRequest(response=text, response_messages=response_messages, extra_params=item,
+                         messages=[Message.model_validate(m) for m in messages] if isinstance(messages, list) else None,
+                         metadata={"sample": sample, **({"trace_id": body.trace_id} if body.trace_id else {})})
+
+
+def foundry_reply(response: RewardResponse) -> dict[str, Any]:
+    return {"score": response.score}
