@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge import Judge, Rubric, Verdict, load_rubric
+from judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
 from ._string_match import IDENTITY, ParseConfig, parse_response
@@ -59,6 +60,29 @@ def rubric_row(rubric: Rubric, sample: Sample, mapping: Mapping[str, str]) -> di
         except PlaceholderError:
             continue
     return row
+
+
+PROMPT_MEDIA = "prompt_media"  # the variable a rubric without a media variable gets for the sample's images
+
+
+def with_prompt_media(rubric: Rubric, row: dict[str, Any], sample: Sample) -> Rubric:
+    """The rubric and row that send the sample's prompt images and audio (a Vertex example's
+    inlineData, a Bailian/DashScope message's image parts) to the judge as content parts.
+
+    A rubric with a media variable the row left empty gets them there; one without gets a copy with
+    an optional ``prompt_media`` variable (not in its template: media go after the rendered text).
+    A sample without media leaves both untouched, so text-only requests (and their cache keys) are as before.
+    """
+    media = sample.prompt_media
+    if not media:
+        return rubric
+    own = next((var for var, spec in rubric.variables.items() if spec.type == "media"), None)
+    if own is not None:
+        if not row.get(own):
+            row[own] = media
+        return rubric
+    row[PROMPT_MEDIA] = media
+    return rubric.model_copy(update={"variables": {**rubric.variables, PROMPT_MEDIA: VariableSpec(type="media", required=False)}})
 
 
 def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None) -> Grade:
@@ -109,7 +133,8 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
     label = name or spec.name
 
     async def grade(sample: Sample) -> Grade:
-        verdict = await judge.judge(spec, rubric_row(spec, sample, paths))
+        row = rubric_row(spec, sample, paths)
+        verdict = await judge.judge(with_prompt_media(spec, row, sample), row)
         return grade_from_verdict(verdict, label)
 
     grade.__name__ = label
@@ -194,7 +219,8 @@ def autorater_grader(
             rubric = fixed or numeric or _autorater_rubric(name, parse, {fill_placeholders(expression or "", sample): clamped[0]}, clamped[1])
         except PlaceholderError as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        verdict = await judge.judge(rubric, {"autorater_prompt": text})
+        row: dict[str, Any] = {"autorater_prompt": text}
+        verdict = await judge.judge(with_prompt_media(rubric, row, sample), row)
         if expression is not None or verdict.status != "ok":
             return grade_from_verdict(verdict, name)
         try:

@@ -241,3 +241,49 @@ def test_bedrock_lambda_names_an_ungradable_sample_and_refuses_a_judge(tmp_path:
     assert [r["aggregate_reward_score"] for r in json.loads(scored.stdout)] == [0.5, 1.0]  # (0 + 1) / 2 and (1 + 1) / 2
     with pytest.raises(ExportError, match="network"):
         export_bedrock_lambda(RUBRIC)
+
+
+# ---- Vertex and Bailian samples with images --------------------------------------------------------
+
+
+def test_vertex_and_bailian_prompt_images_reach_the_judge_as_content_parts() -> None:
+    """Vertex's Content carries images as inlineData/fileData parts, Bailian/DashScope messages as content
+    parts ({"image": url} or image_url): an LLM grader on those routes sends each to the judge as an image_url part."""
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    with FakeProvider(responder=lambda body: Reply(content=json.dumps({"rationale": "ok", "judgement": "correct"}))) as fake:
+        def make() -> Judge:
+            return Judge("fake", base_url=fake.base_url, api_key="k", cache=None, retry=RetryPolicy(max_attempts=1))
+
+        server = RewardServer(create_app(load_grader(RUBRIC, judge=make)), port=0, log_level="warning").start()
+        try:
+            vertex = {"example": {"contents": [{"role": "user", "parts": [
+                {"text": "Which city is this?"}, {"inlineData": {"mimeType": "image/png", "data": png}},
+                {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/paris.jpg"}}]}], "references": {"answer": "Paris"}},
+                "response": {"role": "model", "parts": [{"text": "Paris"}]}, "metadata": {"step": 1}}
+            status, body = post(server.url + "/", vertex)
+            assert (status, body) == (200, {"reward": 1.0, "user_requested_aux_info": body["user_requested_aux_info"]})
+            sent = fake.chat_requests()[-1].body["messages"][-1]["content"]
+            assert "Which city is this?" in sent[0]["text"]
+            assert sent[1:] == [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                                {"type": "image_url", "image_url": {"url": "https://example.com/paris.jpg"}}]
+            bailian = {"messages": [{"role": "user", "content": [{"text": "Which city?"}, {"image": "https://example.com/a.png"}]}],
+                       "response": "Paris", "extra_params": {"answer": "Paris"}}
+            status, body = post(server.url + "/compute_reward", bailian)
+            assert status == 200 and body["status"] == "success", body
+            assert fake.chat_requests()[-1].body["messages"][-1]["content"][1:] == [
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+            dashscope = {"func_type": "reward", "ground_truth": {"answer": "Paris"}, "agent_output": {"messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Which city?"},
+                                             {"type": "image_url", "image_url": {"url": "https://example.com/b.png"}}]},
+                {"role": "assistant", "content": "Paris"}]}}
+            status, body = post(server.url + "/api/v1", dashscope)
+            assert status == 200 and body["status"] == "success", body
+            assert fake.chat_requests()[-1].body["messages"][-1]["content"][1:] == [
+                {"type": "image_url", "image_url": {"url": "https://example.com/b.png"}}]
+            # A gs:// file a chat judge cannot fetch is the sample's named input error, never an image silently dropped.
+            vertex["example"]["contents"][0]["parts"][2]["fileData"]["fileUri"] = "gs://bucket/paris.jpg"
+            before = len(fake.chat_requests())
+            status, body = post(server.url + "/", vertex)
+            assert status == 422 and "gs://bucket/paris.jpg" in body["detail"][0]["msg"] and len(fake.chat_requests()) == before
+        finally:
+            server.stop()
