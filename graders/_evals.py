@@ -98,6 +98,8 @@ class EvalGrader:
         metrics: dict[str, float] = {}
         failed_to_judge: list[tuple[str, Grade]] = []
         for (name, criterion, _), grade in zip(self.criteria, grades):
+            # A model criterion's judge tokens, requests and cache hits, per part: the run's summary and cost count them.
+            metrics.update({f"{name}.{key}": value for key, value in grade.metrics.items() if key.startswith("judge_")})
             if grade.status != "ok":
                 failed_to_judge.append((name, grade))
                 parts[name] = grade

@@ -376,7 +376,7 @@ _SCORE_SCHEMA: dict[str, Any] = {
         "steps": {"type": "array", "items": {"type": "object", "properties": {"description": {"type": "string"},
                                                                                 "conclusion": {"type": "string"}},
                                              "required": ["description", "conclusion"], "additionalProperties": False}},
-        "result": {"type": "number"},
+        "result": {"type": "number"},  # the range is added per grader (minimum, maximum)
     },
     "required": ["steps", "result"],
     "additionalProperties": False,
@@ -384,6 +384,28 @@ _SCORE_SCHEMA: dict[str, Any] = {
 # sampling_params as OpenAI's ScoreModelGrader names them -> the chat API's request fields.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "reasoning_effort": "reasoning_effort",
                     "max_completions_tokens": "max_completion_tokens", "max_completion_tokens": "max_completion_tokens"}
+
+
+def _reply_number(raw: str | None) -> str | None:
+    """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
+    or an object's ``result`` or ``score``. None when there is no such single number."""
+    import json
+
+    text = (raw or "").strip().strip("`").strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("result", value.get("score"))
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return json.dumps(value)
 
 
 def score_in_range(raw: float, low: float, high: float) -> float:
@@ -426,7 +448,9 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         "template": "label_model.j2",
         "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
                       "media": {"type": "media", "required": False}},
-        "output": {"mode": "json_schema", "field": "result", "schema": _SCORE_SCHEMA, "rationale_field": None},
+        "output": {"mode": "json_schema", "field": "result", "rationale_field": None,
+                   "schema": {**_SCORE_SCHEMA, "properties": {**_SCORE_SCHEMA["properties"],
+                                                              "result": {"type": "number", "minimum": low, "maximum": high}}}},
         "labels": {_NUMERIC_LABEL: 0.0},
         "unmatched": 0.0,
         "sampling": sampling,
@@ -441,10 +465,13 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
         verdict = await judge.judge(rubric, row)
-        if verdict.status != "ok":
+        text = verdict.label if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
+        if text is None:
             return grade_from_verdict(verdict, name)
+        if verdict.status != "ok":  # a judge that ignored the schema but still gave one number: that number
+            verdict = verdict.model_copy(update={"status": "ok", "error_kind": None, "error": None, "label": text})
         try:
-            raw = float((verdict.label or "").strip())
+            raw = float(text.strip())
         except ValueError:
             raw = math.nan
         problem = None

@@ -295,3 +295,25 @@ def test_a_cassette_holds_media_as_digests_and_replays(tmp_path) -> None:
                                    "http://127.0.0.1:9/v1", "--replay", str(tape), "--json"])
     assert replayed.exit_code == 0, replayed.output
     assert json.loads(replayed.stdout)["result_counts"] == json.loads(recorded.stdout)["result_counts"]
+
+
+def test_score_model_reads_a_reply_that_missed_the_schema_but_gives_one_number() -> None:
+    from graders import Sample, SyncGrader, load_grader
+    from judge import Judge, RetryPolicy
+
+    replies = {"bare": "6", "score": '{"score": 3}', "words": "I would say six", "two": "[6, 7]"}
+
+    def reply(body: dict) -> Reply:
+        return Reply(content=replies[user_text(body).split()[-1]])
+
+    node = {"type": "score_model", "name": "r", "range": [1, 7], "input": [{"role": "user", "content": "Rate {{ sample.output_text }}"}]}
+    with FakeProvider(responder=reply) as fake:
+        grader = SyncGrader(load_grader(node, judge=lambda: Judge("m", base_url=fake.base_url, api_key="k", cache=None,
+                                                                  retry=RetryPolicy(max_attempts=1))))
+        grades = {key: grader(Sample(response=key)) for key in replies}
+        sent = fake.chat_requests()
+    assert grades["bare"].metrics["raw_score"] == 6 and grades["score"].metrics["raw_score"] == 3
+    assert grades["words"].status == "error" and grades["words"].error_kind == "parse_failure"
+    assert grades["two"].status == "error"
+    schema = sent[0].body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["result"] == {"type": "number", "minimum": 1.0, "maximum": 7.0}
