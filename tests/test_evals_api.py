@@ -84,19 +84,27 @@ def user_text(body: dict) -> str:
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
 
 
+def rating(n: int) -> int:
+    return 1 + (n * 5) % 7
+
+
 def responder(body: dict) -> Reply:
+    """The label_model's label, or (asked for a "result") the score_model's rating."""
     n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+    if "result" in body["response_format"]["json_schema"]["schema"]["properties"]:
+        return Reply(content=json.dumps({"steps": [{"description": "d", "conclusion": "c"}], "result": rating(n)}))
     return Reply(content=json.dumps({"label": judge_says(n)}))
 
 
 def expected() -> tuple[dict, dict]:
-    per = {"exact": [0, 0], "close": [0, 0], "code": [0, 0], "judge": [0, 0]}
+    per = {"exact": [0, 0], "close": [0, 0], "code": [0, 0], "judge": [0, 0], "rating": [0, 0]}
     total = passed = 0
     for row in items():
         item, text = row["item"], row["sample"]["output_text"]
         n = item["n"]
         verdicts = {"exact": text == item["answer"], "close": indel_ratio(text, item["answer"]) >= 0.8,
-                    "code": (1.0 if str(n) in text or n % 2 == 0 else 0.2) >= 0.5, "judge": judge_says(n) == "good"}
+                    "code": (1.0 if str(n) in text or n % 2 == 0 else 0.2) >= 0.5, "judge": judge_says(n) == "good",
+                    "rating": rating(n) >= 3}
         for name, ok in verdicts.items():
             per[name][0 if ok else 1] += 1
         total += 1
@@ -106,8 +114,10 @@ def expected() -> tuple[dict, dict]:
 
 
 def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
+    """The issue's done-when: string_check, text_similarity (fuzzy_match, 0.8), python (pass_threshold), label_model
+    with an input_image part, and a score_model with one too, over 40 {"item", "sample"} rows."""
     definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
-    definition.write_text(json.dumps(EVAL))
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [*EVAL["testing_criteria"], {**SCORE, "pass_threshold": 3}]}))
     data.write_text("".join(json.dumps(row) + "\n" for row in items()))
     write_images(tmp_path)
     with FakeProvider(responder=responder) as fake:
@@ -120,15 +130,18 @@ def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
     assert 0 < counts["passed"] < counts["total"]
     assert summary["result_counts"] == counts
     got = summary["per_testing_criteria_results"]
-    assert [r["testing_criteria"].rsplit("-", 5)[0] for r in got] == ["exact", "close", "code", "judge"]
+    assert [r["testing_criteria"].rsplit("-", 5)[0] for r in got] == ["exact", "close", "code", "judge", "rating"]
     assert all(re.fullmatch(r".+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r["testing_criteria"]) for r in got)
     assert {r["testing_criteria"].split("-")[0]: {"passed": r["passed"], "failed": r["failed"]} for r in got} == per
-    assert len(requests) == 40
-    for request in requests:  # every label_model request carries its row's image as a chat content part, after the text
+    assert len(requests) == 80
+    labels = [r for r in requests if "label" in r.body["response_format"]["json_schema"]["schema"]["properties"]]
+    assert len(labels) == 40 and sorted(int(re.search(r"Question (\d+):", user_text(r.body)).group(1)) for r in labels) == list(range(40))
+    for request in requests:  # every model criterion's request carries its row's image as a chat content part, after the text
         content = request.body["messages"][-1]["content"]
         n = int(re.search(r"Question (\d+):", user_text(request.body)).group(1))
         assert content[0]["type"] == "text" and "[image 1]" in content[0]["text"]
-        assert content[1:] == [{"type": "image_url", "image_url": {"url": image_sent(n), "detail": "low"}}]
+        detail = {"detail": "low"} if request in labels else {}
+        assert content[1:] == [{"type": "image_url", "image_url": {"url": image_sent(n), **detail}}]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and all(set(r["parts"]) == {g["testing_criteria"] for g in got} for r in rows)
     assert [r["score"] for r in rows] == [float(r["metrics"]["passed"]) for r in rows]
