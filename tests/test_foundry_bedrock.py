@@ -25,6 +25,8 @@ from graders.cli import app
 from judge import Judge, RetryPolicy
 from judge.testing import FakeProvider, Reply
 
+from .test_evals_api import EVAL
+
 runner = CliRunner()
 
 # ---- Foundry's documented shapes ---------------------------------------------------------------
@@ -120,8 +122,6 @@ def test_foundry_endpoint_grader_where_there_is_no_native_form(tmp_path: Path) -
 
 
 def test_foundry_export_of_an_eval_definition_keeps_its_criteria(tmp_path: Path) -> None:
-    from tests.test_evals_api import EVAL
-
     criteria = [*EVAL["testing_criteria"], {**SCORE_MODEL, "input": [{"role": "user", "content": "Rate {{ sample.output_text }}"}]}]
     out = export_foundry_grader({**EVAL, "testing_criteria": criteria})
     assert out["testing_criteria"] == criteria and out["data_source_config"] == EVAL["data_source_config"]
@@ -239,7 +239,7 @@ def test_bedrock_lambda_names_an_ungradable_sample_and_refuses_a_judge(tmp_path:
                                                              {"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]}])
     assert scored.returncode == 0, scored.stderr
     assert [r["aggregate_reward_score"] for r in json.loads(scored.stdout)] == [0.5, 1.0]  # (0 + 1) / 2 and (1 + 1) / 2
-    with pytest.raises(ExportError, match="network"):
+    with pytest.raises(ExportError, match="gradekit serve"):
         export_bedrock_lambda(RUBRIC)
 
 

@@ -495,7 +495,9 @@ def expressible(root: Node, entry: Entry) -> list[str]:
     reasons = []
     for node in root.walk():
         if node.kind in ("llm", "autorater", "label_model", "score_model"):
-            reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
+            reasons.append(f"{node.where}: an LLM judge needs a model endpoint and credentials, which a standalone reward file "
+                           "does not carry; serve this grader with `gradekit serve` instead" if entry == "lambda" else
+                           f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
         elif node.kind == "code_tests" and entry == "grade":

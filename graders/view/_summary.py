@@ -7,6 +7,7 @@ Every figure is one SQL aggregate over the viewer's columnar copy; nothing itera
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..runs._io import file_format
@@ -114,7 +115,7 @@ def _eval_run(r: ResultsFile) -> dict[str, Any] | None:
                               ).fetchall():
         for key in keys or []:
             name = key[: -len(".passed")]
-            if name not in names and _re_fullmatch(_CRITERION, key):
+            if name not in names and re.fullmatch(_CRITERION, key):
                 names.append(name)
     if not names:
         return None
@@ -132,12 +133,6 @@ def _eval_run(r: ResultsFile) -> dict[str, Any] | None:
     per = [{"testing_criteria": name, "passed": figures[3 + 2 * i], "failed": figures[4 + 2 * i]} for i, name in enumerate(names)]
     return {"result_counts": {"total": total, "passed": passed, "failed": total - errored - passed, "errored": errored},
             "per_testing_criteria_results": per}
-
-
-def _re_fullmatch(pattern: str, text: str) -> bool:
-    import re
-
-    return re.fullmatch(pattern, text) is not None
 
 
 def summarise(r: ResultsFile) -> dict[str, Any]:
