@@ -651,14 +651,15 @@ def test_an_eval_run_shows_its_result_counts_and_per_criterion_figures(tmp_path:
     assert reported["result_counts"] == {"total": 6, "passed": 1, "failed": 4, "errored": 1}
     results = ResultsFile(output, background=False)
     try:
-        run = summarise(results)["eval_run"]
+        summary = summarise(results)
     finally:
         results.close()
-    assert run == {"result_counts": reported["result_counts"], "per_testing_criteria_results": reported["per_testing_criteria_results"]}
+    assert summary["result_counts"] == reported["result_counts"]
+    assert summary["per_testing_criteria_results"] == reported["per_testing_criteria_results"]
     plain = tmp_path / "plain.jsonl"  # any other graded file has no eval run
     plain.write_text(json.dumps({"score": 1.0, "status": "ok", "metrics": {"passed": 1.0}}) + "\n")
     results = ResultsFile(plain, background=False)
     try:
-        assert summarise(results)["eval_run"] is None
+        assert summarise(results)["result_counts"] is None
     finally:
         results.close()

@@ -160,6 +160,6 @@ def summarise(r: ResultsFile) -> dict[str, Any]:
         "status": _counts(r, "status"), "labels": _counts(r, r.judge_column) if r.judge_column else {},
         "error_kinds": _counts(r, "error_kind"), "score": _scores(r, "score"), "parts": parts,
         "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r),
-        "eval_run": _eval_run(r),
+        **(_eval_run(r) or {"result_counts": None, "per_testing_criteria_results": None}),
         "warnings": r.warnings,
     }

@@ -139,12 +139,12 @@
     for (const c of s.columns) sort.append(el("option", { value: c }, c + " ↑"), el("option", { value: "-" + c }, c + " ↓"));
     sort.value = current;
     renderAgreement(s.agreement);
-    renderEvalRun(s.eval_run);
+    renderEvalRun(s);
   }
   // An Evals-API run (a file graded with --grader eval.json): its result_counts and per-criterion pass/fail, as OpenAI shows a run.
   function renderEvalRun(run) {
     const box = $("eval-run");
-    if (!run) { box.hidden = true; return; }
+    if (!run.result_counts) { box.hidden = true; return; }
     box.hidden = false;
     const c = run.result_counts, judged = c.passed + c.failed;
     const head = el("tr", {}, el("th", {}, "testing criterion"), el("th", {}, "passed"), el("th", {}, "failed"), el("th", {}, "pass rate"));
