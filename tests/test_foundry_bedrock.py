@@ -287,3 +287,38 @@ def test_vertex_and_bailian_prompt_images_reach_the_judge_as_content_parts() -> 
             assert status == 422 and "gs://bucket/paris.jpg" in body["detail"][0]["msg"] and len(fake.chat_requests()) == before
         finally:
             server.stop()
+
+
+def test_bedrock_lambda_forwards_an_llm_grader_to_gradekit_serve(tmp_path: Path) -> None:
+    """--endpoint-url: the Lambda sends each sample to POST /grade, where the judge grades it; a judge error fails the invocation."""
+    def reply(body: dict) -> Reply:
+        user = body["messages"][-1]["content"]
+        prediction = user.split("<prediction>")[1].split("</prediction>")[0]
+        return Reply(content=json.dumps({"rationale": "r", "judgement": "correct" if "Paris" in prediction else "incorrect"}))
+
+    with FakeProvider(responder=reply) as fake:
+        def make() -> Judge:
+            return Judge("fake", base_url=fake.base_url, api_key="k", cache=None, retry=RetryPolicy(max_attempts=1))
+
+        server = RewardServer(create_app(load_grader(RUBRIC, judge=make)), port=0, log_level="warning").start()
+        try:
+            config = tmp_path / "grader.json"
+            config.write_text(json.dumps(RUBRIC))
+            refused = runner.invoke(app, ["export", str(config), "--to", "bedrock-lambda"])
+            assert refused.exit_code == 2 and "--endpoint-url" in refused.output
+            done = runner.invoke(app, ["export", str(config), "--to", "bedrock-lambda", "--endpoint-url", server.url,
+                                       "--endpoint-header", "X-Trace: lambda"])
+            assert done.exit_code == 0, done.output
+            ran = lambda_call(tmp_path, done.stdout, batch())
+            assert ran.returncode == 0, ran.stderr
+            records = json.loads(ran.stdout)
+            answers = [r["messages"][-1]["content"] for r in batch()]
+            assert [r["id"] for r in records] == [f"s-{n}" for n in range(5)]
+            assert [r["aggregate_reward_score"] for r in records] == [1.0 if "Paris" in a else 0.0 for a in answers]
+            prompts = [r.body["messages"][-1]["content"] for r in fake.chat_requests()]
+            assert len(prompts) == 5 and all("Capital of France?" in p and "- Paris" in p for p in prompts)
+            fake.stop()
+            failed = lambda_call(tmp_path, done.stdout, batch()[:2])
+            assert failed.returncode != 0 and "HTTP 502" in failed.stderr and "sample 0 (id 's-0')" in failed.stderr
+        finally:
+            server.stop()

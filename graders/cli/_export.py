@@ -48,10 +48,11 @@ def export(
                                      "example the grader cannot grade (default: raise, so the platform leaves it unscored)."),
     model: str = typer.Option(None, "--model", envvar="GRADEKIT_MODEL", help="openai, foundry: the score_model model [default: the "
                               "config's judge.model]."),
-    endpoint_url: str = typer.Option(None, "--endpoint-url", help="foundry: gradekit serve's URL (https://host gets /grade); a "
-                                     "grader with no native Foundry form becomes an endpoint grader calling it."),
-    endpoint_header: list[str] = typer.Option([], "--endpoint-header", help="foundry: a header the endpoint grader sends, "
-                                              "'Name: value' (repeatable), e.g. 'Authorization: Bearer ${KEY}'."),
+    endpoint_url: str = typer.Option(None, "--endpoint-url", help="foundry, bedrock-lambda: gradekit serve's URL (https://host "
+                                     "gets /grade). foundry: a grader with no native form becomes an endpoint grader calling it; "
+                                     "bedrock-lambda: the Lambda forwards every sample there (for graders with an LLM judge)."),
+    endpoint_header: list[str] = typer.Option([], "--endpoint-header", help="foundry, bedrock-lambda: a header sent with each "
+                                              "request to --endpoint-url, 'Name: value' (repeatable), e.g. 'Authorization: Bearer ${KEY}'."),
     rate_limit: int = typer.Option(None, "--rate-limit", min=1, help="foundry: the endpoint grader's rate_limit, requests per second."),
     pass_threshold: float = typer.Option(None, "--pass-threshold", help="foundry: the endpoint grader's pass_threshold."),
     endpoint: bool = typer.Option(False, "--endpoint", help="foundry: an endpoint grader even where a native form exists "
@@ -78,7 +79,8 @@ def export(
         if to is Target.vertex_evaluate:
             text = export_vertex_evaluate(grader, on_invalid=on_invalid)
         elif to is Target.bedrock_lambda:
-            text = export_bedrock_lambda(grader, on_invalid=on_invalid, rescale=rescale)
+            text = export_bedrock_lambda(grader, on_invalid=on_invalid, rescale=rescale, endpoint=endpoint_url,
+                                         headers=_headers(endpoint_header))
         elif to is Target.foundry:
             text = json.dumps(export_foundry_grader(grader, endpoint=endpoint_url, headers=_headers(endpoint_header), rate_limit=rate_limit,
                                                     pass_threshold=pass_threshold, force_endpoint=endpoint, rescale=rescale, model=model,
