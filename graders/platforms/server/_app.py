@@ -370,7 +370,7 @@ async def _close(computer: Any) -> None:
 
 def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Mapping[str, Any] | None = None, *,
                health_check: Callable[[], Any] | None = None) -> FastAPI:
-    """The reward server's ASGI app, serving all four contracts from one computer.
+    """The reward server's ASGI app, serving all five contracts from one computer.
 
     Args:
         computer: a BaseRewardComputer (anything with ``compute_reward``), or a grader, which is

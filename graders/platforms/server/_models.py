@@ -2,7 +2,7 @@
 
 Every route turns its body into :class:`RewardRequest` s and asks the configured computer's
 ``compute_reward``; so a user's BaseRewardComputer (which only defines that method) serves all
-four platforms, and a subclass that post-processes a response changes every route alike.
+five platforms, and a subclass that post-processes a response changes every route alike.
 The reverse direction (RewardResponse -> each platform's reply) lives here too.
 """
 
