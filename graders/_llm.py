@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import math
 import re
 import shutil
@@ -389,8 +390,6 @@ _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "see
 def _reply_number(raw: str | None) -> str | None:
     """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
     or an object's ``result`` or ``score``. None when there is no such single number."""
-    import json
-
     text = (raw or "").strip().strip("`").strip()
     try:
         value = json.loads(text)
@@ -465,7 +464,7 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
         verdict = await judge.judge(rubric, row)
-        text = verdict.label if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
+        text = (verdict.label or "") if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
         if text is None:
             return grade_from_verdict(verdict, name)
         if verdict.status != "ok":  # a judge that ignored the schema but still gave one number: that number
