@@ -175,7 +175,7 @@ class Sample(BaseModel):
         """The images and audio clips of the prompt's messages, as chat content parts, in order.
 
         Read from a content list: OpenAI's ``image_url`` / ``input_image`` / ``input_audio`` parts,
-        DashScope's ``{"image": url}`` / ``{"audio": url}`` parts (Bailian's messages), and the
+        DashScope's ``{"image": url}`` parts (Bailian's messages), and the
         ``image_url`` parts a Vertex example's ``inlineData`` / ``fileData`` became. LLM graders
         send them to the judge after the rendered text.
         """

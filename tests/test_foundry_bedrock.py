@@ -168,6 +168,8 @@ def test_the_endpoint_grader_calls_gradekit_serve_as_foundry_does() -> None:
             assert (status, body) == (200, {"score": (2 - 1) / 6})
             status, body = post(server.url + "/grade", {"item": item})
             assert status == 422 and body["detail"][0]["loc"] == ["body", "sample"]
+            status, body = post(server.url + "/grade", {"sample": {"output_text": "Paris"}, "item": {**item, "messages": [{"content": "q"}]}})
+            assert status == 422 and body["detail"][0]["loc"] == ["body", "item", "messages", 0, "role"]
             status, body = post(server.url + "/grade", {"sample": {"output_text": "Paris"}, "item": {"answer": "Paris", "image": image}})
             assert status == 422 and "item.n" in body["detail"][0]["msg"] and body["detail"][0]["loc"] == ["body", "sample"]
             fake.stop()  # the judge is gone: Foundry gets a non-2xx (it retries up to 3 times), never a score

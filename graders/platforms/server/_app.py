@@ -59,6 +59,7 @@ from ._models import (
     OpenRLHFRequest,
     RewardRequest,
     RewardResponse,
+    ShapeError,
     VertexRequest,
     dashscope_group_reward,
     dashscope_request,
@@ -506,7 +507,11 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
     @_guarded
     async def foundry(request: Request) -> Response:
         parsed = _parse(FoundryGradeRequest, await _json_body(request))
-        response = await engine.compute(foundry_request(parsed))
+        try:
+            reward_request = foundry_request(parsed)
+        except ShapeError as e:  # a message of item.messages or sample.choices that is no chat message
+            raise _unprocessable(e.loc, str(e)) from None
+        response = await engine.compute(reward_request)
         if response.status != "success":
             raise _failed([("", response)], missing_loc=["sample"])
         _set_outcome(request, "success")

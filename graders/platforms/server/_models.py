@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ..._sample import Message
 from .._common import reference_dict
@@ -304,6 +304,22 @@ class FoundryGradeRequest(BaseModel):
         return {} if v is None else v
 
 
+class ShapeError(ValueError):
+    """A part of a request that is not the shape its contract gives; ``loc`` says where (for a 422)."""
+
+    def __init__(self, loc: list[str | int], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _messages_at(value: Any, loc: list[str | int]) -> list[Message]:
+    try:
+        return TypeAdapter(list[Message]).validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ShapeError([*loc, *err["loc"]], err["msg"]) from None
+
+
 def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
     """The sample's text is the response (``output_text``, else the last choice's message, else
     ``output_json`` as JSON); the item's ``messages`` are the prompt and its other keys the
@@ -315,8 +331,8 @@ def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
         choices = sample.get("choices")
         message = choices[-1].get("message") if isinstance(choices, list) and choices and isinstance(choices[-1], Mapping) else None
         if isinstance(message, Mapping):
-            final = Message.model_validate({"role": "assistant", **message})
-            text, response_messages = final.text, [final]
+            response_messages = _messages_at([{"role": "assistant", **message}], ["sample", "choices", len(choices) - 1, "message"])
+            text = response_messages[0].text
         elif sample.get("output_json") is not None:
             text = json.dumps(sample["output_json"], ensure_ascii=False)
         else:
@@ -324,7 +340,7 @@ def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
     item = dict(body.item)
     messages = item.pop("messages", None)
     return RewardRequest(response=text, response_messages=response_messages, extra_params=item,
-                         messages=[Message.model_validate(m) for m in messages] if isinstance(messages, list) else None,
+                         messages=_messages_at(messages, ["item", "messages"]) if isinstance(messages, list) else None,
                          metadata={"sample": sample, **({"trace_id": body.trace_id} if body.trace_id else {})})
 
 
