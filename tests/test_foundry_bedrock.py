@@ -97,6 +97,9 @@ def test_foundry_native_graders_match_the_documented_schema() -> None:
         "b": {"type": "text_similarity", "input": "{{response}}", "reference": "{{references.answer}}", "evaluation_metric": "rouge_l"}}})
     sdk_check(multi)
     assert multi["type"] == "multi" and {g["type"] for g in multi["graders"].values()} == {"string_check", "text_similarity"}
+    close = export_foundry_grader({"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.a }}",
+                                   "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8})
+    assert close["pass_threshold"] == 0.8  # Foundry's graders page lists it for text_similarity
 
 
 def test_foundry_endpoint_grader_where_there_is_no_native_form(tmp_path: Path) -> None:

@@ -105,6 +105,9 @@ def export_foundry_grader(config: ConfigSource, *, endpoint: str | None = None, 
         except ExportError as e:
             reasons = e.reasons
         else:
+            if native.get("type") == "text_similarity" and isinstance(data.get("pass_threshold"), (int, float)):
+                # Foundry's graders page lists pass_threshold as text_similarity's (OpenAI's RFT grader type has none)
+                native["pass_threshold"] = float(data["pass_threshold"])
             problems = check_foundry_grader(native)
             if problems:  # the OpenAI shapes are Foundry's: a failure here is gradekit's bug, said plainly
                 raise ExportError(TARGET, [f"the exported grader does not match Foundry's schema: {p}" for p in problems])

@@ -104,6 +104,7 @@ class TextSimilarityGrader(_Shape):
     input: str
     reference: str
     evaluation_metric: str
+    pass_threshold: float | None = None  # Foundry's (its graders page); never set by the OpenAI export
 
 
 LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader | TextSimilarityGrader
