@@ -3,6 +3,8 @@
 - cosine: N rows through a ``text_similarity``/``cosine`` grader against the fake provider (in
   process, ``--latency`` per request), cold (every response embedded) and warm (all cached),
   against a bare ``AsyncOpenAI.embeddings.create`` loop at the same concurrency.
+- fuzzy_match: pairs/s of the bit-parallel LCS against the row-by-row one it replaced (and
+  rapidfuzz's ``fuzz.ratio``, when installed), on 200 LLMBar pairs.
 - meteor: pairs/s of the ``meteor`` metric against ``rouge_l`` on the same pairs (LLMBar's
   output_1/output_2, shipped in eval_sets/), and the one-off WordNet load.
 - agreement: the ``meteor`` grader against NLTK's ``meteor_score`` over a second, independent
@@ -96,6 +98,46 @@ def meteor_speed(pairs: list[tuple[str, str]]) -> None:
     print(f"  meteor    {len(pairs) / took:8.0f} pairs/s   {baseline / took:.2f}")
 
 
+def _dynamic_lcs(a: str, b: str) -> int:
+    """The row-by-row LCS fuzzy_match used before the bit-parallel one (the baseline)."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def fuzzy_speed(pairs: list[tuple[str, str]]) -> None:
+    """fuzzy_match (bit-parallel LCS) against the row-by-row LCS it replaced, and rapidfuzz's C++ fuzz.ratio if installed."""
+    from graders._text_similarity import fuzzy_match
+
+    start = time.perf_counter()
+    for got, want in pairs:
+        _dynamic_lcs(got, want)
+    baseline = time.perf_counter() - start
+    start = time.perf_counter()
+    for got, want in pairs:
+        fuzzy_match(got, want)
+    took = time.perf_counter() - start
+    chars = sum(len(a) + len(b) for a, b in pairs) / max(1, len(pairs))
+    print(f"fuzzy_match, {len(pairs)} LLMBar pairs, {chars:.0f} characters a pair")
+    print(f"  row-by-row LCS (before)  {len(pairs) / baseline:8.0f} pairs/s   1.00")
+    print(f"  bit-parallel LCS (now)   {len(pairs) / took:8.0f} pairs/s   {baseline / took:.1f}")
+    try:
+        from rapidfuzz import fuzz
+    except ImportError:
+        return
+    start = time.perf_counter()
+    for got, want in pairs:
+        fuzz.ratio(got, want)
+    native = time.perf_counter() - start
+    print(f"  rapidfuzz fuzz.ratio     {len(pairs) / native:8.0f} pairs/s   {baseline / native:.1f}")
+
+
 def agreement(pairs: list[tuple[str, str]], other: Path | None) -> None:
     import warnings
 
@@ -141,6 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     asyncio.run(cosine_speed(args.rows, args.latency, args.concurrency))
     pairs = llmbar_pairs(args.pairs)
+    fuzzy_speed(pairs[:200])
     meteor_speed(pairs)
     agreement(pairs, args.compare_wordnet)
 

@@ -40,6 +40,12 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     reference: "{{ item.answer }}"
     operation: ilike            # eq, ne, like, ilike
 
+    type: score_model           # OpenAI score_model: the judge replies a number in range
+    input: [{role: user, content: "Rate {{ sample.output_text }} from 1 to 7 against {{ item.answer }}."}]
+    range: [1, 7]               # default [0, 1]; outside [-1, 1] the score is rescaled to 0..1 (metrics.raw_score keeps the number)
+    sampling_params: {temperature: 0, seed: 1}
+    model: gpt-4.1              # recorded and exported; the judge that runs it is judge:'s
+
     type: llm                   # any rubric: a shipped name or a path to a .yaml spec
     rubric: semantic_equivalence_zh
     map: {question: prompt, references: references.answer, prediction: response}
@@ -109,7 +115,7 @@ from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
-from ._llm import autorater_grader, label_model_grader, llm_grader
+from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
 
@@ -212,6 +218,23 @@ class LabelModelNode(_Node):
     passing_labels: list[str]
 
 
+class ScoreModelNode(_Node):
+    """OpenAI's score_model grader JSON: the judge gives a number in ``range``; ``model`` is recorded
+    (and exported back) as label_model's is, the judge that runs it is gradekit's."""
+
+    model: str | None = None
+    input: list[dict[str, Any]]
+    range: tuple[float, float] = (0.0, 1.0)
+    sampling_params: dict[str, Any] | None = None
+    pass_threshold: float | None = None  # an eval criterion's pass/fail, in the range's units
+
+    @model_validator(mode="after")
+    def _range(self) -> ScoreModelNode:
+        if not self.range[0] < self.range[1]:
+            raise ValueError(f"range must be [low, high] with low < high, got {list(self.range)}")
+        return self
+
+
 class _Sandboxed(_Node):
     workers: int | None = None
     sandbox: SandboxPolicy = "auto"
@@ -305,6 +328,7 @@ NODES: dict[str, type[_Node]] = {
     "llm": LlmNode,
     "autorater": AutoraterNode,
     "label_model": LabelModelNode,
+    "score_model": ScoreModelNode,
     "text_similarity": TextSimilarityNode,
     "python": PythonNode,
     "code_tests": CodeTestsNode,
@@ -413,6 +437,9 @@ class _Builder:
                                           judge=self.judge() if node.evaluation_metric == "cosine" else None)
         if isinstance(node, LabelModelNode):
             return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name, media_root=self.media_root)
+        if isinstance(node, ScoreModelNode):
+            return score_model_grader(self.judge(), node.input, range=node.range, sampling_params=node.sampling_params, name=name,
+                                      media_root=self.media_root)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
@@ -530,9 +557,6 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
         name = criterion_name(definition.name, index, criterion)
         if any(name == known for known, _, _ in criteria):
             raise GraderConfigError(f"{where}: testing_criteria.{index}: a second criterion named {name!r}")
-        if criterion.get("type") == "score_model":
-            raise GraderConfigError(f"{where}: testing_criteria.{index}: score_model criteria are not run by gradekit yet; "
-                                    "a label_model or a python criterion can stand in")
         node = criterion_node(criterion)
         criteria.append((name, node, builder.node(node, f"testing_criteria.{index}", str(criterion.get("name") or name))))
     return EvalGrader(criteria, definition.name or "eval")

@@ -2,13 +2,15 @@
 
 The Evals API goes read-only on 2026-10-31 and shuts down on 2026-11-30; its definitions keep
 running here. Each testing criterion is built as the gradekit node of its type (string_check,
-text_similarity, python, label_model, multi; score_model is refused, not run yet) and decides
-pass/fail as an eval run does:
+text_similarity, python, label_model, score_model, multi) and decides pass/fail as an eval run does:
 
 - ``string_check`` and ``label_model``: passes when it scores 1 (a match, a passing label);
 - ``text_similarity``, ``python``, ``multi``: passes when the score reaches ``pass_threshold``;
   without one (python and multi may omit it) only a full score of 1 passes, so a missing
-  threshold never inflates a pass rate.
+  threshold never inflates a pass rate;
+- ``score_model``: passes when the judge's number (``raw_score``, in the criterion's ``range``)
+  reaches ``pass_threshold``; without one, only the top of the range passes. A reply without a
+  number in range is an error, never a fail.
 
 A row passes when every criterion passes, fails when one fails; a criterion that could not be
 judged (an error or an invalid grade) makes the row an error, never a fail. Criteria are named as
@@ -70,6 +72,11 @@ def passes(criterion: Mapping[str, Any], grade: Grade) -> bool:
         return False
     if criterion.get("type") in _FULL_SCORE_TYPES:
         return grade.score >= 1.0
+    if criterion.get("type") == "score_model":
+        raw = grade.metrics.get("raw_score", grade.score)
+        threshold = criterion.get("pass_threshold")
+        top = (criterion.get("range") or [0.0, 1.0])[1]
+        return raw >= (float(threshold) if isinstance(threshold, (int, float)) else float(top))
     threshold = criterion.get("pass_threshold")
     return grade.score >= (float(threshold) if isinstance(threshold, (int, float)) else 1.0)
 
@@ -91,6 +98,8 @@ class EvalGrader:
         metrics: dict[str, float] = {}
         failed_to_judge: list[tuple[str, Grade]] = []
         for (name, criterion, _), grade in zip(self.criteria, grades):
+            # A model criterion's judge tokens, requests and cache hits, per part: the run's summary and cost count them.
+            metrics.update({f"{name}.{key}": value for key, value in grade.metrics.items() if key.startswith("judge_")})
             if grade.status != "ok":
                 failed_to_judge.append((name, grade))
                 parts[name] = grade
@@ -98,12 +107,14 @@ class EvalGrader:
             passed = passes(criterion, grade)
             parts[name] = grade.model_copy(update={"metrics": {**grade.metrics, "passed": float(passed)}})
             metrics[f"{name}.passed"] = float(passed)
+            if "raw_score" in grade.metrics:  # a score_model's number, in its range: what pass_threshold was compared with
+                metrics[f"{name}.raw_score"] = grade.metrics["raw_score"]
         if failed_to_judge:
             worst = "error" if any(g.status == "error" for _, g in failed_to_judge) else "invalid"
             first_name, first = failed_to_judge[0]
             return Grade.failed(worst, f"criterion {first_name!r}: {first.error}", error_kind=first.error_kind,
                                 parts=parts, metrics=metrics)
-        passed = all(metrics.values())
+        passed = all(value for key, value in metrics.items() if key.endswith(".passed"))
         return Grade.scored(1.0 if passed else 0.0, parts=parts, metrics={**metrics, "passed": float(passed)})
 
     async def aclose(self) -> None:

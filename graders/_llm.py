@@ -1,4 +1,4 @@
-"""LLM graders: a rubric from prompts/ applied by a Judge, and Vertex's autorater form.
+"""LLM graders: a rubric from prompts/ applied by a Judge, Vertex's autorater form, OpenAI's label_model and score_model.
 
 Both turn a judge Verdict into a Grade one way: ``ok`` keeps the verdict's score; a row that lacks
 a rubric variable is ``invalid`` (the sample cannot be graded this way); every other verdict
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import math
 import re
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge import Judge, Rubric, Verdict, load_rubric
+from judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
 from ._string_match import IDENTITY, ParseConfig, parse_response
@@ -59,6 +61,29 @@ def rubric_row(rubric: Rubric, sample: Sample, mapping: Mapping[str, str]) -> di
         except PlaceholderError:
             continue
     return row
+
+
+PROMPT_MEDIA = "prompt_media"  # the variable a rubric without a media variable gets for the sample's images
+
+
+def with_prompt_media(rubric: Rubric, row: dict[str, Any], sample: Sample) -> Rubric:
+    """The rubric and row that send the sample's prompt images and audio (a Vertex example's
+    inlineData, a Bailian/DashScope message's image parts) to the judge as content parts.
+
+    A rubric with a media variable the row left empty gets them there; one without gets a copy with
+    an optional ``prompt_media`` variable (not in its template: media go after the rendered text).
+    A sample without media leaves both untouched, so text-only requests (and their cache keys) are as before.
+    """
+    media = sample.prompt_media
+    if not media:
+        return rubric
+    own = next((var for var, spec in rubric.variables.items() if spec.type == "media"), None)
+    if own is not None:
+        if not row.get(own):
+            row[own] = media
+        return rubric
+    row[PROMPT_MEDIA] = media
+    return rubric.model_copy(update={"variables": {**rubric.variables, PROMPT_MEDIA: VariableSpec(type="media", required=False)}})
 
 
 def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None) -> Grade:
@@ -109,7 +134,8 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
     label = name or spec.name
 
     async def grade(sample: Sample) -> Grade:
-        verdict = await judge.judge(spec, rubric_row(spec, sample, paths))
+        row = rubric_row(spec, sample, paths)
+        verdict = await judge.judge(with_prompt_media(spec, row, sample), row)
         return grade_from_verdict(verdict, label)
 
     grade.__name__ = label
@@ -194,7 +220,8 @@ def autorater_grader(
             rubric = fixed or numeric or _autorater_rubric(name, parse, {fill_placeholders(expression or "", sample): clamped[0]}, clamped[1])
         except PlaceholderError as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        verdict = await judge.judge(rubric, {"autorater_prompt": text})
+        row: dict[str, Any] = {"autorater_prompt": text}
+        verdict = await judge.judge(with_prompt_media(rubric, row, sample), row)
         if expression is not None or verdict.status != "ok":
             return grade_from_verdict(verdict, name)
         try:
@@ -308,20 +335,154 @@ def label_model_grader(judge: Judge, messages: list[Mapping[str, Any]], labels: 
     })
 
     async def grade(sample: Sample) -> Grade:
-        system, user = [], []
-        media: list[Any] = []
         try:
-            for message in messages:
-                text = _message_parts(message.get("content"), sample, media_root, media)
-                role = message.get("role", "user")
-                if role in ("system", "developer"):
-                    system.append(text)
-                else:
-                    user.append(text if role == "user" else f"[{role}]\n{text}")
+            row = _model_grader_row(messages, sample, media_root)
         except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
-        verdict = await judge.judge(rubric, {"system_text": "\n\n".join(system), "user_text": "\n\n".join(user), "media": media})
+        verdict = await judge.judge(rubric, row)
         return grade_from_verdict(verdict, name)
+
+    grade.__name__ = name
+    return grade
+
+
+def _model_grader_row(messages: list[Mapping[str, Any]], sample: Sample, media_root: Path | None, *,
+                      system_suffix: str = "") -> dict[str, Any]:
+    """The rubric row of a label_model or score_model: system and developer messages become the
+    system prompt, the others (in order) the user prompt, an assistant turn marked as such.
+
+    Raises:
+        PlaceholderError, ValueError: a placeholder the sample lacks, a refused image path or part type.
+    """
+    system, user = [], []
+    media: list[Any] = []
+    for message in messages:
+        text = _message_parts(message.get("content"), sample, media_root, media)
+        role = message.get("role", "user")
+        if role in ("system", "developer"):
+            system.append(text)
+        else:
+            user.append(text if role == "user" else f"[{role}]\n{text}")
+    if system_suffix:
+        system.append(system_suffix)
+    return {"system_text": "\n\n".join(system), "user_text": "\n\n".join(user), "media": media}
+
+
+# OpenAI's score_model: the model replies with its reasoning steps and a number (the graders guide's
+# output shape); the number is the grade, read as the rubric's unmatched label (the one label offered
+# only because a rubric must offer one).
+_SCORE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "steps": {"type": "array", "items": {"type": "object", "properties": {"description": {"type": "string"},
+                                                                                "conclusion": {"type": "string"}},
+                                             "required": ["description", "conclusion"], "additionalProperties": False}},
+        "result": {"type": "number"},  # the range is added per grader (minimum, maximum)
+    },
+    "required": ["steps", "result"],
+    "additionalProperties": False,
+}
+# sampling_params as OpenAI's ScoreModelGrader names them -> the chat API's request fields.
+_SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "reasoning_effort": "reasoning_effort",
+                    "max_completions_tokens": "max_completion_tokens", "max_completion_tokens": "max_completion_tokens"}
+
+
+def _reply_number(raw: str | None) -> str | None:
+    """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
+    or an object's ``result`` or ``score``. None when there is no such single number."""
+    text = (raw or "").strip().strip("`").strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("result", value.get("score"))
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return json.dumps(value)
+
+
+def score_in_range(raw: float, low: float, high: float) -> float:
+    """A score_model's raw number as a gradekit score: as it is when its range lies in [-1, 1], else
+    rescaled to 0..1 (the raw number stays in the grade's ``raw_score`` metric, which pass_threshold reads)."""
+    if -1.0 <= low and high <= 1.0:
+        return raw
+    return (raw - low) / (high - low)
+
+
+def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range: tuple[float, float] = (0.0, 1.0),
+                       sampling_params: Mapping[str, Any] | None = None, name: str = "score_model",
+                       media_root: Path | None = None) -> Grader:
+    """OpenAI's ``score_model`` grader, run locally: the judge replies ``{"steps": [...], "result": <number>}``
+    with the number in ``range`` (default [0, 1]).
+
+    A reply without a number, or a number outside ``range``, is an error grade (``parse_failure``),
+    never a score: OpenAI's grader has no answer for it either, and a clamped number would read as a
+    judgement. ``input`` messages are templated and carry images as label_model's do.
+
+    Args:
+        messages: OpenAI's ``input``: ``[{role, content}]``, content a string or a list of parts.
+        range: [low, high]; the grade's ``raw_score`` metric holds the number as the judge gave it.
+        sampling_params: OpenAI's (``temperature``, ``top_p``, ``seed``, ``max_completions_tokens``,
+            ``reasoning_effort``), sent with every request of this grader.
+        media_root: the folder a local image path is read from (the input's).
+    """
+    low, high = float(range[0]), float(range[1])
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"score_model {name!r}: range must be [low, high] with low < high, got {list(range)}")
+    sampling = {}
+    for key, value in (sampling_params or {}).items():
+        if key not in _SAMPLING_FIELDS:
+            raise ValueError(f"score_model {name!r}: sampling_params.{key} is not one of {', '.join(sorted(_SAMPLING_FIELDS))}")
+        if value is not None:
+            sampling[_SAMPLING_FIELDS[key]] = value
+    rubric = Rubric.model_validate({
+        "name": name,
+        "description": "OpenAI score_model grader",
+        "template": "label_model.j2",
+        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
+                      "media": {"type": "media", "required": False}},
+        "output": {"mode": "json_schema", "field": "result", "rationale_field": None,
+                   "schema": {**_SCORE_SCHEMA, "properties": {**_SCORE_SCHEMA["properties"],
+                                                              "result": {"type": "number", "minimum": low, "maximum": high}}}},
+        "labels": {_NUMERIC_LABEL: 0.0},
+        "unmatched": 0.0,
+        "sampling": sampling,
+        "directory": _label_model_directory(),
+    })
+    instruction = (f"Reply with a JSON object: \"steps\", your reasoning as a list of {{\"description\", \"conclusion\"}}, "
+                   f"and \"result\", the score as one number from {low:g} to {high:g}.")
+
+    async def grade(sample: Sample) -> Grade:
+        try:
+            row = _model_grader_row(messages, sample, media_root, system_suffix=instruction)
+        except (PlaceholderError, ValueError) as e:
+            return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
+        verdict = await judge.judge(rubric, row)
+        text = (verdict.label or "") if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
+        if text is None:
+            return grade_from_verdict(verdict, name)
+        if verdict.status != "ok":  # a judge that ignored the schema but still gave one number: that number
+            verdict = verdict.model_copy(update={"status": "ok", "error_kind": None, "error": None, "label": text})
+        try:
+            raw = float(text.strip())
+        except ValueError:
+            raw = math.nan
+        problem = None
+        if not math.isfinite(raw):
+            problem = f"the score_model's result {verdict.label!r} is not a number"
+        elif not low <= raw <= high:
+            problem = f"the score_model's result {raw:g} is outside its range [{low:g}, {high:g}]"
+        if problem is not None:
+            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure", "error": problem})
+            return grade_from_verdict(failed, name)
+        grade = grade_from_verdict(verdict, name, score=score_in_range(raw, low, high))
+        return grade.model_copy(update={"metrics": {**grade.metrics, "raw_score": raw}})
 
     grade.__name__ = name
     return grade

@@ -170,6 +170,29 @@ class Sample(BaseModel):
     def with_response(self, response: Any) -> Sample:
         return self.model_copy(update={"response": Sample(response=response).response})
 
+    @property
+    def prompt_media(self) -> list[dict[str, Any]]:
+        """The images and audio clips of the prompt's messages, as chat content parts, in order.
+
+        Read from a content list: OpenAI's ``image_url`` / ``input_image`` / ``input_audio`` parts,
+        DashScope's ``{"image": url}`` parts (Bailian's messages), and the
+        ``image_url`` parts a Vertex example's ``inlineData`` / ``fileData`` became. LLM graders
+        send them to the judge after the rendered text.
+        """
+        parts: list[dict[str, Any]] = []
+        for message in self.messages:
+            if not isinstance(message.content, list):
+                continue
+            for part in message.content:
+                if not isinstance(part, Mapping):
+                    continue
+                kind = part.get("type")
+                if kind in ("image_url", "input_image", "input_audio"):
+                    parts.append(dict(part))
+                elif kind is None and isinstance(part.get("image"), str):  # DashScope's multimodal message part
+                    parts.append({"type": "image_url", "image_url": {"url": part["image"]}})
+        return parts
+
 
 # ---- the grade --------------------------------------------------------------------------------
 
@@ -382,15 +405,42 @@ def to_vertex_example(sample: Sample) -> dict[str, Any]:
     return example
 
 
+_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+
+
+def _vertex_media(part: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A Vertex ``inlineData`` / ``fileData`` image or audio part as a chat content part (None: neither).
+
+    inlineData becomes a ``data:`` URI; fileData keeps its ``fileUri`` (an https URL reaches the judge;
+    a ``gs://`` one is named as an input error when an LLM grader needs it: a chat judge cannot fetch it).
+    """
+    inline, file = part.get("inlineData") or part.get("inline_data"), part.get("fileData") or part.get("file_data")
+    source = inline if isinstance(inline, Mapping) else file if isinstance(file, Mapping) else None
+    if source is None:
+        return None
+    mime = str(source.get("mimeType") or source.get("mime_type") or "")
+    if inline is source:
+        if mime.startswith("audio/") and mime in _AUDIO_FORMATS:
+            return {"type": "input_audio", "input_audio": {"data": str(source.get("data") or ""), "format": _AUDIO_FORMATS[mime]}}
+        url = f"data:{mime or 'application/octet-stream'};base64,{source.get('data') or ''}"
+    else:
+        url = str(source.get("fileUri") or source.get("file_uri") or "")
+    return {"type": "image_url", "image_url": {"url": url}} if mime.startswith("image/") or not mime else None
+
+
 def _from_vertex_content(content: Mapping[str, Any]) -> list[Message]:
     role = {"model": "assistant", "assistant": "assistant", "system": "system"}.get(str(content.get("role", "user")), "user")
     texts: list[str] = []
+    media: list[dict[str, Any]] = []
     calls: list[ToolCall] = []
     out: list[Message] = []
     for part in content.get("parts") or []:
         if not isinstance(part, Mapping):
             continue
-        if isinstance(part.get("text"), str) and not part.get("thought"):
+        found = _vertex_media(part)
+        if found is not None:
+            media.append(found)
+        elif isinstance(part.get("text"), str) and not part.get("thought"):
             texts.append(part["text"])
         elif "functionCall" in part:
             call = part["functionCall"] or {}
@@ -398,8 +448,10 @@ def _from_vertex_content(content: Mapping[str, Any]) -> list[Message]:
         elif "functionResponse" in part:
             resp = part["functionResponse"] or {}
             out.append(Message(role="tool", name=resp.get("name"), content=value_text(resp.get("response"))))
-    if texts or calls or not out:
-        out.insert(0, Message(role=role, content="".join(texts), tool_calls=calls or None))
+    if texts or calls or media or not out:
+        # With media the content is a part list (its text is the same, content_text joins the text parts).
+        body: str | list[Any] = [{"type": "text", "text": "".join(texts)}, *media] if media else "".join(texts)
+        out.insert(0, Message(role=role, content=body, tool_calls=calls or None))
     return out
 
 

@@ -3,15 +3,19 @@
 The score is the metric itself, in 0..1 (OpenAI's grader returns it too; ``pass_threshold`` only
 decides pass/fail). Definitions, so that a number can be checked by hand:
 
-- ``fuzzy_match``: the normalised Indel similarity of the two strings, ``2 * LCS / (len(a) + len(b))``
-  over characters (rapidfuzz's ``fuzz.ratio`` / 100).
+- ``fuzzy_match``: the normalised Indel similarity of the two strings, ``1 - (len(a) + len(b) - 2 * LCS) / (len(a) + len(b))``
+  over characters: rapidfuzz's ``fuzz.ratio`` / 100, which OpenAI's graders guide names ("using rapidfuzz"),
+  equal to it to the bit at any length (tests/test_metrics_differential.py).
 - ``bleu``: NLTK's ``sentence_bleu`` with ``method1`` smoothing over whitespace tokens (BLEU-4,
   uniform weights, brevity penalty; an order without matches counts 0.1 / its n-gram count, no
-  shared word is 0), equal to NLTK's pair for pair. OpenAI's docs do not say which BLEU their
-  grader computes; NLTK's is what this module has always named.
+  shared word is 0), equal to NLTK's pair for pair. OpenAI's graders guide and API reference say
+  only "Computes the BLEU score between input and reference" (no library, tokenizer or smoothing);
+  NLTK's is the BLEU of the python grader image's package list (numpy ... nltk, rouge-score,
+  rapidfuzz), so it is the one computed here.
 - ``gleu``: Google-BLEU: min(precision, recall) of all 1..4-gram matches (NLTK's ``sentence_gleu``).
 - ``rouge_1`` .. ``rouge_5``, ``rouge_l``: F1 of n-gram (or longest-common-subsequence) overlap over
-  lower-cased alphanumeric tokens (the ``rouge-score`` package's tokenizer, no stemming).
+  lower-cased alphanumeric tokens: the ``rouge-score`` package's ``RougeScorer([...], use_stemmer=False)``
+  ``fmeasure`` (``rougeL``, not ``rougeLsum``), equal to it pair for pair.
 
 - ``meteor``: NLTK's ``meteor_score`` over WordNet 3.0, with the ``gradekit[meteor]`` extra
   (``graders._meteor`` says where WordNet comes from); without it the grader is refused when built.
@@ -31,7 +35,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
@@ -41,26 +45,32 @@ if TYPE_CHECKING:
 
 Metric = Literal["fuzzy_match", "bleu", "gleu", "meteor", "cosine", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"]
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"  # the model OpenAI's text_similarity cosine embeds with
-_MAX_CHARS = 20_000  # fuzzy_match is quadratic in the lengths: longer texts are compared on their first 20,000 characters
 
 
-def _lcs(a: Sequence[object], b: Sequence[object]) -> int:
+def _lcs(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """The length of the longest common subsequence, bit-parallel (Hyyrö's form of Allison-Dix):
+    one big-integer step per element of ``b``, so 100,000-character texts take well under a second
+    and no text is cut short. A zero bit of ``row`` marks a position of ``a`` the LCS has used."""
     if len(a) < len(b):
         a, b = b, a
-    previous = [0] * (len(b) + 1)
-    for x in a:
-        current = [0]
-        for j, y in enumerate(b):
-            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
-        previous = current
-    return previous[-1]
+    masks: dict[Hashable, int] = {}
+    for i, x in enumerate(a):
+        masks[x] = masks.get(x, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    row = full
+    for y in b:
+        matched = row & masks.get(y, 0)
+        row = ((row + matched) | (row - matched)) & full
+    return len(a) - row.bit_count()
 
 
 def fuzzy_match(got: str, want: str) -> float:
-    got, want = got[:_MAX_CHARS], want[:_MAX_CHARS]
-    if not got and not want:
+    """rapidfuzz's ``fuzz.ratio(got, want) / 100``, with its float steps, so the two agree to the bit."""
+    total = len(got) + len(want)
+    if not total:
         return 1.0
-    return 2 * _lcs(got, want) / (len(got) + len(want))
+    distance = total - 2 * _lcs(got, want)  # the Indel distance: insertions and deletions only
+    return 100 * (1.0 - distance / total) / 100
 
 
 def _ngrams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:

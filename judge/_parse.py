@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
 from ._normalize import normalize_label
 from ._rubric import AskMode, Rubric
@@ -211,7 +211,8 @@ def _json_reply(text: str, field: str) -> tuple[dict[str, Any], _Found]:
 
 @functools.lru_cache(maxsize=128)
 def _verdict_model(field: str, rationale_field: str | None) -> type[BaseModel]:
-    fields: dict[str, Any] = {field: (str, ...)}
+    # A number is a verdict too (a score_model's ``result``): read as its JSON text, never coerced from a bool.
+    fields: dict[str, Any] = {field: (StrictStr | StrictInt | StrictFloat, ...)}
     if rationale_field and rationale_field != field:
         fields[rationale_field] = (str | None, None)
     return create_model("JudgeVerdict", __config__=ConfigDict(extra="allow"), **fields)
@@ -251,8 +252,10 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
         try:
             verdict = _verdict_model(out.field, out.rationale_field).model_validate(obj)
         except ValidationError as e:
-            raise ParseFailure(f"JSON verdict lacks a string {out.field!r}: {e.errors()[0]['msg']}") from e
+            raise ParseFailure(f"JSON verdict lacks a string or number {out.field!r}: {e.errors()[0]['msg']}") from e
         answer = getattr(verdict, out.field)
+        if not isinstance(answer, str):
+            answer = json.dumps(answer)
         if out.rationale_field and out.rationale_field != out.field:
             rationale = getattr(verdict, out.rationale_field, None)
     else:

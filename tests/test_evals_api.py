@@ -84,19 +84,27 @@ def user_text(body: dict) -> str:
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
 
 
+def rating(n: int) -> int:
+    return 1 + (n * 5) % 7
+
+
 def responder(body: dict) -> Reply:
+    """The label_model's label, or (asked for a "result") the score_model's rating."""
     n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+    if "result" in body["response_format"]["json_schema"]["schema"]["properties"]:
+        return Reply(content=json.dumps({"steps": [{"description": "d", "conclusion": "c"}], "result": rating(n)}))
     return Reply(content=json.dumps({"label": judge_says(n)}))
 
 
 def expected() -> tuple[dict, dict]:
-    per = {"exact": [0, 0], "close": [0, 0], "code": [0, 0], "judge": [0, 0]}
+    per = {"exact": [0, 0], "close": [0, 0], "code": [0, 0], "judge": [0, 0], "rating": [0, 0]}
     total = passed = 0
     for row in items():
         item, text = row["item"], row["sample"]["output_text"]
         n = item["n"]
         verdicts = {"exact": text == item["answer"], "close": indel_ratio(text, item["answer"]) >= 0.8,
-                    "code": (1.0 if str(n) in text or n % 2 == 0 else 0.2) >= 0.5, "judge": judge_says(n) == "good"}
+                    "code": (1.0 if str(n) in text or n % 2 == 0 else 0.2) >= 0.5, "judge": judge_says(n) == "good",
+                    "rating": rating(n) >= 3}
         for name, ok in verdicts.items():
             per[name][0 if ok else 1] += 1
         total += 1
@@ -106,8 +114,10 @@ def expected() -> tuple[dict, dict]:
 
 
 def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
+    """The issue's done-when: string_check, text_similarity (fuzzy_match, 0.8), python (pass_threshold), label_model
+    with an input_image part, and a score_model with one too, over 40 {"item", "sample"} rows."""
     definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
-    definition.write_text(json.dumps(EVAL))
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [*EVAL["testing_criteria"], {**SCORE, "pass_threshold": 3}]}))
     data.write_text("".join(json.dumps(row) + "\n" for row in items()))
     write_images(tmp_path)
     with FakeProvider(responder=responder) as fake:
@@ -120,15 +130,18 @@ def test_eval_definition_runs_with_openai_run_figures(tmp_path) -> None:
     assert 0 < counts["passed"] < counts["total"]
     assert summary["result_counts"] == counts
     got = summary["per_testing_criteria_results"]
-    assert [r["testing_criteria"].rsplit("-", 5)[0] for r in got] == ["exact", "close", "code", "judge"]
+    assert [r["testing_criteria"].rsplit("-", 5)[0] for r in got] == ["exact", "close", "code", "judge", "rating"]
     assert all(re.fullmatch(r".+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", r["testing_criteria"]) for r in got)
     assert {r["testing_criteria"].split("-")[0]: {"passed": r["passed"], "failed": r["failed"]} for r in got} == per
-    assert len(requests) == 40
-    for request in requests:  # every label_model request carries its row's image as a chat content part, after the text
+    assert len(requests) == 80
+    labels = [r for r in requests if "label" in r.body["response_format"]["json_schema"]["schema"]["properties"]]
+    assert len(labels) == 40 and sorted(int(re.search(r"Question (\d+):", user_text(r.body)).group(1)) for r in labels) == list(range(40))
+    for request in requests:  # every model criterion's request carries its row's image as a chat content part, after the text
         content = request.body["messages"][-1]["content"]
         n = int(re.search(r"Question (\d+):", user_text(request.body)).group(1))
         assert content[0]["type"] == "text" and "[image 1]" in content[0]["text"]
-        assert content[1:] == [{"type": "image_url", "image_url": {"url": image_sent(n), "detail": "low"}}]
+        detail = {"detail": "low"} if request in labels else {}
+        assert content[1:] == [{"type": "image_url", "image_url": {"url": image_sent(n), **detail}}]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and all(set(r["parts"]) == {g["testing_criteria"] for g in got} for r in rows)
     assert [r["score"] for r in rows] == [float(r["metrics"]["passed"]) for r in rows]
@@ -192,13 +205,56 @@ def test_validate_checks_an_eval_with_the_sdk_types(tmp_path) -> None:
     assert any("operation" in p for p in problems)
 
 
-def test_a_score_model_criterion_is_refused_by_name(tmp_path) -> None:
-    definition = tmp_path / "eval.json"
-    definition.write_text(json.dumps({**EVAL, "testing_criteria": [{"type": "score_model", "name": "s", "model": "m", "input": [],
-                                                                    "range": [0, 1], "pass_threshold": 0.5}]}))
-    (tmp_path / "items.jsonl").write_text(json.dumps(items()[0]) + "\n")
-    result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(definition), "-o", str(tmp_path / "o.jsonl")])
-    assert result.exit_code == 2 and "score_model criteria are not run by gradekit yet" in result.output
+SCORE = {"type": "score_model", "name": "rating", "model": "gpt-4.1", "range": [1, 7], "pass_threshold": 5,
+         "sampling_params": {"temperature": 0.2, "seed": 7, "max_completions_tokens": 300},
+         "input": [{"role": "developer", "content": "Rate the answer from 1 to 7."},
+                   {"role": "user", "content": [{"type": "input_text", "text": "Question {{ item.n }}: {{ item.question }}"},
+                                                {"type": "input_image", "image_url": "{{ item.image }}"},
+                                                {"type": "input_text", "text": "Answer: {{ sample.output_text }}"}]}]}
+
+
+def judge_rates(n: int) -> float:
+    return 9 if n == 5 else 1 + (n * 5) % 7  # 9: outside the range, an error row
+
+
+def score_responder(body: dict) -> Reply:
+    n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+    return Reply(content=json.dumps({"steps": [{"description": "read", "conclusion": "ok"}], "result": judge_rates(n)}))
+
+
+def test_score_model_criterion_scores_in_range_and_passes_at_the_threshold(tmp_path) -> None:
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][0], SCORE]}))
+    data.write_text("".join(json.dumps(row) + "\n" for row in items()[:14]))
+    write_images(tmp_path)
+    with FakeProvider(responder=score_responder) as fake:
+        result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--json"])
+        requests = fake.chat_requests()
+    assert result.exit_code == 1, result.output  # the out-of-range reply is an error row
+    summary = json.loads(result.stdout)
+    rows = items()[:14]
+    exact = [r["sample"]["output_text"] == r["item"]["answer"] for r in rows]
+    rated = [judge_rates(n) >= 5 for n in range(14)]
+    ok = [n for n in range(14) if n != 5]
+    assert summary["result_counts"] == {"total": 14, "passed": sum(exact[n] and rated[n] for n in ok),
+                                        "failed": sum(not (exact[n] and rated[n]) for n in ok), "errored": 1}
+    per = {r["testing_criteria"].split("-")[0]: (r["passed"], r["failed"]) for r in summary["per_testing_criteria_results"]}
+    assert per["rating"] == (sum(rated[n] for n in ok), sum(not rated[n] for n in ok))
+    assert per["exact"] == (sum(exact), 14 - sum(exact))
+    assert len(requests) == 14
+    for request in requests:
+        body = request.body
+        n = int(re.search(r"Question (\d+):", user_text(body)).group(1))
+        assert body["response_format"]["type"] == "json_schema"
+        assert body["temperature"] == 0.2 and body["seed"] == 7 and body["max_completion_tokens"] == 300
+        assert "from 1 to 7" in body["messages"][0]["content"] and body["messages"][0]["role"] == "system"
+        assert body["messages"][-1]["content"][1:] == [{"type": "image_url", "image_url": {"url": image_sent(n)}}]
+    graded = [json.loads(line) for line in out.read_text().splitlines()]
+    name = next(k for k in graded[0]["parts"] if k.startswith("rating-"))
+    assert graded[5]["status"] == "error" and "outside its range [1, 7]" in graded[5]["error"]
+    assert [g["metrics"][f"{name}.raw_score"] for i, g in enumerate(graded) if i != 5] == [judge_rates(n) for n in ok]
+    assert graded[0]["parts"][name] == (judge_rates(0) - 1) / 6  # a range beyond [-1, 1] is rescaled to 0..1
 
 
 def test_a_local_image_outside_the_input_folder_is_refused(tmp_path) -> None:
@@ -252,3 +308,25 @@ def test_a_cassette_holds_media_as_digests_and_replays(tmp_path) -> None:
                                    "http://127.0.0.1:9/v1", "--replay", str(tape), "--json"])
     assert replayed.exit_code == 0, replayed.output
     assert json.loads(replayed.stdout)["result_counts"] == json.loads(recorded.stdout)["result_counts"]
+
+
+def test_score_model_reads_a_reply_that_missed_the_schema_but_gives_one_number() -> None:
+    from graders import Sample, SyncGrader, load_grader
+    from judge import Judge, RetryPolicy
+
+    replies = {"bare": "6", "score": '{"score": 3}', "words": "I would say six", "two": "[6, 7]"}
+
+    def reply(body: dict) -> Reply:
+        return Reply(content=replies[user_text(body).split()[-1]])
+
+    node = {"type": "score_model", "name": "r", "range": [1, 7], "input": [{"role": "user", "content": "Rate {{ sample.output_text }}"}]}
+    with FakeProvider(responder=reply) as fake:
+        grader = SyncGrader(load_grader(node, judge=lambda: Judge("m", base_url=fake.base_url, api_key="k", cache=None,
+                                                                  retry=RetryPolicy(max_attempts=1))))
+        grades = {key: grader(Sample(response=key)) for key in replies}
+        sent = fake.chat_requests()
+    assert grades["bare"].metrics["raw_score"] == 6 and grades["score"].metrics["raw_score"] == 3
+    assert grades["words"].status == "error" and grades["words"].error_kind == "parse_failure"
+    assert grades["two"].status == "error"
+    schema = sent[0].body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["result"] == {"type": "number", "minimum": 1.0, "maximum": 7.0}

@@ -1,5 +1,6 @@
-"""text_similarity's metrics against the libraries they name, pair for pair (NLTK here; rapidfuzz and
-rouge-score are not installed in the test environment, so fuzzy_match and ROUGE are not checked here)."""
+"""text_similarity's metrics against the libraries they name, pair for pair: NLTK's BLEU and GLEU, rapidfuzz's
+fuzz.ratio, rouge-score's ROUGE-N and ROUGE-L (all three in the ``test`` extra), on random word pairs, the edge
+cases below, and real text (this repository's docs, line against line)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import random
 
 import pytest
 
-from graders._text_similarity import bleu, gleu
+from pathlib import Path
+
+from graders._text_similarity import bleu, fuzzy_match, gleu, rouge_l, rouge_n
 
 nltk_bleu = pytest.importorskip("nltk.translate.bleu_score")
 nltk_gleu = pytest.importorskip("nltk.translate.gleu_score")
@@ -49,4 +52,43 @@ def test_gleu_equals_nltk_sentence_gleu_pair_for_pair() -> None:
     pairs = random_pairs(3000, seed=3) + EDGE
     differ = [(got, want) for got, want in pairs
               if abs(gleu(got, want) - nltk_gleu.sentence_gleu([want.split()], got.split())) > 1e-12]
+    assert differ == []
+
+
+def real_pairs(count: int) -> list[tuple[str, str]]:
+    """Real prose with its punctuation, code and unicode: consecutive lines of the docs (and the reverse)."""
+    lines = [line for path in sorted(Path(__file__).parents[1].glob("docs/*.md"))
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    pairs = list(zip(lines, lines[1:]))
+    return pairs[:count] + [(b, a) for a, b in pairs[:count // 4]]
+
+
+def char_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    alphabet = "abcde ÄéΩ北京😀\t-'"
+    return [("".join(rng.choices(alphabet, k=rng.randint(0, 40))), "".join(rng.choices(alphabet, k=rng.randint(0, 40))))
+            for _ in range(count)]
+
+
+LONG = [("ab" * 30_000, "ba" * 25_000), ("x" * 50_000, ""), ("北京" * 12_000 + "!", "京北" * 11_000)]  # beyond any cut-off
+
+
+def test_fuzzy_match_equals_rapidfuzz_ratio_to_the_bit() -> None:
+    fuzz = pytest.importorskip("rapidfuzz.fuzz")
+    pairs = char_pairs(3000, seed=4) + random_pairs(1000, seed=5) + real_pairs(600) + EDGE + LONG
+    differ = [(got[:40], want[:40]) for got, want in pairs if fuzzy_match(got, want) != fuzz.ratio(got, want) / 100]
+    assert differ == []
+
+
+def test_rouge_equals_rouge_score_pair_for_pair() -> None:
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+    kinds = [f"rouge{n}" for n in range(1, 6)] + ["rougeL"]
+    scorer = rouge_scorer.RougeScorer(kinds, use_stemmer=False)
+    ours = [rouge_n(n) for n in range(1, 6)] + [rouge_l]
+    pairs = random_pairs(2000, seed=6) + real_pairs(600) + EDGE + [("It's A-b, x1!", "its a b X1"), ("naïve café", "naive cafe")]
+    differ = []
+    for got, want in pairs:
+        scores = scorer.score(want, got)  # rouge-score takes (target, prediction)
+        differ += [(kind, got[:40], want[:40]) for kind, metric in zip(kinds, ours)
+                   if abs(metric(got, want) - scores[kind].fmeasure) > 1e-12]
     assert differ == []

@@ -350,6 +350,7 @@ def test_invalid_sample_fails_by_default_and_scores_zero_when_configured(fake: F
     pytest.param("/api/v1", "agent_output", id="dashscope"),
     pytest.param("/", "example", id="vertex"),
     pytest.param("/get_reward", "query", id="openrlhf"),
+    pytest.param("/grade", "sample", id="foundry"),
 ])
 def test_broken_json_is_400_and_a_missing_field_is_422_naming_it(serve, path: str, missing: str) -> None:
     url = serve(Recorder())
@@ -543,7 +544,7 @@ def test_subclassing_the_grader_computer(serve) -> None:
 # ---- hostile clients: deep JSON, slow headers, too many connections, other origins ---------------
 
 
-@pytest.mark.parametrize("path", ["/compute_reward", "/api/v1", "/", "/get_reward"])
+@pytest.mark.parametrize("path", ["/compute_reward", "/api/v1", "/", "/get_reward", "/grade"])
 def test_json_nested_too_deep_is_400_naming_the_limit(serve, path: str) -> None:
     url = serve(Recorder())
     status, _, body = call(url, path, raw=b"[" * 100_000 + b"]" * 100_000)

@@ -628,3 +628,38 @@ def test_cli_help_loads_no_heavy_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 0, out.stderr
     assert "duckdb" not in out.stdout
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_an_eval_run_shows_its_result_counts_and_per_criterion_figures(tmp_path: Path, suffix: str) -> None:
+    """A file graded with an Evals-API definition: the summary holds the figures `gradekit grade --json` reported."""
+    from graders.view import ResultsFile, summarise
+
+    criteria = [{"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
+                 "operation": "eq"},
+                {"type": "python", "name": "short", "source": "def grade(sample, item):\n    return 1.0 if len(sample['output_text']) < 6 else 0.0\n",
+                 "pass_threshold": 0.5},
+                {"type": "string_check", "name": "city", "input": "{{ item.city }}", "reference": "Paris", "operation": "eq"}]
+    definition, source, output = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / f"out.{suffix}"
+    definition.write_text(json.dumps({"name": "v", "data_source_config": {"type": "custom", "item_schema": {}}, "testing_criteria": criteria}))
+    answers = ["Paris", "paris", "Paris, France", "Rome", "Paris", "Lyon"]
+    rows = [{"item": {"answer": "Paris", **({"city": "Paris"} if n != 4 else {})}, "sample": {"output_text": a}} for n, a in enumerate(answers)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    result = runner.invoke(app, ["grade", str(source), "--grader", str(definition), "-o", str(output), "--json", "--no-cache"])
+    assert result.exit_code == 1, result.output  # row 4 lacks item.city: an errored row
+    reported = json.loads(result.stdout)
+    assert reported["result_counts"] == {"total": 6, "passed": 1, "failed": 4, "errored": 1}
+    results = ResultsFile(output, background=False)
+    try:
+        summary = summarise(results)
+    finally:
+        results.close()
+    assert summary["result_counts"] == reported["result_counts"]
+    assert summary["per_testing_criteria_results"] == reported["per_testing_criteria_results"]
+    plain = tmp_path / "plain.jsonl"  # any other graded file has no eval run
+    plain.write_text(json.dumps({"score": 1.0, "status": "ok", "metrics": {"passed": 1.0}}) + "\n")
+    results = ResultsFile(plain, background=False)
+    try:
+        assert summarise(results)["result_counts"] is None
+    finally:
+        results.close()

@@ -7,8 +7,11 @@ docs/view.png (the README's picture).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,3 +218,25 @@ def test_label_five_rows_by_keyboard_in_blind_mode_and_reload(page: Any, files: 
         stop_view(proc)
     state = read_labels(store, "id")
     assert len(state.records) == 5 and len(store.read_text(encoding="utf-8").splitlines()) == 7  # 6 labels and an undo
+
+
+def test_an_eval_run_report_shows_result_counts_and_each_criterion(page: Any, tmp_path: Path) -> None:
+    criteria = [{"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}", "operation": "eq"},
+                {"type": "string_check", "name": "city", "input": "{{ item.city }}", "reference": "Paris", "operation": "eq"}]
+    definition, source, output, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl", tmp_path / "report.html"
+    definition.write_text(json.dumps({"name": "v", "data_source_config": {"type": "custom", "item_schema": {}}, "testing_criteria": criteria}))
+    rows = [{"item": {"answer": "Paris", "city": "Paris"}, "sample": {"output_text": a}} for a in ("Paris", "Rome", "Paris")]
+    rows.append({"item": {"answer": "Paris"}, "sample": {"output_text": "Paris"}})  # no item.city: an errored row
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    # Subprocesses: Playwright's event loop owns this thread, and grading runs its own.
+    graded = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(definition), "-o", str(output),
+                             "--no-cache"], capture_output=True, text=True, timeout=300)
+    assert graded.returncode == 1, graded.stderr  # 1: the errored row
+    made = subprocess.run([sys.executable, "-m", "graders", "report", str(output), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    page.goto(out.as_uri())
+    page.wait_for_selector("#eval-run:not([hidden]) #eval-result-counts")
+    assert page.inner_text("#eval-result-counts") == "total 4, passed 2, failed 1, errored 1"
+    cells = page.locator("#eval-criteria tbody tr").all_inner_texts()
+    assert [c.split("\t")[0].split("-")[0] for c in cells] == ["exact", "city"]
+    assert [c.split("\t")[1:3] for c in cells] == [["3", "1"], ["3", "0"]]

@@ -1,4 +1,4 @@
-"""`gradekit serve`: a reward computer or grader over HTTP, for Bailian, DashScope, Vertex and OpenRLHF."""
+"""`gradekit serve`: a reward computer or grader over HTTP, for Bailian, DashScope, Vertex, OpenRLHF and Foundry."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def serve(
 ) -> None:
     """Serve the config's reward.class or reward.grader until SIGTERM/SIGINT.
 
-    Routes: POST /compute_reward (Bailian), POST /api/v1 (DashScope), POST / (Vertex Cloud Run), POST /get_reward (OpenRLHF), GET /health.
+    Routes: POST /compute_reward (Bailian), POST /api/v1 (DashScope), POST / (Vertex Cloud Run), POST /get_reward (OpenRLHF), POST /grade (Foundry endpoint grader), GET /health.
 
     The first line on stdout is the URL it listens on. SIGTERM stops accepting connections, finishes in-flight requests, closes the grader and exits 0.
 

@@ -1,16 +1,19 @@
 """Platforms: one grader as each RL platform expects it, in process, as an export, or over HTTP.
 
-Ark, verl and TRL wrap a live grader in the function each trainer calls; Vertex and OpenAI get
-an export of the grader's configuration (a standalone ``evaluate``, a ``reinforcementTuningSpec``,
-OpenAI grader JSON), because their graders run on the platform, not in this process. ``server``
-puts one reward computer behind the HTTP contracts of Bailian, DashScope, Vertex and OpenRLHF.
+Ark, verl and TRL wrap a live grader in the function each trainer calls; Vertex, OpenAI, Foundry and
+Bedrock get an export of the grader's configuration (a standalone ``evaluate``, a
+``reinforcementTuningSpec``, OpenAI/Foundry grader JSON, a reward ``lambda_function.py``), because their
+graders run on the platform, not in this process. ``server`` puts one reward computer behind the
+HTTP contracts of Bailian, DashScope, Vertex, OpenRLHF and Foundry's endpoint grader.
 """
 
 from judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._ark": ["ark_group_grader", "ark_single_grader"],
+    "._bedrock_export": ["export_bedrock_lambda"],
     "._common": ["GradingError"],
+    "._foundry_export": ["export_foundry_grader"],
     "._nodes": ["ExportError"],
     "._openai_export": ["export_openai_grader"],
     "._trl": ["trl_reward_func"],

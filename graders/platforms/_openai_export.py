@@ -7,7 +7,8 @@ Which OpenAI grader each gradekit grader becomes:
 - string/JSON/normalised/numeric match, python graders -> ``python``: the exported
   ``grade(sample, item)``, which runs gradekit's own parse and match code. (No native grader
   matches exactly: ``string_check`` cannot extract with a regex, strip whitespace, fold numbers.)
-- a Vertex-style autorater that replies with a number -> ``score_model`` with ``range`` [-1, 1].
+- a Vertex-style autorater that replies with a number -> ``score_model`` with ``range`` [-1, 1];
+  ``score_model`` and ``label_model`` -> themselves (content parts and images kept).
 - ``weighted`` and ``formula`` -> ``multi`` with ``calculate_output`` (weights become the formula);
   nested weighted composites are flattened; other nested composites become one ``python`` part.
 
@@ -66,10 +67,11 @@ class PythonSourceGrader(_Shape):
 
 
 class ModelMessage(_Shape):
-    """One message of a model grader's prompt (score_model and label_model take the same shape)."""
+    """One message of a model grader's prompt (score_model and label_model take the same shape):
+    a string, or a list of ``input_text`` / ``input_image`` / ``input_audio`` parts."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    content: str | list[dict[str, Any]]
 
 
 class ScoreModelGrader(_Shape):
@@ -79,6 +81,7 @@ class ScoreModelGrader(_Shape):
     input: list[ModelMessage]
     range: tuple[float, float] = (0.0, 1.0)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
+    pass_threshold: float | None = None  # an eval's testing criterion (Foundry's evals) takes it; RFT ignores it
 
 
 class LabelModelGrader(_Shape):
@@ -101,6 +104,7 @@ class TextSimilarityGrader(_Shape):
     input: str
     reference: str
     evaluation_metric: str
+    pass_threshold: float | None = None  # Foundry's (its graders page); never set by the OpenAI export
 
 
 LeafGrader = StringCheckGrader | PythonSourceGrader | ScoreModelGrader | LabelModelGrader | TextSimilarityGrader
@@ -187,9 +191,11 @@ class _Exporter:
                                         evaluation_metric=cfg.evaluation_metric)
         if node.kind == "label_model":
             return LabelModelGrader(name=node.name, model=cfg.model or self.model, labels=list(cfg.labels),
-                                    passing_labels=list(cfg.passing_labels),
-                                    input=[ModelMessage(role=m.get("role", "user"), content=self.template(node, str(m.get("content") or "")))
-                                           for m in cfg.input])
+                                    passing_labels=list(cfg.passing_labels), input=self.messages(node, cfg.input))
+        if node.kind == "score_model":
+            return ScoreModelGrader(name=node.name, model=cfg.model or self.model, input=self.messages(node, cfg.input),
+                                    range=(float(cfg.range[0]), float(cfg.range[1])), sampling_params=dict(cfg.sampling_params or {}),
+                                    pass_threshold=cfg.pass_threshold)
         if node.kind == "llm":
             return self._refuse(node, "a gradekit rubric maps the judge's label to a score; score_model reads a number, and label_model "
                                       "is for evals only")
@@ -206,6 +212,24 @@ class _Exporter:
                 return self._refuse(node, f"the python source is {len(source.encode('utf-8'))} bytes; OpenAI allows under 256 kB")
             return PythonSourceGrader(name=node.name, source=source)
         return self._refuse(node, "no OpenAI form")
+
+    def messages(self, node: Node, messages: list[dict[str, Any]]) -> list[ModelMessage]:
+        """A model grader's ``input`` with its templates rewritten; content parts keep their shape."""
+        out = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    part = dict(part) if isinstance(part, Mapping) else {"type": "input_text", "text": str(part)}
+                    for key in ("text", "image_url"):
+                        if isinstance(part.get(key), str):
+                            part[key] = self.template(node, part[key])
+                    parts.append(part)
+                out.append(ModelMessage(role=message.get("role", "user"), content=parts))
+            else:
+                out.append(ModelMessage(role=message.get("role", "user"), content=self.template(node, str(content or ""))))
+        return out
 
     def template(self, node: Node, text: str) -> str:
         """gradekit placeholders as OpenAI's: the response -> sample.output_text, references -> item."""
@@ -306,6 +330,9 @@ def score_range(node: Node) -> Span | None:
         return max(-1.0, low), min(1.0, high)
     if node.kind in ("string_check", "label_model", "text_similarity"):
         return 0.0, 1.0
+    if node.kind == "score_model":
+        low, high = float(cfg.range[0]), float(cfg.range[1])
+        return (low, high) if -1.0 <= low and high <= 1.0 else (0.0, 1.0)  # gradekit rescales a wider range to 0..1
     if node.kind == "autorater":
         return -1.0, 1.0
     if node.kind == "python":

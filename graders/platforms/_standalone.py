@@ -10,7 +10,8 @@ The file has three layers:
 3. the grader itself as data (``GRADER``), the python graders' sources, and each formula
    compiled to a plain function.
 
-Entry points: Vertex's ``evaluate(example, response)`` and OpenAI's ``grade(sample, item)``.
+Entry points: Vertex's ``evaluate(example, response)``, OpenAI's ``grade(sample, item)`` and AWS
+Bedrock/SageMaker RFT's ``lambda_handler(event, context)`` (a batch of samples, one reward record each).
 A sample the grader calls ``invalid`` raises ``ValueError`` (Vertex drops the call's reward,
 OpenAI marks the sample invalid) unless ``ON_INVALID`` names a score.
 """
@@ -31,7 +32,7 @@ from .._composite import compile_formula
 from .._sample import placeholders
 from ._nodes import ExportError, Node
 
-Entry = Literal["evaluate", "grade"]
+Entry = Literal["evaluate", "grade", "lambda"]
 DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "code_tests", "weighted",
                  "formula")
 _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
@@ -204,6 +205,43 @@ def _openai_context(sample, item):
     if not isinstance(text, str):
         text = _content_text((((sample.get("choices") or [{}])[0]).get("message") or {}).get("content"))
     return _Context(text, None, None, dict(item or {}), {}, sample=sample, item=item)
+
+
+def _bedrock_calls(message):
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = (call or {}).get("function") or {}
+        try:
+            args = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            args = {"_raw": function.get("arguments")}
+        calls.append({"name": function.get("name", ""), "args": args, "id": (call or {}).get("id")})
+    return calls
+
+
+def _bedrock_context(record):
+    """One sample of a Bedrock/SageMaker RFT batch: ``messages`` (the model's answer appended last,
+    as the assistant turn), ``reference_answer`` and the other dataset fields, at the top level (Nova's
+    page) or under ``metadata`` (the open-weight page). References are the fields, ``reference_answer``
+    itself and, when it is an object, its keys (``{{references.answer}}``)."""
+    if not isinstance(record, dict):
+        raise ValueError("each sample must be an object ({'id', 'messages', 'metadata'}), got %s" % type(record).__name__)
+    turns = [m for m in record.get("messages") or [] if isinstance(m, dict)]
+    if not turns or turns[-1].get("role") != "assistant":
+        raise _Invalid("the sample's last message is not the model's answer (an assistant turn)")
+    final = turns[-1]
+    answer = _Message("assistant", _content_text(final.get("content")), _bedrock_calls(final), final.get("name"))
+    prompt = next((_content_text(m.get("content")) for m in reversed(turns[:-1]) if m.get("role") == "user"), "")
+    system = "\n".join(_content_text(m.get("content")) for m in turns[:-1] if m.get("role") in ("system", "developer"))
+    metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+    fields = dict((k, v) for k, v in record.items() if k not in ("id", "messages", "metadata"))
+    fields.update(metadata)
+    references = dict(fields)
+    gold = fields.get("reference_answer")
+    if isinstance(gold, dict):
+        references.update(gold)
+        references["reference_answer"] = gold
+    return _Context(answer.text, prompt, system, references, dict(fields, id=record.get("id")), final=answer)
 
 
 # ---- the graders --------------------------------------------------------------------------------
@@ -427,6 +465,25 @@ def grade(sample, item):
     score = _run(lambda: _openai_context(sample, item))
     return (score + 1.0) / 2.0 if RESCALE else score
 ''',
+    "lambda": '''
+
+def lambda_handler(event, context):
+    """AWS Bedrock / SageMaker RFT reward Lambda: the batch of samples AWS sends (a list; one object is
+    taken as a batch of one), one record per sample, in order:
+    {"id", "aggregate_reward_score", "metrics_list": [{"name", "value", "type": "Reward"}]}."""
+    batch = event if isinstance(event, list) else [event]
+    records = []
+    for index, record in enumerate(batch):
+        sample_id = record.get("id") if isinstance(record, dict) else None
+        try:
+            score = _run(lambda: _bedrock_context(record))
+        except ValueError as e:
+            raise ValueError("sample %d (id %r): %s" % (index, sample_id, e)) from None
+        score = (score + 1.0) / 2.0 if RESCALE else score
+        records.append({"id": sample_id, "aggregate_reward_score": score,
+                        "metrics_list": [{"name": GRADER["name"], "value": score, "type": "Reward"}]})
+    return records
+''',
 }
 
 
@@ -437,8 +494,10 @@ def expressible(root: Node, entry: Entry) -> list[str]:
     """Why ``root`` cannot run inside a standalone file for ``entry`` (an empty list: it can)."""
     reasons = []
     for node in root.walk():
-        if node.kind in ("llm", "autorater", "label_model"):
-            reasons.append(f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
+        if node.kind in ("llm", "autorater", "label_model", "score_model"):
+            reasons.append(f"{node.where}: an LLM judge needs a model endpoint and credentials, which a standalone reward file "
+                           "does not carry; serve this grader with `gradekit serve` instead" if entry == "lambda" else
+                           f"{node.where}: an LLM judge needs network access, which the sandbox does not have")
         elif node.kind == "cloud_run":
             reasons.append(f"{node.where}: a Cloud Run reward is an HTTP call, which the sandbox cannot make")
         elif node.kind == "code_tests" and entry == "grade":
@@ -543,10 +602,12 @@ def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_i
         raise ValueError(f"on_invalid must be a score in [-1, 1], got {on_invalid}")
     emitter = _Emitter()
     grader = emitter.node(root)
-    signature = "evaluate(example, response)" if entry == "evaluate" else "grade(sample, item)"
+    signature = {"evaluate": "evaluate(example, response)", "grade": "grade(sample, item)",
+                 "lambda": "lambda_handler(event, context)"}[entry]
+    platform = "AWS" if entry == "lambda" else "OpenAI"
     mapping = ("Scores lie in [-1, 1], as gradekit's." if entry == "evaluate" else
-               "OpenAI reward = (score + 1) / 2: gradekit's [-1, 1] mapped onto OpenAI's 0..1." if rescale else
-               "OpenAI reward = gradekit score, unchanged (clamped to [-1, 1]).")
+               f"{platform} reward = (score + 1) / 2: gradekit's [-1, 1] mapped onto 0..1." if rescale else
+               f"{platform} reward = gradekit score, unchanged (clamped to [-1, 1]).")
     lines = [
         f'"""{title}',
         "",
@@ -567,7 +628,7 @@ def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_i
         "",
         f"ON_INVALID = {on_invalid!r}",
     ]
-    if entry == "grade":
+    if entry in ("grade", "lambda"):
         lines.append(f"RESCALE = {rescale!r}")
     if emitter.code_tests:
         lines[lines.index("import numbers"):lines.index("import numbers") + 1] = ["import numbers", "import os"]

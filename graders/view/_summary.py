@@ -1,4 +1,5 @@
-"""The summary of an opened graded file: counts, score histograms, tokens, pairwise orders, agreement with human labels.
+"""The summary of an opened graded file: counts, score histograms, tokens, pairwise orders, agreement with human labels,
+an Evals-API run's result_counts and per_testing_criteria_results.
 
 Every figure is one SQL aggregate over the viewer's columnar copy; nothing iterates rows in Python.
 """
@@ -6,6 +7,7 @@ Every figure is one SQL aggregate over the viewer's columnar copy; nothing itera
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..runs._io import file_format
@@ -95,6 +97,44 @@ def _parts(r: ResultsFile) -> dict[str, Any]:
     return parts
 
 
+# An Evals-API criterion's name, as OpenAI writes it and graders._evals gives it: "<name>-<uuid>".
+_CRITERION = r"^.+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.passed$"
+
+
+def _eval_run(r: ResultsFile) -> dict[str, Any] | None:
+    """An eval run's figures for a file graded with an Evals-API definition (``--grader eval.json``):
+    ``result_counts`` and ``per_testing_criteria_results`` as ``gradekit grade`` reports them
+    (graders._evals.run_figures), counted in SQL from the rows' ``metrics`` (``<criterion>.passed``
+    and the row's ``passed``). None for any other file."""
+    if "metrics" not in r._types or "status" not in r._types:
+        return None
+    db = r._db.cursor()
+    as_json = "TRY_CAST(metrics AS JSON)"
+    names: list[str] = []
+    for (keys,) in db.execute(f"SELECT json_keys({as_json}) FROM {TABLE} WHERE json_type({as_json}) = 'OBJECT' ORDER BY rowid LIMIT 1000"
+                              ).fetchall():
+        for key in keys or []:
+            name = key[: -len(".passed")]
+            if name not in names and re.fullmatch(_CRITERION, key):
+                names.append(name)
+    if not names:
+        return None
+
+    def number(key: str) -> str:
+        return f"TRY_CAST(json_extract_string({as_json}, {_literal('$.' + json.dumps(key))}) AS DOUBLE)"
+
+    ok = "CAST(status AS VARCHAR) = 'ok'"
+    columns = [f"count(*) FILTER (WHERE status IS NULL OR NOT ({ok}))", f"count(*) FILTER (WHERE {ok} AND {number('passed')} = 1)"]
+    for name in names:
+        value = number(name + ".passed")
+        columns += [f"count(*) FILTER (WHERE {value} = 1)", f"count(*) FILTER (WHERE {value} IS NOT NULL AND {value} <> 1)"]
+    figures = [int(v) for v in db.execute(f"SELECT count(*), {', '.join(columns)} FROM {TABLE}").fetchone()]
+    total, errored, passed = figures[:3]
+    per = [{"testing_criteria": name, "passed": figures[3 + 2 * i], "failed": figures[4 + 2 * i]} for i, name in enumerate(names)]
+    return {"result_counts": {"total": total, "passed": passed, "failed": total - errored - passed, "errored": errored},
+            "per_testing_criteria_results": per}
+
+
 def summarise(r: ResultsFile) -> dict[str, Any]:
     """Counts by status, label and error kind, the score histogram, tokens, pairwise and human-label agreement."""
     r.wait()  # the figures are over the whole file, so the copy must be done
@@ -120,5 +160,6 @@ def summarise(r: ResultsFile) -> dict[str, Any]:
         "status": _counts(r, "status"), "labels": _counts(r, r.judge_column) if r.judge_column else {},
         "error_kinds": _counts(r, "error_kind"), "score": _scores(r, "score"), "parts": parts,
         "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r),
+        **(_eval_run(r) or {"result_counts": None, "per_testing_criteria_results": None}),
         "warnings": r.warnings,
     }

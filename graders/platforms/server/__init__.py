@@ -1,4 +1,4 @@
-"""The reward server: one grader behind the HTTP contracts of Bailian, DashScope, Vertex Cloud Run and OpenRLHF.
+"""The reward server: one grader behind the HTTP contracts of Bailian, DashScope, Vertex Cloud Run, OpenRLHF and Foundry.
 
 Names load on first use: a reward class imports BaseRewardComputer without paying for the web
 stack (FastAPI, uvicorn load with ``create_app`` / ``RewardServer``), and so does every other

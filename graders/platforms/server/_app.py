@@ -1,4 +1,4 @@
-"""The FastAPI app: four platforms' routes over one reward computer, behind a bounded work pool.
+"""The FastAPI app: five platforms' routes over one reward computer, behind a bounded work pool.
 
 =====================  ===================================================================
 ``GET  /health``       seed 001 and DashScope: the health check plus func_type, processor
@@ -6,6 +6,7 @@
 ``POST /api/v1``       DashScope reward processor: func_type ``reward`` or ``group_reward``
 ``POST /``             Vertex Cloud Run reward: ``{example, response, metadata}`` -> ``{reward}``
 ``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}``
+``POST /grade``        Foundry endpoint grader: ``{sample, item, trace_id}`` -> ``{score}``
 =====================  ===================================================================
 
 Every route: 413 when the body is over ``server.max_body_bytes`` (refused from its
@@ -17,8 +18,8 @@ open); 503 "Server is busy" with ``Retry-After`` when the pool is full, decided 
 is parsed (so under overload a malformed request may see 503 first: shedding load must cost
 less than serving it); 500 ``{"message"}`` when the computer raised. A reward that failed (judge error, invalid sample under ``invalid: fail``)
 is each contract's failure: seed 001 answers 200 ``status: fail``, DashScope 200
-``status: failed``; Vertex and OpenRLHF have no failure field, so a judge error gets 502 (OpenRLHF
-retries a non-2xx five times, then fails the step) and an input that can never succeed (an
+``status: failed``; Vertex, OpenRLHF and Foundry have no failure field, so a judge error gets 502 (OpenRLHF
+retries a non-2xx five times, then fails the step; Foundry retries a failed call at most 3 times, then discards the rollout) and an input that can never succeed (an
 invalid sample: a missing reference, e.g. ``/get_reward`` without ``labels``) gets 422 naming the
 field, since retrying it would only fail the step later -- never a made-up score.
 
@@ -54,13 +55,17 @@ from ._config import ServerConfig, load_health_check, parse_server_config
 from ._models import (
     DashScopeGroupRewardInput,
     DashScopeRewardInput,
+    FoundryGradeRequest,
     OpenRLHFRequest,
     RewardRequest,
     RewardResponse,
+    ShapeError,
     VertexRequest,
     dashscope_group_reward,
     dashscope_request,
     dashscope_reward,
+    foundry_reply,
+    foundry_request,
     label_references,
     openrlhf_reply,
     split_query,
@@ -73,7 +78,7 @@ logger = logging.getLogger("gradekit.server")
 
 BUSY = "Server is busy, please try again later."
 RETRY_AFTER = "1"  # seconds; DashScope's and OpenRLHF's clients retry about once a second anyway
-REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward"})
+REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward", "/grade"})
 TOKEN_ENV = "GRADEKIT_SERVER_TOKEN"
 M = TypeVar("M", bound=BaseModel)
 
@@ -132,7 +137,8 @@ def _parse(model: type[M], data: Any) -> M:
         raise _Refusal(422, {"detail": detail}, "unprocessable") from None
 
 
-def _failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | None = None) -> _Refusal:
+def _failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | None = None,
+            missing_loc: Sequence[str] = ("example",)) -> _Refusal:
     """Vertex and OpenRLHF have no failure field: a failed reward is a 502 naming each failed item,
     or 422 when an item is invalid (it would fail again however often the platform retried);
     ``missing`` names the request field whose absence explains it (OpenRLHF's ``labels``)."""
@@ -140,7 +146,7 @@ def _failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | No
     if invalid:
         detail = []
         for where, r in invalid:
-            loc = [missing] if missing else (["query", int(where[6:-1])] if where.startswith("query[") else ["example"])
+            loc = [missing] if missing else (["query", int(where[6:-1])] if where.startswith("query[") else list(missing_loc))
             msg = r.detail or "the sample cannot be graded"
             detail.append({"loc": ["body", *loc], "msg": f"missing: {msg}" if missing else msg, "type": "missing" if missing else "value_error"})
         return _Refusal(422, {"detail": detail}, "unprocessable")
@@ -365,7 +371,7 @@ async def _close(computer: Any) -> None:
 
 def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Mapping[str, Any] | None = None, *,
                health_check: Callable[[], Any] | None = None) -> FastAPI:
-    """The reward server's ASGI app, serving all four contracts from one computer.
+    """The reward server's ASGI app, serving all five contracts from one computer.
 
     Args:
         computer: a BaseRewardComputer (anything with ``compute_reward``), or a grader, which is
@@ -496,6 +502,20 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
             raise _failed(failures, missing=absent)
         _set_outcome(request, "success")
         return JSONResponse(openrlhf_reply(responses))
+
+    @app.post("/grade")
+    @_guarded
+    async def foundry(request: Request) -> Response:
+        parsed = _parse(FoundryGradeRequest, await _json_body(request))
+        try:
+            reward_request = foundry_request(parsed)
+        except ShapeError as e:  # a message of item.messages or sample.choices that is no chat message
+            raise _unprocessable(e.loc, str(e)) from None
+        response = await engine.compute(reward_request)
+        if response.status != "success":
+            raise _failed([("", response)], missing_loc=["sample"])
+        _set_outcome(request, "success")
+        return JSONResponse(foundry_reply(response))
 
     app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the body is in
     app.add_middleware(_BodyLimits, max_bytes=cfg.server.max_body_bytes, timeout_s=cfg.server.body_timeout_s, paths=REWARD_ROUTES)

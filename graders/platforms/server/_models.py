@@ -1,8 +1,8 @@
-"""The wire shapes of the four contracts, and how each request becomes one RewardRequest.
+"""The wire shapes of the five contracts, and how each request becomes one RewardRequest.
 
 Every route turns its body into :class:`RewardRequest` s and asks the configured computer's
 ``compute_reward``; so a user's BaseRewardComputer (which only defines that method) serves all
-four platforms, and a subclass that post-processes a response changes every route alike.
+five platforms, and a subclass that post-processes a response changes every route alike.
 The reverse direction (RewardResponse -> each platform's reply) lives here too.
 """
 
@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ..._sample import Message
 from .._common import reference_dict
@@ -282,3 +282,67 @@ def openrlhf_reply(responses: Sequence[RewardResponse]) -> dict[str, Any]:
     shared = [k for k in metrics[0] if all(k in m for m in metrics[1:])] if metrics else []
     return {"rewards": rewards, "scores": [min(1.0, max(0.0, r)) for r in rewards],
             "extra_logs": {k: [m[k] for m in metrics] for k in shared}}
+
+
+# ---- Microsoft Foundry endpoint grader: POST /grade ----------------------------------------------
+
+
+class FoundryGradeRequest(BaseModel):
+    """Foundry's endpoint grader request: ``sample`` (the model's output: ``output_text``,
+    ``output_json``, ``choices``), ``item`` (the whole dataset example, its ``messages`` too) and
+    ``trace_id`` (``trace_`` + a UUID, the same for one rollout)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    sample: dict[str, Any]
+    item: dict[str, Any] = Field(default_factory=dict)
+    trace_id: str | None = None
+
+    @field_validator("item", mode="before")
+    @classmethod
+    def _no_item(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+class ShapeError(ValueError):
+    """A part of a request that is not the shape its contract gives; ``loc`` says where (for a 422)."""
+
+    def __init__(self, loc: list[str | int], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _messages_at(value: Any, loc: list[str | int]) -> list[Message]:
+    try:
+        return TypeAdapter(list[Message]).validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ShapeError([*loc, *err["loc"]], err["msg"]) from None
+
+
+def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
+    """The sample's text is the response (``output_text``, else the last choice's message, else
+    ``output_json`` as JSON); the item's ``messages`` are the prompt and its other keys the
+    references (``{{item.x}}``); the whole ``sample`` stays in metadata for ``{{sample.output_json.x}}``."""
+    sample = body.sample
+    text = sample.get("output_text")
+    response_messages = None
+    if not isinstance(text, str):
+        choices = sample.get("choices")
+        message = choices[-1].get("message") if isinstance(choices, list) and choices and isinstance(choices[-1], Mapping) else None
+        if isinstance(message, Mapping):
+            response_messages = _messages_at([{"role": "assistant", **message}], ["sample", "choices", len(choices) - 1, "message"])
+            text = response_messages[0].text
+        elif sample.get("output_json") is not None:
+            text = json.dumps(sample["output_json"], ensure_ascii=False)
+        else:
+            text = ""
+    item = dict(body.item)
+    messages = item.pop("messages", None)
+    return RewardRequest(response=text, response_messages=response_messages, extra_params=item,
+                         messages=_messages_at(messages, ["item", "messages"]) if isinstance(messages, list) else None,
+                         metadata={"sample": sample, **({"trace_id": body.trace_id} if body.trace_id else {})})
+
+
+def foundry_reply(response: RewardResponse) -> dict[str, Any]:
+    return {"score": response.score}

@@ -141,6 +141,25 @@
     for (const c of s.columns) sort.append(el("option", { value: c }, c + " ↑"), el("option", { value: "-" + c }, c + " ↓"));
     sort.value = current;
     renderAgreement(s.agreement);
+    renderEvalRun(s);
+  }
+  // An Evals-API run (a file graded with --grader eval.json): its result_counts and per-criterion pass/fail, as OpenAI shows a run.
+  function renderEvalRun(run) {
+    const box = $("eval-run");
+    if (!run.result_counts) { box.hidden = true; return; }
+    box.hidden = false;
+    const c = run.result_counts, judged = c.passed + c.failed;
+    const head = el("tr", {}, el("th", {}, "testing criterion"), el("th", {}, "passed"), el("th", {}, "failed"), el("th", {}, "pass rate"));
+    const rows = run.per_testing_criteria_results.map((r) => el("tr", {}, el("th", {}, r.testing_criteria), el("td", {}, r.passed),
+      el("td", {}, r.failed), el("td", {}, r.passed + r.failed ? pct(r.passed / (r.passed + r.failed)) : "–")));
+    box.replaceChildren(
+      el("div", { class: "card" }, el("h3", {}, "eval run: result_counts"),
+        el("div", { class: "big", id: "eval-pass-rate" }, judged ? pct(c.passed / judged) : "–"),
+        el("div", { id: "eval-result-counts" }, `total ${c.total.toLocaleString()}, passed ${c.passed.toLocaleString()}, ` +
+          `failed ${c.failed.toLocaleString()}, errored ${c.errored.toLocaleString()}`),
+        el("div", { class: "muted" }, "a row passes when every criterion passes; an errored criterion makes the row errored, never failed")),
+      el("div", { class: "card" }, el("h3", {}, "per_testing_criteria_results"),
+        el("table", { class: "confusion", id: "eval-criteria" }, el("thead", {}, head), el("tbody", {}, ...rows))));
   }
   function renderAgreement(a) {
     const box = $("agreement");
