@@ -1,0 +1,180 @@
+"""Juries and cascades (issue 23) against judges of known reliability served by the fake provider.
+
+One fake per module, in its own process (``python -m judge.testing --population``), so the CLI
+under test and the fake each get a core. Its models answer the row's true label with a known
+accuracy; each (model, row) is easy or hard, so K samples carry confidence information as real
+judges' do (see judge/testing/_population.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scipy.stats import binom
+
+from graders.calibration._cascade import clopper_pearson_lower, fixed_sequence
+from judge import Judge, Jury, Limiter, load_rubric
+from judge._jury import decide
+from judge.testing import Reply
+
+RUBRIC = "semantic_equivalence_en"
+# The issue's population is 300 calibration rows and 900 graded ones; the suite grades 300 of them
+# (about 6,000 requests over loopback in all) and benchmarks/cascade_population.py runs all 900 over many seeds.
+GRADED = 300
+JURY = 200
+LABELS = ["correct", "incorrect"]
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def population(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    folder = tmp_path_factory.mktemp("population")
+    rng = random.Random(23)
+    rows = []
+    for i in range(300 + GRADED):
+        rows.append({"id": i, "question": f"question {i}?", "references": ["x"], "prediction": "y", "label": rng.choice(LABELS)})
+    spec = {"accuracy": {"weak": 0.77, "strong-a": 0.89, "strong-b": 0.89, "strong-c": 0.89}, "labels": LABELS,
+            "truth": {str(r["id"]): r["label"] for r in rows}, "key_pattern": r"question (\d+)\?", "failing": {"down": 500},
+            "seed": 23}
+    (folder / "population.json").write_text(json.dumps(spec), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--population", str(folder / "population.json")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        base_url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        yield {"base_url": base_url, "folder": folder, "calibration": _write(folder / "calibration.jsonl", rows[:300]),
+               "graded": _write(folder / "graded.jsonl", rows[300:300 + GRADED]),
+               "jury": _write(folder / "jury.jsonl", rows[300:300 + JURY]),
+               "truth": {r["id"]: r["label"] for r in rows}}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def gradekit(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPENAI_API_KEY": "k"}
+    return subprocess.run([sys.executable, "-m", "graders", *args], env=env, capture_output=True, text=True, timeout=280)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+FAST = ["--no-cache", "--concurrency", "64", "--no-adapt"]
+
+
+def test_a_cascade_fitted_on_300_rows_trusts_the_weak_judge_where_it_can_and_keeps_its_guarantee(population) -> None:
+    folder, url = population["folder"], population["base_url"]
+    fitted = gradekit("cascade", "fit", str(population["calibration"]), "-r", RUBRIC, "--model", "weak", "--model", "strong-a",
+                      "--samples", "5", "--target", "0.9", "--delta", "0.05", "-o", str(folder / "cascade.json"),
+                      "--base-url", url, *FAST)
+    assert fitted.returncode == 0, fitted.stderr
+    spec = json.loads((folder / "cascade.json").read_text())
+    assert (spec["samples"], spec["confidence"], spec["target"], spec["delta"], spec["calibration_n"]) == (5, "agreement", 0.9, 0.05, 300)
+    assert [j["model"] for j in spec["judges"]] == ["weak", "strong-a"] and all(j["threshold"] is not None for j in spec["judges"])
+    for judge in spec["judges"]:  # fixed-sequence testing: every test before the threshold's passed, and it stopped at a failure
+        assert all(t["passed"] for t in judge["tests"][:-1]) and judge["tests"][-1]["threshold"] <= judge["threshold"]
+
+    out = folder / "cascade-out.jsonl"
+    graded = gradekit("grade", str(population["graded"]), "-r", RUBRIC, "--cascade", str(folder / "cascade.json"), "-o", str(out),
+                      "--base-url", url, "--json", *FAST)
+    assert graded.returncode == 0, graded.stderr
+    rows, truth = _rows(out), population["truth"]
+    assert len(rows) == GRADED and {r["status"] for r in rows} <= {"ok", "abstained"}
+    trusted = [r for r in rows if r["status"] == "ok"]
+    assert all(r["score"] is None and r["label"] is None and r["decided_by"] is None for r in rows if r["status"] == "abstained")
+    coverage = len(trusted) / len(rows)
+    agreement = sum(r["label"] == truth[r["id"]] for r in trusted) / len(trusted)
+    weak_share = sum(r["decided_by"] == "weak" for r in rows) / len(rows)
+    assert coverage >= 0.85 and agreement >= 0.89 and weak_share >= 0.25, (coverage, agreement, weak_share)
+    assert all(r["confidence"] >= spec["judges"][["weak", "strong-a"].index(r["decided_by"])]["threshold"] for r in trusted)
+
+    summary = json.loads(graded.stdout)["cascade"]
+    assert summary["coverage"] == pytest.approx(coverage) and summary["abstained"] == GRADED - len(trusted)
+    assert summary["share"]["weak"] == pytest.approx(weak_share)
+    assert summary["guarantee"] == {"target": 0.9, "delta": 0.05, "delta_per_judge": 0.05, "calibration_n": 300,
+                                    "confidence": "agreement", "samples": 5}
+    assert summary["strongest_alone"] == {"model": "strong-a", "requests": GRADED * 5, "cost_usd": None,
+                                          "requests_ratio": pytest.approx(summary["requests"] / (GRADED * 5))}
+
+    # calibrate reads the cascade's output like any judge's: abstained rows are left out and counted.
+    report = gradekit("calibrate", str(out), "--human-column", "label", "--json", "--bootstrap", "0")
+    assert report.returncode == 0, report.stderr
+    classification = json.loads(report.stdout)["classification"]
+    assert classification["judged"] == len(trusted) and classification["accuracy"] == pytest.approx(agreement)
+    assert classification["failures_by_kind"] == {"abstained": GRADED - len(trusted)}
+
+
+def test_a_jury_of_three_strong_judges_beats_each_and_a_juror_that_always_fails_abstains(population) -> None:
+    folder, url, truth = population["folder"], population["base_url"], population["truth"]
+    for jurors, name in ((["strong-a", "strong-b", "strong-c"], "three"), (["strong-a", "strong-b", "strong-c", "down"], "four")):
+        out = folder / f"jury-{name}.jsonl"
+        flags = [flag for model in jurors for flag in ("--model", model)]
+        done = gradekit("grade", str(population["jury"]), "-r", RUBRIC, *flags, "--jury", "majority", "-o", str(out),
+                        "--base-url", url, "--json", *FAST)
+        assert done.returncode == 0, done.stderr
+        rows = _rows(out)
+        assert len(rows) == JURY and all(r["status"] == "ok" for r in rows)
+        agreement = sum(r["label"] == truth[r["id"]] for r in rows) / len(rows)
+        assert agreement >= 0.93, (name, agreement)
+        entries = [json.loads(r["jurors"]) for r in rows]
+        assert all([e["model"] for e in entry] == jurors for entry in entries)
+        if name == "four":  # the broken juror is named on every row and never counted among those who answered
+            assert all(entry[3]["status"] == "error" and entry[3]["error_kind"] == "server_error" for entry in entries)
+        for row, entry in zip(rows, entries):
+            answered = [e for e in entry if e["status"] == "ok"]
+            assert row["agreement"] == pytest.approx(sum(e["label"] == row["label"] for e in answered) / len(answered))
+        assert json.loads(done.stdout)["jury"]["quorum"] == len(jurors) // 2 + 1
+
+
+@pytest.mark.parametrize(("n", "agree", "delta"), [(10, 10, 0.05), (160, 157, 0.05), (300, 270, 0.01), (5, 1, 0.2)])
+def test_the_clopper_pearson_bound_is_the_exact_binomial_test(n: int, agree: int, delta: float) -> None:
+    bound = clopper_pearson_lower(agree, n, delta)
+    # The bound is the p at which seeing >= agree successes becomes exactly delta likely.
+    assert binom.sf(agree - 1, n, bound) == pytest.approx(delta, rel=1e-6)
+    assert clopper_pearson_lower(0, n, delta) == 0.0
+
+
+def test_fixed_sequence_testing_stops_at_the_first_threshold_that_fails() -> None:
+    # 60 rows at confidence 1.0, all right; 40 at 0.8 with 20 wrong; 100 at 0.6 all right (never reached).
+    confidences = [1.0] * 60 + [0.8] * 40 + [0.6] * 100
+    correct = [True] * 60 + [True, False] * 20 + [True] * 100
+    threshold, tests = fixed_sequence(confidences, correct, target=0.9, delta=0.05)
+    assert threshold == 1.0 and [(t.threshold, t.n, t.agree, t.passed) for t in tests] == [(1.0, 60, 60, True), (0.8, 100, 80, False)]
+    assert fixed_sequence([0.6] * 10, [True] * 5 + [False] * 5, target=0.9, delta=0.05)[0] is None
+
+
+def test_the_jury_rules() -> None:
+    rubric = load_rubric("correctness_3way")
+    labels, scores = ["CORRECT", "INCORRECT", "INCORRECT", "CORRECT"], [1.0, -1.0, -1.0, 1.0]
+    assert decide(rubric, labels, scores, "majority") == ("CORRECT", 1.0, True)  # a tie goes to the label named first
+    assert decide(rubric, labels[:3], scores[:3], "majority") == ("INCORRECT", -1.0, True)
+    assert decide(rubric, ["CORRECT", "NOT_ATTEMPTED"], [1.0, 0.0], "min") == ("NOT_ATTEMPTED", 0.0, True)
+    assert decide(rubric, ["CORRECT", "CORRECT", "INCORRECT"], [1.0, 1.0, -1.0], "mean") == ("NOT_ATTEMPTED", pytest.approx(1 / 3), True)
+    assert decide(rubric, ["CORRECT", "INCORRECT"], [1.0, -1.0], "unanimous") == (None, None, False)
+
+
+async def test_a_jury_below_its_quorum_is_an_error_naming_each_jurors_error(fake) -> None:
+    rubric = load_rubric(RUBRIC)
+    fake.set_responder(lambda body: Reply(status=400, error_message="no such model") if body["model"] != "good"
+                       else Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+    good, bad1, bad2 = (Judge(m, base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=4)) for m in ("good", "bad-1", "bad-2"))
+    row = {"question": "q", "references": ["a"], "prediction": "a"}
+    verdict = await Jury([good, bad1, bad2]).judge(rubric, row)
+    assert (verdict.status, verdict.score, verdict.error_kind) == ("error", None, "bad_request")
+    assert "1 of 3 jurors answered, quorum 2" in verdict.error and "bad-1: bad_request" in verdict.error and "bad-2" in verdict.error
+    verdict = await Jury([good, bad1, bad2], quorum=1).judge(rubric, row)
+    assert (verdict.status, verdict.label, verdict.agreement) == ("ok", "correct", 1.0)
+    assert [j["status"] for j in verdict.jurors] == ["ok", "error", "error"]
+    for judge in (good, bad1, bad2):
+        await judge.aclose()
