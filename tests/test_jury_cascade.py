@@ -178,3 +178,33 @@ async def test_a_jury_below_its_quorum_is_an_error_naming_each_jurors_error(fake
     assert [j["status"] for j in verdict.jurors] == ["ok", "error", "error"]
     for judge in (good, bad1, bad2):
         await judge.aclose()
+
+
+async def test_a_yaml_jury_with_juror_endpoints_keys_and_params_grades_like_a_judge(fake, monkeypatch) -> None:
+    from graders import Sample, Trajectory, load_grader, load_group_grader
+
+    monkeypatch.setenv("JUROR_C_KEY", "key-c")
+    votes = {"a": "correct", "b": "incorrect", "c": "correct"}
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": votes[body["model"]]})))
+    judge = {"jury": [{"model": "a", "params": {"temperature": 0.3}}, {"model": "b", "api_key": "key-b"},
+                      {"model": "c", "base_url": fake.base_url, "api_key": "$JUROR_C_KEY"}],
+             "base_url": fake.base_url, "aggregate": "majority", "quorum": 2}
+    node = {"type": "llm", "rubric": RUBRIC, "map": {"references": "references.answer"}}
+    grader = load_grader({**node, "judge": judge})
+    try:
+        grade = await grader(Sample(messages="Capital of France?", response="Paris", references={"answer": "Paris"}))
+    finally:
+        await grader.aclose()
+    assert (grade.status, grade.score) == ("ok", 1.0)
+    sent = {r.body["model"]: r for r in fake.chat_requests()}
+    assert sent["a"].body["temperature"] == 0.3 and sent["b"].headers["authorization"] == "Bearer key-b"
+    assert sent["c"].headers["authorization"] == "Bearer key-c"
+    # A unanimous jury that splits abstains: in a group grader that is a judge error under its policy (RETRY).
+    group = load_group_grader({"type": "group", "grader": node, "judge": {**judge, "aggregate": "unanimous"}})
+    result = await group(Sample(messages="Capital?", response="Paris", references={"answer": "Paris"}),
+                         [Trajectory(messages=[{"role": "assistant", "content": "Paris"}])])
+    assert result.status == "RETRY" and "abstained" in result.error and "split (correct: 2, incorrect: 1)" in result.error
+    from graders import GraderConfigError
+
+    with pytest.raises(GraderConfigError, match="quorum 4 is more than"):
+        load_grader({**node, "judge": {**judge, "quorum": 4}})
