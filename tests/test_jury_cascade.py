@@ -208,3 +208,28 @@ async def test_a_yaml_jury_with_juror_endpoints_keys_and_params_grades_like_a_ju
 
     with pytest.raises(GraderConfigError, match="quorum 4 is more than"):
         load_grader({**node, "judge": {**judge, "quorum": 4}})
+
+
+@pytest.mark.parametrize(("rule", "c_winner", "agreement"), [("tie", "tie", 2 / 3), ("first", "1", 1.0)])
+async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(fake, tmp_path, rule, c_winner, agreement) -> None:
+    import re
+
+    from graders.calibration._pairwise import grade_pairwise_file
+
+    def respond(body: dict) -> Reply:
+        first = re.search(r"<assistant_a>\n?(.*?)\n?</assistant_a>", body["messages"][-1]["content"], re.S).group(1)
+        if body["model"] == "c":  # position bias: always prefers the output shown first
+            return Reply(content="[[A>B]]")
+        return Reply(content="[[A>B]]" if first == "SEVEN" else "[[B>A]]")
+
+    fake.set_responder(respond)
+    source = _write(tmp_path / "pairs.jsonl", [{"instruction": "Name a prime.", "output_1": "SEVEN", "output_2": "EIGHT", "label": 1}])
+    jury = Jury([Judge(m, base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=4)) for m in ("a", "b", "c")])
+    rubric = load_rubric("arena_hard_pairwise")
+    async with jury:
+        summary = await grade_pairwise_file(jury, rubric, source, tmp_path / "out.jsonl", {v: v for v in rubric.variables},
+                                            on_conflict=rule)
+    (row,) = _rows(tmp_path / "out.jsonl")
+    assert (row["winner"], row["status"], row["decided_by"], row["agreement"]) == ("1", "ok", "jury", pytest.approx(agreement))
+    assert [(j["model"], j["winner"]) for j in json.loads(row["jurors"])] == [("a", "1"), ("b", "1"), ("c", c_winner)]
+    assert summary.requests == 6  # each juror asked both orders
