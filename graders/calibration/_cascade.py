@@ -64,6 +64,15 @@ def same_label(judge_label: Any, human: Any) -> bool:
     return a is not None and b is not None and a.casefold() == b.casefold()
 
 
+def agrees(rubric: Rubric, verdict: Any, human: Any) -> bool:
+    """Does a decision agree with the human label? For a pairwise rubric the label is the winner (1, 2 or tie)
+    and the decision's is read off its score's sign, as the pair rules read it."""
+    if rubric.pairwise is None:
+        return same_label(verdict.label, human)
+    score = verdict.score or 0.0
+    return as_label(human) == ("1" if score > 0 else "2" if score < 0 else "tie")
+
+
 async def fit_cascade(
     judges: Sequence[Any],
     rubric: Rubric,
@@ -83,6 +92,9 @@ async def fit_cascade(
     on_row: Any = None,
 ) -> CascadeSpec:
     """Fit a cascade of ``judges`` (cheapest first) on ``rows`` (rubric variables) and their ``human`` labels.
+
+    For a pairwise rubric the human label is the winner (1, 2 or tie) and each row is judged in its
+    input order; ``meta-eval --cascade`` then asks the cascade each order of a pair.
 
     Args:
         samples: K, the samples (or simulated annotators) per row and judge.
@@ -138,7 +150,7 @@ async def fit_cascade(
             raise ValueError(f"{judge.model} returned no logprobs on any row: use --confidence agreement")
         # A judge that failed a row is not trusted with it: the row escalates, as it would when grading.
         confs = [f.confidence for _, f in answered]
-        right = [same_label(f.verdict.label, human[i]) for i, f in answered]
+        right = [agrees(rubric, f.verdict, human[i]) for i, f in answered]
         fitted.threshold, fitted.tests = fixed_sequence(confs, right, target=target, delta=spec.delta_per_judge)  # type: ignore[arg-type]
         if fitted.threshold is not None:
             mine = [r for c, r in zip(confs, right) if c >= fitted.threshold]  # type: ignore[operator]

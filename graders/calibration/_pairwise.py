@@ -44,7 +44,7 @@ CONFLICT_RULES: tuple[str, ...] = ("tie", "first", "third", "vote")
 Decision = Literal["agree", "single", "tie", "first", "third", "vote", "jury"]
 # The judge answered but nothing offered could be read: under ``vote`` such an order abstains.
 # Transport failures (timeouts, 5xx, budget) are not the judge's opinion and keep the pair an error.
-UNREADABLE = frozenset({"parse_failure", "refusal", "truncated"})
+UNREADABLE = frozenset({"parse_failure", "refusal", "truncated", "abstained"})  # abstained: a cascade trusted no judge with it
 
 PAIRWISE_COLUMNS = [
     "winner", "score", "status", "error_kind", "error", "decided_by", "agree", "orders_read",

@@ -64,8 +64,6 @@ def fit(
         raise fail(f"{output}: the cascade file is JSON: name it .json")
     try:
         spec = load_rubric(rubric)
-        if spec.pairwise is not None:
-            raise fail("a cascade fits single-answer rubrics; for a pairwise rubric use a jury (grade --model several times)")
         variables = resolve_mapping(spec, mapping)
         if not labelled.exists():
             raise InputError(f"{labelled}: no such file")
@@ -86,11 +84,11 @@ def fit(
         raise fail(f"{labelled}: no rows")
     from ..calibration._agreement import as_label
 
-    offered = {str(as_label(lab)).casefold() for lab in spec.labels}
+    offered = {"1", "2", "tie"} if spec.pairwise is not None else {str(as_label(lab)).casefold() for lab in spec.labels}
     unknown = sorted({str(as_label(h)) for h in human if as_label(h) is not None and str(as_label(h)).casefold() not in offered})
     if unknown:
         raise fail(f"{labelled}: human labels {', '.join(map(repr, unknown[:5]))} are not labels rubric {spec.name!r} offers "
-                   f"({', '.join(spec.labels)})")
+                   f"({', '.join(sorted(offered) if spec.pairwise is not None else spec.labels)})")
     from judge._cascade import LOGPROBS_TOP
 
     cache = opts.open_cache()
