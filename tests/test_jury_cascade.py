@@ -233,3 +233,42 @@ async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(
     assert (row["winner"], row["status"], row["decided_by"], row["agreement"]) == ("1", "ok", "jury", pytest.approx(agreement))
     assert [(j["model"], j["winner"]) for j in json.loads(row["jurors"])] == [("a", "1"), ("b", "1"), ("c", c_winner)]
     assert summary.requests == 6  # each juror asked both orders
+
+
+async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_the_labels_probability(fake) -> None:
+    import math
+
+    from graders.calibration._cascade import fit_cascade
+    from judge import Cascade
+
+    rubric = load_rubric(RUBRIC)
+    rows = [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(30)]
+    human = ["correct"] * 30
+
+    def respond(body: dict) -> Reply:
+        text = '{"rationale": "r", "judgement": "correct"}'
+        head, tail = text.split("correct")
+        tokens = [{"token": head, "logprob": 0.0},
+                  {"token": "correct", "logprob": math.log(0.96),
+                   "top_logprobs": [{"token": "correct", "logprob": math.log(0.96)}, {"token": "incorrect", "logprob": math.log(0.04)}]},
+                  {"token": tail, "logprob": 0.0}]
+        return Reply(content=text, logprobs=tokens)
+
+    fake.set_responder(respond)
+
+    def judge(**kw) -> Judge:
+        return Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=8), **kw)
+
+    spec = await fit_cascade([judge()], rubric, rows, human, samples=3, confidence="simulated-annotators", target=0.5,
+                             delta=0.2, demonstrations=2)
+    assert (spec.calibration_n, len(spec.demonstrations), spec.judges[0].threshold) == (24, 6, 1.0)
+    first = fake.chat_requests()[0].body["messages"]
+    # Two demonstrations (the row, then the human's label as the judge's reply), then the row itself.
+    assert [m["role"] for m in first][-5:] == ["user", "assistant", "user", "assistant", "user"]
+    assert json.loads(first[-2]["content"]) == {"judgement": "correct"}
+    verdict = await Cascade([judge()], spec).judge(rubric, rows[0])  # grading asks the same three annotators
+    assert (verdict.status, verdict.decided_by, verdict.confidence) == ("ok", "m", 1.0)
+
+    spec = await fit_cascade([judge(logprobs=5)], rubric, rows, human, confidence="logprobs", target=0.5, delta=0.2)
+    assert spec.judges[0].threshold == pytest.approx(0.96)
+    assert fake.chat_requests()[-1].body["top_logprobs"] == 5
