@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._jury import Usage
 from ._rubric import AskMode, Rubric
@@ -86,8 +86,15 @@ class CascadeSpec(BaseModel):
     calibration_coverage: float | None = None  # share of those some judge was trusted with
     calibration_agreement: float | None = None  # agreement of the trusted ones with the human label
     judges: list[CascadeJudge]
+    thresholds: list[float | None] = Field(default_factory=list)  # each judge's threshold, in order (a copy of judges[i].threshold)
     demonstrations: list[dict[str, Any]] = Field(default_factory=list)  # simulated-annotators: {"row": {...}, "label": ...}
     demonstrations_per_annotator: int = 0
+
+    @model_validator(mode="after")
+    def _thresholds_follow_the_judges(self) -> CascadeSpec:
+        """The judges' thresholds are the truth; the top-level list is kept equal to them for readers."""
+        self.thresholds = [j.threshold for j in self.judges]
+        return self
 
     @classmethod
     def read(cls, path: str | Path) -> CascadeSpec:

@@ -82,6 +82,7 @@ def test_a_cascade_fitted_on_300_rows_trusts_the_weak_judge_where_it_can_and_kee
     spec = json.loads((folder / "cascade.json").read_text())
     assert (spec["samples"], spec["confidence"], spec["target"], spec["delta"], spec["calibration_n"]) == (5, "agreement", 0.9, 0.05, 300)
     assert [j["model"] for j in spec["judges"]] == ["weak", "strong-a"] and all(j["threshold"] is not None for j in spec["judges"])
+    assert spec["thresholds"] == [j["threshold"] for j in spec["judges"]] and spec["rubric"] == RUBRIC
     for judge in spec["judges"]:  # fixed-sequence testing: every test before the threshold's passed, and it stopped at a failure
         assert all(t["passed"] for t in judge["tests"][:-1]) and judge["tests"][-1]["threshold"] <= judge["threshold"]
 
@@ -99,7 +100,9 @@ def test_a_cascade_fitted_on_300_rows_trusts_the_weak_judge_where_it_can_and_kee
     assert coverage >= 0.85 and agreement >= 0.89 and weak_share >= 0.25, (coverage, agreement, weak_share)
     assert all(r["confidence"] >= spec["judges"][["weak", "strong-a"].index(r["decided_by"])]["threshold"] for r in trusted)
 
-    summary = json.loads(graded.stdout)["cascade"]
+    printed = json.loads(graded.stdout)
+    summary = printed["cascade"]
+    assert (printed["abstained"], printed["errors"], printed["coverage"]) == (GRADED - len(trusted), 0, summary["coverage"])
     assert summary["coverage"] == pytest.approx(coverage) and summary["abstained"] == GRADED - len(trusted)
     assert summary["share"]["weak"] == pytest.approx(weak_share)
     assert summary["guarantee"] == {"target": 0.9, "delta": 0.05, "delta_per_judge": 0.05, "calibration_n": 300,

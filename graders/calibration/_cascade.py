@@ -159,6 +159,7 @@ async def fit_cascade(
             trusted += mine
             kept = {i for (i, f) in answered if f.confidence >= fitted.threshold}  # type: ignore[operator]
             reaching = [i for i in reaching if i not in kept]
+    spec.thresholds = [j.threshold for j in spec.judges]
     spec.calibration_coverage = len(trusted) / len(indices)
     spec.calibration_agreement = sum(trusted) / len(trusted) if trusted else None
     return spec

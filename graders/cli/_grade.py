@@ -246,7 +246,9 @@ def grade(
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump(), **({name: block} if block is not None else {})})
+                    "pacing": pacing.model_dump(), **({name: block} if block is not None else {}),
+                    # a cascade's headline figures at the top too, beside rows/ok/abstained
+                    **({k: block[k] for k in ("coverage", "guarantee")} if block is not None and name == "cascade" else {})})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
