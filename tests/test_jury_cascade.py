@@ -275,3 +275,37 @@ async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_t
     spec = await fit_cascade([judge(logprobs=5)], rubric, rows, human, confidence="logprobs", target=0.5, delta=0.2)
     assert spec.judges[0].threshold == pytest.approx(0.96)
     assert fake.chat_requests()[-1].body["top_logprobs"] == 5
+
+
+def test_meta_eval_takes_a_cascade_and_an_order_it_abstains_on_is_unreadable(fake, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+    from judge import CascadeSpec
+    from judge._cascade import CascadeJudge
+
+    # "sure" always prefers the output that is really better; "unsure" flips a coin between samples.
+    def respond(body: dict) -> Reply:
+        shown = body["messages"][-1]["content"]
+        good_first = shown.find("GOOD") < shown.find("BAD")
+        if body["model"] == "unsure" and body.get("seed", 0) % 2:
+            good_first = not good_first
+        return Reply(content="Output (a)" if good_first else "Output (b)")
+
+    fake.set_responder(respond)
+    pairs = [{"instruction": f"task {i}", "output_1": "GOOD" if i % 2 else "BAD", "output_2": "BAD" if i % 2 else "GOOD",
+              "label": 1 if i % 2 else 2} for i in range(4)]
+    suite = _write(tmp_path / "pairs.jsonl", pairs)
+    for model, name in (("sure", "trusted"), ("unsure", "abstains")):
+        spec = CascadeSpec(rubric="llmbar_pairwise", samples=2, target=0.9, delta=0.05, delta_per_judge=0.05, calibration_n=100,
+                           judges=[CascadeJudge(model=model, base_url=fake.base_url, threshold=1.0)])
+        (tmp_path / f"{name}.json").write_text(spec.model_dump_json())
+        result = CliRunner().invoke(app, ["meta-eval", "--suite", str(suite), "-r", "llmbar_pairwise", "--cascade",
+                                          str(tmp_path / f"{name}.json"), "--api-key", "x", "--no-cache", "--on-conflict", "vote",
+                                          "--json"])
+        (row,) = [r for r in json.loads(result.output)["results"] if r["subset"] == "overall"]
+        assert row["judge"] == f"cascade({model})" and row["requests"] == 4 * 2 * 2  # pairs x orders x samples
+        if name == "trusted":
+            assert (result.exit_code, row["accuracy"], row["errors"]) == (0, 100.0, 0)
+        else:  # two samples that disagree on every order: the cascade abstains on both orders, so no pair has a verdict
+            assert (result.exit_code, row["errors"], row["errors_by_kind"]) == (1, 4, {"abstained": 4})

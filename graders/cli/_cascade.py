@@ -58,6 +58,8 @@ def fit(
         raise fail("--samples must be at least 2 for --confidence agreement (1 sample agrees with itself)")
     if not 0 < target < 1 or not 0 < delta < 1:
         raise fail("--target and --delta are probabilities strictly between 0 and 1")
+    if confidence == "agreement" and opts.temperature == 0:
+        raise fail("--confidence agreement samples at temperature 1; --temperature 0 would make the K samples one answer")
     if demonstrations < 1:
         raise fail("--demonstrations must be at least 1")
     if output.suffix.lower() != ".json":
