@@ -25,10 +25,10 @@ from judge._jury import decide
 from judge.testing import Reply
 
 RUBRIC = "semantic_equivalence_en"
-# The population is 300 calibration rows and 900 graded ones; the suite grades 300 of them
-# (about 6,000 requests over loopback in all) and benchmarks/cascade_population.py runs all 900 over many seeds.
-GRADED = 300
-JURY = 200
+# The population is 300 calibration rows and 900 graded ones; the suite grades 200 of them
+# (about 5,000 requests over loopback in all) and benchmarks/cascade_population.py runs all 900 over many seeds.
+GRADED = 200
+JURY = 150
 LABELS = ["correct", "incorrect"]
 
 
