@@ -178,7 +178,12 @@ class Jury:
                 breaker = Breaker()  # long enough: ask it again
                 self._breakers[i] = (breaker, 0.0)
         with breaker_scope(breaker):  # this task's requests report to the juror's breaker, not the run's
-            return await self.jurors[i].judge(rubric, row)
+            verdict = await self.jurors[i].judge(rubric, row)
+        if breaker.tripped is not None and verdict.error and verdict.error.startswith("not sent: the run stopped because "):
+            # The run goes on without this juror: say so rather than that the run stopped.
+            verdict = verdict.model_copy(update={"error": "not sent: this juror is left out for now because "
+                                                          + verdict.error.removeprefix("not sent: the run stopped because ")})
+        return verdict
 
     def _check_quorum(self) -> None:
         """Trip the run's breaker once too few jurors are standing to reach the quorum."""
