@@ -25,7 +25,7 @@ import statistics
 from collections import Counter
 
 from graders.calibration._cascade import fixed_sequence
-from graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
+from graders.calibration._llmbar import LLMBarRun, rescore_llmbar
 
 SETS = ("Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval")
 STRATEGIES = ("Vanilla_NoRules", "Metrics_Reference")

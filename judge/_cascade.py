@@ -290,6 +290,8 @@ class Cascade:
             if found.confidence >= fitted.threshold:
                 return v.model_copy(update={**usage, "decided_by": judge.model, "confidence": found.confidence})
         named = "; ".join(f.error or "" for f in failures)
+        if best is None and failures and all(f.status == "skipped" for f in failures):  # the budget ran out: not asked
+            return Verdict(status="skipped", error_kind="budget", error=failures[0].error, **usage)
         if best is None and failures:  # every judge asked failed: not a row for a human, a row to judge again
             return Verdict(status="error", error_kind=failures[0].error_kind, error=f"cascade: no judge answered: {named}", **usage)
         why = "no judge's confidence met its threshold" if best is not None else "the fit trusted no judge of the cascade with any row"
