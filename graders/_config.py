@@ -92,7 +92,9 @@ A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRe
 ``compositeRewardConfig``) loads as ``type: vertex`` unchanged. The top level may also carry
 ``judge: {model: ..., base_url: ..., timeout: ..., params: {reasoning_effort: low}}`` for its LLM
 nodes (``params``: judge parameters sent with every request); the API key only ever
-comes from the environment (OPENAI_API_KEY), never from the file.
+comes from the environment (OPENAI_API_KEY), never from the file. A jury instead of one judge:
+``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}`` (a
+juror's ``api_key`` is best ``$ENV_NAME``, read from the environment; docs/juries.md).
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
@@ -101,6 +103,7 @@ a number), ``on_invalid:`` and ``pass_threshold:``; load it with :func:`load_gro
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -309,6 +312,32 @@ class GroupNode(_Node):
     pass_threshold: float = 0.5
 
 
+class JurorSettings(BaseModel):
+    """One juror of ``judge: {jury: [...]}``: its own model, endpoint, key and parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    base_url: str | None = None  # default: the judge block's, else $OPENAI_BASE_URL
+    # A juror on another provider needs its own key: "$NAME" / "${NAME}" reads the environment
+    # variable NAME (keep keys out of files you share); anything else is the key itself.
+    api_key: str | None = None
+    timeout: float | None = None
+    params: dict[str, Any] | None = None  # default: the judge block's params
+
+    def key(self) -> str | None:
+        if self.api_key is None:
+            return None
+        text = self.api_key.strip()
+        if text.startswith("$"):
+            name = text[1:].strip("{}")
+            value = os.environ.get(name)
+            if not value:
+                raise ValueError(f"juror {self.model}: api_key names ${name}, which is not set")
+            return value
+        return text
+
+
 class JudgeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -317,6 +346,36 @@ class JudgeSettings(BaseModel):
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
+    # A jury instead of one judge (judge._jury): every juror judges each row; see docs/juries.md.
+    jury: list[JurorSettings] | None = Field(default=None, min_length=1)
+    aggregate: Literal["majority", "mean", "min", "unanimous"] | None = None  # default: majority for labels, mean for scores
+    quorum: int | None = Field(default=None, ge=1)  # default: a majority of the jury
+
+    @model_validator(mode="after")
+    def _jury_or_model(self) -> JudgeSettings:
+        if self.jury is None and (self.aggregate is not None or self.quorum is not None):
+            raise ValueError("aggregate and quorum configure a jury: give jury: [{model: ...}, ...]")
+        if self.jury is not None and self.model is not None:
+            raise ValueError("give model (one judge) or jury (several), not both")
+        if self.jury is not None and self.quorum is not None and self.quorum > len(self.jury):
+            raise ValueError(f"quorum {self.quorum} is more than the jury's {len(self.jury)} jurors")
+        return self
+
+    def build(self) -> Any:
+        """The Judge, or the Jury, these settings describe."""
+        if self.jury is None:
+            return Judge(self.model, base_url=self.base_url, timeout=self.timeout, max_prompt_tokens=self.max_prompt_tokens,
+                         params=self.params)
+        from judge import Jury
+        from judge._limiters import limiter_from_url
+
+        jurors = []
+        for juror in self.jury:
+            # Each juror paces itself (its own limiter): one slow or rate-limited provider does not hold back the others.
+            jurors.append(Judge(juror.model, base_url=juror.base_url or self.base_url, api_key=juror.key(),
+                                timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
+                                params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None)))
+        return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)
 
 
 NODES: dict[str, type[_Node]] = {
@@ -374,16 +433,14 @@ class _Builder:
         self.media_root: Path | None = None  # the folder local image paths are read from: the input's
 
     def judge(self) -> Judge:
-        if isinstance(self._judge, Judge):
-            return self._judge
+        if self._judge is not None and hasattr(self._judge, "judge"):  # a Judge, a Jury or a Cascade
+            return self._judge  # type: ignore[return-value]
         if self.made_judge is None:
             try:
                 if self._judge is not None:
                     self.made_judge = self._judge()
                 else:
-                    s = self.settings
-                    self.made_judge = Judge(s.model, base_url=s.base_url, timeout=s.timeout, max_prompt_tokens=s.max_prompt_tokens,
-                                            params=s.params)
+                    self.made_judge = self.settings.build()
             except ValueError as e:
                 raise GraderConfigError(f"{self.source}: an LLM grader needs a judge: {e}") from e
         return self.made_judge

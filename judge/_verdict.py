@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -18,6 +18,7 @@ ErrorKind = Literal[
     "input",  # the row lacks a variable the rubric needs
     "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
     "worker_lost",  # --ray: every Ray actor that took this row died before answering (see graders/runs/_ray.py)
+    "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
 ]
 
 
@@ -29,12 +30,14 @@ def clamp(score: float) -> float:
 class Verdict(BaseModel):
     """One judgement. ``status != "ok"`` always has ``score is None``: a failure is never a number.
 
+    ``abstained`` (a Cascade or a unanimous Jury) means the judges answered but none was trusted
+    with a decision: the row is one for a human, not a failure (``error_kind="abstained"``).
     ``skipped`` means the judge was not asked (the budget was reached; ``error_kind`` says why):
     nothing failed, and a later run with room in the budget judges it. Token counts are the tokens
     billed in this run; a cache hit bills none and reports what it saved in ``saved_*_tokens``.
     """
 
-    status: Literal["ok", "error", "skipped"]
+    status: Literal["ok", "error", "skipped", "abstained"]
     score: float | None = None
     label: str | None = None
     rationale: str | None = None
@@ -56,6 +59,11 @@ class Verdict(BaseModel):
     # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
     # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
     score_source: Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"] = "label"
+    # A Jury's or a Cascade's verdict (judge._jury, judge._cascade); None from a single Judge.
+    agreement: float | None = None  # Jury: share of the answering jurors whose label is the decision's
+    jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
+    decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
+    confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
 
     @property
     def ok(self) -> bool:

@@ -23,6 +23,7 @@ vote      JudgeBench / Arena-Hard: each readable order votes +1 for the output i
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,10 +41,10 @@ from ..runs._lock import output_lock
 
 ConflictRule = Literal["tie", "first", "third", "vote"]
 CONFLICT_RULES: tuple[str, ...] = ("tie", "first", "third", "vote")
-Decision = Literal["agree", "single", "tie", "first", "third", "vote"]
+Decision = Literal["agree", "single", "tie", "first", "third", "vote", "jury"]
 # The judge answered but nothing offered could be read: under ``vote`` such an order abstains.
 # Transport failures (timeouts, 5xx, budget) are not the judge's opinion and keep the pair an error.
-UNREADABLE = frozenset({"parse_failure", "refusal", "truncated"})
+UNREADABLE = frozenset({"parse_failure", "refusal", "truncated", "abstained"})  # abstained: a cascade trusted no judge with it
 
 PAIRWISE_COLUMNS = [
     "winner", "score", "status", "error_kind", "error", "decided_by", "agree", "orders_read",
@@ -75,9 +76,15 @@ class PairVerdict(BaseModel):
     status: Literal["ok", "error"] = "ok"
     error_kind: str | None = None
     error: str | None = None
+    # A jury's pair: each juror's own pair (its conflict rule applied), and how many agree with the decision.
+    members: list[PairVerdict] = Field(default_factory=list)
+    jurors: list[dict[str, Any]] | None = None
+    agreement: float | None = None
 
     @property
     def verdicts(self) -> list[Verdict]:
+        if self.members:
+            return [v for m in self.members for v in m.verdicts]
         return [v for v in (self.ab, self.ba, self.third) if v is not None]
 
 
@@ -121,6 +128,8 @@ def pairwise_grader(
             the same judge at temperature 0 would answer from its cache with the first verdict.
     """
     _pair_spec(rubric)
+    if hasattr(judge, "jurors"):  # a Jury: each juror judges both orders under the rule, then the jury decides
+        return _jury_pairs(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
     if on_conflict not in CONFLICT_RULES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_RULES)}, not {on_conflict!r}")
     if on_conflict == "third" and tiebreak is None:
@@ -174,6 +183,58 @@ def pairwise_grader(
     return grade
 
 
+def _jury_pairs(jury: Any, rubric: Rubric, *, swap: bool, on_conflict: ConflictRule,
+                tiebreak: Judge | None) -> Callable[[Mapping[str, Any]], Awaitable[PairVerdict]]:
+    """A Jury's pairwise grader: every juror's pair (both orders, its conflict rule), then the jury's rule over winners.
+
+    Winners vote as labels ("1", "2", "tie") with their scores (> 0 favours output_1); a juror
+    whose pair is an error abstains, and below the quorum the pair is an error naming each one.
+    A unanimous jury that splits calls the pair a tie (LLMBar's reading of a disagreement).
+    """
+    from judge._jury import decide
+
+    graders = [pairwise_grader(j, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak) for j in jury.jurors]
+
+    def majority_of(winners: list[Winner | None]) -> Winner | None:
+        read = [w for w in winners if w is not None]
+        if not read:
+            return None
+        counts = Counter(read)
+        return next(w for w in read if counts[w] == max(counts.values()))
+
+    async def grade(row: Mapping[str, Any]) -> PairVerdict:
+        pairs = list(await asyncio.gather(*(g(row) for g in graders)))
+        entries = [{"model": j.model, "winner": p.winner, "score": p.score, "status": p.status,
+                    **({"error_kind": p.error_kind, "error": p.error} if p.status != "ok" else {})}
+                   for j, p in zip(jury.jurors, pairs)]
+        answered = [p for p in pairs if p.status == "ok"]
+        first = answered[0] if answered else pairs[0]
+        result = PairVerdict(ab=first.ab, ba=first.ba, members=pairs, jurors=entries, decided_by="jury",
+                             winner_ab=majority_of([p.winner_ab for p in pairs]), winner_ba=majority_of([p.winner_ba for p in pairs]),
+                             orders_read=max((p.orders_read for p in pairs), default=0))
+        if len(answered) < jury.quorum:
+            failed = [(j, p) for j, p in zip(jury.jurors, pairs) if p.status != "ok"]
+            result.status, result.error_kind = "error", failed[0][1].error_kind
+            result.error = (f"jury: {len(answered)} of {len(pairs)} jurors judged the pair, quorum {jury.quorum}: "
+                            + "; ".join(f"{j.model}: {p.error_kind}: {p.error}" for j, p in failed))
+            return result
+        aggregate = jury.aggregate or "majority"
+        winners = [p.winner for p in answered]
+        scores = [p.score if p.score is not None else 0.0 for p in answered]
+        winner, score, decided = decide(None, winners, scores, aggregate)  # type: ignore[arg-type]
+        if aggregate == "mean":
+            winner = _winner(score or 0.0)
+        elif not decided:
+            winner, score = "tie", 0.0
+        result.winner, result.score = winner, score  # type: ignore[assignment]
+        result.agreement = sum(w == winner for w in winners) / len(winners)
+        if result.winner_ab is not None and result.winner_ba is not None:
+            result.agree = result.winner_ab == result.winner_ba
+        return result
+
+    return grade
+
+
 def _vote(result: PairVerdict) -> PairVerdict:
     """Settle a pair by JudgeBench's votes: +1 per readable order for the output it prefers."""
     orders = (("ab (input order)", result.ab, result.winner_ab), ("ba (swapped order)", result.ba, result.winner_ba))
@@ -218,8 +279,17 @@ class PairwiseRunSummary(BaseModel):
 
 
 def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
-    """The output row: the input's columns (a gold ``label`` stays as it is), the final verdict, both orders."""
+    """The output row: the input's columns (a gold ``label`` stays as it is), the final verdict, both orders.
+
+    A jury's pair adds ``agreement`` and ``jurors`` (JSON); its ``*_ab`` / ``*_ba`` columns are the
+    first answering juror's, and ``winner_ab`` / ``winner_ba`` the jurors' majority per order.
+    """
     ab, ba = pair.ab, pair.ba
+    panel = {"agreement": pair.agreement, "jurors": json.dumps(pair.jurors, ensure_ascii=False)} if pair.jurors is not None else {}
+    return {**_pair_cells(row, pair, ab, ba), **panel}
+
+
+def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verdict | None) -> dict[str, Any]:
     return {
         **keep_input(row, PAIRWISE_COLUMNS),
         "winner": pair.winner,
@@ -280,7 +350,8 @@ async def _pairwise_file(judge: Judge, rubric: Rubric, source: Path, destination
     grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
     check_columns(source, rubric, mapping, encoding)
     header = input_columns(source, encoding)
-    columns = output_columns(header, PAIRWISE_COLUMNS) if header is not None else None
+    result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if hasattr(judge, "jurors") else PAIRWISE_COLUMNS
+    columns = output_columns(header, result_columns) if header is not None else None
     try:
         writer = RowWriter(destination, columns=columns)
     except OSError as e:  # a read-only file or folder: before any request

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from . import _calibrate, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
+from . import _calibrate, _cascade, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
 
 def _help_flag_defaults_to_false(option: Any) -> Any:
@@ -133,6 +133,10 @@ for _name, _command in (
     ("report", _report.report),
 ):
     app.command(_name, cls=_Command)(_command)
+
+cascade_app = typer.Typer(name="cascade", cls=_Group, no_args_is_help=True, help="Cascades of judges: cheap first, escalate when unsure (docs/juries.md).")
+cascade_app.command("fit", cls=_Command)(_cascade.fit)
+app.add_typer(cascade_app, name="cascade")
 
 
 def main() -> None:

@@ -44,6 +44,9 @@ def grade(
     encoding: str = typer.Option(None, "--encoding", help="Read a CSV/JSONL INPUT in this encoding (latin-1, cp1252, gbk, ...) [default: UTF-8, with or without a BOM]."),
     ray_address: str = typer.Option(None, "--ray", metavar="ADDRESS", help="Judge the rows on a Ray cluster: auto, local, HOST:PORT or ray://HOST:PORT; --rps/--tpm then hold for the whole cluster (needs gradekit[ray])."),
     ray_workers: int = typer.Option(None, "--ray-workers", metavar="N", help="With --ray: judge actors (default: one per CPU of the cluster, at most 64)."),
+    jury: str = typer.Option(None, "--jury", help="With --model given several times (a jury): how the jurors' verdicts make one: majority, mean, min or unanimous [default: majority for label rubrics, mean for score rubrics]. Adds agreement and jurors columns (docs/juries.md)."),
+    quorum: int = typer.Option(None, "--quorum", metavar="N", help="A jury decides a row when at least N jurors answered it (a failing juror abstains) [default: a majority of the jury]."),
+    cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Grade with a cascade from `gradekit cascade fit`: each row goes to the first judge confident enough, else status abstained. Adds decided_by and confidence columns (docs/juries.md)."),
     keep_reasoning: bool = typer.Option(False, "--keep-reasoning", help="Add a reasoning column: the judge's thinking (a reasoning model's reasoning field or <think> block), never read for the verdict."),
     *,
     opts: JudgeOptions,
@@ -94,11 +97,20 @@ def grade(
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
 
+    from ._panel import build_panel, check_panel, panel_summary, print_panel
+
     warnings_to_stderr()
+    opts.check()
+    cascade_spec = check_panel(opts, jury, quorum, cascade)
+    if rubric is None and grader_file is None and cascade_spec is not None:
+        rubric = cascade_spec.rubric  # the rubric the cascade was fitted with
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
-    opts.check()
-    model, base_url, api_key, timeout = opts.one_model("grade"), opts.base_url, opts.api_key, opts.timeout
+    panel = len(opts.model) > 1 or cascade_spec is not None
+    if cascade_spec is not None and grader_file is not None:
+        raise fail("--cascade grades with a rubric (-r): its thresholds were fitted on that rubric's verdicts")
+    model = opts.model[0] if len(opts.model) == 1 else None
+    base_url, api_key, timeout = opts.base_url, opts.api_key, opts.timeout
     rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
     record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
     cache_path = opts.resolved_cache_path()
@@ -119,6 +131,18 @@ def grade(
         raise fail(str(e)) from e
     if on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model):
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
+    if panel and (batch or ray_address is not None):
+        raise fail("a jury (--model given several times) or a --cascade judges live: it excludes --batch and --ray")
+    if cascade_spec is not None and spec is not None:
+        if spec.pairwise is not None:
+            raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
+        from judge._rubric import rubric_fingerprint
+
+        if cascade_spec.rubric_fingerprint and rubric_fingerprint(spec) != cascade_spec.rubric_fingerprint:
+            import warnings
+
+            warnings.warn(f"{cascade}: fitted on another version of rubric {spec.name!r}: its guarantee was measured on that one; "
+                          "fit the cascade again", stacklevel=1)
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and (record or replay):
@@ -162,7 +186,8 @@ def grade(
     budget = opts.budget()
 
     def make_judge() -> Judge:
-        return opts.judge(model, limiter=limiter, cache=cache, budget=budget)
+        made = build_panel(opts, jury=jury, quorum=quorum, spec=cascade_spec, cache=cache, budget=budget)
+        return made if made is not None else opts.judge(model, limiter=limiter, cache=cache, budget=budget)
 
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
@@ -184,7 +209,8 @@ def grade(
     try:
         with traffic:
             if spec is None:
-                endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
+                endpoint = {"model": ", ".join(opts.model) if panel else model or DEFAULT_MODEL, "base_url": base_url,
+                            **({"jury": jury, "quorum": quorum} if panel else {})}
                 summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables, concurrency,
                                                   show, run_options))
             elif batch:
@@ -209,17 +235,25 @@ def grade(
         if cache is not None:
             cache.close()
     pacing = limiter.pacing()  # the rate the run held at its end, learnt or told
+    block = None
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
         summary.pacing = pacing
+        if judge is not None and hasattr(judge, "usage"):
+            block = panel_summary(judge, summary, budget.prices)
+            summary.cost_usd = block["cost_usd"] if block is not None else summary.cost_usd  # priced per member model
+    name = "jury" if len(opts.model) > 1 else "cascade"
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump()})
+                    "pacing": pacing.model_dump(), **({name: block} if block is not None else {}),
+                    # a cascade's headline figures at the top too, beside rows/ok/abstained
+                    **({k: block[k] for k in ("coverage", "guarantee")} if block is not None and name == "cascade" else {})})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
         _print_summary(summary, output, Console())
+        print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
@@ -371,6 +405,7 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
         console.print(f"resumed: {s.resumed_from} rows were already in {output} from an interrupted run", highlight=False)
     table = Table(show_header=False, box=None, pad_edge=False)
     skipped = f", {s.skipped} skipped" if s.skipped else ""
+    skipped += f", {s.abstained} abstained" if s.abstained else ""
     table.add_row("rows", f"{s.rows} ({s.ok} judged, {s.errors} errors{skipped}) -> {output}")
     table.add_row("mean score", "n/a" if s.mean_score is None else f"{s.mean_score:.4f}")
     table.add_row("labels", ", ".join(f"{k}: {v}" for k, v in s.label_counts.items()) or "-")

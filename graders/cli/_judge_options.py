@@ -35,7 +35,8 @@ def _option(*names: str, **kwargs: Any) -> Any:
 # (parameter name, type, default, typer option): the one declaration.
 _DECLARED: list[tuple[str, Any, Any, Any]] = [
     ("model", list[str], [], _option("--model", envvar="GRADEKIT_MODEL", show_default=False,
-                                     help="Judge model [default: gpt-4o-mini]; meta-eval takes several (a panel).")),
+                                     help="Judge model [default: gpt-4o-mini]; several: grade judges with a jury (see --jury), "
+                                          "cascade fit takes the cascade's judges cheapest first, meta-eval a panel.")),
     ("base_url", str | None, None, _option("--base-url", envvar="OPENAI_BASE_URL",
                                            help="OpenAI-compatible API root, e.g. http://localhost:8000/v1.")),
     ("api_key", str | None, None, _option("--api-key", envvar="OPENAI_API_KEY", show_default=False,

@@ -20,6 +20,7 @@ def meta_eval(
     limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
     plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
+    cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Also evaluate a cascade from `gradekit cascade fit` (fitted on this pairwise rubric): each order goes to its first confident judge; an order it abstains on is an unreadable order under the pair rule (docs/juries.md)."),
     *,
     opts: JudgeOptions,
 ) -> None:
@@ -43,6 +44,14 @@ def meta_eval(
     warnings_to_stderr()
     opts.check()
     models, concurrency = opts.model, opts.concurrency
+    cascade_spec = None
+    if cascade is not None:
+        from judge import CascadeSpec
+
+        try:
+            cascade_spec = CascadeSpec.read(cascade)
+        except ValueError as e:
+            raise fail(str(e)) from e
     if on_conflict is not None and (on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model)):
         raise fail("--on-conflict is vote, tie, first, or third together with --tiebreak-model")
     if len(set(models)) != len(models):
@@ -63,7 +72,14 @@ def meta_eval(
     cache = opts.open_cache()
 
     async def run():
-        judges = [opts.judge(m, limiter=limiter, cache=cache, budget=budget) for m in (models or [None])]
+        judges = [opts.judge(m, limiter=limiter, cache=cache, budget=budget) for m in (models or ([] if cascade_spec else [None]))]
+        if cascade_spec is not None:
+            from ._judge_options import JudgeOptions
+            from ._panel import build_panel
+
+            # The cascade's judges keep their fitted endpoints; --model names plain judges to compare it with.
+            judges.append(build_panel(JudgeOptions(**{**vars(opts), "model": []}), jury=None, quorum=None, spec=cascade_spec,
+                                      cache=cache, budget=budget))
         tiebreak = opts.judge(tiebreak_model, limiter=limiter, cache=cache, budget=budget) if tiebreak_model else None
         try:
             return await run_meta_eval(loaded, spec, judges, on_conflict=rule, prices=prices,  # type: ignore[arg-type]

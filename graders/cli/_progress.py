@@ -63,7 +63,7 @@ class RunProgress:
 
     def row(self, outcome: Any) -> None:
         self.done += 1
-        if getattr(outcome, "status", "ok") not in ("ok", "skipped"):
+        if getattr(outcome, "status", "ok") not in ("ok", "skipped", "abstained"):
             self.errors += 1
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done, rate=f"{self.rate():.1f} rows/s", errors=self.errors)

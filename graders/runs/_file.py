@@ -47,6 +47,9 @@ class RunSummary(BaseModel):
     ok: int = 0
     errors: int = 0
     skipped: int = 0  # not judged because the budget ran out (error_kind "budget")
+    abstained: int = 0  # a cascade (or a unanimous jury) trusted no judge with the row: a row for a human, not an error
+    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided
+    mean_agreement: float | None = None  # a jury: mean share of the answering jurors agreeing with the decision
     resumed_from: int = 0  # rows already in the output from an earlier, interrupted run
     already_complete: bool = False  # the output was finished before: nothing was done
     mean_score: float | None = None
@@ -194,6 +197,17 @@ def failed_reply(verdict: Verdict | None) -> str | None:
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
                 "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool",
                 "raw_reply": "string", "attempts": "int64"}
+# The columns a Jury (agreement, jurors) or a Cascade (decided_by, confidence) adds: its ``result_columns``.
+PANEL_TYPES = {"agreement": "float64", "jurors": "string", "decided_by": "string", "confidence": "float64"}
+
+
+def panel_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
+    """A Jury's or a Cascade's own cells; ``jurors`` as a JSON list (one cell in every format)."""
+    cells: dict[str, Any] = {}
+    for column in columns:
+        value = getattr(verdict, column, None)
+        cells[column] = json.dumps(value, ensure_ascii=False) if column == "jurors" and value is not None else value
+    return cells
 
 
 def column_types(source: Path | RunInput, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
@@ -257,6 +271,11 @@ async def grade_file(
         extra["keep_reasoning"] = True
         columns, types = [*RESULT_COLUMNS, "reasoning"], {**RESULT_TYPES, "reasoning": "string"}
         to_row = lambda row, verdict: {**result_row(row, verdict), "reasoning": verdict.reasoning}  # noqa: E731
+    panel = [c for c in getattr(judge, "result_columns", ()) if c in PANEL_TYPES]  # a Jury's or a Cascade's columns
+    if panel:
+        plain = to_row
+        columns, types = [*columns, *panel], {**types, **{c: PANEL_TYPES[c] for c in panel}}
+        to_row = lambda row, verdict: {**plain(row, verdict), **panel_cells(verdict, panel)}  # noqa: E731
     return await run_file(
         source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
@@ -714,6 +733,21 @@ class _Tally:
         self.examples: list[str] = []
         self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = self.skipped = 0
         self.reasoning_tokens = self.cached_tokens = 0
+        self.abstained = 0
+        self.decided: Counter[str] = Counter()
+        self.agreement_sum = 0.0
+        self.agreement_n = 0
+
+    def _panel(self, decided_by: Any, agreement: Any) -> None:
+        if decided_by not in (None, ""):
+            self.decided[str(decided_by)] += 1
+        try:
+            value = float(agreement) if agreement not in (None, "") else None
+        except (TypeError, ValueError):
+            value = None
+        if value is not None and value == value:
+            self.agreement_sum += value
+            self.agreement_n += 1
 
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
@@ -741,6 +775,10 @@ class _Tally:
             self.requests += verdict.attempts
             self.cache_hits += verdict.cached
             label = verdict.label
+            self._panel(getattr(verdict, "decided_by", None), getattr(verdict, "agreement", None))
+        if verdict.status == "abstained":  # a row for a human: neither judged nor failed
+            self.abstained += 1
+            return
         if verdict.status == "ok":
             self.ok += 1
             self.score_sum += verdict.score or 0.0
@@ -758,6 +796,10 @@ class _Tally:
         """Count a row kept from an earlier output (its cells may be CSV text)."""
         self.verdicts += 1
         status = row.get("status")
+        self._panel(row.get("decided_by"), row.get("agreement"))
+        if status == "abstained":
+            self.abstained += 1
+            return
         if status == "ok":
             self.ok += 1
             self.score_sum += float(row.get("score") or 0.0)
@@ -773,8 +815,8 @@ class _Tally:
 
     def state(self) -> dict[str, Any]:
         """The counts, for a checkpoint: a resumed run's summary covers the whole output."""
-        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds")},
-                "labels": dict(self.labels), "kinds": dict(self.kinds)}
+        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds", "decided")},
+                "labels": dict(self.labels), "kinds": dict(self.kinds), "decided": dict(self.decided)}
 
     @classmethod
     def restore(cls, state: Mapping[str, Any]) -> _Tally:
@@ -782,15 +824,18 @@ class _Tally:
         for key, value in state.items():
             if key == "requests":  # "requests sent" is this run's traffic; the rows and tokens are the whole output's
                 continue
-            setattr(tally, key, Counter(value) if key in ("labels", "kinds") else value)
+            setattr(tally, key, Counter(value) if key in ("labels", "kinds", "decided") else value)
         return tally
 
     def summary(self, wall: float) -> RunSummary:
         return RunSummary(
             rows=self.verdicts,
             ok=self.ok,
-            errors=self.verdicts - self.ok - self.skipped,
+            errors=self.verdicts - self.ok - self.skipped - self.abstained,
             skipped=self.skipped,
+            abstained=self.abstained,
+            decided_by=dict(self.decided.most_common()),
+            mean_agreement=self.agreement_sum / self.agreement_n if self.agreement_n else None,
             mean_score=self.score_sum / self.ok if self.ok else None,
             label_counts=dict(self.labels.most_common()),
             parse_failure_rate=self.kinds["parse_failure"] / self.verdicts if self.verdicts else 0.0,

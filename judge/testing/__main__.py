@@ -36,6 +36,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reject-tools", action="store_true")
     parser.add_argument("--reject-embeddings", action="store_true", help="answer /v1/embeddings with 404, as a chat-only server")
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
+    parser.add_argument("--population", type=Path, default=None,
+                        help="JSON spec of judges of known reliability (judge.testing.JudgePopulation.from_spec): models, truth, key_pattern")
     parser.add_argument("--dialect", choices=sorted(DIALECTS), default="openai",
                         help="answer as this provider does (see judge.testing.DIALECTS)")
     return parser.parse_args(argv)
@@ -61,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
                         reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port,
                         dialect=args.dialect)
+    if args.population is not None:
+        import json
+
+        from judge.testing._population import JudgePopulation
+
+        fake.set_responder(JudgePopulation.from_spec(json.loads(args.population.read_text(encoding="utf-8"))))
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

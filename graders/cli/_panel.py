@@ -1,0 +1,139 @@
+"""Juries and cascades on the command line: building them from the judge options, and their summary.
+
+``--model A --model B`` is a jury (``--jury``, ``--quorum``); ``--cascade cascade.json`` a cascade
+from ``gradekit cascade fit``. Every member gets its own limiter (its own pacing) and shares the
+run's cache and budget. The CLI's --base-url / --api-key / judge parameters apply to every juror;
+a cascade's judges keep the endpoint and parameters they were fitted with unless --base-url or a
+judge parameter is given on the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._common import fail
+from ._judge_options import JudgeOptions
+
+if TYPE_CHECKING:
+    from judge import Budget, CascadeSpec
+
+
+def check_panel(opts: JudgeOptions, jury: str | None, quorum: int | None, cascade: Path | None) -> CascadeSpec | None:
+    """The panel options that exclude each other (exit 2), and the cascade file read."""
+    from judge._jury import AGGREGATES
+
+    if jury is not None and jury not in AGGREGATES:
+        raise fail(f"--jury is one of {', '.join(AGGREGATES)}, not {jury!r}")
+    if cascade is not None:
+        if opts.model:
+            raise fail("--cascade takes its judges from the cascade file: drop --model (or fit another cascade)")
+        if jury is not None or quorum is not None:
+            raise fail("--jury and --quorum make a jury; --cascade is a cascade: give one of the two")
+        from judge import CascadeSpec
+
+        try:
+            return CascadeSpec.read(cascade)
+        except ValueError as e:
+            raise fail(str(e)) from e
+    if (jury is not None or quorum is not None) and len(opts.model) < 2:
+        raise fail("--jury and --quorum need a jury: give --model at least twice")
+    if quorum is not None and not 1 <= quorum <= len(opts.model):
+        raise fail(f"--quorum must be between 1 and the jury's size ({len(opts.model)}), not {quorum}")
+    return None
+
+
+def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spec: CascadeSpec | None,
+                cache: Any, budget: Budget | None) -> Any:
+    """A Jury (several --model), a Cascade (a spec), or None (one judge: the caller builds it)."""
+    if spec is not None:
+        from judge import Cascade, Judge
+        from judge._cascade import LOGPROBS_TOP
+
+        judges = []
+        for fitted in spec.judges:
+            params = {**fitted.params, **opts.params}
+            params.pop("logprobs", None), params.pop("top_logprobs", None)  # Judge(logprobs=) sets them again
+            judges.append(Judge(fitted.model, base_url=opts.base_url or fitted.base_url,
+                                api_key=opts.api_key or ("replay" if opts.replay else None), timeout=opts.timeout, params=params,
+                                limiter=opts.limiter(fitted.model), cache=cache, budget=budget,
+                                logprobs=LOGPROBS_TOP if spec.confidence == "logprobs" else None))
+        return Cascade(judges, spec)
+    if len(opts.model) > 1:
+        from judge import Jury
+
+        jurors = [opts.judge(model, limiter=opts.limiter(model), cache=cache, budget=budget) for model in opts.model]
+        return Jury(jurors, aggregate=jury, quorum=quorum)  # type: ignore[arg-type]
+    return None
+
+
+def panel_summary(panel: Any, summary: Any, prices: Any) -> dict[str, Any] | None:
+    """The ``jury`` / ``cascade`` block of the run's summary (None for a single judge)."""
+    from judge import Cascade, Jury, cost_usd
+    from judge._budget import price_of
+
+    def priced(model: str, prompt: int, completion: int, cached: int = 0) -> float | None:
+        return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None
+
+    members = []
+    for model, figures in panel.usage.by_model.items():
+        members.append({"model": model, **figures,
+                        "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"])})
+    costs = [m["cost_usd"] for m in members]
+    total = sum(c for c in costs if c is not None) if costs and all(c is not None for c in costs) else None
+    if isinstance(panel, Jury):
+        return {"jurors": [j.model for j in panel.jurors], "aggregate": panel.aggregate, "quorum": panel.quorum,
+                "mean_agreement": summary.mean_agreement, "members": members, "cost_usd": total}
+    if not isinstance(panel, Cascade):
+        return None
+    spec = panel.spec
+    judged = summary.ok + summary.abstained
+    strongest = spec.judges[-1].model
+    # The baseline: the strongest judge alone, asked every row the same way (K samples per row).
+    per_row = 1 if spec.confidence == "logprobs" else spec.samples
+    rows_asked = summary.rows - summary.resumed_from if not summary.already_complete else 0
+    seen = next((m for m in members if m["model"] == strongest and m["requests"]), None) or next((m for m in members if m["requests"]), None)
+    alone_requests = rows_asked * per_row
+    alone_cost = None
+    if seen is not None:
+        mean_prompt, mean_completion = seen["prompt_tokens"] / seen["requests"], seen["completion_tokens"] / seen["requests"]
+        alone_cost = priced(strongest, round(mean_prompt * alone_requests), round(mean_completion * alone_requests))
+    requests = sum(m["requests"] for m in members)
+    return {
+        "judges": [j.model for j in spec.judges],
+        "thresholds": [j.threshold for j in spec.judges],
+        "coverage": summary.ok / judged if judged else None,
+        "abstained": summary.abstained,
+        "decided_by": summary.decided_by,
+        "share": {j.model: (summary.decided_by.get(j.model, 0) / judged if judged else None) for j in spec.judges},
+        "members": members,
+        "requests": requests,
+        "cost_usd": total,
+        "strongest_alone": {"model": strongest, "requests": alone_requests, "cost_usd": alone_cost,
+                            "requests_ratio": requests / alone_requests if alone_requests else None},
+        "guarantee": {"target": spec.target, "delta": spec.delta, "delta_per_judge": spec.delta_per_judge,
+                      "calibration_n": spec.calibration_n, "confidence": spec.confidence, "samples": spec.samples},
+    }
+
+
+def print_panel(block: dict[str, Any] | None, console: Any) -> None:
+    if block is None:
+        return
+    if "jurors" in block:
+        mean = block["mean_agreement"]
+        console.print(f"jury      {', '.join(block['jurors'])} ({block['aggregate'] or 'default'} rule, quorum {block['quorum']}); "
+                      f"jurors agree with the decision on {'n/a' if mean is None else f'{mean:.1%}'} on average", highlight=False)
+        return
+    g = block["guarantee"]
+    coverage = "n/a" if block["coverage"] is None else f"{block['coverage']:.1%}"
+    console.print(f"cascade   {' -> '.join(block['judges'])}: coverage {coverage}, {block['abstained']} rows abstained "
+                  "(for a human; `gradekit view OUTPUT` filters them by status)", highlight=False)
+    shares = ", ".join(f"{m} {'n/a' if s is None else f'{s:.1%}'}" for m, s in block["share"].items())
+    console.print(f"          decided by: {shares}", highlight=False)
+    alone = block["strongest_alone"]
+    ratio = "" if alone["requests_ratio"] is None else f" ({alone['requests_ratio']:.0%})"
+    cost = "" if block["cost_usd"] is None or alone["cost_usd"] is None else f"; ${block['cost_usd']:.4f} vs ${alone['cost_usd']:.4f}"
+    console.print(f"          requests {block['requests']} vs {alone['requests']} for {alone['model']} alone{ratio}{cost}", highlight=False)
+    console.print(f"          guarantee: trusted rows agree with humans >= {g['target']:g} with probability >= {1 - g['delta']:g} "
+                  f"per judge test at delta {g['delta_per_judge']:g} (calibration n = {g['calibration_n']}; "
+                  "holds for rows from the calibration rows' population)", highlight=False)

@@ -1,0 +1,309 @@
+"""A Cascade: Judges in order, each trusted only where its confidence meets a calibrated threshold.
+
+"Trust or Escalate" (Jung, Brahman & Choi 2024, arXiv 2407.18370): a row goes to the first judge
+whose confidence on it meets that judge's threshold (``decided_by``, ``confidence``); a row no
+judge is confident on is ``abstained``: no score and not an error, a row for a human. The
+thresholds come from ``gradekit cascade fit`` (graders/calibration/_cascade.py), which reads them
+off a human-labelled set so the trusted rows agree with humans at a chosen level with a
+guarantee; this module only applies them, and measures a confidence the same way the fit did:
+
+====================  ==============================================================================
+agreement             K sampled judgements (temperature 1, a seed per sample; the provider's default
+                      temperature where it refuses one): the share agreeing with their majority,
+                      whose label is the decision.
+simulated-annotators  K in-context "annotators": each sees its own few human-labelled rows from the
+                      calibration set as earlier turns, then the row; the share agreeing with the
+                      majority (the paper's Simulated Annotators).
+logprobs              one judgement with top logprobs: the probability mass of the chosen label at the
+                      verdict token, 1 - |label score - probability-weighted score| / score range
+                      (exactly the label's probability for a two-label rubric).
+====================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ._jury import Usage
+from ._rubric import AskMode, Rubric
+from ._verdict import Verdict
+
+ConfidenceMethod = Literal["agreement", "simulated-annotators", "logprobs"]
+CONFIDENCE_METHODS: tuple[str, ...] = get_args(ConfidenceMethod)
+CASCADE_VERSION = 1
+LOGPROBS_TOP = 10  # top logprobs asked for per token with --confidence logprobs
+
+
+class ThresholdTest(BaseModel):
+    """One step of the fixed-sequence test: the rows at or above ``threshold`` and their bound."""
+
+    threshold: float
+    n: int  # calibration rows reaching this judge with confidence >= threshold
+    agree: int  # of those, rows whose decision is the human label
+    lower_bound: float  # one-sided Clopper-Pearson lower bound on their agreement, at level 1 - delta
+    passed: bool
+
+
+class CascadeJudge(BaseModel):
+    """One judge of a cascade.json: who it is and what the fit saw of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    base_url: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    threshold: float | None = None  # None: never trusted (no threshold passed); grading does not ask it
+    calibration_rows: int = 0  # labelled rows that reached this judge in the fit
+    trusted_rows: int = 0  # of those, rows at or above the threshold
+    trusted_agreement: float | None = None  # their agreement with the human label
+    lower_bound: float | None = None
+    requests: int = 0  # requests the fit sent to this judge (cache hits not counted)
+    tests: list[ThresholdTest] = Field(default_factory=list)
+
+
+class CascadeSpec(BaseModel):
+    """What ``gradekit cascade fit`` writes and ``grade --cascade`` reads (cascade.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = CASCADE_VERSION
+    rubric: str  # the rubric's name or path as given to the fit
+    rubric_fingerprint: str | None = None  # judge._rubric.rubric_fingerprint: grading with an edited rubric warns
+    samples: int  # K
+    confidence: ConfidenceMethod = "agreement"
+    target: float  # the agreement with humans guaranteed on trusted rows
+    delta: float  # the guarantee holds with probability >= 1 - delta
+    delta_per_judge: float  # the level each judge's fixed-sequence test ran at (delta, or delta / judges with --split-delta)
+    human_column: str = "label"
+    calibration_n: int  # labelled rows the fit tested on (those used as demonstrations excluded)
+    calibration_coverage: float | None = None  # share of those some judge was trusted with
+    calibration_agreement: float | None = None  # agreement of the trusted ones with the human label
+    judges: list[CascadeJudge]
+    thresholds: list[float | None] = Field(default_factory=list)  # each judge's threshold, in order (a copy of judges[i].threshold)
+    demonstrations: list[dict[str, Any]] = Field(default_factory=list)  # simulated-annotators: {"row": {...}, "label": ...}
+    demonstrations_per_annotator: int = 0
+
+    @model_validator(mode="after")
+    def _thresholds_follow_the_judges(self) -> CascadeSpec:
+        """The judges' thresholds are the truth; the top-level list is kept equal to them for readers."""
+        self.thresholds = [j.threshold for j in self.judges]
+        return self
+
+    @classmethod
+    def read(cls, path: str | Path) -> CascadeSpec:
+        """Load a cascade.json; ValueError naming the file when it is not one."""
+        try:
+            return cls.model_validate_json(Path(path).read_bytes())
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read the cascade: {e.strerror or e}") from e
+        except ValueError as e:
+            raise ValueError(f"{path}: not a cascade file (from `gradekit cascade fit`): {str(e).splitlines()[0]}") from e
+
+
+class Demonstrated(Rubric):
+    """A rubric whose messages start with human-labelled demonstrations (one simulated annotator).
+
+    The demonstrations are part of the spec, so they are in the cache key like any prompt text.
+    """
+
+    demonstrations: list[dict[str, Any]] = Field(default_factory=list)
+
+    def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None) -> list[dict[str, Any]]:
+        plain = Rubric.model_validate({**self.model_dump(exclude={"demonstrations", "directory"}), "directory": self.directory})
+        mode = ask_mode or self.ask_modes[0]
+        turns: list[dict[str, Any]] = []
+        for demo in self.demonstrations:
+            messages = plain.render(demo["row"], mode)
+            turns += [m for m in messages if m["role"] != "system" or not turns]
+            turns.append({"role": "assistant", "content": demonstration_reply(self, mode, str(demo["label"]))})
+        messages = plain.render(row, mode)
+        return turns + [m for m in messages if m["role"] != "system" or not turns]
+
+
+def demonstration_reply(rubric: Rubric, mode: AskMode, label: str) -> str:
+    """The reply a demonstration shows for ``label``, in the form the ask mode reads."""
+    if mode in ("json_schema", "tool", "json_object"):
+        return json.dumps({rubric.output.field or "label": label}, ensure_ascii=False)
+    if mode == "tags":
+        return f"<{rubric.verdict_tag}>{label}</{rubric.verdict_tag}>"
+    return label
+
+
+def sampled(rubric: Rubric, index: int) -> Rubric:
+    """The rubric for sample ``index``: temperature 1 and a seed of its own, as rubric defaults.
+
+    As rubric defaults (not judge parameters) an endpoint that refuses temperature or seed drops
+    them once and answers at its own default; a seed per sample gives each sample its own request,
+    so the cache neither merges the samples nor loses them on a re-run.
+    """
+    return rubric.model_copy(update={"sampling": {**rubric.sampling, "temperature": 1.0, "seed": index}})
+
+
+def annotators(rubric: Rubric, spec: CascadeSpec) -> list[Rubric]:
+    """The K simulated annotators of a cascade: each with its slice of the stored demonstrations."""
+    per = spec.demonstrations_per_annotator
+    out: list[Rubric] = []
+    for i in range(spec.samples):
+        demos = spec.demonstrations[i * per:(i + 1) * per]
+        out.append(Demonstrated.model_validate({**rubric.model_dump(exclude={"directory"}), "directory": rubric.directory,
+                                                "demonstrations": demos}))
+    return out
+
+
+class Opinion(BaseModel):
+    """One judge's decision on one row and how sure it is."""
+
+    verdict: Verdict  # the decision as a Verdict (usage summed over the samples); status error: no sample answered
+    confidence: float | None = None
+
+
+def asked(rubric: Rubric, *, samples: int, method: ConfidenceMethod, spec: CascadeSpec | None = None) -> list[Rubric]:
+    """The K rubrics one row is judged with: sampled copies, or the simulated annotators (built once per run)."""
+    if method == "logprobs":
+        return [rubric]
+    if method == "simulated-annotators":
+        if spec is None:
+            raise ValueError("simulated-annotators needs the cascade's demonstrations")
+        return annotators(rubric, spec)
+    return [sampled(rubric, i) for i in range(samples)]
+
+
+async def opinion(judge: Any, rubric: Rubric, row: Mapping[str, Any], *, method: ConfidenceMethod,
+                  rubrics: Sequence[Rubric]) -> Opinion:
+    """A judge's decision on ``row`` and its confidence, measured by ``method`` over ``rubrics`` (see :func:`asked`)."""
+    if method == "logprobs":
+        verdict = await judge.judge(rubric, row)
+        if verdict.status != "ok":
+            return Opinion(verdict=verdict)
+        if verdict.score_source != "logprobs":
+            return Opinion(verdict=verdict, confidence=0.0)  # no logprobs came back: nothing to be sure with
+        scores = list(rubric.labels.values())
+        span = (max(scores) - min(scores)) or 1.0
+        labelled = rubric.labels.get(verdict.label or "", verdict.score or 0.0)
+        return Opinion(verdict=verdict, confidence=max(0.0, 1.0 - abs(labelled - (verdict.score or 0.0)) / span))
+    verdicts = await asyncio.gather(*(judge.judge(r, row) for r in rubrics))
+    return Opinion.model_validate(majority_of(verdicts, len(rubrics)))
+
+
+def majority_of(verdicts: Sequence[Verdict], samples: int) -> dict[str, Any]:
+    """The samples' majority label as one Verdict and the share of all K samples that gave it.
+
+    A failed sample counts against the confidence (it did not agree); with no sample answered the
+    Verdict is the first failure. Ties go to the label sampled first.
+    """
+    usage = {k: sum(getattr(v, k) for v in verdicts) for k in (
+        "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "saved_prompt_tokens",
+        "saved_completion_tokens", "attempts")}
+    usage["latency_s"] = max((v.latency_s for v in verdicts), default=0.0)
+    usage["cached"] = bool(verdicts) and all(v.cached for v in verdicts)
+    ok = [v for v in verdicts if v.status == "ok"]
+    if not ok:
+        first = verdicts[0]
+        return {"verdict": first.model_copy(update=usage)}
+    counts = Counter(v.label for v in ok)
+    top = max(counts.values())
+    label = next(v.label for v in ok if counts[v.label] == top)
+    chosen = next(v for v in ok if v.label == label)
+    return {"verdict": chosen.model_copy(update=usage), "confidence": top / samples}
+
+
+_USAGE = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "saved_prompt_tokens",
+          "saved_completion_tokens", "attempts")
+
+
+class Cascade:
+    """Judges in order with calibrated thresholds; usable wherever a Judge is (see the module docstring).
+
+    Args:
+        judges: the Judges, cheapest first, one per entry of ``spec.judges``.
+        spec: the fitted cascade (``CascadeSpec.read("cascade.json")``).
+    """
+
+    result_columns = ("decided_by", "confidence")
+
+    def __init__(self, judges: Sequence[Any], spec: CascadeSpec) -> None:
+        if len(judges) != len(spec.judges):
+            raise ValueError(f"the cascade has {len(spec.judges)} judges, {len(judges)} given")
+        self.judges = list(judges)
+        self.spec = spec
+        self.usage = Usage()
+        self._rubrics: dict[int, tuple[Rubric, list[Rubric]]] = {}
+
+    @property
+    def model(self) -> str:
+        return "cascade(" + " -> ".join(j.model for j in self.judges) + ")"
+
+    @property
+    def base_url(self) -> str:
+        return " ".join(getattr(j, "base_url", "") for j in self.judges)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return {"cascade": self.spec.model_dump(exclude={"demonstrations"}), "demonstrations": len(self.spec.demonstrations)}
+
+    @property
+    def logprobs(self) -> int | None:
+        return None
+
+    @property
+    def limiter(self) -> Any:
+        return self.judges[0].limiter
+
+    @property
+    def cache(self) -> Any:
+        return getattr(self.judges[0], "cache", None)
+
+    def rubrics(self, rubric: Rubric) -> list[Rubric]:
+        """The K rubrics of a row, built once per rubric (their cache shells are kept per rubric object)."""
+        held = self._rubrics.get(id(rubric))
+        if held is None or held[0] is not rubric:
+            held = self._rubrics[id(rubric)] = (rubric, asked(rubric, samples=self.spec.samples, method=self.spec.confidence,
+                                                              spec=self.spec))
+        return held[1]
+
+    async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
+        """The first trusted judge's decision, else ``abstained`` (else an error when every judge failed)."""
+        usage: Counter[str] = Counter()
+        failures: list[Verdict] = []
+        best: float | None = None
+        for judge, fitted in zip(self.judges, self.spec.judges):
+            if fitted.threshold is None:
+                continue  # the fit trusted it with nothing: asking it would only cost
+            found = await opinion(judge, rubric, row, method=self.spec.confidence, rubrics=self.rubrics(rubric))
+            v = found.verdict
+            self.usage.add(judge.model, v)
+            for key in _USAGE:
+                usage[key] += getattr(v, key)
+            if v.status != "ok" or found.confidence is None:
+                if v.error_kind == "input":  # the row cannot be judged by any judge
+                    return v.model_copy(update=dict(usage))
+                failures.append(v.model_copy(update={"error": f"{judge.model}: {v.error_kind}: {v.error}"}))
+                continue
+            best = found.confidence if best is None else max(best, found.confidence)
+            if found.confidence >= fitted.threshold:
+                return v.model_copy(update={**usage, "decided_by": judge.model, "confidence": found.confidence})
+        named = "; ".join(f.error or "" for f in failures)
+        if best is None and failures and all(f.status == "skipped" for f in failures):  # the budget ran out: not asked
+            return Verdict(status="skipped", error_kind="budget", error=failures[0].error, **usage)
+        if best is None and failures:  # every judge asked failed: not a row for a human, a row to judge again
+            return Verdict(status="error", error_kind=failures[0].error_kind, error=f"cascade: no judge answered: {named}", **usage)
+        why = "no judge's confidence met its threshold" if best is not None else "the fit trusted no judge of the cascade with any row"
+        return Verdict(status="abstained", error_kind="abstained", confidence=best,
+                       error=why + (f" ({named})" if named else ""), **usage)
+
+    async def aclose(self) -> None:
+        for judge in self.judges:
+            await judge.aclose()
+
+    async def __aenter__(self) -> Cascade:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
