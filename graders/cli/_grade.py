@@ -98,7 +98,7 @@ def grade(
     if (rubric is None) == (grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
     opts.check()
-    model, base_url, api_key, timeout = opts.one_model("grade"), opts.base_url, opts.api_key, opts.timeout
+    model, base_url, api_key, timeout = opts.one_model("grade"), opts.first_base_url, opts.first_api_key, opts.timeout
     rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
     record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
     cache_path = opts.resolved_cache_path()
@@ -152,8 +152,9 @@ def grade(
     if ray_address is not None:
         prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
         try:
-            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model, base_url=base_url,
-                                 api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
+            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model,
+                                 base_url=opts.base_url if len(opts.base_url) > 1 else base_url,
+                                 api_key=opts.api_key if len(opts.api_key) > 1 else api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
                                  resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
         except BreakerTripped as e:
@@ -161,8 +162,11 @@ def grade(
     limiter = opts.limiter(model)
     budget = opts.budget()
 
+    made: list[Judge] = []  # the run's judge, once built (a grader config builds it on first need)
+
     def make_judge() -> Judge:
-        return opts.judge(model, limiter=limiter, cache=cache, budget=budget)
+        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget))
+        return made[-1]
 
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
@@ -174,7 +178,8 @@ def grade(
     traffic = opts.traffic()
     err = Console(stderr=True)
     show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
-                 done=0 if retry_errors else already_written(output, restart), encoding=encoding)
+                 done=0 if retry_errors else already_written(output, restart), encoding=encoding,
+                 fleet=lambda: fleet_text(made[0]) if made else "")
     run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors,
                    "encoding": encoding}
     if keep_reasoning:
@@ -198,7 +203,7 @@ def grade(
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
-        raise _breaker_exit(e, output, json_output, err) from None
+        raise _breaker_exit(e, output, json_output, err, made[0] if made else None) from None
     except KeyboardInterrupt:
         # Without a cache the rows judged but not yet written have nowhere to come back from: do not promise hits.
         again = "rows already judged come back from the cache" if cache is not None else "without a cache, rows not yet written are judged again"
@@ -208,14 +213,17 @@ def grade(
     finally:
         if cache is not None:
             cache.close()
-    pacing = limiter.pacing()  # the rate the run held at its end, learnt or told
+    # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
+    pacing = made[0].pacing() if made else limiter.pacing()
+    endpoints = [e.model_dump() for e in made[0].endpoints] if made else []
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
         summary.pacing = pacing
+        summary.endpoints = endpoints
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump()})
+                    "pacing": pacing.model_dump(), "endpoints": endpoints})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
@@ -223,14 +231,15 @@ def grade(
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
-def _breaker_exit(e, output: Path, json_output: bool, err: Console) -> typer.Exit:
+def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge | None = None) -> typer.Exit:
     """Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed."""
     from ..runs._file import RunSummary
 
     if json_output:
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
         print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
-                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial})
+                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial,
+                    "endpoints": [x.model_dump() for x in judge.endpoints] if judge is not None else []})
     err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(3)
 
@@ -238,8 +247,9 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console) -> typer.Exi
 class _Show:
     """How the command shows a live run: a bar on a terminal, else a line every ``every`` seconds."""
 
-    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None) -> None:
-        self.err, self.bar, self.every, self.done, self.encoding = err, bar, every, done, encoding
+    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None,
+                 fleet: Callable[[], str] | None = None) -> None:
+        self.err, self.bar, self.every, self.done, self.encoding, self.fleet = err, bar, every, done, encoding, fleet
 
     def progress(self, source: Path | RunInput):  # -> RunProgress
         from ..runs._io import count_rows
@@ -249,7 +259,17 @@ class _Show:
         def count() -> int:
             return count_rows(source, self.encoding)
 
-        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done)
+        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done,
+                           fleet=self.fleet)
+
+
+def fleet_text(judge: Judge) -> str:
+    """A progress line's part for a fleet: its rate and each endpoint's ("" for one endpoint)."""
+    stats = judge.endpoints
+    if len(stats) < 2:
+        return ""
+    parts = ", ".join(f"{e.base_url} {e.rps:.1f}/s" + ("" if e.state == "up" else f" {e.state}") for e in stats)
+    return f"; fleet {sum(e.rps for e in stats if e.state == 'up'):.1f} req/s ({parts})"
 
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
@@ -387,6 +407,10 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     if s.pacing is not None:
         held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
         table.add_row("pacing", f"{s.pacing.mode}: {held}")
+    if s.endpoints and len(s.endpoints) > 1:  # a fleet: each endpoint's part (one endpoint is the run itself)
+        table.add_row("endpoints", "; ".join(
+            f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
+            f"{e['errors']} errors), {e['rps']:g}/s" for e in s.endpoints))
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
@@ -409,7 +433,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
 
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
-                  variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
+                  variables: dict[str, str], *, model: str | None, base_url: str | list[str] | None, api_key: str | list[str] | None,
+                  timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
                   cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
                   encoding: str | None = None, params: dict | None = None, prices: dict | None = None) -> None:
@@ -429,7 +454,8 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     no_cache = cache is None
     if cache is not None:
         cache.close()  # the actors open their own; this process sends no request
-    key = limiter_key or f"{base_url or 'default'}|{model or 'default'}"
+    first_url = base_url[0] if isinstance(base_url, list) else base_url  # a fleet is named by its first endpoint
+    key = limiter_key or f"{first_url or 'default'}|{model or 'default'}"
     try:
         gcs = connect(address)
     except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
@@ -465,7 +491,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
-                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url,
+                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": first_url,
                         **({"encoding": encoding} if encoding else {})}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
