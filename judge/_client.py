@@ -659,8 +659,12 @@ class Judge:
                     raise self._fleet_down(breaker)
                 assert last is not None
                 raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
-            member, probe = picked
-            member.pending += 1
+            member, wait = picked
+            if wait > (horizon := router.horizon(member)):
+                # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest.
+                await asyncio.sleep(min(wait - horizon, 0.25))
+                continue
+            probe = router.take(member)
             try:
                 completion = await self._post_to(member, probe, request, estimate, usage, breaker, route)
             except _Skipped:
@@ -722,7 +726,7 @@ class Judge:
                     raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
                 completion = await _assemble_stream(raw) if request.get("stream") else json.loads(raw.content)
             except openai.APIStatusError as refused:
-                member.replied(refused.status_code)
+                member.replied(refused.status_code, time.monotonic() - sent_at)
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
                 limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
                 if self._router is not None and isinstance(refused, openai.RateLimitError):
@@ -736,7 +740,7 @@ class Judge:
         if not isinstance(completion, dict):
             member.failed()
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
-        member.replied(raw.status_code)
+        member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
         usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
         usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)

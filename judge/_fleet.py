@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ._limiter import RequestLimiter
     from ._pacing import Pacing
 
+_HORIZON_S = 1.0
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
 
 
@@ -114,6 +115,7 @@ class Member:
         self.breaker = EndpointBreaker()
         self.pending = 0  # requests routed here and not finished (waiting for a slot or in flight)
         self.answered = False  # any reply yet: until then its capacity is a guess
+        self.latency = 0.0  # seconds per request, a moving average of its answers
         self.stats = EndpointStats(base_url=endpoint.base_url)
         self._first_sent: float | None = None
         self._last_ok: float | None = None
@@ -174,8 +176,9 @@ class Member:
         if self._first_sent is None:
             self._first_sent = time.monotonic()
 
-    def replied(self, status: int) -> None:
-        """A reply with an HTTP status: 2xx, 429 or another error status."""
+    def replied(self, status: int, seconds: float = 0.0) -> None:
+        """A reply with an HTTP status (2xx, 429 or another error status) after ``seconds``."""
+        self.latency = seconds if not self.answered else 0.9 * self.latency + 0.1 * seconds
         self.answered = True
         if 200 <= status < 300:
             self.stats.ok += 1
@@ -203,9 +206,9 @@ class Router:
     def __init__(self, members: Sequence[Member]) -> None:
         self.members = list(members)
 
-    def pick(self, tried: Sequence[Member] = ()) -> tuple[Member, bool] | None:
-        """The usable endpoint with the shortest expected wait, not among ``tried``, and whether the
-        request is its probe; None when every one is out or tried.
+    def pick(self, tried: Sequence[Member] = ()) -> tuple[Member, float] | None:
+        """The usable endpoint with the shortest expected wait, not among ``tried``, and that wait in
+        seconds; None when every one is out or tried. :meth:`take` commits the request to it.
 
         An endpoint out of the fleet is offered again (one probe request) once its back-off is over.
         """
@@ -222,7 +225,23 @@ class Router:
                 best, best_wait = member, wait
         if best is None:
             return None
-        return best, best.breaker.taken(now)
+        return best, best_wait
+
+    @staticmethod
+    def take(member: Member) -> bool:
+        """Commit a request to ``member``; True when it is the probe of an endpoint out of the fleet."""
+        member.pending += 1
+        return member.breaker.taken(time.monotonic())
+
+    @staticmethod
+    def horizon(member: Member) -> float:
+        """How long a request may expect to queue at an endpoint before it is better held back.
+
+        A request committed to a long queue stays there even when another endpoint frees up (or
+        turns out faster once it answers): past this, the request waits unrouted and asks again.
+        Two round trips plus a second: enough to keep every endpoint busy at its rate.
+        """
+        return _HORIZON_S + 2 * member.latency
 
     def all_down(self) -> bool:
         """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""

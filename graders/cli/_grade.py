@@ -164,9 +164,13 @@ def grade(
 
     made: list[Judge] = []  # the run's judge, once built (a grader config builds it on first need)
 
-    def make_judge() -> Judge:
-        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget))
+    def make_judge(settings=None) -> Judge:
+        # A grader file's judge.endpoints is its fleet unless the command line names endpoints itself.
+        fleet = settings.endpoints if settings is not None and not opts.base_url else None
+        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget, **({"endpoints": fleet} if fleet else {})))
         return made[-1]
+
+    make_judge.reads_settings = True  # type: ignore[attr-defined]
 
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
