@@ -468,6 +468,7 @@ class Judge:
             messages = rubric.render(row, mode)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        estimated = -1  # not estimated yet (the limiter and the budget estimate it then)
         if self.max_prompt_tokens is not None:
             estimated = sum(estimate_tokens(m.get("content") or "") for m in messages)
             if estimated > self.max_prompt_tokens:
@@ -481,7 +482,9 @@ class Judge:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit
-        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version)
+        # Built unvalidated: every field is ours, and validating would copy the request (a hot path).
+        return Prepared.model_construct(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version,
+                                        prompt_estimate=estimated)
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -489,7 +492,9 @@ class Judge:
         if self.budget is None:
             return await self._ask(rubric, prepared, usage, finish)
         request, mode = prepared.request, prepared.mode
-        prompt = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
+        prompt = prepared.prompt_estimate
+        if prompt < 0:
+            prompt = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
         reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
@@ -506,7 +511,8 @@ class Judge:
         last: ParseFailure | None = None
         raw = reasoning = None
         for _ in range(1 + self.retry.parse_retries):
-            completion = await self._send(request, usage, dialect_version=prepared.dialect_version)
+            completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
+                                          prompt_estimate=prepared.prompt_estimate)
             try:
                 parsed, thinking = self._read(rubric, completion, mode)
             except _Failed as refusal:  # refusals are deterministic: no re-ask
@@ -556,7 +562,7 @@ class Judge:
             raise
 
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
-                    dialect_version: int | None = None) -> dict[str, Any]:
+                    dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
         A chat request goes through the endpoint's learning gate first: until the endpoint has
@@ -568,7 +574,7 @@ class Judge:
         if route == "embeddings":
             estimate = sum(estimate_tokens(text) for text in request["input"])
         else:
-            estimate = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
+            estimate = prompt_estimate if prompt_estimate >= 0 else sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
@@ -869,6 +875,7 @@ class Prepared(BaseModel):
     mode: AskMode
     request: dict[str, Any]
     dialect_version: int = 0  # the endpoint's learnt fixes it was built with (rebuilt when they change)
+    prompt_estimate: int = -1  # estimate_tokens of the messages, when already counted (-1: not yet)
 
 
 _MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement

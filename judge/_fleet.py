@@ -104,6 +104,12 @@ def member_id(base_url: str, api_key: str | None) -> str:
     return f"{url}#{hashlib.sha256(api_key.encode()).hexdigest()[:8]}" if api_key else url
 
 
+def _new_client(options: Mapping[str, Any]) -> AsyncOpenAI:
+    from openai import AsyncOpenAI  # here, not at import: `import judge` does not load openai
+
+    return AsyncOpenAI(**options)
+
+
 class Member:
     """One endpoint of a Judge at run time: its limiter, health, clients and counts."""
 
@@ -126,17 +132,15 @@ class Member:
     # ---- clients: one per event loop (a connection pool belongs to the loop that opened it) ----
 
     def client(self) -> AsyncOpenAI:
-        from openai import AsyncOpenAI
-
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             if self._idle_client is None:
-                self._idle_client = AsyncOpenAI(**self._client_options)
+                self._idle_client = _new_client(self._client_options)
             return self._idle_client
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = AsyncOpenAI(**self._client_options)
+            client = self._clients[loop] = _new_client(self._client_options)
         return client
 
     async def aclose(self) -> None:
