@@ -54,10 +54,14 @@ class Endpoint(BaseModel):
     tpm: float | None = Field(None, gt=0)
 
     def resolved_key(self) -> str | None:
+        """The key itself: ``$NAME`` read from the environment (an unset variable is an error, not no key)."""
         key = self.api_key
         if key and key.startswith("$"):
             name = key[2:-1] if key.startswith("${") and key.endswith("}") else key[1:]
-            return os.environ.get(name) or None
+            value = os.environ.get(name)
+            if not value:
+                raise ValueError(f"endpoint {self.base_url}: api_key {key} names an environment variable that is not set")
+            return value
         return key
 
 

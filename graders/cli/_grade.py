@@ -121,6 +121,8 @@ def grade(
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
+    if batch and len(opts.base_url) > 1:
+        raise fail("--batch submits to one endpoint's Batch API: give one --base-url (a fleet sends live requests)")
     if batch and (record or replay):
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
