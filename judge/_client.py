@@ -282,6 +282,11 @@ class Judge:
         return f"{self.base_url.rstrip('/')}|{self.model}"
 
     @property
+    def concurrency(self) -> int:
+        """Requests this judge may have in flight: its limiter's cap, summed over a fleet's endpoints."""
+        return sum(m.limiter.concurrency for m in self._members)
+
+    @property
     def endpoints(self) -> list[EndpointStats]:
         """Each endpoint's requests, answers, rate and state so far (one entry without a fleet)."""
         return [member.snapshot() for member in self._members]

@@ -168,3 +168,14 @@ judge:
     config.write_text(both, encoding="utf-8")
     refused = cli("grade", str(source), "--grader", str(config), "-o", str(tmp_path / "o2.jsonl"), "--no-cache")
     assert refused.returncode == 2 and "base_url or endpoints" in refused.stderr
+
+
+def test_endpoints_given_wrong_fail_before_any_request() -> None:
+    with pytest.raises(ValueError, match="3 API keys for 2 base URLs"):
+        Judge("m", base_url=["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], api_key=["a", "b", "c"])
+    with pytest.raises(ValueError, match="FLEET_UNSET_KEY names an environment variable that is not set"):
+        Judge("m", endpoints=[{"base_url": "http://127.0.0.1:9/v1", "api_key": "$FLEET_UNSET_KEY"}])
+    with pytest.raises(ValueError, match="weight"):
+        Judge("m", endpoints=[{"base_url": "http://127.0.0.1:9/v1", "weight": 0}])
+    single = Judge("m", base_url="http://127.0.0.1:9/v1", api_key="k", limiter=(limiter := Limiter()))
+    assert single.limiter is limiter and len(single.endpoints) == 1 and single.endpoints[0].requests == 0

@@ -196,7 +196,9 @@ def grade(
         with traffic:
             if spec is None:
                 endpoint = {"model": model or DEFAULT_MODEL, "base_url": base_url}
-                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables, concurrency,
+                # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
+                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables,
+                                                  concurrency * max(1, len(opts.base_url)),
                                                   show, run_options))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,

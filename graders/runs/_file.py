@@ -259,7 +259,7 @@ async def grade_file(
         columns, types = [*RESULT_COLUMNS, "reasoning"], {**RESULT_TYPES, "reasoning": "string"}
         to_row = lambda row, verdict: {**result_row(row, verdict), "reasoning": verdict.reasoning}  # noqa: E731
     return await run_file(
-        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
+        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
