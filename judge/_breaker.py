@@ -171,6 +171,7 @@ class EndpointBreaker:
         self._backoff = backoff_s
         self._retry_at = 0.0
         self.trips = 0
+        self.failed_probes = 0  # probes failed since it was taken out (0 once it answers again)
 
     def state_now(self, now: float | None = None) -> EndpointState:
         if not self.down:
@@ -199,6 +200,7 @@ class EndpointBreaker:
             self.down = self.probing = False
             self.reason = None
             self._backoff = self.backoff_s
+        self.failed_probes = 0
 
     def failure(self, kind: str, message: str) -> bool:
         """One failed request; True when it just took the endpoint out."""
@@ -208,6 +210,7 @@ class EndpointBreaker:
         if self.down:
             if self.probing:  # the probe failed: wait longer before the next one
                 self.probing = False
+                self.failed_probes += 1
                 self._backoff = min(self.max_backoff_s, self._backoff * 2)
                 self._retry_at = now + self._backoff
                 self.reason = f"{kind}: {message}"

@@ -20,8 +20,8 @@ from tenacity import RetryCallState
 from ._breaker import Breaker, Trip, current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
-from ._fleet import Endpoint, EndpointStats, Member, Router, endpoints_of, member_id
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._fleet import _ALL_OUT_POLL_S, Endpoint, EndpointStats, Member, Router, endpoints_of, member_id
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import endpoint_limiter, process_limiter
 from ._pacing import Pacing
@@ -666,8 +666,15 @@ class Judge:
         while True:
             picked = router.pick(tried)
             if picked is None:
-                if router.all_down():
+                if router.all_broken():
                     raise self._fleet_down(breaker)
+                if router.all_down():
+                    # Every endpoint is out, but not for long yet: wait for the next probe's answer.
+                    if breaker is not None and breaker.tripped is not None:
+                        raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                    await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
+                    tried = []
+                    continue
                 assert last is not None
                 raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
             member, wait = picked

