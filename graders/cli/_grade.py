@@ -227,7 +227,6 @@ def grade(
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
         summary.pacing = pacing
-        summary.endpoints = endpoints
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
@@ -235,7 +234,7 @@ def grade(
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
-        _print_summary(summary, output, Console())
+        _print_summary(summary, output, Console(), endpoints)
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
@@ -392,7 +391,7 @@ def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> No
         console.print(f"  {example}", style="red", markup=False)
 
 
-def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
+def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None) -> None:
     if s.already_complete:
         console.print(f"{output} is already complete ({s.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
     elif s.resumed_from:
@@ -415,10 +414,10 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     if s.pacing is not None:
         held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
         table.add_row("pacing", f"{s.pacing.mode}: {held}")
-    if s.endpoints and len(s.endpoints) > 1:  # a fleet: each endpoint's part (one endpoint is the run itself)
+    if endpoints and len(endpoints) > 1:  # a fleet: each endpoint's part (one endpoint is the run itself)
         table.add_row("endpoints", "; ".join(
             f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
-            f"{e['errors']} errors), {e['rps']:g}/s" for e in s.endpoints))
+            f"{e['errors']} errors), {e['rps']:g}/s" for e in endpoints))
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"

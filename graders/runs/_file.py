@@ -70,7 +70,6 @@ class RunSummary(BaseModel):
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
     warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
     pacing: Pacing | None = None  # filled by the CLI from the limiter: how the run paced itself at its end
-    endpoints: list[dict[str, Any]] | None = None  # filled by the CLI: each endpoint's requests, answers, rate, state
     # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
     result_counts: dict[str, int] | None = None
     per_testing_criteria_results: list[dict[str, Any]] | None = None
