@@ -240,7 +240,9 @@ class Judge:
         template = limiter if limiter is not None else process_limiter()
         self._members: list[Member] = []
         for endpoint in fleet:
-            key = endpoint.resolved_key() or os.environ.get("OPENAI_API_KEY")
+            # ``$NAME`` is read from the environment in a configured fleet (a file holds no key); a key
+            # given as base_url/api_key arguments (the command line) is taken as it is.
+            key = (endpoint.resolved_key() if endpoints is not None else endpoint.api_key) or os.environ.get("OPENAI_API_KEY")
             if not key:
                 if "api.openai.com" in endpoint.base_url:
                     raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
