@@ -29,9 +29,19 @@ def rows(n: int, tag: str = "q") -> list[dict]:
     return [{"question": f"{tag}-{i}", "references": ["x"], "prediction": "x"} for i in range(n)]
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess:
+    """The real command: in this process (CliRunner, no interpreter start-up), or as ``gradekit`` in a subprocess."""
+    if process:
+        return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    result = CliRunner().invoke(app, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback would have reached the user
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def write_rows(path: Path, n: int) -> Path:
@@ -98,7 +108,8 @@ def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(pair, tmp_path:
     try:
         source, out = write_rows(tmp_path / "kill.jsonl", 150), tmp_path / "out.jsonl"
         result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
-                     "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", victim.base_url, "--no-cache", "--json")
+                     "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", victim.base_url, "--no-cache", "--json",
+                     process=True)
     finally:
         killer.join(timeout=30)
         victim.stop()
