@@ -91,10 +91,12 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
 A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRewardConfig`` or
 ``compositeRewardConfig``) loads as ``type: vertex`` unchanged. The top level may also carry
 ``judge: {model: ..., base_url: ..., timeout: ..., params: {reasoning_effort: low}}`` for its LLM
-nodes (``params``: judge parameters sent with every request); the API key only ever
-comes from the environment (OPENAI_API_KEY), never from the file. A jury instead of one judge:
-``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}`` (a
-juror's ``api_key`` is best ``$ENV_NAME``, read from the environment; docs/juries.md).
+nodes (``params``: judge parameters sent with every request); the API key comes from the
+environment (OPENAI_API_KEY). ``judge: {endpoints: [{base_url, api_key, weight, rps, tpm}, ...]}``
+instead of ``base_url`` makes the judge a fleet (docs/fleets.md). A jury instead of one judge:
+``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}``
+(docs/juries.md). An endpoint's or a juror's ``api_key`` is best written ``$NAME`` (read from that
+environment variable) rather than the key itself.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
@@ -112,6 +114,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from judge import Judge, RubricError
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
+from judge._fleet import Endpoint
 from judge._files import read_data_file
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
@@ -343,6 +346,7 @@ class JudgeSettings(BaseModel):
 
     model: str | None = None
     base_url: str | None = None
+    endpoints: list[Endpoint] | None = Field(None, min_length=1)  # a fleet: one model, several endpoints (not with base_url)
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
@@ -364,8 +368,8 @@ class JudgeSettings(BaseModel):
     def build(self) -> Any:
         """The Judge, or the Jury, these settings describe."""
         if self.jury is None:
-            return Judge(self.model, base_url=self.base_url, timeout=self.timeout, max_prompt_tokens=self.max_prompt_tokens,
-                         params=self.params)
+            return Judge(self.model, base_url=self.base_url, endpoints=self.endpoints, timeout=self.timeout,
+                         max_prompt_tokens=self.max_prompt_tokens, params=self.params)
         from judge import Jury
         from judge._limiters import limiter_from_url
 
@@ -376,6 +380,12 @@ class JudgeSettings(BaseModel):
                                 timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
                                 params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None)))
         return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)
+
+    @model_validator(mode="after")
+    def _one_way_to_the_judge(self) -> JudgeSettings:
+        if self.base_url and self.endpoints:
+            raise ValueError("give base_url or endpoints (a fleet), not both")
+        return self
 
 
 NODES: dict[str, type[_Node]] = {
@@ -438,7 +448,8 @@ class _Builder:
         if self.made_judge is None:
             try:
                 if self._judge is not None:
-                    self.made_judge = self._judge()
+                    # A factory that reads the file's judge settings (the CLI's: a fleet declared in the file) gets them.
+                    self.made_judge = self._judge(self.settings) if getattr(self._judge, "reads_settings", False) else self._judge()
                 else:
                     self.made_judge = self.settings.build()
             except ValueError as e:

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Literal
 
 # Error kinds a broken judge produces. A row that ended in one of them is not written while the
 # breaker may still trip (an outage must leave no error rows behind); the rows of a tripped run
@@ -50,8 +52,12 @@ class Trip:
     rule: str  # what was seen, e.g. "42 of the last 50 requests failed"
     base_url: str | None = None
     model: str | None = None
+    endpoints: tuple[str, ...] = ()  # a fleet's trip: each endpoint and why it is out ("URL: why")
 
     def describe(self) -> str:
+        if self.endpoints:
+            return (f"every endpoint of the judge (model {self.model or 'unknown'}) looks broken: "
+                    + "; ".join(self.endpoints))
         where = f"the judge at {self.base_url or '(unknown URL)'} (model {self.model or 'unknown'})"
         return f"{where} looks broken: {self.rule}; {self.kind}, e.g. {self.example}"
 
@@ -100,6 +106,11 @@ class Breaker:
             self.tripped = Trip(failure[0], failure[1], f"{failed} of the last {len(self._recent)} requests failed",
                                 base_url or self._endpoint[0], model or self._endpoint[1])
 
+    def trip(self, trip: Trip) -> None:
+        """Trip for a reason seen elsewhere (every endpoint of a fleet out); the first trip stands."""
+        if self.tripped is None:
+            self.tripped = trip
+
     def row(self, status: str, kind: str | None, error: str | None, reply: str | None = None) -> None:
         """One finished row (after its retries); rows that never reached the judge are not reported.
 
@@ -132,6 +143,87 @@ class Breaker:
     def cuts(self, kind: str | None) -> bool:
         """Whether a row that failed with ``kind`` is left out of a tripped run's output (it failed for what tripped it)."""
         return kind in JUDGE_FAILURES or (self.tripped is not None and kind == self.tripped.kind)
+
+
+EndpointState = Literal["up", "down", "probing"]
+
+
+class EndpointBreaker:
+    """One endpoint's health inside a fleet: taken out when it looks broken, probed back in.
+
+    Out after ``trip_after`` failures in a row, or more than ``share`` of the last ``window``
+    requests (the failures the run's :class:`Breaker` counts: connection refused or reset, 5xx,
+    timeouts, 401/403/404; never a 429). Once its back-off (``backoff_s``, doubling to
+    ``max_backoff_s`` with each failed probe) is over, one request is let through as a probe; an
+    answer brings the endpoint back. A single endpoint is never taken out this way: with nowhere
+    else to send, the run's own breaker decides.
+    """
+
+    def __init__(self, *, trip_after: int = 3, window: int = 20, share: float = 0.5, backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.trip_after, self.share, self.backoff_s, self.max_backoff_s = trip_after, share, backoff_s, max_backoff_s
+        self._clock = clock
+        self._recent: deque[bool] = deque(maxlen=window)
+        self._streak = 0
+        self.down = False
+        self.probing = False  # a probe request is out
+        self.reason: str | None = None  # the failure that took it out (kind: message)
+        self._backoff = backoff_s
+        self._retry_at = 0.0
+        self.trips = 0
+        self.failed_probes = 0  # probes failed since it was taken out (0 once it answers again)
+
+    def state_now(self, now: float | None = None) -> EndpointState:
+        if not self.down:
+            return "up"
+        return "probing" if self.probing else "down"
+
+    def backoff_left(self) -> float:
+        """Seconds until the next probe (0 when it is due or the endpoint is in)."""
+        return max(0.0, self._retry_at - self._clock()) if self.down else 0.0
+
+    def usable(self, now: float) -> bool:
+        """Whether a request may go to it now: in the fleet, or out with its probe due."""
+        return not self.down or (not self.probing and now >= self._retry_at)
+
+    def taken(self, now: float) -> bool:
+        """A request was routed here; True when it is the probe of an endpoint out of the fleet."""
+        if self.down and not self.probing:
+            self.probing = True
+            return True
+        return False
+
+    def success(self) -> None:
+        self._recent.append(False)
+        self._streak = 0
+        if self.down:
+            self.down = self.probing = False
+            self.reason = None
+            self._backoff = self.backoff_s
+        self.failed_probes = 0
+
+    def failure(self, kind: str, message: str) -> bool:
+        """One failed request; True when it just took the endpoint out."""
+        self._recent.append(True)
+        self._streak += 1
+        now = self._clock()
+        if self.down:
+            if self.probing:  # the probe failed: wait longer before the next one
+                self.probing = False
+                self.failed_probes += 1
+                self._backoff = min(self.max_backoff_s, self._backoff * 2)
+                self._retry_at = now + self._backoff
+                self.reason = f"{kind}: {message}"
+            return False
+        failed = sum(self._recent)
+        if self._streak >= self.trip_after or (len(self._recent) >= self._recent.maxlen // 2  # type: ignore[operator]
+                                                and failed > self.share * len(self._recent)):
+            self.down, self.probing = True, False
+            self.reason = f"{kind}: {message}"
+            self._retry_at = now + self._backoff
+            self.trips += 1
+            return True
+        return False
 
 
 _current: ContextVar[Breaker | None] = ContextVar("gradekit_breaker", default=None)

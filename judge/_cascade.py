@@ -253,6 +253,11 @@ class Cascade:
         return None
 
     @property
+    def endpoints(self) -> list[Any]:
+        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
+        return [e for j in self.judges for e in getattr(j, "endpoints", [])]
+
+    @property
     def limiter(self) -> Any:
         return self.judges[0].limiter
 

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -18,12 +17,14 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 from tenacity import RetryCallState
 
-from ._breaker import Breaker, current_breaker
+from ._breaker import Breaker, Trip, current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._fleet import _ALL_OUT_POLL_S, Endpoint, EndpointStats, Member, Router, endpoints_of, member_id
 from ._limiter import RequestLimiter, estimate_tokens
-from ._limiters import process_limiter
+from ._limiters import endpoint_limiter, process_limiter
+from ._pacing import Pacing
 from ._parse import ParseFailure, parse_reply
 from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
@@ -48,6 +49,10 @@ class _Failed(Exception):
         self.kind = kind
         self.status = status  # the HTTP status, when the server answered with one
         self.output_format = output_format  # a 400 about the output format: another ask mode may work
+
+
+class _Skipped(Exception):
+    """The endpoint this request waited for went out of the fleet before it was sent: route it again."""
 
 
 class _Relearn(Exception):
@@ -167,10 +172,18 @@ class Judge:
 
     Args:
         model: model name; defaults to $GRADEKIT_MODEL, else gpt-4o-mini.
-        base_url: API root; defaults to $OPENAI_BASE_URL, else OpenAI.
-        api_key: defaults to $OPENAI_API_KEY; local servers that need none get a placeholder.
+        base_url: API root; defaults to $OPENAI_BASE_URL, else OpenAI. A list of roots is a fleet
+            (:mod:`judge._fleet`): one judge served by several replicas, keys or regions.
+        api_key: defaults to $OPENAI_API_KEY; local servers that need none get a placeholder. With
+            a list of ``base_url``: one key for all, or a list in the same order.
+        endpoints: a fleet given as :class:`~judge.Endpoint` (or mappings): ``base_url``, ``api_key``,
+            ``weight``, ``rps``, ``tpm`` each. Every endpoint has its own limiter (built like
+            ``limiter``), pacing and health breaker; a request goes to the one with the most free
+            capacity, and from a broken one to the others. The fleet is named by its first
+            endpoint: ``base_url``, cache keys, the learnt dialect and a run's checkpoint are its.
         timeout: seconds per request.
-        limiter: defaults to the process-wide limiter every judge shares.
+        limiter: defaults to the process-wide limiter every judge shares; for a fleet, the model of
+            each endpoint's own limiter (:func:`judge._limiters.endpoint_limiter`).
         cache: a JudgeCache, or None for no caching.
         retry: backoff and re-ask policy.
         params: judge parameters for every request (``reasoning_effort``, ``temperature``,
@@ -197,8 +210,9 @@ class Judge:
         self,
         model: str | None = None,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
+        base_url: str | Sequence[str] | None = None,
+        api_key: str | Sequence[str] | None = None,
+        endpoints: Sequence[Endpoint | Mapping[str, Any]] | None = None,
         timeout: float = 60.0,
         limiter: RequestLimiter | None = None,
         cache: JudgeCache | None = None,
@@ -214,21 +228,32 @@ class Judge:
         self.budget = budget
         if budget is not None:
             budget.check_model(self.model)  # an unpriced model under a cost cap fails here, not mid-run
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        api_key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not api_key:
-            if "api.openai.com" in self.base_url:
-                raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
-            api_key = "not-needed"
+        fleet = endpoints_of(base_url, api_key, endpoints)
+        if fleet is None:
+            single = base_url if isinstance(base_url, str) else (list(base_url or []) or [None])[0]
+            key = api_key if isinstance(api_key, str) else (list(api_key or []) or [None])[0]
+            fleet = [Endpoint(base_url=single or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1", api_key=key)]
+        self.base_url = fleet[0].base_url
         # max_retries=0: tenacity is the one owner of retries (ARCHITECTURE invariant); the SDK's
         # own retries would multiply attempts and bypass the shared limiter.
-        self._client_options: dict[str, Any] = {"base_url": self.base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout}
-        # One SDK client per event loop: its connection pool belongs to the loop that opened it, and
-        # callers such as Ark's harness (asyncio.run per sample), sync wrappers and notebooks use a
-        # new loop per call. Weak keys: a loop that is gone takes its client with it.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
-        self._idle_client: AsyncOpenAI | None = None  # handed out when no loop runs (configuration, tests)
-        self.limiter = limiter if limiter is not None else process_limiter()
+        options = {"max_retries": 0, "timeout": timeout}
+        template = limiter if limiter is not None else process_limiter()
+        self._members: list[Member] = []
+        for endpoint in fleet:
+            # ``$NAME`` is read from the environment in a configured fleet (a file holds no key); a key
+            # given as base_url/api_key arguments (the command line) is taken as it is.
+            key = (endpoint.resolved_key() if endpoints is not None else endpoint.api_key) or os.environ.get("OPENAI_API_KEY")
+            if not key:
+                if "api.openai.com" in endpoint.base_url:
+                    raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
+                key = "not-needed"
+            own = template if len(fleet) == 1 and endpoint.rps is None and endpoint.tpm is None else \
+                endpoint_limiter(template, member_id(endpoint.base_url, key), rps=endpoint.rps, tpm=endpoint.tpm)
+            # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
+            # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
+            self._members.append(Member(endpoint, key, own, options))
+        self._router = Router(self._members) if len(self._members) > 1 else None
+        self.limiter = self._members[0].limiter
         self.cache = cache
         self.retry = retry or RetryPolicy()
         self.sampling = {**(sampling or {}), **(params or {})}  # the user's judge parameters
@@ -244,7 +269,9 @@ class Judge:
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
         self._shells: dict[tuple[int, str], tuple[Rubric, int, str]] = {}
-        self.dialect = dialect_of(self.base_url, self.model)  # shared by every Judge of this endpoint and model
+        # Shared by every Judge of this endpoint and model, and by a whole fleet (named by its first
+        # endpoint): one request shape for every replica, so a row's cache key is the fleet's.
+        self.dialect = dialect_of(self.base_url, self.model)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -253,7 +280,27 @@ class Judge:
 
     @property
     def endpoint(self) -> str:
+        """``base_url|model`` of the (first) endpoint: the name the cache remembers ask modes under."""
         return f"{self.base_url.rstrip('/')}|{self.model}"
+
+    @property
+    def concurrency(self) -> int:
+        """Requests this judge may have in flight: its limiter's cap, summed over a fleet's endpoints."""
+        return sum(m.limiter.concurrency for m in self._members)
+
+    @property
+    def endpoints(self) -> list[EndpointStats]:
+        """Each endpoint's requests, answers, rate and state so far (one entry without a fleet)."""
+        return [member.snapshot() for member in self._members]
+
+    def pacing(self) -> Pacing:
+        """How the judge paces now: its limiter's pacing; for a fleet, the summed rate of its endpoints."""
+        if self._router is None:
+            return self.limiter.pacing()
+        pacings = [m.pacing() for m in self._members if m.breaker.state_now() == "up"] or [m.pacing() for m in self._members]
+        rates = [p.rps for p in pacings]
+        total = None if any(r is None for r in rates) else round(sum(r for r in rates if r is not None), 3)
+        return Pacing(mode=pacings[0].mode, rps=total)
 
     def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]:
         """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes."""
@@ -264,29 +311,12 @@ class Judge:
         """The SDK client this judge sends with on the running event loop, for control-plane calls
         (files, batches). Calls made through it bypass the cache, the limiter and the retry policy.
         """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            if self._idle_client is None:
-                self._idle_client = AsyncOpenAI(**self._client_options)
-            return self._idle_client
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = AsyncOpenAI(**self._client_options)
-        return client
+        return self._members[0].client()
 
     async def aclose(self) -> None:
-        """Close the client of the running loop; clients of loops already closed hold nothing to release."""
-        loop = asyncio.get_running_loop()
-        client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.close()
-        for other_loop, other in list(self._clients.items()):
-            if other_loop.is_closed():
-                self._clients.pop(other_loop, None)
-        if self._idle_client is not None:
-            idle, self._idle_client = self._idle_client, None
-            await idle.close()
+        """Close the clients of the running loop; clients of loops already closed hold nothing to release."""
+        for member in self._members:
+            await member.aclose()
 
     async def __aenter__(self) -> Judge:
         return self
@@ -445,6 +475,7 @@ class Judge:
             messages = rubric.render(row, mode)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        estimated = -1  # not estimated yet (the limiter and the budget estimate it then)
         if self.max_prompt_tokens is not None:
             estimated = sum(estimate_tokens(m.get("content") or "") for m in messages)
             if estimated > self.max_prompt_tokens:
@@ -458,7 +489,9 @@ class Judge:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit
-        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version)
+        # Built unvalidated: every field is ours, and validating would copy the request (a hot path).
+        return Prepared.model_construct(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version,
+                                        prompt_estimate=estimated)
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -466,7 +499,9 @@ class Judge:
         if self.budget is None:
             return await self._ask(rubric, prepared, usage, finish)
         request, mode = prepared.request, prepared.mode
-        prompt = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
+        prompt = prepared.prompt_estimate
+        if prompt < 0:
+            prompt = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
         reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
@@ -483,7 +518,8 @@ class Judge:
         last: ParseFailure | None = None
         raw = reasoning = None
         for _ in range(1 + self.retry.parse_retries):
-            completion = await self._send(request, usage, dialect_version=prepared.dialect_version)
+            completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
+                                          prompt_estimate=prepared.prompt_estimate)
             try:
                 parsed, thinking = self._read(rubric, completion, mode)
             except _Failed as refusal:  # refusals are deterministic: no re-ask
@@ -533,7 +569,7 @@ class Judge:
             raise
 
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
-                    dialect_version: int | None = None) -> dict[str, Any]:
+                    dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
         A chat request goes through the endpoint's learning gate first: until the endpoint has
@@ -545,12 +581,12 @@ class Judge:
         if route == "embeddings":
             estimate = sum(estimate_tokens(text) for text in request["input"])
         else:
-            estimate = sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
+            estimate = prompt_estimate if prompt_estimate >= 0 else sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
             wait = retry_after_seconds(state.outcome.exception() if state.outcome else None, cap=self.retry.rate_limit_budget)
-            if wait:
+            if wait and self._router is None:  # a fleet holds the endpoint that answered 429 (_post_to)
                 self.limiter.hold(wait)
 
         dialect = self.dialect
@@ -621,35 +657,117 @@ class Judge:
 
     async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
                     route: Route = "chat") -> dict[str, Any]:
-        """One attempt: a limiter slot, the request, and the checks a well-formed completion passes."""
-        async with self.limiter.slot(estimate):
+        """One attempt. A fleet routes it (:class:`~judge._fleet.Router`) and, when the endpoint it
+        went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
+        the row is answered once, by whichever endpoint could."""
+        router = self._router
+        if router is None:
+            return await self._post_to(self._members[0], False, request, estimate, usage, breaker, route)
+        tried: list[Member] = []
+        last: BaseException | None = None
+        while True:
+            picked = router.pick(tried)
+            if picked is None:
+                if router.all_broken():
+                    raise self._fleet_down(breaker)
+                if router.all_down():
+                    # Every endpoint is out, but not for long yet: wait for the next probe's answer.
+                    if breaker is not None and breaker.tripped is not None:
+                        raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                    await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
+                    tried = []
+                    continue
+                assert last is not None
+                raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
+            member, wait = picked
+            if wait > (horizon := router.horizon(member)):
+                # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest.
+                await asyncio.sleep(min(wait - horizon, 0.25))
+                continue
+            probe = router.take(member)
+            try:
+                completion = await self._post_to(member, probe, request, estimate, usage, breaker, route)
+            except _Skipped:
+                tried.append(member)
+                continue
+            except (_Failed, _Relearn):
+                raise
+            except Exception as exc:
+                failure = _breaker_failure(exc)
+                if failure is None:
+                    member.breaker.success()  # it answered (a 429, a 400 about the request): alive
+                    raise
+                if member.breaker.failure(*failure):
+                    log.warning("%s taken out of the fleet: %s (probed again in %.1f s)", member.base_url,
+                                member.breaker.reason, member.breaker.backoff_left())
+                tried.append(member)
+                last = exc
+                continue
+            finally:
+                member.pending -= 1
+                if probe:
+                    member.breaker.probing = False  # answered or not, the probe is over
+            member.breaker.success()
+            return completion
+
+    def _fleet_down(self, breaker: Breaker | None) -> _Failed:
+        """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""
+        reasons = tuple(f"{m.base_url}: {m.breaker.reason or 'out'}" for m in self._members)
+        first = self._members[0].breaker.reason or "server_error: out"
+        kind, _, example = first.partition(": ")
+        trip = Trip(kind if kind in ("server_error", "timeout", "bad_request") else "server_error", example,
+                    f"every endpoint of the fleet is out ({len(reasons)})", ", ".join(m.base_url for m in self._members),
+                    self.model, endpoints=reasons)
+        if breaker is not None:
+            breaker.trip(trip)
+        return _Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
+
+    async def _post_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
+                       breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
+        """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
+        limiter = member.limiter
+        async with limiter.slot(estimate):
             # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
             # and neither is the retry of a row in flight.
             if breaker is not None and breaker.tripped is not None:
                 raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+            if self._router is not None and member.breaker.down and not probe:
+                raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
             usage["attempts"] += 1
+            member.sent()
             sent_at = time.monotonic()
+            client = member.client()
             try:
                 # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
                 # and skipping model construction halves the client's CPU per judgement.
                 if route == "embeddings":
-                    raw = await self.client.embeddings.with_raw_response.create(**request)
+                    raw = await client.embeddings.with_raw_response.create(**request)
                 else:
-                    raw = await self.client.chat.completions.with_raw_response.create(**sdk_arguments(request))
+                    raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
                 completion = await _assemble_stream(raw) if request.get("stream") else json.loads(raw.content)
             except openai.APIStatusError as refused:
+                member.replied(refused.status_code, time.monotonic() - sent_at)
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
-                self.limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
+                limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
+                if self._router is not None and isinstance(refused, openai.RateLimitError):
+                    wait = retry_after_seconds(refused, cap=self.retry.rate_limit_budget)
+                    if wait:
+                        limiter.hold(wait)  # this endpoint only: the others keep sending
+                raise
+            except Exception:
+                member.failed()
                 raise
         if not isinstance(completion, dict):
+            member.failed()
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
+        member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
         usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
         usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
         usage["reasoning_tokens"] = usage.get("reasoning_tokens", 0) + _detail(spent, "completion_tokens_details", "reasoning_tokens")
         usage["cached_tokens"] = usage.get("cached_tokens", 0) + _detail(spent, "prompt_tokens_details", "cached_tokens")
-        self.limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
-        await self.limiter.settle(estimate, int(spent.get("total_tokens") or 0))
+        limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
+        await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         if route == "embeddings":
             if not _vectors_of(completion, len(request["input"])):
                 raise ValueError("embeddings response has no vector for every input")  # a malformed 200: transient
@@ -771,6 +889,7 @@ class Prepared(BaseModel):
     mode: AskMode
     request: dict[str, Any]
     dialect_version: int = 0  # the endpoint's learnt fixes it was built with (rebuilt when they change)
+    prompt_estimate: int = -1  # estimate_tokens of the messages, when already counted (-1: not yet)
 
 
 _MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement

@@ -156,6 +156,11 @@ class Jury:
         return None
 
     @property
+    def endpoints(self) -> list[Any]:
+        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
+        return [e for j in self.jurors for e in getattr(j, "endpoints", [])]
+
+    @property
     def limiter(self) -> Any:
         return self.jurors[0].limiter
 

@@ -6,6 +6,11 @@ only what it needs and none imports another through this choice.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import weakref
+from typing import Any
+
 from ._limiter import Limiter, RequestLimiter
 
 
@@ -99,3 +104,49 @@ def _limiter_from_env() -> RequestLimiter:
     rps, tpm = env.get("GRADEKIT_RPS"), env.get("GRADEKIT_TPM")
     return limiter_from_url(env.get("GRADEKIT_LIMITER") or None, rps=float(rps) if rps else None, tpm=float(tpm) if tpm else None,
                             concurrency=int(env.get("GRADEKIT_CONCURRENCY") or 16), key=env.get("GRADEKIT_LIMITER_KEY") or "default")
+
+
+_SIBLINGS: weakref.WeakKeyDictionary[Any, dict[tuple[str, float | None, float | None], RequestLimiter]] = weakref.WeakKeyDictionary()
+_SIBLINGS_LOCK = threading.Lock()
+
+
+def endpoint_limiter(template: RequestLimiter, endpoint: str, *, rps: float | None = None, tpm: float | None = None) -> RequestLimiter:
+    """The limiter of one endpoint of a fleet, built like ``template`` (same backend, concurrency, burst, adapt).
+
+    Each endpoint has its own: its own learnt rate, its own Retry-After holds, and (through Redis or
+    Ray) its own shared budget, named ``{template key}@{endpoint}``, so every process learns one
+    rate per endpoint. ``rps``/``tpm`` are the endpoint's told limits (default: the template's).
+    Judges built on the same template share each endpoint's limiter, as they share the template.
+    """
+    from ._limiter import Limiter
+
+    wanted = (endpoint, rps, tpm)
+    with _SIBLINGS_LOCK:
+        found = _SIBLINGS.setdefault(template, {}).get(wanted)
+        if found is not None:
+            return found
+    rps = rps if rps is not None else getattr(template, "rps", None)
+    tpm = tpm if tpm is not None else getattr(template, "tpm", None)
+    pacer = getattr(template, "pacer", None)
+    adapt = pacer.adapt if pacer is not None else True
+    concurrency, burst = template.concurrency, getattr(template, "burst", 2.0)
+    built: RequestLimiter
+    if isinstance(template, Limiter):
+        sleep = template._sleep if template._sleep is not asyncio.sleep else None
+        built = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, sleep=sleep, adapt=adapt)
+    elif type(template).__name__ == "SharedLimiter":
+        from ._shared_limiter import SharedLimiter
+
+        built = SharedLimiter(template.url, rps=rps, tpm=tpm, concurrency=concurrency, burst=burst,  # type: ignore[attr-defined]
+                              key=f"{template.key}@{endpoint}", adapt=adapt)  # type: ignore[attr-defined]
+    elif type(template).__name__ == "RayLimiter":
+        from ._ray_limiter import RayLimiter
+
+        built = RayLimiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, key=f"{template.key}@{endpoint}",  # type: ignore[attr-defined]
+                           lease_s=template.lease_s, actor_name=template.actor_name, namespace=template.namespace,  # type: ignore[attr-defined]
+                           adapt=adapt)
+    else:
+        raise ValueError(f"a fleet needs one limiter per endpoint and cannot build one like {type(template).__name__}: "
+                         "pass a Limiter, SharedLimiter or RayLimiter")
+    with _SIBLINGS_LOCK:
+        return _SIBLINGS[template].setdefault(wanted, built)

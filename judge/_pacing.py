@@ -14,6 +14,8 @@ Two ways to learn, chosen by what the server says:
   share plus what remains above a small reserve spread over a couple of seconds, so requests
   are spread out instead of emptying the bucket and then waiting; a falling ``remaining``
   (another job on the same key) slows us below the limit until it recovers.
+- before any reply: unpaced, so a run starts at its concurrency limit (no slow start); the first
+  reply's headers, or its first 429, set the pace.
 - ``aimd``: no headers. Unpaced until the first 429 (a server that never refuses is not slowed);
   then slow start from a safe rate (doubling every half second while nothing is refused), then
   additive increase; a 429 cuts the rate to 0.9 of what the server accepted
@@ -179,8 +181,8 @@ class Pacer:
         """Requests per second to pace at now; None when nothing limits the rate."""
         if not self.adapt:
             return self.ceiling
-        if not self._heard and self.ceiling is None:
-            return START_RPS  # until the first reply says what the server allows, go gently
+        # Before the first reply nothing is paced (no slow start): the concurrency cap bounds the
+        # first burst, and the first reply's headers or first 429 set the pace from there.
         learnt = self._learnt
         if self._mode == "aimd":
             learnt = self._grown(self._clock())

@@ -103,7 +103,7 @@ def test_no_adapt_ignores_replies() -> None:
 def test_aimd_slow_start_then_a_429_cuts_to_what_the_server_accepted_then_climbs() -> None:
     clock = Clock()
     pacer = Pacer(clock=clock)
-    assert pacer.rate() == START_RPS  # before any reply: gently
+    assert pacer.rate() is None  # before any reply: no slow start, the concurrency cap bounds the first burst
     pacer.observe(200, {})
     assert pacer.mode == "aimd" and pacer.rate() is None  # a server that never refuses is not paced
     pacer.observe(429, {}, sent_at=clock.now)

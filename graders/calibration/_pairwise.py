@@ -370,7 +370,7 @@ async def _pairwise_file(judge: Judge, rubric: Rubric, source: Path, destination
         return pair_row(out_row, pair)
 
     # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
-    workers = max(1, judge.limiter.concurrency // (2 if swap else 1)) + 2
+    workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
     await stream_in_order(source, writer, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
                           judge_row=grade, input_error=input_error, emit=emit, encoding=encoding)
     # Acc / Agr need both orders: without the swap there is nothing to compare.

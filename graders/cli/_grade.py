@@ -109,8 +109,10 @@ def grade(
     panel = len(opts.model) > 1 or cascade_spec is not None
     if cascade_spec is not None and grader_file is not None:
         raise fail("--cascade grades with a rubric (-r): its thresholds were fitted on that rubric's verdicts")
+    if len(opts.model) > 1:
+        opts.per_member(len(opts.model), "jury")  # --base-url: one for every juror or one per --model (exit 2 otherwise)
     model = opts.model[0] if len(opts.model) == 1 else None
-    base_url, api_key, timeout = opts.base_url, opts.api_key, opts.timeout
+    base_url, api_key, timeout = opts.first_base_url, opts.first_api_key, opts.timeout
     rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
     record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
     cache_path = opts.resolved_cache_path()
@@ -145,6 +147,8 @@ def grade(
                           "fit the cascade again", stacklevel=1)
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
+    if batch and len(opts.base_url) > 1:
+        raise fail("--batch submits to one endpoint's Batch API: give one --base-url (a fleet sends live requests)")
     if batch and (record or replay):
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
@@ -176,8 +180,9 @@ def grade(
     if ray_address is not None:
         prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
         try:
-            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model, base_url=base_url,
-                                 api_key=api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
+            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model,
+                                 base_url=opts.base_url if len(opts.base_url) > 1 else base_url,
+                                 api_key=opts.api_key if len(opts.api_key) > 1 else api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
                                  concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
                                  resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
         except BreakerTripped as e:
@@ -185,9 +190,19 @@ def grade(
     limiter = opts.limiter(model)
     budget = opts.budget()
 
-    def make_judge() -> Judge:
-        made = build_panel(opts, jury=jury, quorum=quorum, spec=cascade_spec, cache=cache, budget=budget)
-        return made if made is not None else opts.judge(model, limiter=limiter, cache=cache, budget=budget)
+    made: list[Judge] = []  # the run's judge, once built (a grader config builds it on first need)
+
+    def make_judge(settings=None) -> Judge:
+        panel_judge = build_panel(opts, jury=jury, quorum=quorum, spec=cascade_spec, cache=cache, budget=budget)
+        if panel_judge is not None:
+            made.append(panel_judge)
+            return made[-1]
+        # A grader file's judge.endpoints is its fleet unless the command line names endpoints itself.
+        fleet = settings.endpoints if settings is not None and not opts.base_url else None
+        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget, **({"endpoints": fleet} if fleet else {})))
+        return made[-1]
+
+    make_judge.reads_settings = True  # type: ignore[attr-defined]
 
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
@@ -199,7 +214,8 @@ def grade(
     traffic = opts.traffic()
     err = Console(stderr=True)
     show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
-                 done=0 if retry_errors else already_written(output, restart), encoding=encoding)
+                 done=0 if retry_errors else already_written(output, restart), encoding=encoding,
+                 fleet=lambda: fleet_text(made[0]) if made else "")
     run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors,
                    "encoding": encoding}
     if keep_reasoning:
@@ -211,7 +227,9 @@ def grade(
             if spec is None:
                 endpoint = {"model": ", ".join(opts.model) if panel else model or DEFAULT_MODEL, "base_url": base_url,
                             **({"jury": jury, "quorum": quorum} if panel else {})}
-                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables, concurrency,
+                # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
+                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables,
+                                                  concurrency * max(1, len(opts.base_url)),
                                                   show, run_options))
             elif batch:
                 summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
@@ -224,7 +242,7 @@ def grade(
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
-        raise _breaker_exit(e, output, json_output, err) from None
+        raise _breaker_exit(e, output, json_output, err, made[0] if made else None) from None
     except KeyboardInterrupt:
         # Without a cache the rows judged but not yet written have nowhere to come back from: do not promise hits.
         again = "rows already judged come back from the cache" if cache is not None else "without a cache, rows not yet written are judged again"
@@ -234,7 +252,9 @@ def grade(
     finally:
         if cache is not None:
             cache.close()
-    pacing = limiter.pacing()  # the rate the run held at its end, learnt or told
+    # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
+    pacing = made[0].pacing() if made and hasattr(made[0], "pacing") else limiter.pacing()
+    endpoints = [e.model_dump() for e in made[0].endpoints] if made else []
     block = None
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
@@ -246,25 +266,26 @@ def grade(
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump(), **({name: block} if block is not None else {}),
+                    "pacing": pacing.model_dump(), "endpoints": endpoints, **({name: block} if block is not None else {}),
                     # a cascade's headline figures at the top too, beside rows/ok/abstained
                     **({k: block[k] for k in ("coverage", "guarantee")} if block is not None and name == "cascade" else {})})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
-        _print_summary(summary, output, Console())
+        _print_summary(summary, output, Console(), endpoints)
         print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
-def _breaker_exit(e, output: Path, json_output: bool, err: Console) -> typer.Exit:
+def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge | None = None) -> typer.Exit:
     """Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed."""
     from ..runs._file import RunSummary
 
     if json_output:
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
         print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
-                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial})
+                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial,
+                    "endpoints": [x.model_dump() for x in judge.endpoints] if judge is not None else []})
     err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(3)
 
@@ -272,8 +293,9 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console) -> typer.Exi
 class _Show:
     """How the command shows a live run: a bar on a terminal, else a line every ``every`` seconds."""
 
-    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None) -> None:
-        self.err, self.bar, self.every, self.done, self.encoding = err, bar, every, done, encoding
+    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None,
+                 fleet: Callable[[], str] | None = None) -> None:
+        self.err, self.bar, self.every, self.done, self.encoding, self.fleet = err, bar, every, done, encoding, fleet
 
     def progress(self, source: Path | RunInput):  # -> RunProgress
         from ..runs._io import count_rows
@@ -283,7 +305,17 @@ class _Show:
         def count() -> int:
             return count_rows(source, self.encoding)
 
-        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done)
+        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done,
+                           fleet=self.fleet)
+
+
+def fleet_text(judge: Judge) -> str:
+    """A progress line's part for a fleet: its rate and each endpoint's ("" for one endpoint)."""
+    stats = judge.endpoints
+    if len(stats) < 2:
+        return ""
+    parts = ", ".join(f"{e.base_url} {e.rps:.1f}/s" + ("" if e.state == "up" else f" {e.state}") for e in stats)
+    return f"; fleet {sum(e.rps for e in stats if e.state == 'up'):.1f} req/s ({parts})"
 
 
 async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
@@ -398,7 +430,7 @@ def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> No
         console.print(f"  {example}", style="red", markup=False)
 
 
-def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
+def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None) -> None:
     if s.already_complete:
         console.print(f"{output} is already complete ({s.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
     elif s.resumed_from:
@@ -422,6 +454,10 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
     if s.pacing is not None:
         held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
         table.add_row("pacing", f"{s.pacing.mode}: {held}")
+    if endpoints and len(endpoints) > 1:  # a fleet: each endpoint's part (one endpoint is the run itself)
+        table.add_row("endpoints", "; ".join(
+            f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
+            f"{e['errors']} errors), {e['rps']:g}/s" for e in endpoints))
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
@@ -444,7 +480,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console) -> None:
 
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
-                  variables: dict[str, str], *, model: str | None, base_url: str | None, api_key: str | None, timeout: float,
+                  variables: dict[str, str], *, model: str | None, base_url: str | list[str] | None, api_key: str | list[str] | None,
+                  timeout: float,
                   limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
                   cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
                   encoding: str | None = None, params: dict | None = None, prices: dict | None = None) -> None:
@@ -464,7 +501,8 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     no_cache = cache is None
     if cache is not None:
         cache.close()  # the actors open their own; this process sends no request
-    key = limiter_key or f"{base_url or 'default'}|{model or 'default'}"
+    first_url = base_url[0] if isinstance(base_url, list) else base_url  # a fleet is named by its first endpoint
+    key = limiter_key or f"{first_url or 'default'}|{model or 'default'}"
     try:
         gcs = connect(address)
     except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
@@ -500,7 +538,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
-                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": base_url,
+                        "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": first_url,
                         **({"encoding": encoding} if encoding else {})}
         ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
                          limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,

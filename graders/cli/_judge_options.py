@@ -37,10 +37,13 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
     ("model", list[str], [], _option("--model", envvar="GRADEKIT_MODEL", show_default=False,
                                      help="Judge model [default: gpt-4o-mini]; several: grade judges with a jury (see --jury), "
                                           "cascade fit takes the cascade's judges cheapest first, meta-eval a panel.")),
-    ("base_url", str | None, None, _option("--base-url", envvar="OPENAI_BASE_URL",
-                                           help="OpenAI-compatible API root, e.g. http://localhost:8000/v1.")),
-    ("api_key", str | None, None, _option("--api-key", envvar="OPENAI_API_KEY", show_default=False,
-                                          help="API key (read from OPENAI_API_KEY by default).")),
+    ("base_url", list[str], [], _option("--base-url", envvar="OPENAI_BASE_URL", show_default=False,
+                                        help="OpenAI-compatible API root, e.g. http://localhost:8000/v1. Repeat it for a fleet: one model "
+                                             "served by several replicas or keys, used together with failover (docs/fleets.md). With several --model "
+                                             "(a jury): one --base-url for every juror, or one per --model in the same order.")),
+    ("api_key", list[str], [], _option("--api-key", envvar="OPENAI_API_KEY", show_default=False,
+                                       help="API key (read from OPENAI_API_KEY by default); with several --base-url, one key for all "
+                                            "or one per --base-url in the same order.")),
     ("judge_param", list[str], [], _option("--judge-param", metavar="KEY=VALUE", show_default=False,
                                            help="A request parameter for the judge, VALUE parsed as JSON when it parses, else a string "
                                                 "(repeatable): reasoning_effort=low, enable_thinking=false, thinking='{\"type\":\"disabled\"}'. "
@@ -49,8 +52,8 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
     ("reasoning_effort", str | None, None, _option("--reasoning-effort", help="Reasoning models: minimal, low, medium or high.")),
     ("max_completion_tokens", int | None, None, _option("--max-completion-tokens", metavar="N",
                                                         help="Cap on the judge's reply, thinking included (reasoning models count both).")),
-    ("rps", float | None, None, _option("--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process.")),
-    ("tpm", float | None, None, _option("--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process.")),
+    ("rps", float | None, None, _option("--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process (per endpoint of a fleet).")),
+    ("tpm", float | None, None, _option("--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process (per endpoint of a fleet).")),
     ("concurrency", int, 16, _option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")),
     ("limiter_url", str | None, None, _option("--limiter", envvar="GRADEKIT_LIMITER",
                                               help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, "
@@ -96,8 +99,8 @@ class JudgeOptions:
     """What the judge options of one command line say, and how to build the judge parts from them."""
 
     model: list[str] = field(default_factory=list)
-    base_url: str | None = None
-    api_key: str | None = None
+    base_url: list[str] = field(default_factory=list)  # several: a fleet (one judge model, many endpoints)
+    api_key: list[str] = field(default_factory=list)  # one for all endpoints, or one per --base-url
     judge_param: list[str] = field(default_factory=list)
     temperature: float | None = None
     reasoning_effort: str | None = None
@@ -127,6 +130,10 @@ class JudgeOptions:
             raise fail(f"{self.replay}: no such cassette to replay")
         if self.concurrency < 1:
             raise fail(f"--concurrency must be at least 1, not {self.concurrency}")
+        if len(self.api_key) > 1 and len(self.api_key) != max(1, len(self.base_url)):
+            raise fail(f"--api-key given {len(self.api_key)} times but --base-url {max(1, len(self.base_url))} "
+                       f"time{'s' if len(self.base_url) > 1 else ''}: give one key for all endpoints or one per --base-url, "
+                       "in the same order")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
         try:
@@ -149,6 +156,29 @@ class JudgeOptions:
             raise fail(f"--model given {len(self.model)} times ({', '.join(self.model)}): {command} takes one judge model "
                        "(meta-eval takes a panel)")
         return self.model[0] if self.model else None
+
+    @property
+    def first_base_url(self) -> str | None:
+        """The (first) endpoint's URL: a fleet is named by it (limiter key, checkpoint, cache key)."""
+        return self.base_url[0] if self.base_url else None
+
+    @property
+    def first_api_key(self) -> str | None:
+        return self.api_key[0] if self.api_key else None
+
+    def per_member(self, n: int, what: str) -> list[tuple[str | None, str | None]]:
+        """(base_url, api_key) for each of ``n`` judges of a jury or cascade, in order: one --base-url for all of them,
+        or one per judge (the i-th for the i-th); none: each keeps its own (a cascade's fitted endpoint, else the default)."""
+        urls, keys = self.base_url, self.api_key
+        if len(urls) not in (0, 1, n):
+            raise fail(f"--base-url given {len(urls)} times for a {what} of {n}: give one for all of them or one per judge, "
+                       "in the --model order")
+        if len(keys) not in (0, 1, max(1, len(urls))):
+            raise fail(f"--api-key given {len(keys)} times but --base-url {len(urls)} times: give one key for all or one per "
+                       "--base-url, in the same order")
+        url_of = (lambda i: urls[i]) if len(urls) == n and n > 1 else (lambda i: urls[0] if urls else None)
+        key_of = (lambda i: keys[i]) if len(keys) > 1 else (lambda i: keys[0] if keys else ("replay" if self.replay else None))
+        return [(url_of(i), key_of(i)) for i in range(n)]
 
     def resolved_cache_path(self) -> str | None:
         # Read here rather than as the option's envvar: --no-cache must win over a GRADEKIT_CACHE in the shell.
@@ -177,7 +207,7 @@ class JudgeOptions:
             # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
             return limiter_from_url(self.limiter_url, rps=self.rps, tpm=self.tpm, concurrency=self.concurrency,
                                     adapt=not self.no_adapt,
-                                    key=self.limiter_key or f"{self.base_url or 'default'}|{model or 'default'}")
+                                    key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
             raise fail(str(e)) from e
 
@@ -191,10 +221,13 @@ class JudgeOptions:
             raise fail(str(e)) from e
 
     def judge(self, model: str | None, **parts: Any) -> Judge:
-        """A Judge for ``model`` with these options (``parts``: limiter, cache, budget, ...)."""
+        """A Judge for ``model`` with these options (``parts``: limiter, cache, budget, ...).
+
+        Several ``--base-url`` make it a fleet: each endpoint gets its own limiter built like ``limiter``.
+        """
         from judge import Judge
 
-        return Judge(model, base_url=self.base_url, api_key=self.api_key or ("replay" if self.replay else None),
+        return Judge(model, base_url=self.base_url or None, api_key=self.api_key or ("replay" if self.replay else None),
                      timeout=self.timeout, params=self.params, **parts)
 
     def traffic(self) -> contextlib.AbstractContextManager[Any]:

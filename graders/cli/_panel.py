@@ -2,9 +2,10 @@
 
 ``--model A --model B`` is a jury (``--jury``, ``--quorum``); ``--cascade cascade.json`` a cascade
 from ``gradekit cascade fit``. Every member gets its own limiter (its own pacing) and shares the
-run's cache and budget. The CLI's --base-url / --api-key / judge parameters apply to every juror;
-a cascade's judges keep the endpoint and parameters they were fitted with unless --base-url or a
-judge parameter is given on the command line.
+run's cache and budget. One --base-url / --api-key is every juror's, or one per --model in order
+(the i-th juror's); judge parameters apply to every juror. A cascade's judges keep the endpoint and
+parameters they were fitted with unless --base-url (one for all, or one per judge) or a judge
+parameter is given on the command line.
 """
 
 from __future__ import annotations
@@ -51,18 +52,21 @@ def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spe
         from judge._cascade import LOGPROBS_TOP
 
         judges = []
-        for fitted in spec.judges:
+        for fitted, (url, key) in zip(spec.judges, opts.per_member(len(spec.judges), "cascade")):
             params = {**fitted.params, **opts.params}
             params.pop("logprobs", None), params.pop("top_logprobs", None)  # Judge(logprobs=) sets them again
-            judges.append(Judge(fitted.model, base_url=opts.base_url or fitted.base_url,
-                                api_key=opts.api_key or ("replay" if opts.replay else None), timeout=opts.timeout, params=params,
+            judges.append(Judge(fitted.model, base_url=url or fitted.base_url, api_key=key, timeout=opts.timeout, params=params,
                                 limiter=opts.limiter(fitted.model), cache=cache, budget=budget,
                                 logprobs=LOGPROBS_TOP if spec.confidence == "logprobs" else None))
         return Cascade(judges, spec)
     if len(opts.model) > 1:
         from judge import Jury
 
-        jurors = [opts.judge(model, limiter=opts.limiter(model), cache=cache, budget=budget) for model in opts.model]
+        from judge import Judge
+
+        jurors = [Judge(model, base_url=url, api_key=key, timeout=opts.timeout, params=opts.params, limiter=opts.limiter(model),
+                        cache=cache, budget=budget)
+                  for model, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "jury"))]
         return Jury(jurors, aggregate=jury, quorum=quorum)  # type: ignore[arg-type]
     return None
 

@@ -48,7 +48,8 @@ class RunProgress:
     rich bar instead (a terminal, and not --json).
     """
 
-    def __init__(self, total: int | Callable[[], int], err: Console, *, every: float, bar: bool, done: int = 0) -> None:
+    def __init__(self, total: int | Callable[[], int], err: Console, *, every: float, bar: bool, done: int = 0,
+                 fleet: Callable[[], str] | None = None) -> None:
         # A callable total is counted (in a thread) when the first line is due, so short runs never pay for it.
         self._count = total if callable(total) else None
         self.total = 0 if callable(total) else total
@@ -57,6 +58,7 @@ class RunProgress:
         self.bar = bar
         self.start_done = self.done = done
         self.errors = 0
+        self.fleet = fleet  # the judge's fleet part of a line (its rate, each endpoint's), if it has one
         self.started = time.monotonic()
         self._progress: Any = None
         self._task: Any = None
@@ -77,7 +79,7 @@ class RunProgress:
         left = max(0, self.total - self.done)
         eta = left / rate if rate > 0 else (0.0 if not left else None)
         return (f"graded {self.done}/{self.total} rows, {rate:.1f} rows/s, {self.errors} error{'s' if self.errors != 1 else ''}, "
-                f"ETA {eta_text(eta)}")
+                f"ETA {eta_text(eta)}{self.fleet() if self.fleet is not None else ''}")
 
     @contextlib.asynccontextmanager
     async def showing(self) -> AsyncIterator[RunProgress]:

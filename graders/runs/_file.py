@@ -277,7 +277,7 @@ async def grade_file(
         columns, types = [*columns, *panel], {**types, **{c: PANEL_TYPES[c] for c in panel}}
         to_row = lambda row, verdict: {**plain(row, verdict), **panel_cells(verdict, panel)}  # noqa: E731
     return await run_file(
-        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.limiter.concurrency + 2,
+        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=lambda values: judge.judge(rubric, values),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),

@@ -200,8 +200,8 @@ class ActorPool:
                 pass
 
 
-def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, model: str | None, base_url: str | None,
-                api_key: str | None, timeout: float, limiter: str | None, limiter_key: str, rps: float | None, tpm: float | None,
+def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, model: str | None, base_url: str | list[str] | None,
+                api_key: str | list[str] | None, timeout: float, limiter: str | None, limiter_key: str, rps: float | None, tpm: float | None,
                 concurrency: int, cache: str | None, no_cache: bool, adapt: bool = True,
                 params: dict[str, Any] | None = None) -> WorkerSpec:
     """The actors' settings; the API key is read here, on the driver, so nodes need no secret of their own."""

@@ -23,8 +23,8 @@ class WorkerSpec(BaseModel):
     grader_config: str | None = None  # or: the path of a grader config
     grader: Any = None  # or: a grader callable (grade_dataset), shipped by cloudpickle
     model: str | None = None
-    base_url: str | None = None
-    api_key: str | None = None
+    base_url: str | list[str] | None = None  # several: a fleet, each endpoint a bucket of the limiter actor
+    api_key: str | list[str] | None = None
     timeout: float = 60.0
     limiter: str | None = "ray"  # a limiter URL: "ray" (the cluster's actor), redis://..., None (this actor only)
     limiter_key: str = "default"

@@ -1,0 +1,267 @@
+"""A fleet: one judge model reached through several endpoints (replicas, keys, regions).
+
+Each endpoint (:class:`Member`) has its own limiter (so its own self-pacing, :mod:`judge._pacing`),
+its own health breaker (:class:`~judge._breaker.EndpointBreaker`), its own SDK clients and its own
+counts. A request goes to the usable endpoint with the shortest expected wait, ``(pending + 1) /
+capacity``, where capacity is the rate its limiter paces at (told or learnt from headers and
+429s) times its weight: join-the-shortest-expected-delay, so the fleet's throughput is the sum of
+its members' limits and no endpoint queues work another could take now.
+
+What stays one for the whole fleet: the model, the rubric, the request sent (the dialect is
+shared, see :func:`judge._dialect.dialect_of`) and so the cache key. A row's reply does not depend
+on which replica answered it, so the cache cannot either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._breaker import EndpointBreaker, EndpointState
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from ._limiter import RequestLimiter
+    from ._pacing import Pacing
+
+_HORIZON_S = 1.0
+_PROBES_TO_GIVE_UP = 2
+_ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
+_UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
+
+
+class Endpoint(BaseModel):
+    """One way to reach the judge model: an API root and its key, with what is known of its limit.
+
+    ``api_key`` may name an environment variable (``$NAME`` or ``${NAME}``), so a config file need
+    not hold the key itself. ``weight`` scales the endpoint's share while its limit is unknown (and
+    its learnt capacity after). ``rps``/``tpm`` are told limits of this endpoint alone (ceilings;
+    its replies may pace it lower).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    api_key: str | None = None
+    weight: float = Field(1.0, gt=0)
+    rps: float | None = Field(None, gt=0)
+    tpm: float | None = Field(None, gt=0)
+
+    def resolved_key(self) -> str | None:
+        """The key itself: ``$NAME`` read from the environment (an unset variable is an error, not no key)."""
+        key = self.api_key
+        if key and key.startswith("$"):
+            name = key[2:-1] if key.startswith("${") and key.endswith("}") else key[1:]
+            value = os.environ.get(name)
+            if not value:
+                raise ValueError(f"endpoint {self.base_url}: api_key {key} names an environment variable that is not set")
+            return value
+        return key
+
+
+class EndpointStats(BaseModel):
+    """One endpoint's part of a run, for the summary and ``--json`` (``endpoints``)."""
+
+    base_url: str
+    requests: int = 0  # requests sent to it (attempts, retries and failovers included)
+    ok: int = 0  # answered 2xx
+    rate_limited: int = 0  # answered 429
+    errors: int = 0  # any other failure: connection, timeout, 5xx, 4xx
+    rps: float = 0.0  # 2xx answers per second, from its first request to its last answer
+    state: EndpointState = "up"
+    reason: str | None = None  # why it is out, when it is
+
+
+def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[str] | None,
+                 endpoints: Iterable[Endpoint | Mapping[str, Any]] | None) -> list[Endpoint] | None:
+    """The fleet a Judge's arguments describe, or None for the classic single endpoint.
+
+    ``base_url`` and ``api_key`` may be lists: one key for all, or one per URL in the same order.
+    """
+    if endpoints is not None:
+        if base_url:
+            raise ValueError("give base_url or endpoints, not both")
+        fleet = [e if isinstance(e, Endpoint) else Endpoint.model_validate(dict(e)) for e in endpoints]
+        if not fleet:
+            raise ValueError("endpoints: give at least one endpoint")
+        return fleet
+    urls = [base_url] if isinstance(base_url, str) else [u for u in base_url or [] if u]
+    keys = [api_key] if isinstance(api_key, str) else [k for k in api_key or [] if k]
+    if len(urls) <= 1 and len(keys) <= 1:
+        return None
+    if len(keys) > 1 and len(keys) != max(1, len(urls)):
+        raise ValueError(f"{len(keys)} API keys for {max(1, len(urls))} base URL{'s' if len(urls) > 1 else ''}: "
+                         "give one key for all endpoints or one per base URL, in the same order")
+    paired = keys if len(keys) > 1 else [keys[0] if keys else None] * len(urls)
+    return [Endpoint(base_url=u, api_key=k) for u, k in zip(urls, paired)]
+
+
+def member_id(base_url: str, api_key: str | None) -> str:
+    """Names one endpoint for shared limiters: its URL, and a digest of its key (never the key)."""
+    url = base_url.rstrip("/")
+    return f"{url}#{hashlib.sha256(api_key.encode()).hexdigest()[:8]}" if api_key else url
+
+
+def _new_client(options: Mapping[str, Any]) -> AsyncOpenAI:
+    from openai import AsyncOpenAI  # here, not at import: `import judge` does not load openai
+
+    return AsyncOpenAI(**options)
+
+
+class Member:
+    """One endpoint of a Judge at run time: its limiter, health, clients and counts."""
+
+    def __init__(self, endpoint: Endpoint, api_key: str, limiter: RequestLimiter, client_options: Mapping[str, Any]) -> None:
+        self.endpoint = endpoint
+        self.base_url = endpoint.base_url
+        self.weight = endpoint.weight
+        self.limiter = limiter
+        self.breaker = EndpointBreaker()
+        self.pending = 0  # requests routed here and not finished (waiting for a slot or in flight)
+        self.answered = False  # any reply yet: until then its capacity is a guess
+        self.latency = 0.0  # seconds per request, a moving average of its answers
+        self.stats = EndpointStats(base_url=endpoint.base_url)
+        self._first_sent: float | None = None
+        self._last_ok: float | None = None
+        self._client_options = {**client_options, "base_url": endpoint.base_url, "api_key": api_key}
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self._idle_client: AsyncOpenAI | None = None
+
+    # ---- clients: one per event loop (a connection pool belongs to the loop that opened it) ----
+
+    def client(self) -> AsyncOpenAI:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._idle_client is None:
+                self._idle_client = _new_client(self._client_options)
+            return self._idle_client
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = _new_client(self._client_options)
+        return client
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.close()
+        for other_loop in list(self._clients):
+            if other_loop.is_closed():
+                self._clients.pop(other_loop, None)
+        if self._idle_client is not None:
+            idle, self._idle_client = self._idle_client, None
+            await idle.close()
+
+    # ---- what the router reads ------------------------------------------------------------------
+
+    def capacity(self, guess: float | None) -> float:
+        """Requests per second this endpoint takes now: its limiter's rate (told or learnt) times its weight."""
+        pacer = getattr(self.limiter, "pacer", None)
+        rate = None
+        if pacer is not None and (self.answered or pacer.ceiling is not None):
+            rate = pacer.rate()
+        elif guess is not None:
+            return guess * self.weight  # not heard from yet: as fast as the others look
+        if rate is None:
+            ceiling = getattr(self.limiter, "rps", None)
+            rate = ceiling if ceiling else _UNPACED
+        return rate * self.weight
+
+    def pacing(self) -> Pacing:
+        return self.limiter.pacing()
+
+    # ---- what the sender reports ----------------------------------------------------------------
+
+    def sent(self) -> None:
+        self.stats.requests += 1
+        if self._first_sent is None:
+            self._first_sent = time.monotonic()
+
+    def replied(self, status: int, seconds: float = 0.0) -> None:
+        """A reply with an HTTP status (2xx, 429 or another error status) after ``seconds``."""
+        self.latency = seconds if not self.answered else 0.9 * self.latency + 0.1 * seconds
+        self.answered = True
+        if 200 <= status < 300:
+            self.stats.ok += 1
+            self._last_ok = time.monotonic()
+        elif status == 429:
+            self.stats.rate_limited += 1
+        else:
+            self.stats.errors += 1
+
+    def failed(self) -> None:
+        """No HTTP answer (connection refused or reset, timeout) or a malformed body."""
+        self.stats.errors += 1
+
+    def snapshot(self) -> EndpointStats:
+        stats = self.stats.model_copy()
+        if self._first_sent is not None and self._last_ok is not None and self._last_ok > self._first_sent:
+            stats.rps = round(stats.ok / (self._last_ok - self._first_sent), 3)
+        stats.state, stats.reason = self.breaker.state_now(), self.breaker.reason
+        return stats
+
+
+class Router:
+    """Picks the endpoint each request goes to; see the module docstring."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        self.members = list(members)
+
+    def pick(self, tried: Sequence[Member] = ()) -> tuple[Member, float] | None:
+        """The usable endpoint with the shortest expected wait, not among ``tried``, and that wait in
+        seconds; None when every one is out or tried. :meth:`take` commits the request to it.
+
+        An endpoint out of the fleet is offered again (one probe request) once its back-off is over.
+        """
+        now = time.monotonic()
+        heard = [m.capacity(None) for m in self.members if m.answered]
+        guess = sum(heard) / len(heard) if heard else None
+        best: Member | None = None
+        best_wait = 0.0
+        for member in self.members:
+            if member in tried or not member.breaker.usable(now):
+                continue
+            wait = (member.pending + 1) / member.capacity(guess)
+            if best is None or wait < best_wait:
+                best, best_wait = member, wait
+        if best is None:
+            return None
+        return best, best_wait
+
+    @staticmethod
+    def take(member: Member) -> bool:
+        """Commit a request to ``member``; True when it is the probe of an endpoint out of the fleet."""
+        member.pending += 1
+        return member.breaker.taken(time.monotonic())
+
+    @staticmethod
+    def horizon(member: Member) -> float:
+        """How long a request may expect to queue at an endpoint before it is better held back.
+
+        A request committed to a long queue stays there even when another endpoint frees up (or
+        turns out faster once it answers): past this, the request waits unrouted and asks again.
+        Two round trips plus a second: enough to keep every endpoint busy at its rate.
+        """
+        return _HORIZON_S + 2 * member.latency
+
+    def all_down(self) -> bool:
+        """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""
+        return all(m.breaker.down for m in self.members)
+
+    def all_broken(self) -> bool:
+        """Whether every endpoint is out and has failed ``_PROBES_TO_GIVE_UP`` probes since: an outage of
+        every endpoint for a few seconds (1 s, then 2 s of back-off), not a blip they all met at once."""
+        return all(m.breaker.down and m.breaker.failed_probes >= _PROBES_TO_GIVE_UP for m in self.members)
+
+    def next_probe_in(self) -> float:
+        """Seconds until some endpoint out of the fleet may be probed again."""
+        return min(m.breaker.backoff_left() for m in self.members)

@@ -1,0 +1,192 @@
+"""A fleet: one judge model served by several loopback fakes, with routing, failover and one cache.
+
+Shares are asserted on request counts with wide margins, never on times (throughput is measured
+in benchmarks/fleet.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from judge import Judge, JudgeCache, Limiter, load_rubric
+from judge._cache import cache_key
+from judge.testing import DownJudge, FakeProvider
+
+EN = load_rubric("semantic_equivalence_en")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rows(n: int, tag: str = "q") -> list[dict]:
+    return [{"question": f"{tag}-{i}", "references": ["x"], "prediction": "x"} for i in range(n)]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess:
+    """The real command: in this process (CliRunner, no interpreter start-up), or as ``gradekit`` in a subprocess."""
+    if process:
+        return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    result = CliRunner().invoke(app, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback would have reached the user
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def write_rows(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(n, path.stem)), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[FakeProvider, FakeProvider]]:
+    """Two unlimited fakes shared by the tests that keep both alive."""
+    with FakeProvider(latency=0.02) as a, FakeProvider(latency=0.02) as b:
+        yield a, b
+
+
+async def test_requests_follow_each_endpoints_limit() -> None:
+    # 10 and 40 req/s, both stating them in rate-limit headers: the faster one answers most rows.
+    with FakeProvider(latency=0.02, rate_limit_rps=10, rate_limit_burst=2) as slow, \
+            FakeProvider(latency=0.02, rate_limit_rps=40, rate_limit_burst=2) as fast:
+        async with Judge("fake-judge", base_url=[slow.base_url, fast.base_url], api_key="k",
+                         limiter=Limiter(concurrency=8)) as judge:
+            verdicts = await asyncio.gather(*(judge.judge(EN, row) for row in rows(90)))
+        answered = [sum(r.status == 200 for r in f.chat_requests()) for f in (slow, fast)]
+        refused = slow.rate_limited + fast.rate_limited
+    assert all(v.ok for v in verdicts)
+    assert sum(answered) == 90
+    assert answered[1] >= 2 * answered[0]  # 4x the limit: at least twice the rows
+    assert refused <= 45  # paced (with adapt=False the same run met 182 429s)
+    stats = judge.endpoints
+    assert [e.base_url for e in stats] == [slow.base_url, fast.base_url]
+    assert [e.ok for e in stats] == answered and all(e.state == "up" for e in stats)
+    assert judge.pacing().mode == "headers" and judge.pacing().rps > 20  # the fleet's rate is the sum of its endpoints'
+
+
+async def test_the_cache_key_does_not_depend_on_the_endpoint(pair, tmp_path: Path) -> None:
+    a, b = pair
+    before = [len(a.chat_requests()), len(b.chat_requests())]
+    cache = JudgeCache(tmp_path / "cache.sqlite3")
+    async with Judge("fake-judge", base_url=[a.base_url, b.base_url], api_key="k", cache=cache,
+                     limiter=Limiter(concurrency=8)) as fleet:
+        await asyncio.gather(*(fleet.judge(EN, row) for row in rows(24, "cache")))
+    sent = [len(a.chat_requests()) - before[0], len(b.chat_requests()) - before[1]]
+    assert sent[1] > 0 and sum(sent) == 24  # the second endpoint answered some rows
+    # The first endpoint alone, and the fleet in another make-up, find every reply, whoever gave it.
+    for base_url in (a.base_url, [a.base_url, "http://127.0.0.1:9/v1"]):
+        async with Judge("fake-judge", base_url=base_url, api_key="other-key", cache=cache, limiter=Limiter()) as again:
+            verdicts = [await again.judge(EN, row) for row in rows(24, "cache")]
+        assert all(v.ok and v.cached for v in verdicts)
+    assert [len(a.chat_requests()) - before[0], len(b.chat_requests()) - before[1]] == sent
+    assert fleet.base_url == a.base_url and cache_key(fleet.base_url, {"m": 1}) == cache_key(a.base_url, {"m": 1})
+    cache.close()
+
+
+def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(pair, tmp_path: Path) -> None:
+    a, b = pair
+    victim = FakeProvider(latency=0.05).start()
+
+    def kill_once_busy() -> None:
+        while len(victim.chat_requests()) < 20:  # not a timer: once it has taken its share of the run
+            threading.Event().wait(0.01)
+        victim.stop()
+
+    killer = threading.Thread(target=kill_once_busy, daemon=True)
+    killer.start()
+    try:
+        source, out = write_rows(tmp_path / "kill.jsonl", 150), tmp_path / "out.jsonl"
+        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                     "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", victim.base_url, "--no-cache", "--json",
+                     process=True)
+    finally:
+        killer.join(timeout=30)
+        victim.stop()
+    assert result.returncode == 0, result.stderr
+    written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert sorted(w["question"] for w in written) == sorted(r["question"] for r in rows(150, "kill"))  # each row once
+    assert all(w["status"] == "ok" for w in written)
+    summary = json.loads(result.stdout)
+    endpoints = summary["endpoints"]
+    assert [e["base_url"] for e in endpoints] == [a.base_url, b.base_url, victim.base_url]
+    assert set(endpoints[0]) >= {"base_url", "requests", "ok", "rate_limited", "errors", "rps", "state"}
+    assert endpoints[2]["requests"] >= 20 and endpoints[2]["state"] in ("down", "probing") and endpoints[2]["errors"] >= 1
+    assert sum(e["ok"] for e in endpoints) == 150 == summary["ok"]
+    assert endpoints[0]["state"] == endpoints[1]["state"] == "up"
+
+
+def test_every_endpoint_dead_stops_the_run_naming_each(tmp_path: Path) -> None:
+    source, out = write_rows(tmp_path / "dead.jsonl", 40), tmp_path / "out.jsonl"
+    with DownJudge() as first, DownJudge() as second:
+        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                     "--base-url", first.base_url, "--base-url", second.base_url, "--no-cache", "--json")
+    assert result.returncode == 3, result.stderr
+    assert "every endpoint" in result.stderr and first.base_url in result.stderr and second.base_url in result.stderr
+    stopped = json.loads(result.stdout)
+    assert stopped["stopped"] == "breaker" and [e["state"] for e in stopped["endpoints"]] == ["down", "down"]
+    assert first.accepted < 200 and second.accepted < 200  # stopped early, not after every row's retries
+
+
+def test_one_endpoint_reports_one_entry_and_key_counts_must_match(pair, tmp_path: Path) -> None:
+    a, _ = pair
+    source, out = write_rows(tmp_path / "one.jsonl", 3), tmp_path / "out.jsonl"
+    result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                 "--base-url", a.base_url, "--no-cache", "--json")
+    assert result.returncode == 0, result.stderr
+    (entry,) = json.loads(result.stdout)["endpoints"]
+    assert entry["base_url"] == a.base_url and entry["requests"] == entry["ok"] == 3 and entry["state"] == "up"
+    mismatch = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--base-url", a.base_url,
+                   "--base-url", a.base_url + "/", "--base-url", "http://127.0.0.1:9/v1", "--api-key", "k1", "--api-key", "k2")
+    assert mismatch.returncode == 2
+    assert "--api-key given 2 times but --base-url 3 times" in mismatch.stderr and "Traceback" not in mismatch.stderr
+
+
+def test_a_grader_file_declares_its_fleet(pair, tmp_path: Path) -> None:
+    a, b = pair
+    config = tmp_path / "fleet.yaml"
+    config.write_text(f"""type: llm
+rubric: semantic_equivalence_en
+map: {{question: prompt, references: references.answer, prediction: response}}
+judge:
+  endpoints:
+    - {{base_url: "{a.base_url}", api_key: $FLEET_KEY_A}}
+    - {{base_url: "{b.base_url}", api_key: key-b, weight: 2}}
+""", encoding="utf-8")
+    before = [len(a.chat_requests()), len(b.chat_requests())]
+    source, out = tmp_path / "yaml.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"y-{i}", "response": "x", "answer": "x"}) + "\n" for i in range(30)),
+                      encoding="utf-8")
+    result = cli("grade", str(source), "--grader", str(config), "-o", str(out), "--model", "fake-judge", "--no-cache", "--json",
+                 env={"FLEET_KEY_A": "key-a"})
+    assert result.returncode == 0, result.stderr
+    assert [e["base_url"] for e in json.loads(result.stdout)["endpoints"]] == [a.base_url, b.base_url]
+    new_a, new_b = a.chat_requests()[before[0]:], b.chat_requests()[before[1]:]
+    assert new_a and new_b and len(new_a) + len(new_b) == 30
+    assert {r.headers.get("authorization") for r in new_a} == {"Bearer key-a"}
+    assert {r.headers.get("authorization") for r in new_b} == {"Bearer key-b"}
+    both = config.read_text(encoding="utf-8").replace("judge:\n", f"judge:\n  base_url: {a.base_url}\n")
+    config.write_text(both, encoding="utf-8")
+    refused = cli("grade", str(source), "--grader", str(config), "-o", str(tmp_path / "o2.jsonl"), "--no-cache")
+    assert refused.returncode == 2 and "base_url or endpoints" in refused.stderr
+
+
+def test_endpoints_given_wrong_fail_before_any_request() -> None:
+    with pytest.raises(ValueError, match="3 API keys for 2 base URLs"):
+        Judge("m", base_url=["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], api_key=["a", "b", "c"])
+    with pytest.raises(ValueError, match="FLEET_UNSET_KEY names an environment variable that is not set"):
+        Judge("m", endpoints=[{"base_url": "http://127.0.0.1:9/v1", "api_key": "$FLEET_UNSET_KEY"}])
+    with pytest.raises(ValueError, match="weight"):
+        Judge("m", endpoints=[{"base_url": "http://127.0.0.1:9/v1", "weight": 0}])
+    single = Judge("m", base_url="http://127.0.0.1:9/v1", api_key="k", limiter=(limiter := Limiter()))
+    assert single.limiter is limiter and len(single.endpoints) == 1 and single.endpoints[0].requests == 0
