@@ -253,6 +253,11 @@ class Cascade:
         return None
 
     @property
+    def concurrency(self) -> int:
+        """Rows a run keeps in flight: every row goes to the first judge, so its cap bounds them."""
+        return _concurrency(self.judges[0])
+
+    @property
     def endpoints(self) -> list[Any]:
         """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
         return [e for j in self.judges for e in getattr(j, "endpoints", [])]
@@ -312,3 +317,9 @@ class Cascade:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _concurrency(judge: Any) -> int:
+    """A member's cap on requests in flight (a Judge's, summed over its fleet; else its limiter's)."""
+    found = getattr(judge, "concurrency", None)
+    return int(found) if found is not None else int(judge.limiter.concurrency)

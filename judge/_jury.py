@@ -156,6 +156,11 @@ class Jury:
         return None
 
     @property
+    def concurrency(self) -> int:
+        """Rows a run keeps in flight: every juror is asked each row, so the busiest juror's cap bounds them."""
+        return min(_concurrency(j) for j in self.jurors)
+
+    @property
     def endpoints(self) -> list[Any]:
         """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
         return [e for j in self.jurors for e in getattr(j, "endpoints", [])]
@@ -252,3 +257,9 @@ class Jury:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _concurrency(judge: Any) -> int:
+    """A member's cap on requests in flight (a Judge's, summed over its fleet; else its limiter's)."""
+    found = getattr(judge, "concurrency", None)
+    return int(found) if found is not None else int(judge.limiter.concurrency)

@@ -309,3 +309,24 @@ def test_meta_eval_takes_a_cascade_and_an_order_it_abstains_on_is_unreadable(fak
             assert (result.exit_code, row["accuracy"], row["errors"]) == (0, 100.0, 0)
         else:  # two samples that disagree on every order: the cascade abstains on both orders, so no pair has a verdict
             assert (result.exit_code, row["errors"], row["errors_by_kind"]) == (1, 4, {"abstained": 4})
+
+
+def test_jurors_take_one_base_url_each_in_the_model_order_and_a_count_that_fits_neither_rule_is_exit_2(tmp_path) -> None:
+    """Several --model and as many --base-url: the i-th juror asks the i-th endpoint (one --base-url: all of them)."""
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+    from judge.testing import FakeProvider
+
+    source = _write(tmp_path / "in.jsonl", [{"id": i, "question": f"q{i}?", "references": ["x"], "prediction": "x"} for i in range(4)])
+    with FakeProvider() as first, FakeProvider() as second:
+        args = ["grade", str(source), "-r", RUBRIC, "--model", "judge-a", "--model", "judge-b", "--api-key", "k", "--no-cache",
+                "-o", str(tmp_path / "out.jsonl"), "--json", "--base-url", first.base_url, "--base-url", second.base_url]
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 0, done.output
+        assert {r.body["model"] for r in first.chat_requests()} == {"judge-a"}
+        assert {r.body["model"] for r in second.chat_requests()} == {"judge-b"}
+        assert len(first.chat_requests()) == len(second.chat_requests()) == 4
+        assert sorted(e["base_url"] for e in json.loads(done.stdout)["endpoints"]) == sorted([first.base_url, second.base_url])
+        three = CliRunner().invoke(app, [*args, "--base-url", first.base_url, "--restart"])
+    assert three.exit_code == 2 and "--base-url given 3 times for a jury of 2" in " ".join(three.output.split())
