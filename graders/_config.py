@@ -327,6 +327,13 @@ class JurorSettings(BaseModel):
     api_key: str | None = None
     timeout: float | None = None
     params: dict[str, Any] | None = None  # default: the judge block's params
+    endpoints: list[Endpoint] | None = Field(None, min_length=1)  # a juror that is a fleet (not with base_url)
+
+    @model_validator(mode="after")
+    def _one_way_to_the_juror(self) -> JurorSettings:
+        if self.base_url and self.endpoints:
+            raise ValueError(f"juror {self.model}: give base_url or endpoints (a fleet), not both")
+        return self
 
     def key(self) -> str | None:
         if self.api_key is None:
@@ -376,7 +383,8 @@ class JudgeSettings(BaseModel):
         jurors = []
         for juror in self.jury:
             # Each juror paces itself (its own limiter): one slow or rate-limited provider does not hold back the others.
-            jurors.append(Judge(juror.model, base_url=juror.base_url or self.base_url, api_key=juror.key(),
+            jurors.append(Judge(juror.model, base_url=None if juror.endpoints else juror.base_url or self.base_url,
+                                endpoints=juror.endpoints, api_key=None if juror.endpoints else juror.key(),
                                 timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
                                 params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None)))
         return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)

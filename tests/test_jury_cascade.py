@@ -213,6 +213,30 @@ async def test_a_yaml_jury_with_juror_endpoints_keys_and_params_grades_like_a_ju
         load_grader({**node, "judge": {**judge, "quorum": 4}})
 
 
+async def test_a_yaml_juror_can_be_a_fleet(fake) -> None:
+    from graders import GraderConfigError, Sample, load_grader
+    from judge.testing import FakeProvider
+
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+    node = {"type": "llm", "rubric": RUBRIC, "map": {"references": "references.answer"}}
+    with FakeProvider(responder=lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"}))) as other:
+        judge = {"jury": [{"model": "a", "endpoints": [{"base_url": fake.base_url}, {"base_url": other.base_url}]},
+                          {"model": "b", "base_url": fake.base_url}]}
+        grader = load_grader({**node, "judge": judge})
+        try:
+            import asyncio
+
+            grades = await asyncio.gather(*(grader(Sample(messages=f"Capital {i}?", response="Paris", references={"answer": "Paris"}))
+                                            for i in range(12)))  # at once: a fleet spreads what is in flight
+            assert all(g.status == "ok" for g in grades)
+        finally:
+            await grader.aclose()
+        answered_a = [r for server in (fake, other) for r in server.chat_requests() if r.body["model"] == "a"]
+        assert len(answered_a) == 12 and {r.body["model"] for r in other.chat_requests()} == {"a"}
+    with pytest.raises(GraderConfigError, match="base_url or endpoints"):
+        load_grader({**node, "judge": {"jury": [{"model": "a", "base_url": "http://x/v1", "endpoints": [{"base_url": "http://y/v1"}]}]}})
+
+
 @pytest.mark.parametrize(("rule", "c_winner", "agreement"), [("tie", "tie", 2 / 3), ("first", "1", 1.0)])
 async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(fake, tmp_path, rule, c_winner, agreement) -> None:
     import re
