@@ -114,7 +114,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from judge import Judge, RubricError
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
-from judge._fleet import Endpoint
+from judge._fleet import Endpoint, key_from_env
 from judge._files import read_data_file
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
@@ -336,16 +336,7 @@ class JurorSettings(BaseModel):
         return self
 
     def key(self) -> str | None:
-        if self.api_key is None:
-            return None
-        text = self.api_key.strip()
-        if text.startswith("$"):
-            name = text[1:].strip("{}")
-            value = os.environ.get(name)
-            if not value:
-                raise ValueError(f"juror {self.model}: api_key names ${name}, which is not set")
-            return value
-        return text
+        return key_from_env(self.api_key, f"juror {self.model}")
 
 
 class JudgeSettings(BaseModel):

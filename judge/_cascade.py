@@ -31,7 +31,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._jury import Usage
+from ._jury import Usage, member_concurrency
 from ._rubric import AskMode, Rubric
 from ._verdict import Verdict
 
@@ -255,7 +255,7 @@ class Cascade:
     @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every row goes to the first judge, so its cap bounds them."""
-        return _concurrency(self.judges[0])
+        return member_concurrency(self.judges[0])
 
     @property
     def endpoints(self) -> list[Any]:
@@ -318,8 +318,3 @@ class Cascade:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-
-def _concurrency(judge: Any) -> int:
-    """A member's cap on requests in flight (a Judge's, summed over its fleet; else its limiter's)."""
-    found = getattr(judge, "concurrency", None)
-    return int(found) if found is not None else int(judge.limiter.concurrency)

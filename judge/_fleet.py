@@ -57,14 +57,20 @@ class Endpoint(BaseModel):
 
     def resolved_key(self) -> str | None:
         """The key itself: ``$NAME`` read from the environment (an unset variable is an error, not no key)."""
-        key = self.api_key
-        if key and key.startswith("$"):
-            name = key[2:-1] if key.startswith("${") and key.endswith("}") else key[1:]
-            value = os.environ.get(name)
-            if not value:
-                raise ValueError(f"endpoint {self.base_url}: api_key {key} names an environment variable that is not set")
-            return value
-        return key
+        return key_from_env(self.api_key, f"endpoint {self.base_url}")
+
+
+def key_from_env(key: str | None, owner: str) -> str | None:
+    """A configured API key: ``$NAME`` / ``${NAME}`` is read from that environment variable (keys stay out of the
+    files people share); anything else is the key itself. A named variable that is unset is an error naming ``owner``."""
+    key = key.strip() if key else key
+    if key and key.startswith("$"):
+        name = key[2:-1] if key.startswith("${") and key.endswith("}") else key[1:]
+        value = os.environ.get(name)
+        if not value:
+            raise ValueError(f"{owner}: api_key {key} names an environment variable that is not set")
+        return value
+    return key
 
 
 class EndpointStats(BaseModel):

@@ -158,7 +158,7 @@ class Jury:
     @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every juror is asked each row, so the busiest juror's cap bounds them."""
-        return min(_concurrency(j) for j in self.jurors)
+        return min(member_concurrency(j) for j in self.jurors)
 
     @property
     def endpoints(self) -> list[Any]:
@@ -259,7 +259,7 @@ class Jury:
         await self.aclose()
 
 
-def _concurrency(judge: Any) -> int:
+def member_concurrency(judge: Any) -> int:
     """A member's cap on requests in flight (a Judge's, summed over its fleet; else its limiter's)."""
     found = getattr(judge, "concurrency", None)
     return int(found) if found is not None else int(judge.limiter.concurrency)

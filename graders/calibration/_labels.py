@@ -211,7 +211,8 @@ PRIOR_LABELS = 5  # pseudo-labels behind the prior guess of each uncertainty lev
 BINS = 10
 
 
-def _float(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A finite number, or None (a bool, text, NaN or a missing value is not a score)."""
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -230,7 +231,7 @@ def uncertainty(row: Mapping[str, Any], score_range: tuple[float, float] | None 
     """
     if row.get("status") not in (None, "", "ok"):
         return None
-    score = _float(row.get("score"))
+    score = as_number(row.get("score"))
     if score is None:
         return None
     found = [0.0]
@@ -240,10 +241,10 @@ def uncertainty(row: Mapping[str, Any], score_range: tuple[float, float] | None 
     agree = row.get("agree")
     if agree is False or (isinstance(agree, str) and agree.strip().lower() in ("false", "0")):
         found.append(1.0)
-    agreement = _float(row.get("agreement"))
+    agreement = as_number(row.get("agreement"))
     if agreement is not None:
         found.append(min(1.0, max(0.0, 2 * (1 - agreement))))
-    confidence = _float(row.get("confidence"))
+    confidence = as_number(row.get("confidence"))
     if confidence is not None:
         found.append(min(1.0, max(0.0, 1 - confidence)))
     return max(found)

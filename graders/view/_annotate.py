@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..calibration._labels import LabelStore, draw_probabilities, uncertainty
+from ..calibration._labels import LabelStore, as_number, draw_probabilities, uncertainty
 from ._results import HUMAN, ResultsFile, RowFilter, ViewError
 
 API_VERSION = 1
@@ -189,16 +189,7 @@ class Annotator:
 
 
 def _score(row: Mapping[str, Any]) -> float | None:
-    if row.get("status") not in (None, "", "ok"):
-        return None
-    value = row.get("score")
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    return as_number(row.get("score")) if row.get("status") in (None, "", "ok") else None
 
 
 def _label_scores(table: Sequence[Mapping[str, Any]], kind: str) -> dict[str, float]:
