@@ -677,7 +677,9 @@ class Judge:
                     await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
                     tried = []
                     continue
-                assert last is not None
+                if last is None:  # every endpoint was skipped (taken out while this waited) and one is back: route again
+                    tried = []
+                    continue
                 raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
             member, wait = picked
             if wait > (horizon := router.horizon(member)):
