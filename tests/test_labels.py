@@ -231,3 +231,22 @@ def test_report_shows_labelled_rows_and_disagreements(graded: Path, tmp_path: Pa
     agreement = data["summary"]["agreement"]
     assert agreement["labelled"] == 6 and agreement["disagreed"] == 1
     assert [d["key"] for d in agreement["disagreements"]] == [judged[0]["id"]]
+
+
+def test_int_keys_are_written_as_the_file_holds_them(tmp_path: Path) -> None:
+    graded = tmp_path / "out.jsonl"
+    rows = [{"id": 1000 + i, "prediction": "p", "score": float(i % 2), "label": ["incorrect", "correct"][i % 2],
+             "status": "ok", "rationale": "r"} for i in range(6)]
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    store = tmp_path / "labels.jsonl"
+    store.write_text('{"id": "elsewhere", "label": "correct"}\n{"id": 1002, "label": "incorrect"}\n', encoding="utf-8")
+    proc, url = start_view(str(graded), "--annotate", "--labels", str(store), "--on", "id", "--label-values", "correct,incorrect")
+    try:
+        assert call(url + "/api/rows/4/label", {"label": "correct"})[0] == 200
+        offered = {call(url + "/api/next?strategy=random")[1]["index"] for _ in range(20)}
+        assert 2 not in offered and 4 not in offered  # labelled already (an int key in the file) or just now
+    finally:
+        proc.kill()
+        proc.wait()
+    last = json.loads(store.read_text(encoding="utf-8").splitlines()[-1])
+    assert last["id"] == 1004 and last["label"] == "correct"  # the row's id as the row has it, an int, not "1004"

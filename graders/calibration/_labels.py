@@ -143,8 +143,9 @@ class LabelStore:
                     os.close(folder)
         self._thread = threading.Lock()  # flock is per open file description: threads of one process need their own lock
 
-    def append(self, key: str, label: str | None, note: str | None = None, p: float | None = None) -> dict[str, Any]:
-        """Write one act (``label`` None: an undo) and fsync it; the stored record."""
+    def append(self, key: str | int, label: str | None, note: str | None = None, p: float | None = None) -> dict[str, Any]:
+        """Write one act (``label`` None: an undo) and fsync it; the stored record. ``key`` as the graded file holds it
+        (an int stays an int: the line's key equals the row's); the reader compares keys as text."""
         record = {self.on: key, "label": label, "note": note or None, "labeller": self.labeller,
                   "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "p": p}
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")

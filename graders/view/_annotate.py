@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..calibration._labels import LabelStore, draw_probabilities, uncertainty
+from ..calibration._labels import LabelStore, _key, draw_probabilities, uncertainty
 from ._results import HUMAN, ResultsFile, RowFilter, ViewError
 
 API_VERSION = 1
@@ -77,11 +77,14 @@ class Annotator:
         self._lock = threading.Lock()
         self._random = random.SystemRandom()
         table = results.column_values([self.on, *UNCERTAINTY_COLUMNS, "label", "winner_ab"])
-        self.keys: list[str | None] = []
+        self.keys: list[str | None] = []  # as the store reads them back (text)
+        self.written: list[Any] = []  # as the file holds them: an int key is written as an int, so the store joins as typed
         self.index_of: dict[str, int] = {}
         for row in table:
-            key = row.get(self.on)
-            key = None if key is None or (isinstance(key, float) and not math.isfinite(key)) else str(key).strip() or None
+            raw = row.get(self.on)
+            key = _key(raw)
+            self.written.append(raw if isinstance(raw, int) and not isinstance(raw, bool) else
+                                int(raw) if isinstance(raw, float) and key is not None and raw.is_integer() else key)
             if key is not None and key in self.index_of:
                 raise ViewError(f"{results.path}: key {self.on}={key!r} appears in rows {self.index_of[key]} and {row['index']}; "
                                 "--on must name a column whose values are unique")
@@ -158,7 +161,7 @@ class Annotator:
         with self._lock:
             entering = label is not None and key not in self.labelled
             p = self.offered.pop(index, None) if entering else None
-            record = self.store.append(key, label, note, p)
+            record = self.store.append(self.written[index], label, note, p)
             if label is None:
                 self.labelled.pop(key, None)
             elif entering:
