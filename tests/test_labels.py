@@ -250,3 +250,26 @@ def test_int_keys_are_written_as_the_file_holds_them(tmp_path: Path) -> None:
         proc.wait()
     last = json.loads(store.read_text(encoding="utf-8").splitlines()[-1])
     assert last["id"] == 1004 and last["label"] == "correct"  # the row's id as the row has it, an int, not "1004"
+
+
+def test_blind_hides_a_grader_rows_metrics_and_an_eval_runs_figures(tmp_path: Path) -> None:
+    graded = tmp_path / "out.jsonl"
+    name = "exact-5f1c7a52-0d0e-4c5e-9b1e-6b8f0a3e2d41"
+    rows = [{"id": f"r{i}", "item": {"answer": "Paris"}, "sample": {"output_text": "Paris"}, "score": float(i % 2),
+             "status": "ok", "parts": {name: float(i % 2)}, "metrics": {f"{name}.passed": float(i % 2), "passed": float(i % 2)}}
+            for i in range(4)]
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    proc, url = start_view(str(graded), "--annotate", "--blind", "--labels", str(tmp_path / "l.jsonl"), "--on", "id",
+                           "--label-values", "good,bad")
+    try:
+        page = call(url + "/api/rows")[1]
+        assert all(not {"metrics", "parts", "score"} & set(row) for row in page["rows"])
+        summary = call(url + "/api/summary")[1]
+        assert summary["result_counts"] is None and summary["per_testing_criteria_results"] is None
+        assert "metrics" not in summary["columns"]
+        assert call(url + "/api/rows?q=passed")[1]["rows"] == []  # nor found by searching what is hidden
+        assert call(url + "/api/rows/1/label", {"label": "good"})[0] == 200
+        assert call(url + "/api/rows/1")[1]["metrics"]["passed"] == 1.0  # labelled: shown
+    finally:
+        proc.kill()
+        proc.wait()

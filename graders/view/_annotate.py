@@ -44,7 +44,7 @@ JUDGE_COLUMNS = frozenset({
     "score", "label", "error", "rationale", "reasoning", "raw_reply", "raw_reply_ab", "raw_reply_ba", "attempts",
     "winner", "decided_by", "agree", "orders_read", "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba",
     "rationale_ab", "rationale_ba", "reasoning_ab", "reasoning_ba", "jurors", "agreement", "confidence", "parts", "verdicts",
-    "stage", "stages", "escalated",
+    "stage", "stages", "escalated", "metrics",  # a --grader row's metrics: each part's score, an eval's "<criterion>.passed"
 })
 UNCERTAINTY_COLUMNS = ("score", "status", "agree", "agreement", "confidence")
 
@@ -238,6 +238,7 @@ def check_blind_filter(annotator: Annotator | None, f: RowFilter) -> None:
 def blind_summary(annotator: Annotator, summary: dict[str, Any]) -> dict[str, Any]:
     """The summary with every judge-derived figure taken out."""
     return {**summary, "labels": {}, "score": None, "parts": {}, "pairwise": None, "agreement": None,
+            "result_counts": None, "per_testing_criteria_results": None,
             "columns": [c for c in summary.get("columns", []) if c not in annotator.hidden], "blind": True}
 
 
