@@ -273,3 +273,20 @@ def test_blind_hides_a_grader_rows_metrics_and_an_eval_runs_figures(tmp_path: Pa
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_store_lines_without_a_usable_label_are_named_and_skipped(graded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"id": "q001", "label": "correct"}\n{"id": "q002"}\n{"id": "q003", "label": {"x": 1}}\n'
+                    '{"id": "q004", "score": 0.5}\n{"id": "q005", "label": true}\n', encoding="utf-8")
+    state = read_labels(path, "id")
+    assert [r["id"] for r in state.records] == ["q001", "q004"]  # a label, a human score
+    assert [w.split(": ", 1)[1] for w in state.warnings] == [
+        "neither a label nor a numeric score, ignored", "label {'x': 1} is not a text or a number, ignored",
+        "label True is not a text or a number, ignored"]
+    proc, url = start_view(str(graded), "--annotate", "--labels", str(path), "--on", "id")  # the values come from the file
+    try:
+        assert call(url + "/api/labels")[1]["values"] == ["correct"]
+    finally:
+        proc.kill()
+        proc.wait()
