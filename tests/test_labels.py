@@ -275,18 +275,16 @@ def test_blind_hides_a_grader_rows_metrics_and_an_eval_runs_figures(tmp_path: Pa
         proc.wait()
 
 
-def test_store_lines_without_a_usable_label_are_named_and_skipped(graded: Path, tmp_path: Path) -> None:
+def test_store_lines_without_a_usable_label_leave_their_rows_unlabelled(graded: Path, tmp_path: Path) -> None:
     path = tmp_path / "labels.jsonl"
     path.write_text('{"id": "q001", "label": "correct"}\n{"id": "q002"}\n{"id": "q003", "label": {"x": 1}}\n'
-                    '{"id": "q004", "score": 0.5}\n{"id": "q005", "label": true}\n', encoding="utf-8")
-    state = read_labels(path, "id")
-    assert [r["id"] for r in state.records] == ["q001", "q004"]  # a label, a human score
-    assert [w.split(": ", 1)[1] for w in state.warnings] == [
-        "neither a label nor a numeric score, ignored", "label {'x': 1} is not a text or a number, ignored",
-        "label True is not a text or a number, ignored"]
+                    '{"id": "q005", "label": true}\n', encoding="utf-8")
     proc, url = start_view(str(graded), "--annotate", "--labels", str(path), "--on", "id")  # the values come from the file
     try:
-        assert call(url + "/api/labels")[1]["values"] == ["correct"]
+        progress = call(url + "/api/labels")[1]
+        assert progress["values"] == ["correct"] and progress["labelled"] == 1
+        assert sum("neither a text nor a number" in w for w in progress["warnings"]) == 3
+        assert [call(url + f"/api/rows/{i}")[1]["labelled"] for i in (1, 2, 3, 5)] == [True, False, False, False]
     finally:
         proc.kill()
         proc.wait()

@@ -104,17 +104,11 @@ def read_labels(path: str | Path, on: str) -> LabelState:
             warnings.append(f"{path} line {number}: no {on!r} key, ignored")
             keyless += 1
             continue
+        acts += 1
         label = act.get("label")
         if "label" in act and act.get("score") is None and (label is None or (isinstance(label, str) and not label.strip())):
-            acts += 1
             labelled.pop(key, None)  # an undo: the row is unlabelled again (and re-enters later with its own p)
             continue
-        if isinstance(label, bool) or not isinstance(label, (str, int, float, type(None))) or (
-                label is None and _float(act.get("score")) is None):
-            warnings.append(f"{path} line {number}: " + (f"label {label!r} is not a text or a number" if label is not None
-                                                        else "neither a label nor a numeric score") + ", ignored")
-            continue
-        acts += 1
         if key in labelled:
             labelled[key] = {**act, on: key, "p": labelled[key].get("p")}
         else:

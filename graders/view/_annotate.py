@@ -102,7 +102,11 @@ class Annotator:
         self.warnings = list(state.warnings)
         self.labelled: dict[str, dict[str, Any]] = {}  # key -> effective record, entry order
         for record in state.records:
-            self.labelled[str(record[self.on])] = record
+            if usable_label(record):
+                self.labelled[str(record[self.on])] = record
+            else:  # e.g. a line with the key only, or a label that is an object: the row stays to be labelled
+                self.warnings.append(f"{store.path}: {self.on}={record[self.on]}: label {record.get('label')!r} is neither "
+                                     "a text nor a number, ignored (the row counts as unlabelled)")
         self.offered: dict[int, float] = {}
         if scores and not set(self.values) & set(scores):
             self.warnings.append(f"no label value ({', '.join(self.values)}) is one of the judge's ({', '.join(scores)}): "
@@ -189,6 +193,15 @@ class Annotator:
             except PPIError as e:
                 out["ppi_error"] = str(e)
         return out
+
+
+def usable_label(record: Mapping[str, Any]) -> bool:
+    """A store record the viewer counts as labelled: a label that is text or a number, or a numeric human score."""
+    label = record.get("label")
+    if isinstance(label, (str, int, float)) and not isinstance(label, bool) and str(label).strip():
+        return True
+    score = record.get("score")
+    return label is None and isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
 
 
 def _score(row: Mapping[str, Any]) -> float | None:
