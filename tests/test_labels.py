@@ -243,6 +243,9 @@ def test_int_keys_are_written_as_the_file_holds_them(tmp_path: Path) -> None:
     proc, url = start_view(str(graded), "--annotate", "--labels", str(store), "--on", "id", "--label-values", "correct,incorrect")
     try:
         assert call(url + "/api/rows/4/label", {"label": "correct"})[0] == 200
+        status, body = call(url + "/api/rows/5/label", raw=b'{"label": "correct", "note": "\\ud800"}',
+                            headers={"Content-Type": "application/json"})
+        assert status == 400 and "surrogate" in body["error"]  # valid JSON, no UTF-8: a named error, not a 500
         offered = {call(url + "/api/next?strategy=random")[1]["index"] for _ in range(20)}
         assert 2 not in offered and 4 not in offered  # labelled already (an int key in the file) or just now
     finally:

@@ -300,6 +300,10 @@ def annotate_routes(annotator: Annotator, row_of: Any) -> list[Route]:
                 return _error(f"label {payload['label']!r} is not one of {', '.join(annotator.values)}", 400)
         if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
             return _error(f"note must be text of at most {MAX_NOTE} characters", 400)
+        try:  # a lone surrogate ("\ud800") is valid JSON but no UTF-8: it could not be stored
+            (note or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            return _error(f"note: character {e.start} is a lone surrogate, not text that UTF-8 can store", 400)
         found = row_of(request)
         if isinstance(found, Response):
             return found
