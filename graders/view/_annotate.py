@@ -83,8 +83,8 @@ class Annotator:
         for row in table:
             raw = row.get(self.on)
             key = _key(raw)
-            self.written.append(raw if isinstance(raw, int) and not isinstance(raw, bool) else
-                                int(raw) if isinstance(raw, float) and key is not None and raw.is_integer() else key)
+            number = isinstance(raw, (int, float)) and not isinstance(raw, bool) and key is not None
+            self.written.append((int(raw) if isinstance(raw, float) and raw.is_integer() else raw) if number else key)
             if key is not None and key in self.index_of:
                 raise ViewError(f"{results.path}: key {self.on}={key!r} appears in rows {self.index_of[key]} and {row['index']}; "
                                 "--on must name a column whose values are unique")
