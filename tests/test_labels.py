@@ -281,13 +281,15 @@ def test_blind_hides_a_grader_rows_metrics_and_an_eval_runs_figures(tmp_path: Pa
 def test_store_lines_without_a_usable_label_leave_their_rows_unlabelled(graded: Path, tmp_path: Path) -> None:
     path = tmp_path / "labels.jsonl"
     path.write_text('{"id": "q001", "label": "correct"}\n{"id": "q002"}\n{"id": "q003", "label": {"x": 1}}\n'
-                    '{"id": "q005", "label": true}\n', encoding="utf-8")
+                    '{"id": "q005", "label": true}\n{"id": "q006", "label": "correct", "note": "\\ud800"}\n', encoding="utf-8")
+    assert "lone surrogate" in read_labels(path, "id").warnings[-1]  # no text: skipped, never a 500 of every answer
     proc, url = start_view(str(graded), "--annotate", "--labels", str(path), "--on", "id")  # the values come from the file
     try:
         progress = call(url + "/api/labels")[1]
         assert progress["values"] == ["correct"] and progress["labelled"] == 1
         assert sum("neither a text nor a number" in w for w in progress["warnings"]) == 3
-        assert [call(url + f"/api/rows/{i}")[1]["labelled"] for i in (1, 2, 3, 5)] == [True, False, False, False]
+        assert [call(url + f"/api/rows/{i}")[1]["labelled"] for i in (1, 2, 3, 5, 6)] == [True, False, False, False, False]
+        assert call(url + "/api/rows?limit=10")[0] == 200
     finally:
         proc.kill()
         proc.wait()

@@ -23,6 +23,7 @@ import getpass
 import json
 import math
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -64,6 +65,9 @@ def _key(value: Any) -> str | None:
     return text or None
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _refuse_link(path: Path) -> None:
     if path.is_symlink():
         raise LabelsError(f"{path} is a symlink; give the labels file's own path (writing through a link would change "
@@ -99,6 +103,12 @@ def read_labels(path: str | Path, on: str) -> LabelState:
             warnings.append(f"{path} line {number}: " + ("a torn last line (a writer was killed mid-line), ignored" if last
                                                         else "not a JSON object (a torn line of a killed writer?), ignored"))
             continue
+        if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+            try:
+                json.dumps(act, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:  # "\ud800" alone: valid JSON, no text; every answer holding it would fail
+                warnings.append(f"{path} line {number}: a lone surrogate escape (half a UTF-16 pair), not text; ignored")
+                continue
         key = _key(act.get(on))
         if key is None:
             warnings.append(f"{path} line {number}: no {on!r} key, ignored")
