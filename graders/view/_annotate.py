@@ -174,15 +174,21 @@ class Annotator:
                 self.labelled[key] = {**record, "p": self.labelled[key].get("p")}
             return record
 
+    def labelled_count(self) -> int:
+        with self._lock:
+            return sum(1 for k in self.labelled if k in self.index_of)
+
     def progress(self) -> dict[str, Any]:
         total = sum(1 for k in self.keys if k is not None)
-        labelled = sum(1 for k in self.labelled if k in self.index_of)
+        with self._lock:  # a snapshot: a label posted meanwhile (another thread) must not change the dict mid-iteration
+            snapshot = dict(self.labelled)
+        labelled = sum(1 for k in snapshot if k in self.index_of)
         out: dict[str, Any] = {"labelled": labelled, "total": total, "values": self.values, "on": self.on,
                                "blind": self.blind, "labeller": self.store.labeller, "file": str(self.store.path),
                                "warnings": self.warnings, "ppi": None, "ppi_error": None}
         graded = [{self.on: k, "score": f, "status": "ok" if f is not None else "error"}
                   for k, f in zip(self.keys, self.f) if k is not None]
-        records = [r for r in self.labelled.values() if str(r[self.on]) in self.index_of]
+        records = [r for r in snapshot.values() if str(r[self.on]) in self.index_of]
         if len(records) >= 2:
             from ..calibration._ppi import PPIError, ppi_rows
 
@@ -315,8 +321,7 @@ def annotate_routes(annotator: Annotator, row_of: Any) -> list[Route]:
             return _error(str(e), 400)
         except OSError as e:
             return _error(f"could not write {annotator.store.path}: {e.strerror or e}", 500)
-        return _json({"index": found["index"], "record": record, "labelled": sum(1 for k in annotator.labelled
-                                                                                   if k in annotator.index_of)})
+        return _json({"index": found["index"], "record": record, "labelled": annotator.labelled_count()})
 
     def next_row(request: Request) -> Response:
         why = _same_origin(request)  # a draw records an offer (its p goes into the store): no other site may make one
