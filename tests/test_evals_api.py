@@ -370,3 +370,20 @@ def test_validate_takes_a_multi_criterion_with_a_map_of_graders(tmp_path) -> Non
     assert refused.exit_code == 2
     problems = [p for p in json.loads(refused.stdout)["problems"] if p.startswith("openai SDK: ")]
     assert problems and all(p.startswith("openai SDK: testing_criteria.0.graders.b.evaluation_metric") for p in problems)
+
+
+def test_a_multi_criterion_passes_at_its_pass_threshold(tmp_path) -> None:
+    """As the docs have it (text_similarity, python, multi pass at pass_threshold): a multi's threshold is the eval's,
+    not a field of the multi grader (which has none), so the eval builds."""
+    multi = {"type": "multi", "name": "half", "calculate_output": "0.5 * a + 0.5 * b", "pass_threshold": 0.5, "graders": {
+        "a": {"type": "string_check", "name": "a", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}", "operation": "eq"},
+        "b": {"type": "string_check", "name": "b", "input": "{{ sample.output_text }}", "reference": "{{ item.other }}", "operation": "eq"}}}
+    (tmp_path / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [multi]}))
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"item": {"answer": "Paris", "other": o}, "sample": {"output_text": a}}) + "\n"
+                                                  for a, o in (("Paris", "x"), ("Rome", "x"), ("Paris", "Paris"))))
+    result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(tmp_path / "eval.json"), "-o",
+                                 str(tmp_path / "out.jsonl"), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["result_counts"] == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
+    assert [p["passed"] for p in report["per_testing_criteria_results"]] == [2]
