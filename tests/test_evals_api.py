@@ -387,3 +387,17 @@ def test_a_multi_criterion_passes_at_its_pass_threshold(tmp_path) -> None:
     report = json.loads(result.stdout)
     assert report["result_counts"] == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
     assert [p["passed"] for p in report["per_testing_criteria_results"]] == [2]
+
+
+def test_item_paths_go_into_nested_objects_and_lists_as_sample_paths_do(tmp_path) -> None:
+    check = {"name": "p", "data_source_config": {"type": "custom", "item_schema": {}}, "testing_criteria": [
+        {"type": "string_check", "name": "deep", "input": "{{ sample.choices.0.message.content }}",
+         "reference": "{{ item.answers.1.text }}", "operation": "eq"}]}
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(check))
+    rows = [{"item": {"answers": [{"text": "Rome"}, {"text": "Paris"}]},
+             "sample": {"choices": [{"message": {"role": "assistant", "content": c}}]}} for c in ("Paris", "Rome")]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 1, "failed": 1, "errored": 0}
