@@ -625,7 +625,10 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
         if any(name == known for known, _, _ in criteria):
             raise GraderConfigError(f"{where}: testing_criteria.{index}: a second criterion named {name!r}")
         node = criterion_node(criterion)
-        criteria.append((name, node, builder.node(node, f"testing_criteria.{index}", str(criterion.get("name") or name))))
+        # A multi's pass_threshold decides its pass/fail in the eval (graders._evals.passes); the multi grader itself
+        # (OpenAI's MultiGrader) has no such field: build it without.
+        built = {k: v for k, v in node.items() if k != "pass_threshold"} if node.get("type") == "multi" else node
+        criteria.append((name, node, builder.node(built, f"testing_criteria.{index}", str(criterion.get("name") or name))))
     return EvalGrader(criteria, definition.name or "eval")
 
 

@@ -212,5 +212,24 @@ def sdk_problems(data: Mapping[str, Any]) -> list[str]:
         if kind is None:
             problems.append(f"{where}.type: one of {', '.join(kinds)}")
             continue
-        check(kind, criterion_node(criterion), where)
+        node = criterion_node(criterion)
+        members = node.get("graders")
+        if kind is MultiGraderParam and isinstance(members, Mapping) and members and "type" not in members:
+            # The SDK types ``graders`` as one grader; the API takes a map of them (name -> grader): the multi's own
+            # fields with a stand-in member, then each member against its own type.
+            from openai.types import graders as g
+
+            member_kinds = {"string_check": g.StringCheckGraderParam, "text_similarity": g.TextSimilarityGraderParam,
+                            "python": g.PythonGraderParam, "score_model": g.ScoreModelGraderParam,
+                            "label_model": g.LabelModelGraderParam}
+            stand_in = {"type": "string_check", "name": "x", "input": "", "reference": "", "operation": "eq"}
+            check(kind, {**node, "graders": stand_in}, where)
+            for name, member in members.items():
+                member_kind = member_kinds.get(member.get("type")) if isinstance(member, Mapping) else None
+                if member_kind is None:
+                    problems.append(f"{where}.graders.{name}.type: one of {', '.join(member_kinds)}")
+                else:
+                    check(member_kind, member, f"{where}.graders.{name}")
+            continue
+        check(kind, node, where)
     return problems

@@ -277,6 +277,8 @@ def local_media(value: str, root: Path | None) -> str:
 
 def _message_parts(content: Any, sample: Sample, root: Path | None, media: list[Any]) -> str:
     """A message's text with its placeholders filled; its images and clips go to ``media``, marked in the text by position."""
+    if isinstance(content, Mapping):  # one part on its own (the SDK: "either as a single item or an array of items")
+        content = [content]
     if not isinstance(content, list):
         return fill_placeholders(str(content or ""), sample)
     pieces = []

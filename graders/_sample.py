@@ -302,7 +302,7 @@ def resolve_path(sample: Sample, path: str) -> Any:
 
     Paths: ``prompt`` (last user message), ``response`` (final answer text), ``system_instruction``,
     ``references.<key>`` (also ``item.<key>``, OpenAI's name), ``metadata.<key>``,
-    ``sample.output_text``. Dots go into nested dicts.
+    ``sample.output_text``. Dots go into nested dicts and, by position, lists (``item.choices.0``).
     """
     head, _, rest = path.partition(".")
     if path in ("prompt", "question"):
@@ -324,10 +324,13 @@ def resolve_path(sample: Sample, path: str) -> Any:
     if head in ("references", "item", "metadata") and rest:
         value: Any = sample.metadata if head == "metadata" else sample.references
         for key in rest.split("."):
-            if not isinstance(value, Mapping) or key not in value:
+            if isinstance(value, list) and key.isdigit() and int(key) < len(value):  # as the sample namespace: item.list.0
+                value = value[int(key)]
+            elif isinstance(value, Mapping) and key in value:
+                value = value[key]
+            else:
                 where = "metadata" if head == "metadata" else "references"
                 raise PlaceholderError(f"{path!r}: the sample has no {where} key {rest!r}")
-            value = value[key]
         return value
     raise PlaceholderError(
         f"unknown placeholder {path!r}; use prompt, response, system_instruction, references.<key> or metadata.<key>"

@@ -330,3 +330,74 @@ def test_score_model_reads_a_reply_that_missed_the_schema_but_gives_one_number()
     assert grades["two"].status == "error"
     schema = sent[0].body["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["result"] == {"type": "number", "minimum": 1.0, "maximum": 7.0}
+
+
+def test_a_content_that_is_one_image_part_on_its_own_is_sent_as_a_part_and_checked(tmp_path) -> None:
+    """The SDK's label_model content is "either as a single item or an array of items": one input_image object."""
+    (tmp_path / "secret.png").write_bytes(PNG)
+    inside = tmp_path / "run"
+    inside.mkdir()
+    write_images(inside)
+    criterion = {**EVAL["testing_criteria"][3], "input": [
+        {"role": "user", "content": {"type": "input_image", "image_url": "{{ item.image }}"}},
+        {"role": "user", "content": "Question {{ item.n }}: {{ sample.output_text }}"}]}
+    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": "../secret.png"}}]
+    (inside / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [criterion]}))
+    (inside / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with FakeProvider(responder=responder) as fake:
+        result = runner.invoke(app, ["grade", str(inside / "items.jsonl"), "--grader", str(inside / "eval.json"), "-o",
+                                     str(inside / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache"])
+        sent = fake.chat_requests()
+    assert result.exit_code == 1, result.output
+    out = [json.loads(line) for line in (inside / "out.jsonl").read_text().splitlines()]
+    assert out[1]["status"] == "invalid" and "outside the input's folder" in out[1]["error"]
+    assert len(sent) == 1
+    parts = sent[0].body["messages"][-1]["content"]
+    assert parts[-1] == {"type": "image_url", "image_url": {"url": image_sent(0)}} and "input_image" not in json.dumps(parts)
+
+
+def test_validate_takes_a_multi_criterion_with_a_map_of_graders(tmp_path) -> None:
+    """The API takes `graders` as a map (name -> grader) where the SDK types one grader: each member is checked alone."""
+    multi = {"type": "multi", "name": "both", "calculate_output": "0.5 * a + 0.5 * b", "graders": {
+        "a": EVAL["testing_criteria"][0], "b": {**EVAL["testing_criteria"][1], "evaluation_metric": "bleu"}}}
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({**EVAL, "testing_criteria": [multi]}))
+    ok = runner.invoke(app, ["validate", str(path), "--json"])
+    assert ok.exit_code == 0, ok.output
+    multi["graders"]["b"]["evaluation_metric"] = "nope"
+    path.write_text(json.dumps({**EVAL, "testing_criteria": [multi]}))
+    refused = runner.invoke(app, ["validate", str(path), "--json"])
+    assert refused.exit_code == 2
+    problems = [p for p in json.loads(refused.stdout)["problems"] if p.startswith("openai SDK: ")]
+    assert problems and all(p.startswith("openai SDK: testing_criteria.0.graders.b.evaluation_metric") for p in problems)
+
+
+def test_a_multi_criterion_passes_at_its_pass_threshold(tmp_path) -> None:
+    """As the docs have it (text_similarity, python, multi pass at pass_threshold): a multi's threshold is the eval's,
+    not a field of the multi grader (which has none), so the eval builds."""
+    multi = {"type": "multi", "name": "half", "calculate_output": "0.5 * a + 0.5 * b", "pass_threshold": 0.5, "graders": {
+        "a": {"type": "string_check", "name": "a", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}", "operation": "eq"},
+        "b": {"type": "string_check", "name": "b", "input": "{{ sample.output_text }}", "reference": "{{ item.other }}", "operation": "eq"}}}
+    (tmp_path / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [multi]}))
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"item": {"answer": "Paris", "other": o}, "sample": {"output_text": a}}) + "\n"
+                                                  for a, o in (("Paris", "x"), ("Rome", "x"), ("Paris", "Paris"))))
+    result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(tmp_path / "eval.json"), "-o",
+                                 str(tmp_path / "out.jsonl"), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["result_counts"] == {"total": 3, "passed": 2, "failed": 1, "errored": 0}
+    assert [p["passed"] for p in report["per_testing_criteria_results"]] == [2]
+
+
+def test_item_paths_go_into_nested_objects_and_lists_as_sample_paths_do(tmp_path) -> None:
+    check = {"name": "p", "data_source_config": {"type": "custom", "item_schema": {}}, "testing_criteria": [
+        {"type": "string_check", "name": "deep", "input": "{{ sample.choices.0.message.content }}",
+         "reference": "{{ item.answers.1.text }}", "operation": "eq"}]}
+    definition, data, out = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps(check))
+    rows = [{"item": {"answers": [{"text": "Rome"}, {"text": "Paris"}]},
+             "sample": {"choices": [{"message": {"role": "assistant", "content": c}}]}} for c in ("Paris", "Rome")]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = runner.invoke(app, ["grade", str(data), "--grader", str(definition), "-o", str(out), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 1, "failed": 1, "errored": 0}

@@ -327,3 +327,25 @@ def test_bedrock_lambda_forwards_an_llm_grader_to_gradekit_serve(tmp_path: Path)
             assert failed.returncode != 0 and "HTTP 502" in failed.stderr and "sample 0 (id 's-0')" in failed.stderr
         finally:
             server.stop()
+
+
+def test_a_lone_surrogate_in_a_body_is_a_400_not_a_500() -> None:
+    """"\\ud800" is valid JSON but no text: every route refuses it as a bad body (a 500 is retried by Foundry, then the
+    rollout discarded); a surrogate pair, one character, is graded."""
+    grader = load_grader({"type": "string_check", "name": "same", "input": "{{ sample.output_text }}",
+                          "reference": "{{ item.answer }}", "operation": "eq"})
+    server = RewardServer(create_app(grader), port=0, log_level="warning").start()
+    try:
+        def raw(body: bytes) -> tuple[int, Any]:
+            request = urllib.request.Request(server.url + "/grade", data=body, method="POST", headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        status, body = raw(b'{"sample": {"output_text": "\\ud800 Paris"}, "item": {"answer": "Paris"}}')
+        assert status == 400 and "lone surrogate" in body["detail"]
+        assert raw(b'{"sample": {"output_text": "\\ud83d\\ude00"}, "item": {"answer": "\\ud83d\\ude00"}}') == (200, {"score": 1.0})
+    finally:
+        server.stop()

@@ -231,3 +231,65 @@ def test_report_shows_labelled_rows_and_disagreements(graded: Path, tmp_path: Pa
     agreement = data["summary"]["agreement"]
     assert agreement["labelled"] == 6 and agreement["disagreed"] == 1
     assert [d["key"] for d in agreement["disagreements"]] == [judged[0]["id"]]
+
+
+def test_int_keys_are_written_as_the_file_holds_them(tmp_path: Path) -> None:
+    graded = tmp_path / "out.jsonl"
+    rows = [{"id": 1000 + i, "prediction": "p", "score": float(i % 2), "label": ["incorrect", "correct"][i % 2],
+             "status": "ok", "rationale": "r"} for i in range(6)]
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    store = tmp_path / "labels.jsonl"
+    store.write_text('{"id": "elsewhere", "label": "correct"}\n{"id": 1002, "label": "incorrect"}\n', encoding="utf-8")
+    proc, url = start_view(str(graded), "--annotate", "--labels", str(store), "--on", "id", "--label-values", "correct,incorrect")
+    try:
+        assert call(url + "/api/rows/4/label", {"label": "correct"})[0] == 200
+        status, body = call(url + "/api/rows/5/label", raw=b'{"label": "correct", "note": "\\ud800"}',
+                            headers={"Content-Type": "application/json"})
+        assert status == 400 and "surrogate" in body["error"]  # valid JSON, no UTF-8: a named error, not a 500
+        offered = {call(url + "/api/next?strategy=random")[1]["index"] for _ in range(20)}
+        assert 2 not in offered and 4 not in offered  # labelled already (an int key in the file) or just now
+    finally:
+        proc.kill()
+        proc.wait()
+    last = json.loads(store.read_text(encoding="utf-8").splitlines()[-1])
+    assert last["id"] == 1004 and last["label"] == "correct"  # the row's id as the row has it, an int, not "1004"
+
+
+def test_blind_hides_a_grader_rows_metrics_and_an_eval_runs_figures(tmp_path: Path) -> None:
+    graded = tmp_path / "out.jsonl"
+    name = "exact-5f1c7a52-0d0e-4c5e-9b1e-6b8f0a3e2d41"
+    rows = [{"id": f"r{i}", "item": {"answer": "Paris"}, "sample": {"output_text": "Paris"}, "score": float(i % 2),
+             "status": "ok", "parts": {name: float(i % 2)}, "metrics": {f"{name}.passed": float(i % 2), "passed": float(i % 2)}}
+            for i in range(4)]
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    proc, url = start_view(str(graded), "--annotate", "--blind", "--labels", str(tmp_path / "l.jsonl"), "--on", "id",
+                           "--label-values", "good,bad")
+    try:
+        page = call(url + "/api/rows")[1]
+        assert all(not {"metrics", "parts", "score"} & set(row) for row in page["rows"])
+        summary = call(url + "/api/summary")[1]
+        assert summary["result_counts"] is None and summary["per_testing_criteria_results"] is None
+        assert "metrics" not in summary["columns"]
+        assert call(url + "/api/rows?q=passed")[1]["rows"] == []  # nor found by searching what is hidden
+        assert call(url + "/api/rows/1/label", {"label": "good"})[0] == 200
+        assert call(url + "/api/rows/1")[1]["metrics"]["passed"] == 1.0  # labelled: shown
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_store_lines_without_a_usable_label_leave_their_rows_unlabelled(graded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"id": "q001", "label": "correct"}\n{"id": "q002"}\n{"id": "q003", "label": {"x": 1}}\n'
+                    '{"id": "q005", "label": true}\n{"id": "q006", "label": "correct", "note": "\\ud800"}\n', encoding="utf-8")
+    assert "lone surrogate" in read_labels(path, "id").warnings[-1]  # no text: skipped, never a 500 of every answer
+    proc, url = start_view(str(graded), "--annotate", "--labels", str(path), "--on", "id")  # the values come from the file
+    try:
+        progress = call(url + "/api/labels")[1]
+        assert progress["values"] == ["correct"] and progress["labelled"] == 1
+        assert sum("neither a text nor a number" in w for w in progress["warnings"]) == 3
+        assert [call(url + f"/api/rows/{i}")[1]["labelled"] for i in (1, 2, 3, 5, 6)] == [True, False, False, False, False]
+        assert call(url + "/api/rows?limit=10")[0] == 200
+    finally:
+        proc.kill()
+        proc.wait()

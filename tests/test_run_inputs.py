@@ -125,6 +125,21 @@ def test_json_nested_deeper_than_the_recursion_limit_is_that_rows_error(tmp_path
     _check_error_rows(output, 4, {2: "nested deeper"})
 
 
+def test_a_lone_surrogate_escape_in_a_jsonl_row_is_that_rows_error(tmp_path) -> None:
+    """"\\ud800" is valid JSON but no text: that row is an error (it crashed the run at the output's write); a pair is graded."""
+    rows = [dict(zip(HEADER, _row(i))) for i in range(3)]
+    lines = [json.dumps(r) for r in rows]
+    lines[1] = lines[1].replace('"answer 1"}', '"answer \\ud800"}', 1).replace('"prediction": "answer 1"', '"prediction": "x\\ud800"')
+    lines[2] = lines[2].replace('"question 2?"', '"question \\ud83d\\ude00?"')
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(fake, tmp_path, source, output)
+        assert len(fake.chat_requests()) == 2
+    assert result.exit_code == 1, result.output
+    _check_error_rows(output, 3, {2: "surrogate"})
+
+
 def test_a_corrupt_parquet_data_page_fails_only_its_row_groups_rows(tmp_path) -> None:
     source, output = tmp_path / "in.parquet", tmp_path / "out.jsonl"
     table = pa.Table.from_pylist([dict(zip(HEADER, _row(i))) for i in range(30)])

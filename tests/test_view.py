@@ -663,3 +663,30 @@ def test_an_eval_run_shows_its_result_counts_and_per_criterion_figures(tmp_path:
         assert summarise(results)["result_counts"] is None
     finally:
         results.close()
+
+
+def test_an_eval_run_whose_criteria_have_their_own_ids_shows_its_figures(tmp_path: Path) -> None:
+    """A retrieved eval's criteria keep their `id` whatever it looks like: the summary still finds them."""
+    from graders.view import ResultsFile, summarise
+
+    criteria = [{"id": "exact_1", "type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
+                 "reference": "{{ item.answer }}", "operation": "eq"},
+                {"id": "close.2", "type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}",
+                 "reference": "{{ item.answer }}", "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8}]
+    definition, source, output = tmp_path / "eval.json", tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    definition.write_text(json.dumps({"object": "eval", "id": "eval_1", "name": "v", "created_at": 1, "metadata": {},
+                                      "data_source_config": {"type": "custom", "schema": {}}, "testing_criteria": criteria}))
+    source.write_text("".join(json.dumps({"item": {"answer": "Paris"}, "sample": {"output_text": a}}) + "\n"
+                              for a in ("Paris", "paris", "Rome")), encoding="utf-8")
+    result = runner.invoke(app, ["grade", str(source), "--grader", str(definition), "-o", str(output), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    reported = json.loads(result.stdout)
+    assert reported["per_testing_criteria_results"] == [{"testing_criteria": "exact_1", "passed": 1, "failed": 2},
+                                                         {"testing_criteria": "close.2", "passed": 2, "failed": 1}]
+    results = ResultsFile(output, background=False)
+    try:
+        summary = summarise(results)
+    finally:
+        results.close()
+    assert summary["result_counts"] == reported["result_counts"] == {"total": 3, "passed": 1, "failed": 2, "errored": 0}
+    assert summary["per_testing_criteria_results"] == reported["per_testing_criteria_results"]

@@ -23,6 +23,7 @@ import getpass
 import json
 import math
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -64,6 +65,9 @@ def _key(value: Any) -> str | None:
     return text or None
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _refuse_link(path: Path) -> None:
     if path.is_symlink():
         raise LabelsError(f"{path} is a symlink; give the labels file's own path (writing through a link would change "
@@ -99,6 +103,12 @@ def read_labels(path: str | Path, on: str) -> LabelState:
             warnings.append(f"{path} line {number}: " + ("a torn last line (a writer was killed mid-line), ignored" if last
                                                         else "not a JSON object (a torn line of a killed writer?), ignored"))
             continue
+        if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+            try:
+                json.dumps(act, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:  # "\ud800" alone: valid JSON, no text; every answer holding it would fail
+                warnings.append(f"{path} line {number}: a lone surrogate escape (half a UTF-16 pair), not text; ignored")
+                continue
         key = _key(act.get(on))
         if key is None:
             warnings.append(f"{path} line {number}: no {on!r} key, ignored")
@@ -143,8 +153,9 @@ class LabelStore:
                     os.close(folder)
         self._thread = threading.Lock()  # flock is per open file description: threads of one process need their own lock
 
-    def append(self, key: str, label: str | None, note: str | None = None, p: float | None = None) -> dict[str, Any]:
-        """Write one act (``label`` None: an undo) and fsync it; the stored record."""
+    def append(self, key: str | int, label: str | None, note: str | None = None, p: float | None = None) -> dict[str, Any]:
+        """Write one act (``label`` None: an undo) and fsync it; the stored record. ``key`` as the graded file holds it
+        (an int stays an int: the line's key equals the row's); the reader compares keys as text."""
         record = {self.on: key, "label": label, "note": note or None, "labeller": self.labeller,
                   "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "p": p}
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")

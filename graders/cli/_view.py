@@ -145,7 +145,10 @@ def _annotator(results: Any, labels: Path, on: str, blind: bool, label_values: s
     elif rubric is not None:
         values = ["1", "2", "tie"] if results.kind == "pairwise" else list(rubric.labels)
     else:
-        values = list(dict.fromkeys(str(r["label"]) for r in existing.records))
+        from ..view._annotate import usable_label
+
+        values = list(dict.fromkeys(str(r["label"]).strip() for r in existing.records
+                                    if usable_label(r) and r.get("label") is not None))
     values = list(dict.fromkeys(values))
     if not values:
         store.close()

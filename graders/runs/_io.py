@@ -406,11 +406,28 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
             continue
         if not isinstance(value, dict):
             yield RowError(f"{path} row {number}: a JSONL row must be an object, got {type(value).__name__}")
+        elif (lone := _lone_surrogate(line, value)) is not None:
+            yield RowError(f"{path} row {number}: {lone!r} is half of a UTF-16 surrogate pair on its own, not text "
+                           "(no output could hold it)")
         elif line.count('":') != len(value) and (repeated := _repeated_key(line)) is not None:
             yield RowError(f"{path} row {number}: the key {repeated!r} appears more than once in the object; "
                            "a JSON key names one value (a CSV or Parquet file refuses repeated columns too)")
         else:
             yield value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(line: str, value: Any) -> str | None:
+    """The first lone surrogate ("\\ud800", valid JSON) in a parsed row, or None: a pair is one character, a half no text."""
+    if _SURROGATE_ESCAPE.search(line) is None:
+        return None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.object[e.start]
+    return None
 
 
 def _repeated_key(data: bytes | str) -> str | None:

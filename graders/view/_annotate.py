@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..calibration._labels import LabelStore, as_number, draw_probabilities, uncertainty
+from ..calibration._labels import LabelStore, _key, as_number, draw_probabilities, uncertainty
 from ._results import HUMAN, ResultsFile, RowFilter, ViewError
 
 API_VERSION = 1
@@ -44,7 +44,7 @@ JUDGE_COLUMNS = frozenset({
     "score", "label", "error", "rationale", "reasoning", "raw_reply", "raw_reply_ab", "raw_reply_ba", "attempts",
     "winner", "decided_by", "agree", "orders_read", "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba",
     "rationale_ab", "rationale_ba", "reasoning_ab", "reasoning_ba", "jurors", "agreement", "confidence", "parts", "verdicts",
-    "stage", "stages", "escalated",
+    "stage", "stages", "escalated", "metrics",  # a --grader row's metrics: each part's score, an eval's "<criterion>.passed"
 })
 UNCERTAINTY_COLUMNS = ("score", "status", "agree", "agreement", "confidence")
 
@@ -77,11 +77,14 @@ class Annotator:
         self._lock = threading.Lock()
         self._random = random.SystemRandom()
         table = results.column_values([self.on, *UNCERTAINTY_COLUMNS, "label", "winner_ab"])
-        self.keys: list[str | None] = []
+        self.keys: list[str | None] = []  # as the store reads them back (text)
+        self.written: list[Any] = []  # as the file holds them: an int key is written as an int, so the store joins as typed
         self.index_of: dict[str, int] = {}
         for row in table:
-            key = row.get(self.on)
-            key = None if key is None or (isinstance(key, float) and not math.isfinite(key)) else str(key).strip() or None
+            raw = row.get(self.on)
+            key = _key(raw)
+            number = isinstance(raw, (int, float)) and not isinstance(raw, bool) and key is not None
+            self.written.append((int(raw) if isinstance(raw, float) and raw.is_integer() else raw) if number else key)
             if key is not None and key in self.index_of:
                 raise ViewError(f"{results.path}: key {self.on}={key!r} appears in rows {self.index_of[key]} and {row['index']}; "
                                 "--on must name a column whose values are unique")
@@ -99,7 +102,11 @@ class Annotator:
         self.warnings = list(state.warnings)
         self.labelled: dict[str, dict[str, Any]] = {}  # key -> effective record, entry order
         for record in state.records:
-            self.labelled[str(record[self.on])] = record
+            if usable_label(record):
+                self.labelled[str(record[self.on])] = record
+            else:  # e.g. a line with the key only, or a label that is an object: the row stays to be labelled
+                self.warnings.append(f"{store.path}: {self.on}={record[self.on]}: label {record.get('label')!r} is neither "
+                                     "a text nor a number, ignored (the row counts as unlabelled)")
         self.offered: dict[int, float] = {}
         if scores and not set(self.values) & set(scores):
             self.warnings.append(f"no label value ({', '.join(self.values)}) is one of the judge's ({', '.join(scores)}): "
@@ -158,7 +165,7 @@ class Annotator:
         with self._lock:
             entering = label is not None and key not in self.labelled
             p = self.offered.pop(index, None) if entering else None
-            record = self.store.append(key, label, note, p)
+            record = self.store.append(self.written[index], label, note, p)
             if label is None:
                 self.labelled.pop(key, None)
             elif entering:
@@ -167,15 +174,21 @@ class Annotator:
                 self.labelled[key] = {**record, "p": self.labelled[key].get("p")}
             return record
 
+    def labelled_count(self) -> int:
+        with self._lock:
+            return sum(1 for k in self.labelled if k in self.index_of)
+
     def progress(self) -> dict[str, Any]:
         total = sum(1 for k in self.keys if k is not None)
-        labelled = sum(1 for k in self.labelled if k in self.index_of)
+        with self._lock:  # a snapshot: a label posted meanwhile (another thread) must not change the dict mid-iteration
+            snapshot = dict(self.labelled)
+        labelled = sum(1 for k in snapshot if k in self.index_of)
         out: dict[str, Any] = {"labelled": labelled, "total": total, "values": self.values, "on": self.on,
                                "blind": self.blind, "labeller": self.store.labeller, "file": str(self.store.path),
                                "warnings": self.warnings, "ppi": None, "ppi_error": None}
         graded = [{self.on: k, "score": f, "status": "ok" if f is not None else "error"}
                   for k, f in zip(self.keys, self.f) if k is not None]
-        records = [r for r in self.labelled.values() if str(r[self.on]) in self.index_of]
+        records = [r for r in snapshot.values() if str(r[self.on]) in self.index_of]
         if len(records) >= 2:
             from ..calibration._ppi import PPIError, ppi_rows
 
@@ -186,6 +199,15 @@ class Annotator:
             except PPIError as e:
                 out["ppi_error"] = str(e)
         return out
+
+
+def usable_label(record: Mapping[str, Any]) -> bool:
+    """A store record the viewer counts as labelled: a label that is text or a number, or a numeric human score."""
+    label = record.get("label")
+    if isinstance(label, (str, int, float)) and not isinstance(label, bool) and str(label).strip():
+        return True
+    score = record.get("score")
+    return label is None and isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
 
 
 def _score(row: Mapping[str, Any]) -> float | None:
@@ -226,6 +248,7 @@ def check_blind_filter(annotator: Annotator | None, f: RowFilter) -> None:
 def blind_summary(annotator: Annotator, summary: dict[str, Any]) -> dict[str, Any]:
     """The summary with every judge-derived figure taken out."""
     return {**summary, "labels": {}, "score": None, "parts": {}, "pairwise": None, "agreement": None,
+            "result_counts": None, "per_testing_criteria_results": None,
             "columns": [c for c in summary.get("columns", []) if c not in annotator.hidden], "blind": True}
 
 
@@ -274,6 +297,10 @@ def annotate_routes(annotator: Annotator, row_of: Any) -> list[Route]:
                 return _error(f"label {payload['label']!r} is not one of {', '.join(annotator.values)}", 400)
         if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
             return _error(f"note must be text of at most {MAX_NOTE} characters", 400)
+        try:  # a lone surrogate ("\ud800") is valid JSON but no UTF-8: it could not be stored
+            (note or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            return _error(f"note: character {e.start} is a lone surrogate, not text that UTF-8 can store", 400)
         found = row_of(request)
         if isinstance(found, Response):
             return found
@@ -285,8 +312,7 @@ def annotate_routes(annotator: Annotator, row_of: Any) -> list[Route]:
             return _error(str(e), 400)
         except OSError as e:
             return _error(f"could not write {annotator.store.path}: {e.strerror or e}", 500)
-        return _json({"index": found["index"], "record": record, "labelled": sum(1 for k in annotator.labelled
-                                                                                   if k in annotator.index_of)})
+        return _json({"index": found["index"], "record": record, "labelled": annotator.labelled_count()})
 
     def next_row(request: Request) -> Response:
         why = _same_origin(request)  # a draw records an offer (its p goes into the store): no other site may make one

@@ -110,12 +110,18 @@ def _eval_run(r: ResultsFile) -> dict[str, Any] | None:
         return None
     db = r._db.cursor()
     as_json = "TRY_CAST(metrics AS JSON)"
+    parts = "TRY_CAST(parts AS JSON)" if "parts" in r._types else "NULL::JSON"
     names: list[str] = []
-    for (keys,) in db.execute(f"SELECT json_keys({as_json}) FROM {TABLE} WHERE json_type({as_json}) = 'OBJECT' ORDER BY rowid LIMIT 1000"
-                              ).fetchall():
-        for key in keys or []:
+    # A criterion is "<name>-<uuid>" (OpenAI's names and gradekit's), or any other id a retrieved eval gave it: then
+    # known by the eval row's shape, its own "passed" beside "<criterion>.passed" for a criterion among its parts.
+    for keys, part_keys in db.execute(f"SELECT json_keys({as_json}), CASE WHEN json_type({parts}) = 'OBJECT' "
+                                      f"THEN json_keys({parts}) END FROM {TABLE} WHERE json_type({as_json}) = 'OBJECT' "
+                                      "ORDER BY rowid LIMIT 1000").fetchall():
+        keys, part_keys = keys or [], set(part_keys or [])
+        for key in keys:
             name = key[: -len(".passed")]
-            if name not in names and re.fullmatch(_CRITERION, key):
+            if name not in names and (re.fullmatch(_CRITERION, key) or (
+                    key.endswith(".passed") and "passed" in keys and name in part_keys)):
                 names.append(name)
     if not names:
         return None

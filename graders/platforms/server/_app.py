@@ -104,6 +104,7 @@ def _set_outcome(request: Request, outcome: str) -> None:
 
 MAX_JSON_DEPTH = 64  # no platform's request nests past ~8 levels; Python's parser recurses, so a deep body is a RecursionError
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # "\ud800": valid JSON, but alone it is no text UTF-8 can carry
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
@@ -122,11 +123,18 @@ async def _json_body(request: Request) -> Any:
     if json_depth(raw) > MAX_JSON_DEPTH:
         raise too_deep
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except RecursionError:  # only if the scan was fooled (an encoding it does not read): the same answer
         raise too_deep from None
     except (ValueError, UnicodeDecodeError) as e:
         raise _Refusal(400, {"detail": f"Invalid JSON body: {e}"}, "invalid json") from None
+    if _SURROGATE_ESCAPE.search(raw):  # a pair is one character; a lone half fails every later encode (a 500)
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _Refusal(400, {"detail": f"Invalid JSON body: a lone surrogate ({e.object[e.start]!r}) is not text"},
+                           "invalid json") from None
+    return body
 
 
 def _parse(model: type[M], data: Any) -> M:
