@@ -293,3 +293,29 @@ def test_store_lines_without_a_usable_label_leave_their_rows_unlabelled(graded: 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_two_viewers_on_one_labels_file_never_offer_a_row_the_other_labelled(tmp_path: Path) -> None:
+    graded = tmp_path / "out.jsonl"
+    rows = [{"id": i, "prediction": "p", "score": float(i % 2), "label": ["incorrect", "correct"][i % 2], "status": "ok"}
+            for i in range(6)]
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    store = tmp_path / "labels.jsonl"
+    options = ("--annotate", "--labels", str(store), "--on", "id", "--label-values", "correct,incorrect")
+    first, first_url = start_view(str(graded), *options, "--labeller", "a")
+    try:
+        second, second_url = start_view(str(graded), *options, "--labeller", "b")
+        try:
+            for index in range(5):  # five rows labelled in the first viewer, none in the second
+                assert call(f"{first_url}/api/rows/{index}/label", {"label": "correct"})[0] == 200
+            assert {call(second_url + "/api/next?strategy=random")[1]["index"] for _ in range(10)} == {5}
+            assert call(second_url + "/api/labels")[1]["labelled"] == 5
+            assert call(f"{second_url}/api/rows/5/label", {"label": "incorrect"})[0] == 200
+            assert call(first_url + "/api/next?strategy=active")[0] == 404  # the second viewer's label counts in the first
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        first.kill()
+        first.wait()
+    assert {json.loads(line)["labeller"] for line in store.read_text(encoding="utf-8").splitlines()} == {"a", "b"}

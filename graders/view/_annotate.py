@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
+import os
 import random
 import secrets
 import threading
@@ -108,11 +109,22 @@ class Annotator:
                 self.warnings.append(f"{store.path}: {self.on}={record[self.on]}: label {record.get('label')!r} is neither "
                                      "a text nor a number, ignored (the row counts as unlabelled)")
         self.offered: dict[int, float] = {}
+        self._seen_size = _size(store.path)  # the store as read: another viewer's appends change it (see _sync)
         if scores and not set(self.values) & set(scores):
             self.warnings.append(f"no label value ({', '.join(self.values)}) is one of the judge's ({', '.join(scores)}): "
                                  "the PPI card stays empty and the active order cannot learn; calibrate will need --label-map")
 
     # -- state ----------------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Take in what other writers appended to the store (another viewer on the same file, a second labeller), so
+        a row someone else labelled is not offered again. Called under the lock; a read only when the file changed."""
+        size = _size(self.store.path)
+        if size == self._seen_size:
+            return
+        state = self.store.read()
+        self.labelled = {str(r[self.on]): r for r in state.records if usable_label(r)}
+        self._seen_size = size
 
     def is_labelled(self, index: int) -> bool:
         key = self.keys[index] if 0 <= index < len(self.keys) else None
@@ -149,6 +161,7 @@ class Annotator:
     def next(self, strategy: str) -> tuple[int, float] | None:
         """Draw an unlabelled row; its probability is remembered and stored with its label (the IPW weight)."""
         with self._lock:
+            self._sync()
             left = [i for i, k in enumerate(self.keys) if k is not None and k not in self.labelled]
             if not left:
                 return None
@@ -163,6 +176,7 @@ class Annotator:
         if key is None:
             raise ViewError(f"row {index} has no {self.on!r}: it cannot be labelled")
         with self._lock:
+            self._sync()
             entering = label is not None and key not in self.labelled
             p = self.offered.pop(index, None) if entering else None
             record = self.store.append(self.written[index], label, note, p)
@@ -176,11 +190,13 @@ class Annotator:
 
     def labelled_count(self) -> int:
         with self._lock:
+            self._sync()
             return sum(1 for k in self.labelled if k in self.index_of)
 
     def progress(self) -> dict[str, Any]:
         total = sum(1 for k in self.keys if k is not None)
         with self._lock:  # a snapshot: a label posted meanwhile (another thread) must not change the dict mid-iteration
+            self._sync()
             snapshot = dict(self.labelled)
         labelled = sum(1 for k in snapshot if k in self.index_of)
         out: dict[str, Any] = {"labelled": labelled, "total": total, "values": self.values, "on": self.on,
@@ -199,6 +215,13 @@ class Annotator:
             except PPIError as e:
                 out["ppi_error"] = str(e)
         return out
+
+
+def _size(path: Any) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 def usable_label(record: Mapping[str, Any]) -> bool:
