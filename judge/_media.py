@@ -54,7 +54,7 @@ def as_media(value: Any) -> list[Media]:
         return [m for v in value for m in as_media(v)]
     if isinstance(value, str):
         if value.startswith(("data:", "https://", "http://")):
-            return [Media("image", value)]
+            return [Media("image", _checked(value))]
         raise ValueError(f"a media value must be an http(s) URL or a data: URI, got {value[:60]!r}")
     if isinstance(value, Mapping):
         kind = value.get("type")
@@ -66,6 +66,7 @@ def as_media(value: Any) -> list[Media]:
         if kind == "input_audio":
             audio = value.get("input_audio") or {}
             if isinstance(audio, Mapping) and isinstance(audio.get("data"), str):
+                _base64(audio["data"], "an input_audio's data")
                 return [Media("audio", audio["data"], format=audio.get("format"))]
     raise ValueError(f"not a media part: {str(value)[:80]!r}")
 
@@ -77,7 +78,28 @@ def _url(image: Any) -> tuple[str, str | None]:
         detail = None
     if not isinstance(image, str) or not image.startswith(("data:", "https://", "http://")):
         raise ValueError(f"an image must be an http(s) URL or a data: URI, got {str(image)[:60]!r}")
-    return image, detail
+    return _checked(image), detail
+
+
+def _checked(url: str) -> str:
+    """A data: URI the judge can decode (``data:<type>;base64,<payload>``): a broken one is the row's input error
+    here, not a 400 from the provider that fails the row as a judge error (or every row of a run)."""
+    if url.startswith("data:"):
+        head, comma, payload = url.partition(",")
+        if not comma or not head.endswith(";base64"):
+            raise ValueError(f"a data: URI must be data:<type>;base64,<data>, got {url[:60]!r}")
+        _base64(payload, "the data: URI")
+    return url
+
+
+def _base64(payload: str, what: str) -> None:
+    import base64
+    import binascii
+
+    try:
+        base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"{what} is not valid base64 ({e})") from None
 
 
 def digest_media(messages: Any) -> Any:
