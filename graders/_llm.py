@@ -260,6 +260,13 @@ def local_media(value: str, root: Path | None) -> str:
     """
     if value.startswith(("data:", "https://", "http://")):
         return value
+    if value.startswith("file://"):  # a file URL is a local path like any other: the same folder rule applies
+        from urllib.parse import unquote, urlparse
+
+        value = unquote(urlparse(value).path)
+    elif re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
+        raise ValueError(f"image {value[:80]!r}: a {value.split(':', 1)[0]}:// URL is not one the judge can fetch; give an "
+                         "http(s) URL, a data: URI or a path inside the input's folder")
     if root is None:
         raise ValueError(f"image {value[:80]!r} is a local path, and this grader has no input folder to read it from")
     base = root.resolve()

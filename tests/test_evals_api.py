@@ -291,6 +291,23 @@ def test_a_data_uri_that_is_not_base64_is_the_rows_error_and_sends_nothing(tmp_p
     assert len(sent) == 1
 
 
+def test_a_file_url_is_a_local_path_under_the_same_folder_rule_and_other_schemes_are_named() -> None:
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+
+    from graders._llm import local_media
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "a.png").write_bytes(PNG)
+    assert local_media((folder / "a.png").as_uri(), folder).startswith("data:image/png;base64,")
+    with pytest.raises(ValueError, match="outside the input's folder"):
+        local_media("file:///etc/passwd", folder)
+    with pytest.raises(ValueError, match="a gs:// URL is not one the judge can fetch"):
+        local_media("gs://bucket/a.png", folder)
+
+
 def test_media_reach_the_cache_key_as_digests_only() -> None:
     from judge._cache import cache_key
     from judge._media import Media, digest_media
