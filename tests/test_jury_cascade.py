@@ -354,3 +354,35 @@ def test_jurors_take_one_base_url_each_in_the_model_order_and_a_count_that_fits_
         assert sorted(e["base_url"] for e in json.loads(done.stdout)["endpoints"]) == sorted([first.base_url, second.base_url])
         three = CliRunner().invoke(app, [*args, "--base-url", first.base_url, "--restart"])
     assert three.exit_code == 2 and "--base-url given 3 times for a jury of 2" in " ".join(three.output.split())
+
+
+def test_a_cascade_from_another_rubric_a_broken_file_and_too_few_labels_are_exit_2_before_any_request(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+    from judge import CascadeSpec
+    from judge._cascade import CascadeJudge
+    from judge._rubric import rubric_fingerprint
+
+    dead = "http://127.0.0.1:9/v1"  # nothing may be sent: every case fails first
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y", "label": "correct"}
+                                            for i in range(5)])
+    en = CascadeSpec(rubric=RUBRIC, rubric_fingerprint=rubric_fingerprint(load_rubric(RUBRIC)), samples=2, target=0.9, delta=0.05,
+                     delta_per_judge=0.05, calibration_n=300, judges=[CascadeJudge(model="m", base_url=dead, threshold=1.0)])
+    (tmp_path / "en.json").write_text(en.model_dump_json())
+    (tmp_path / "cut.json").write_text(en.model_dump_json()[:80])
+    (tmp_path / "nojudges.json").write_text(json.dumps({k: v for k, v in en.model_dump().items() if k != "judges"}))
+
+    def run(*args: str):
+        return CliRunner().invoke(app, [*args, "--api-key", "k", "--no-cache"])
+
+    other = run("grade", str(rows), "-r", "semantic_equivalence_zh", "--cascade", str(tmp_path / "en.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert other.exit_code == 2 and "fitted on rubric 'semantic_equivalence_en', not 'semantic_equivalence_zh'" in other.output
+    assert not (tmp_path / "o.jsonl").exists()
+    cut = run("grade", str(rows), "-r", RUBRIC, "--cascade", str(tmp_path / "cut.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert cut.exit_code == 2 and "Invalid JSON" in cut.output  # what is wrong, not only "1 validation error"
+    missing = run("grade", str(rows), "-r", RUBRIC, "--cascade", str(tmp_path / "nojudges.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert missing.exit_code == 2 and "judges: Field required" in missing.output
+    few = run("cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--model", "b", "--base-url", dead, "-o", str(tmp_path / "c.json"))
+    assert few.exit_code == 2 and "5 labelled rows cannot certify any judge" in few.output and "are 29" in few.output
+    assert not (tmp_path / "c.json").exists()

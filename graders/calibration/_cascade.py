@@ -39,6 +39,14 @@ def clopper_pearson_lower(agree: int, n: int, delta: float) -> float:
     return float(beta.ppf(delta, agree, n - agree + 1))
 
 
+def fewest_to_trust(target: float, delta: float) -> int:
+    """The fewest rows on which any threshold can pass: n rows that all agree pass when target**n <= delta."""
+    n = 1
+    while target ** n > delta:
+        n += 1
+    return n
+
+
 def fixed_sequence(confidences: Sequence[float], correct: Sequence[bool], *, target: float,
                    delta: float) -> tuple[float | None, list[ThresholdTest]]:
     """The lowest threshold reached by testing from the most confident down; None if the first test fails."""
@@ -129,6 +137,11 @@ async def fit_cascade(
     spec.calibration_n = len(indices)
     if not indices:
         raise ValueError("no labelled rows to calibrate on (every human label is empty)")
+    fewest = fewest_to_trust(target, spec.delta_per_judge)
+    if len(indices) < fewest:
+        raise ValueError(f"{len(indices)} labelled rows cannot certify any judge: at --target {target:g} and delta "
+                         f"{spec.delta_per_judge:g} the fewest rows that can pass are {fewest}, all agreeing with the humans; "
+                         "label more rows (a few hundred give useful coverage)")
     rubrics = asked(rubric, samples=samples, method=confidence, spec=spec)
     gate = asyncio.Semaphore(max(1, concurrency))
 

@@ -97,7 +97,7 @@ def grade(
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
 
-    from ._panel import build_panel, check_panel, panel_summary, print_panel
+    from ._panel import build_panel, check_cascade_rubric, check_panel, panel_summary, print_panel
 
     warnings_to_stderr()
     opts.check()
@@ -138,13 +138,7 @@ def grade(
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
-        from judge._rubric import rubric_fingerprint
-
-        if cascade_spec.rubric_fingerprint and rubric_fingerprint(spec) != cascade_spec.rubric_fingerprint:
-            import warnings
-
-            warnings.warn(f"{cascade}: fitted on another version of rubric {spec.name!r}: its guarantee was measured on that one; "
-                          "fit the cascade again", stacklevel=1)
+        check_cascade_rubric(cascade, cascade_spec, spec)
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and len(opts.base_url) > 1:
