@@ -386,3 +386,30 @@ def test_a_cascade_from_another_rubric_a_broken_file_and_too_few_labels_are_exit
     few = run("cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--model", "b", "--base-url", dead, "-o", str(tmp_path / "c.json"))
     assert few.exit_code == 2 and "5 labelled rows cannot certify any judge" in few.output and "are 29" in few.output
     assert not (tmp_path / "c.json").exists()
+
+
+def test_gradekit_grade_with_a_grader_file_uses_its_jury_and_its_judge_model(fake, tmp_path) -> None:
+    # `gradekit grade --grader` built the command line's judge whatever the file said: a file's judge: {jury: [...]},
+    # model and base_url were ignored and every row went to gpt-4o-mini at api.openai.com.
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    votes = {"a": "correct", "b": "incorrect", "c": "correct", "solo": "incorrect"}
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": votes[body["model"]]})))
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(4)])
+    jury = tmp_path / "jury.yaml"
+    jury.write_text(f"""type: llm
+rubric: {RUBRIC}
+judge:
+  base_url: "{fake.base_url}"
+  jury: [{{model: a}}, {{model: b}}, {{model: c}}]
+""", encoding="utf-8")
+    solo = tmp_path / "solo.yaml"
+    solo.write_text(f"type: llm\nrubric: {RUBRIC}\njudge: {{model: solo, base_url: \"{fake.base_url}\"}}\n", encoding="utf-8")
+    for config, score in ((jury, 1.0), (solo, 0.0)):
+        out = tmp_path / f"{config.stem}.jsonl"
+        result = CliRunner().invoke(app, ["grade", str(rows), "--grader", str(config), "-o", str(out), "--api-key", "k", "--no-cache"])
+        assert result.exit_code == 0, result.output
+        assert [(r["status"], r["score"]) for r in _rows(out)] == [("ok", score)] * 4
+    assert sorted({r.body["model"] for r in fake.chat_requests()}) == ["a", "b", "c", "solo"]

@@ -191,9 +191,20 @@ def grade(
         if panel_judge is not None:
             made.append(panel_judge)
             return made[-1]
-        # A grader file's judge.endpoints is its fleet unless the command line names endpoints itself.
+        if settings is not None and settings.jury is not None and not opts.model and not opts.base_url:
+            # A grader file's jury (judge: {jury: [...]}) is the run's judge unless the command line names judges itself.
+            made.append(settings.build(cache=cache, budget=budget))
+            return made[-1]
+        # A grader file's judge.model, base_url and endpoints (its fleet) hold unless the command line names its own;
+        # the file's params are sent beneath the command line's.
         fleet = settings.endpoints if settings is not None and not opts.base_url else None
-        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget, **({"endpoints": fleet} if fleet else {})))
+        own: dict = {"endpoints": fleet} if fleet else {}
+        if settings is not None and settings.base_url and not opts.base_url:
+            own["base_url"] = settings.base_url
+        if settings is not None and settings.params:
+            own["params"] = {**settings.params, **opts.params}
+        made.append(opts.judge(model or (settings.model if settings is not None else None), limiter=limiter, cache=cache,
+                               budget=budget, **own))
         return made[-1]
 
     make_judge.reads_settings = True  # type: ignore[attr-defined]
