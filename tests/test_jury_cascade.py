@@ -413,3 +413,18 @@ judge:
         assert result.exit_code == 0, result.output
         assert [(r["status"], r["score"]) for r in _rows(out)] == [("ok", score)] * 4
     assert sorted({r.body["model"] for r in fake.chat_requests()}) == ["a", "b", "c", "solo"]
+
+
+def test_two_jurors_of_one_model_are_reported_apart(fake, tmp_path) -> None:
+    # The same model twice (say, on two providers): the jury block had one merged entry (rows twice the file's).
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(3)])
+    result = CliRunner().invoke(app, ["grade", str(rows), "-r", RUBRIC, "--model", "m", "--model", "m", "--model", "n", "--base-url", fake.base_url, "-o", str(tmp_path / "o.jsonl"), "--api-key", "k", "--no-cache", "--json"])
+    assert result.exit_code == 0, result.output
+    members = json.loads(result.stdout)["jury"]["members"]
+    assert [(m["model"], m.get("juror"), m["rows"]) for m in members] == [("m", "m #1", 3), ("m", "m #2", 3), ("n", None, 3)]
+    assert members[0]["requests"] == 3 and members[2]["requests"] == 3

@@ -104,8 +104,9 @@ def panel_summary(panel: Any, summary: Any, prices: Any) -> dict[str, Any] | Non
         return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None
 
     members = []
-    for model, figures in panel.usage.by_model.items():
-        members.append({"model": model, **figures,
+    for member, figures in panel.usage.by_model.items():
+        model = panel.usage.models.get(member, member)
+        members.append({"model": model, **({"juror": member} if member != model else {}), **figures,
                         "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"])})
     costs = [m["cost_usd"] for m in members]
     total = sum(c for c in costs if c is not None) if costs and all(c is not None for c in costs) else None
