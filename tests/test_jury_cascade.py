@@ -22,7 +22,7 @@ from scipy.stats import binom
 from graders.calibration._cascade import clopper_pearson_lower, fixed_sequence
 from judge import Judge, Jury, Limiter, load_rubric
 from judge._jury import decide
-from judge.testing import Reply
+from judge.testing import FakeProvider, Reply
 
 RUBRIC = "semantic_equivalence_en"
 # The population is 300 calibration rows and 900 graded ones; the suite grades 200 of them
@@ -428,3 +428,30 @@ def test_two_jurors_of_one_model_are_reported_apart(fake, tmp_path) -> None:
     members = json.loads(result.stdout)["jury"]["members"]
     assert [(m["model"], m.get("juror"), m["rows"]) for m in members] == [("m", "m #1", 3), ("m", "m #2", 3), ("n", None, 3)]
     assert members[0]["requests"] == 3 and members[2]["requests"] == 3
+
+
+def test_cascade_fit_gives_each_judge_its_own_base_url_and_a_judge_that_never_answers_is_an_error(fake, tmp_path) -> None:
+    # `cascade fit --model A --model B --base-url X --base-url Y` made each judge a fleet of X and Y (and wrote X for both);
+    # a judge that failed every row was written as "never trusted (no rows)", exit 0.
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    with FakeProvider() as refusing:
+        refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))
+        fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+        rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y", "label": "correct"}
+                                                for i in range(40)])
+        out = tmp_path / "c.json"
+        result = CliRunner().invoke(app, ["cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--model", "b", "--samples", "2",
+                                          "--base-url", fake.base_url, "--base-url", refusing.base_url, "-o", str(out),
+                                          "--api-key", "k", "--no-cache"])
+        assert {r.body["model"] for r in fake.chat_requests()} == {"a"} and {r.body["model"] for r in refusing.chat_requests()} <= {"b"}
+    assert result.exit_code == 0, result.output  # a trusted every row: b is never asked
+    assert [j["base_url"] for j in json.loads(out.read_text())["judges"]] == [fake.base_url, refusing.base_url]
+    with FakeProvider() as refusing:
+        refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))
+        failed = CliRunner().invoke(app, ["cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--samples", "2",
+                                          "--base-url", refusing.base_url, "-o", str(tmp_path / "d.json"), "--api-key", "k", "--no-cache"])
+    assert failed.exit_code == 2 and "a answered none of the 40 labelled rows" in failed.output and "401" in failed.output
+    assert not (tmp_path / "d.json").exists()

@@ -159,6 +159,12 @@ async def fit_cascade(
         fitted.calibration_rows = len(reaching)
         fitted.requests = sum(f.verdict.attempts for f in found)
         answered = [(i, f) for i, f in zip(reaching, found) if f.verdict.status == "ok" and f.confidence is not None]
+        if reaching and not answered:
+            # Not a judge that is never trusted: one that never answered (down, a wrong key, another model's name).
+            example = next((f.verdict for f in found if f.verdict.status == "error"), None)
+            why = f"{example.error_kind}: {example.error}" if example is not None else "no reply in the rubric's format"
+            raise ValueError(f"{judge.model} answered none of the {len(reaching)} labelled rows it was asked ({why}); "
+                             "nothing written: fix the judge and run the same command again")
         if confidence == "logprobs" and reaching and not any(f.verdict.score_source == "logprobs" for _, f in answered):
             raise ValueError(f"{judge.model} returned no logprobs on any row: use --confidence agreement")
         # A judge that failed a row is not trusted with it: the row escalates, as it would when grading.
