@@ -363,11 +363,11 @@ class JudgeSettings(BaseModel):
             raise ValueError(f"quorum {self.quorum} is more than the jury's {len(self.jury)} jurors")
         return self
 
-    def build(self) -> Any:
-        """The Judge, or the Jury, these settings describe."""
+    def build(self, **common: Any) -> Any:
+        """The Judge, or the Jury, these settings describe (``common``: what every judge shares, e.g. the run's cache and budget)."""
         if self.jury is None:
             return Judge(self.model, base_url=self.base_url, endpoints=self.endpoints, timeout=self.timeout,
-                         max_prompt_tokens=self.max_prompt_tokens, params=self.params)
+                         max_prompt_tokens=self.max_prompt_tokens, params=self.params, **common)
         from judge import Jury
         from judge._limiters import limiter_from_url
 
@@ -377,7 +377,8 @@ class JudgeSettings(BaseModel):
             jurors.append(Judge(juror.model, base_url=None if juror.endpoints else juror.base_url or self.base_url,
                                 endpoints=juror.endpoints, api_key=None if juror.endpoints else juror.key(),
                                 timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
-                                params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None)))
+                                params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None),
+                                **common))
         return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)
 
     @model_validator(mode="after")

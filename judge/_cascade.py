@@ -104,7 +104,20 @@ class CascadeSpec(BaseModel):
         except OSError as e:
             raise ValueError(f"{path}: cannot read the cascade: {e.strerror or e}") from e
         except ValueError as e:
-            raise ValueError(f"{path}: not a cascade file (from `gradekit cascade fit`): {str(e).splitlines()[0]}") from e
+            raise ValueError(f"{path}: not a cascade file (from `gradekit cascade fit`): {_first_problem(e)}") from e
+
+
+def _first_problem(e: ValueError) -> str:
+    """What is wrong with a file that is not a cascade, in one line: the first field and what it is not."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            first = found[0]
+            where = ".".join(str(part) for part in first.get("loc") or ()) or "the file"
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            return f"{where}: {first.get('msg')}{more}"
+    return str(e).splitlines()[0]
 
 
 class Demonstrated(Rubric):

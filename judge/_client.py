@@ -665,52 +665,60 @@ class Judge:
             return await self._post_to(self._members[0], False, request, estimate, usage, breaker, route)
         tried: list[Member] = []
         last: BaseException | None = None
-        while True:
-            picked = router.pick(tried)
-            if picked is None:
-                if router.all_broken():
-                    raise self._fleet_down(breaker)
-                if router.all_down():
-                    # Every endpoint is out, but not for long yet: wait for the next probe's answer.
-                    if breaker is not None and breaker.tripped is not None:
-                        raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
-                    await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
-                    tried = []
+        turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
+        try:
+            while True:
+                picked = router.pick(tried)
+                if picked is None:
+                    if router.all_broken():
+                        raise self._fleet_down(breaker)
+                    if router.all_down():
+                        # Every endpoint is out, but not for long yet: wait for the next probe's answer.
+                        if breaker is not None and breaker.tripped is not None:
+                            raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                        await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
+                        tried = []
+                        continue
+                    if last is None:  # every endpoint was skipped (taken out while this waited) and one is back: route again
+                        tried = []
+                        continue
+                    raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
+                member, wait = picked
+                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn):
+                    # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest,
+                    # in line behind those that waited before it (a newcomer never overtakes them).
+                    turn = await router.wait_turn(turn, min(wait - horizon, 0.25) if late else 0.25)
                     continue
-                if last is None:  # every endpoint was skipped (taken out while this waited) and one is back: route again
-                    tried = []
+                router.leave(turn)
+                turn = None
+                probe = router.take(member)
+                try:
+                    completion = await self._post_to(member, probe, request, estimate, usage, breaker, route)
+                except _Skipped:
+                    tried.append(member)
                     continue
-                raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
-            member, wait = picked
-            if wait > (horizon := router.horizon(member)):
-                # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest.
-                await asyncio.sleep(min(wait - horizon, 0.25))
-                continue
-            probe = router.take(member)
-            try:
-                completion = await self._post_to(member, probe, request, estimate, usage, breaker, route)
-            except _Skipped:
-                tried.append(member)
-                continue
-            except (_Failed, _Relearn):
-                raise
-            except Exception as exc:
-                failure = _breaker_failure(exc)
-                if failure is None:
-                    member.breaker.success()  # it answered (a 429, a 400 about the request): alive
+                except (_Failed, _Relearn):
                     raise
-                if member.breaker.failure(*failure):
-                    log.warning("%s taken out of the fleet: %s (probed again in %.1f s)", member.base_url,
-                                member.breaker.reason, member.breaker.backoff_left())
-                tried.append(member)
-                last = exc
-                continue
-            finally:
-                member.pending -= 1
-                if probe:
-                    member.breaker.probing = False  # answered or not, the probe is over
-            member.breaker.success()
-            return completion
+                except Exception as exc:
+                    failure = _breaker_failure(exc)
+                    if failure is None:
+                        member.breaker.success()  # it answered (a 429, a 400 about the request): alive
+                        raise
+                    if member.breaker.failure(*failure):
+                        log.warning("%s taken out of the fleet: %s (probed again in %.1f s)", member.base_url,
+                                    member.breaker.reason, member.breaker.backoff_left())
+                    tried.append(member)
+                    last = exc
+                    continue
+                finally:
+                    member.pending -= 1
+                    router.finished()
+                    if probe:
+                        member.breaker.probing = False  # answered or not, the probe is over
+                member.breaker.success()
+                return completion
+        finally:
+            router.leave(turn)
 
     def _fleet_down(self, breaker: Breaker | None) -> _Failed:
         """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""

@@ -19,6 +19,7 @@ import hashlib
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +222,40 @@ class Router:
 
     def __init__(self, members: Sequence[Member]) -> None:
         self.members = list(members)
+        # Requests waiting unrouted (every queue past its horizon), oldest first: only the oldest may be
+        # routed while others wait, so a request that arrives later never overtakes one that waited.
+        self._waiting: deque[asyncio.Event] = deque()
+
+    def queued_ahead(self, turn: asyncio.Event | None) -> bool:
+        """Whether a request that waited unrouted longer than ``turn`` (None: a newcomer) is still waiting."""
+        return bool(self._waiting) and self._waiting[0] is not turn
+
+    async def wait_turn(self, turn: asyncio.Event | None, seconds: float) -> asyncio.Event:
+        """Wait unrouted, in line, for up to ``seconds`` (less when a request finishes or the line moves)."""
+        if turn is None:
+            turn = asyncio.Event()
+            self._waiting.append(turn)
+        turn.clear()
+        try:
+            await asyncio.wait_for(turn.wait(), seconds)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            pass
+        return turn
+
+    def leave(self, turn: asyncio.Event | None) -> None:
+        """``turn`` is routed (or gave up): the next in line looks again at once."""
+        if turn is None:
+            return
+        try:
+            self._waiting.remove(turn)
+        except ValueError:
+            pass
+        self.finished()
+
+    def finished(self) -> None:
+        """A request routed to some endpoint is over: the oldest waiting request looks again."""
+        if self._waiting:
+            self._waiting[0].set()
 
     def pick(self, tried: Sequence[Member] = ()) -> tuple[Member, float] | None:
         """The usable endpoint with the shortest expected wait, not among ``tried``, and that wait in

@@ -61,10 +61,13 @@ class Usage:
     FIELDS = ("rows", "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_hits")
 
     def __init__(self) -> None:
-        self.by_model: dict[str, dict[str, int]] = {}
+        self.by_model: dict[str, dict[str, int]] = {}  # by member: its model, or "model #i" for a model two jurors share
+        self.models: dict[str, str] = {}  # member name -> its model (for prices)
 
-    def add(self, model: str, verdict: Verdict) -> None:
-        figures = self.by_model.setdefault(model, dict.fromkeys(self.FIELDS, 0))
+    def add(self, model: str, verdict: Verdict, member: str | None = None) -> None:
+        member = member or model
+        self.models[member] = model
+        figures = self.by_model.setdefault(member, dict.fromkeys(self.FIELDS, 0))
         figures["rows"] += 1
         figures["requests"] += verdict.attempts
         figures["prompt_tokens"] += verdict.prompt_tokens
@@ -210,8 +213,10 @@ class Jury:
     def combine(self, rubric: Rubric, verdicts: Sequence[Verdict]) -> Verdict:
         """The jury's Verdict from its jurors' (in jury order)."""
         jurors = [juror_entry(v, j.model) for j, v in zip(self.jurors, verdicts)]
-        for j, v in zip(self.jurors, verdicts):
-            self.usage.add(j.model, v)
+        models = [j.model for j in self.jurors]
+        for i, (j, v) in enumerate(zip(self.jurors, verdicts)):
+            # Two jurors of one model (say, on two providers) are counted apart: each judged every row.
+            self.usage.add(j.model, v, f"{j.model} #{i + 1}" if models.count(j.model) > 1 else None)
         usage = {
             "prompt_tokens": sum(v.prompt_tokens for v in verdicts),
             "completion_tokens": sum(v.completion_tokens for v in verdicts),

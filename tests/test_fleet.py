@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -190,3 +191,26 @@ def test_endpoints_given_wrong_fail_before_any_request() -> None:
         Judge("m", endpoints=[{"base_url": "http://127.0.0.1:9/v1", "weight": 0}])
     single = Judge("m", base_url="http://127.0.0.1:9/v1", api_key="k", limiter=(limiter := Limiter()))
     assert single.limiter is limiter and len(single.endpoints) == 1 and single.endpoints[0].requests == 0
+
+
+def test_a_request_waiting_for_room_is_not_overtaken_by_newcomers(tmp_path: Path) -> None:
+    # 10, 20 and 30 req/s with headers and 200 ms latency, 64 rows in flight: the fleet's queues fill past their
+    # horizon and requests wait unrouted. They wait in line: before, a waiter polled while rows started later took
+    # each freed place, so one early row waited ~11 s behind ~700 others in a 900-row run (the in-order output
+    # stalled at row 34). A row is now passed only by what was in flight with it (its endpoint's queue, ~60 here).
+    fakes = [FakeProvider(latency=0.2, rate_limit_rps=limit).start() for limit in (10.0, 20.0, 30.0)]
+    try:
+        source, out = write_rows(tmp_path / "line.jsonl", 150), tmp_path / "out.jsonl"
+        flags = [x for f in fakes for x in ("--base-url", f.base_url)]
+        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                     *flags, "--no-cache", "--concurrency", "64", process=True)
+        sent = sorted((r for f in fakes for r in f.chat_requests()), key=lambda r: r.time)
+    finally:
+        for fake in fakes:
+            fake.stop()
+    assert result.returncode == 0, result.stderr
+    index = [int(re.search(r"line-(\d+)", json.dumps(r.body)).group(1)) for r in sent]
+    refused = {i for i, r in zip(index, sent) if r.status != 200}  # a 429'd row is retried later: passed by design
+    answered = [i for i, r in zip(index, sent) if r.status == 200]
+    overtaken = max(sum(1 for j in answered[:k] if j > i) for k, i in enumerate(answered) if i not in refused)
+    assert overtaken <= 75, overtaken

@@ -22,7 +22,7 @@ from scipy.stats import binom
 from graders.calibration._cascade import clopper_pearson_lower, fixed_sequence
 from judge import Judge, Jury, Limiter, load_rubric
 from judge._jury import decide
-from judge.testing import Reply
+from judge.testing import FakeProvider, Reply
 
 RUBRIC = "semantic_equivalence_en"
 # The issue's population is 300 calibration rows and 900 graded ones; the suite grades 200 of them
@@ -354,3 +354,104 @@ def test_jurors_take_one_base_url_each_in_the_model_order_and_a_count_that_fits_
         assert sorted(e["base_url"] for e in json.loads(done.stdout)["endpoints"]) == sorted([first.base_url, second.base_url])
         three = CliRunner().invoke(app, [*args, "--base-url", first.base_url, "--restart"])
     assert three.exit_code == 2 and "--base-url given 3 times for a jury of 2" in " ".join(three.output.split())
+
+
+def test_a_cascade_from_another_rubric_a_broken_file_and_too_few_labels_are_exit_2_before_any_request(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+    from judge import CascadeSpec
+    from judge._cascade import CascadeJudge
+    from judge._rubric import rubric_fingerprint
+
+    dead = "http://127.0.0.1:9/v1"  # nothing may be sent: every case fails first
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y", "label": "correct"}
+                                            for i in range(5)])
+    en = CascadeSpec(rubric=RUBRIC, rubric_fingerprint=rubric_fingerprint(load_rubric(RUBRIC)), samples=2, target=0.9, delta=0.05,
+                     delta_per_judge=0.05, calibration_n=300, judges=[CascadeJudge(model="m", base_url=dead, threshold=1.0)])
+    (tmp_path / "en.json").write_text(en.model_dump_json())
+    (tmp_path / "cut.json").write_text(en.model_dump_json()[:80])
+    (tmp_path / "nojudges.json").write_text(json.dumps({k: v for k, v in en.model_dump().items() if k != "judges"}))
+
+    def run(*args: str):
+        return CliRunner().invoke(app, [*args, "--api-key", "k", "--no-cache"])
+
+    other = run("grade", str(rows), "-r", "semantic_equivalence_zh", "--cascade", str(tmp_path / "en.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert other.exit_code == 2 and "fitted on rubric 'semantic_equivalence_en', not 'semantic_equivalence_zh'" in other.output
+    assert not (tmp_path / "o.jsonl").exists()
+    cut = run("grade", str(rows), "-r", RUBRIC, "--cascade", str(tmp_path / "cut.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert cut.exit_code == 2 and "Invalid JSON" in cut.output  # what is wrong, not only "1 validation error"
+    missing = run("grade", str(rows), "-r", RUBRIC, "--cascade", str(tmp_path / "nojudges.json"), "-o", str(tmp_path / "o.jsonl"))
+    assert missing.exit_code == 2 and "judges: Field required" in missing.output
+    few = run("cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--model", "b", "--base-url", dead, "-o", str(tmp_path / "c.json"))
+    assert few.exit_code == 2 and "5 labelled rows cannot certify any judge" in few.output and "are 29" in few.output
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_gradekit_grade_with_a_grader_file_uses_its_jury_and_its_judge_model(fake, tmp_path) -> None:
+    # `gradekit grade --grader` built the command line's judge whatever the file said: a file's judge: {jury: [...]},
+    # model and base_url were ignored and every row went to gpt-4o-mini at api.openai.com.
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    votes = {"a": "correct", "b": "incorrect", "c": "correct", "solo": "incorrect"}
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": votes[body["model"]]})))
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(4)])
+    jury = tmp_path / "jury.yaml"
+    jury.write_text(f"""type: llm
+rubric: {RUBRIC}
+judge:
+  base_url: "{fake.base_url}"
+  jury: [{{model: a}}, {{model: b}}, {{model: c}}]
+""", encoding="utf-8")
+    solo = tmp_path / "solo.yaml"
+    solo.write_text(f"type: llm\nrubric: {RUBRIC}\njudge: {{model: solo, base_url: \"{fake.base_url}\"}}\n", encoding="utf-8")
+    for config, score in ((jury, 1.0), (solo, 0.0)):
+        out = tmp_path / f"{config.stem}.jsonl"
+        result = CliRunner().invoke(app, ["grade", str(rows), "--grader", str(config), "-o", str(out), "--api-key", "k", "--no-cache"])
+        assert result.exit_code == 0, result.output
+        assert [(r["status"], r["score"]) for r in _rows(out)] == [("ok", score)] * 4
+    assert sorted({r.body["model"] for r in fake.chat_requests()}) == ["a", "b", "c", "solo"]
+
+
+def test_two_jurors_of_one_model_are_reported_apart(fake, tmp_path) -> None:
+    # The same model twice (say, on two providers): the jury block had one merged entry (rows twice the file's).
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+    rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(3)])
+    result = CliRunner().invoke(app, ["grade", str(rows), "-r", RUBRIC, "--model", "m", "--model", "m", "--model", "n", "--base-url", fake.base_url, "-o", str(tmp_path / "o.jsonl"), "--api-key", "k", "--no-cache", "--json"])
+    assert result.exit_code == 0, result.output
+    members = json.loads(result.stdout)["jury"]["members"]
+    assert [(m["model"], m.get("juror"), m["rows"]) for m in members] == [("m", "m #1", 3), ("m", "m #2", 3), ("n", None, 3)]
+    assert members[0]["requests"] == 3 and members[2]["requests"] == 3
+
+
+def test_cascade_fit_gives_each_judge_its_own_base_url_and_a_judge_that_never_answers_is_an_error(fake, tmp_path) -> None:
+    # `cascade fit --model A --model B --base-url X --base-url Y` made each judge a fleet of X and Y (and wrote X for both);
+    # a judge that failed every row was written as "never trusted (no rows)", exit 0.
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    with FakeProvider() as refusing:
+        refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))
+        fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
+        rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y", "label": "correct"}
+                                                for i in range(40)])
+        out = tmp_path / "c.json"
+        result = CliRunner().invoke(app, ["cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--model", "b", "--samples", "2",
+                                          "--base-url", fake.base_url, "--base-url", refusing.base_url, "-o", str(out),
+                                          "--api-key", "k", "--no-cache"])
+        assert {r.body["model"] for r in fake.chat_requests()} == {"a"} and {r.body["model"] for r in refusing.chat_requests()} <= {"b"}
+    assert result.exit_code == 0, result.output  # a trusted every row: b is never asked
+    assert [j["base_url"] for j in json.loads(out.read_text())["judges"]] == [fake.base_url, refusing.base_url]
+    with FakeProvider() as refusing:
+        refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))
+        failed = CliRunner().invoke(app, ["cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--samples", "2",
+                                          "--base-url", refusing.base_url, "-o", str(tmp_path / "d.json"), "--api-key", "k", "--no-cache"])
+    assert failed.exit_code == 2 and "a answered none of the 40 labelled rows" in failed.output and "401" in failed.output
+    assert not (tmp_path / "d.json").exists()

@@ -39,6 +39,14 @@ def clopper_pearson_lower(agree: int, n: int, delta: float) -> float:
     return float(beta.ppf(delta, agree, n - agree + 1))
 
 
+def fewest_to_trust(target: float, delta: float) -> int:
+    """The fewest rows on which any threshold can pass: n rows that all agree pass when target**n <= delta."""
+    n = 1
+    while target ** n > delta:
+        n += 1
+    return n
+
+
 def fixed_sequence(confidences: Sequence[float], correct: Sequence[bool], *, target: float,
                    delta: float) -> tuple[float | None, list[ThresholdTest]]:
     """The lowest threshold reached by testing from the most confident down; None if the first test fails."""
@@ -129,6 +137,11 @@ async def fit_cascade(
     spec.calibration_n = len(indices)
     if not indices:
         raise ValueError("no labelled rows to calibrate on (every human label is empty)")
+    fewest = fewest_to_trust(target, spec.delta_per_judge)
+    if len(indices) < fewest:
+        raise ValueError(f"{len(indices)} labelled rows cannot certify any judge: at --target {target:g} and delta "
+                         f"{spec.delta_per_judge:g} the fewest rows that can pass are {fewest}, all agreeing with the humans; "
+                         "label more rows (a few hundred give useful coverage)")
     rubrics = asked(rubric, samples=samples, method=confidence, spec=spec)
     gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -146,6 +159,12 @@ async def fit_cascade(
         fitted.calibration_rows = len(reaching)
         fitted.requests = sum(f.verdict.attempts for f in found)
         answered = [(i, f) for i, f in zip(reaching, found) if f.verdict.status == "ok" and f.confidence is not None]
+        if reaching and not answered:
+            # Not a judge that is never trusted: one that never answered (down, a wrong key, another model's name).
+            example = next((f.verdict for f in found if f.verdict.status == "error"), None)
+            why = f"{example.error_kind}: {example.error}" if example is not None else "no reply in the rubric's format"
+            raise ValueError(f"{judge.model} answered none of the {len(reaching)} labelled rows it was asked ({why}); "
+                             "nothing written: fix the judge and run the same command again")
         if confidence == "logprobs" and reaching and not any(f.verdict.score_source == "logprobs" for _, f in answered):
             raise ValueError(f"{judge.model} returned no logprobs on any row: use --confidence agreement")
         # A judge that failed a row is not trusted with it: the row escalates, as it would when grading.

@@ -96,8 +96,12 @@ def fit(
     cache = opts.open_cache()
     budget = opts.budget()
     try:
-        judges = [opts.judge(m, limiter=opts.limiter(m), cache=cache, budget=budget,
-                             **({"logprobs": LOGPROBS_TOP} if confidence == "logprobs" else {})) for m in opts.model]
+        from judge import Judge
+
+        # As in `grade --cascade`: one --base-url for every judge, or one per --model in order (never one judge on all of them).
+        judges = [Judge(m, base_url=url, api_key=key, timeout=opts.timeout, params=opts.params, limiter=opts.limiter(m), cache=cache,
+                        budget=budget, **({"logprobs": LOGPROBS_TOP} if confidence == "logprobs" else {}))
+                  for m, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "cascade"))]
     except ValueError as e:
         raise fail(str(e)) from e
     err = Console(stderr=True)

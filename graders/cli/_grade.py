@@ -97,7 +97,7 @@ def grade(
     from ..runs._provider_batch import BatchRunError
     from ._progress import already_written
 
-    from ._panel import build_panel, check_panel, panel_summary, print_panel
+    from ._panel import build_panel, check_cascade_rubric, check_panel, panel_summary, print_panel
 
     warnings_to_stderr()
     opts.check()
@@ -138,13 +138,7 @@ def grade(
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
-        from judge._rubric import rubric_fingerprint
-
-        if cascade_spec.rubric_fingerprint and rubric_fingerprint(spec) != cascade_spec.rubric_fingerprint:
-            import warnings
-
-            warnings.warn(f"{cascade}: fitted on another version of rubric {spec.name!r}: its guarantee was measured on that one; "
-                          "fit the cascade again", stacklevel=1)
+        check_cascade_rubric(cascade, cascade_spec, spec)
     if batch and encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and len(opts.base_url) > 1:
@@ -197,9 +191,20 @@ def grade(
         if panel_judge is not None:
             made.append(panel_judge)
             return made[-1]
-        # A grader file's judge.endpoints is its fleet unless the command line names endpoints itself.
+        if settings is not None and settings.jury is not None and not opts.model and not opts.base_url:
+            # A grader file's jury (judge: {jury: [...]}) is the run's judge unless the command line names judges itself.
+            made.append(settings.build(cache=cache, budget=budget))
+            return made[-1]
+        # A grader file's judge.model, base_url and endpoints (its fleet) hold unless the command line names its own;
+        # the file's params are sent beneath the command line's.
         fleet = settings.endpoints if settings is not None and not opts.base_url else None
-        made.append(opts.judge(model, limiter=limiter, cache=cache, budget=budget, **({"endpoints": fleet} if fleet else {})))
+        own: dict = {"endpoints": fleet} if fleet else {}
+        if settings is not None and settings.base_url and not opts.base_url:
+            own["base_url"] = settings.base_url
+        if settings is not None and settings.params:
+            own["params"] = {**settings.params, **opts.params}
+        made.append(opts.judge(model or (settings.model if settings is not None else None), limiter=limiter, cache=cache,
+                               budget=budget, **own))
         return made[-1]
 
     make_judge.reads_settings = True  # type: ignore[attr-defined]

@@ -227,8 +227,10 @@ class JudgeOptions:
         """
         from judge import Judge
 
-        return Judge(model, base_url=self.base_url or None, api_key=self.api_key or ("replay" if self.replay else None),
-                     timeout=self.timeout, params=self.params, **parts)
+        parts.setdefault("params", self.params)
+        base_url = self.base_url or parts.pop("base_url", None) or None  # the command line's, else the caller's (a grader file's)
+        return Judge(model, base_url=base_url, api_key=self.api_key or ("replay" if self.replay else None),
+                     timeout=self.timeout, **parts)
 
     def traffic(self) -> contextlib.AbstractContextManager[Any]:
         """The cassette the run records to or replays from, or nothing."""

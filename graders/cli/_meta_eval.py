@@ -60,6 +60,10 @@ def meta_eval(
         spec = load_rubric(rubric)
         if spec.pairwise is None:
             raise RubricError(f"rubric {spec.name!r} is not pairwise; use llmbar_pairwise or arena_hard_pairwise")
+        if cascade_spec is not None:
+            from ._panel import check_cascade_rubric
+
+            check_cascade_rubric(cascade, cascade_spec, spec)
         loaded = [load_suite(s, limit=limit) for s in suites]
         if len({s.name for s in loaded}) != len(loaded):
             raise SuiteError(f"--suite names a suite twice: {', '.join(suites)}")

@@ -20,6 +20,30 @@ if TYPE_CHECKING:
     from judge import Budget, CascadeSpec
 
 
+def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
+    """A cascade is used with the rubric it was fitted on: another rubric is exit 2 (its thresholds say
+    nothing about it), another version of the same rubric a warning (the guarantee was measured on the old one)."""
+    import typer
+
+    from judge._rubric import rubric_fingerprint
+
+    if not cascade.rubric_fingerprint or rubric_fingerprint(spec) == cascade.rubric_fingerprint:
+        return
+    fitted = cascade.rubric
+    if fitted.endswith((".yaml", ".yml")):  # fitted with a path: the spec's own name, where the file is still there
+        from judge import load_rubric
+
+        try:
+            fitted = load_rubric(fitted).name
+        except Exception:  # noqa: BLE001 - moved or broken since: its file name is the best guess
+            fitted = Path(fitted).stem
+    if fitted != spec.name:
+        raise fail(f"{path}: fitted on rubric {fitted!r}, not {spec.name!r}: its thresholds say nothing about this rubric; "
+                   f"fit a cascade for it (gradekit cascade fit ... -r {spec.name})")
+    typer.echo(f"warning: {path}: fitted on another version of rubric {spec.name!r}: its guarantee was measured on that one; "
+               "fit the cascade again", err=True)
+
+
 def check_panel(opts: JudgeOptions, jury: str | None, quorum: int | None, cascade: Path | None) -> CascadeSpec | None:
     """The panel options that exclude each other (exit 2), and the cascade file read."""
     from judge._jury import AGGREGATES
@@ -80,8 +104,9 @@ def panel_summary(panel: Any, summary: Any, prices: Any) -> dict[str, Any] | Non
         return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None
 
     members = []
-    for model, figures in panel.usage.by_model.items():
-        members.append({"model": model, **figures,
+    for member, figures in panel.usage.by_model.items():
+        model = panel.usage.models.get(member, member)
+        members.append({"model": model, **({"juror": member} if member != model else {}), **figures,
                         "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"])})
     costs = [m["cost_usd"] for m in members]
     total = sum(c for c in costs if c is not None) if costs and all(c is not None for c in costs) else None
