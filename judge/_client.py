@@ -662,7 +662,21 @@ class Judge:
         the row is answered once, by whichever endpoint could."""
         router = self._router
         if router is None:
-            return await self._post_to(self._members[0], False, request, estimate, usage, breaker, route)
+            # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
+            member = self._members[0]
+            try:
+                completion = await self._post_to(member, False, request, estimate, usage, breaker, route)
+            except (_Failed, _Relearn):
+                raise
+            except Exception as exc:
+                failure = _breaker_failure(exc)
+                if failure is None:
+                    member.breaker.success()
+                else:
+                    member.breaker.failure(*failure)
+                raise
+            member.breaker.success()
+            return completion
         tried: list[Member] = []
         last: BaseException | None = None
         turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted

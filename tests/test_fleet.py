@@ -139,6 +139,16 @@ def test_every_endpoint_dead_stops_the_run_naming_each(tmp_path: Path) -> None:
     assert first.accepted < 200 and second.accepted < 200  # stopped early, not after every row's retries
 
 
+def test_a_single_dead_endpoint_is_reported_down_with_its_reason(tmp_path: Path) -> None:
+    source, out = write_rows(tmp_path / "dead.jsonl", 40), tmp_path / "out.jsonl"
+    with DownJudge() as only:
+        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                     "--base-url", only.base_url, "--no-cache", "--json")
+    assert result.returncode == 3, result.stderr
+    (entry,) = json.loads(result.stdout)["endpoints"]
+    assert entry["base_url"] == only.base_url and entry["state"] == "down" and entry["reason"] and entry["ok"] == 0
+
+
 def test_one_endpoint_reports_one_entry_and_key_counts_must_match(pair, tmp_path: Path) -> None:
     a, _ = pair
     source, out = write_rows(tmp_path / "one.jsonl", 3), tmp_path / "out.jsonl"
