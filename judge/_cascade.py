@@ -31,7 +31,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._jury import Usage, member_concurrency
+from ._jury import Panel, Usage, member_concurrency
 from ._rubric import AskMode, Rubric
 from ._verdict import Verdict
 
@@ -231,7 +231,7 @@ _USAGE = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_toke
           "saved_completion_tokens", "attempts")
 
 
-class Cascade:
+class Cascade(Panel):
     """Judges in order with calibrated thresholds; usable wherever a Judge is (see the module docstring).
 
     Args:
@@ -244,7 +244,7 @@ class Cascade:
     def __init__(self, judges: Sequence[Any], spec: CascadeSpec) -> None:
         if len(judges) != len(spec.judges):
             raise ValueError(f"the cascade has {len(spec.judges)} judges, {len(judges)} given")
-        self.judges = list(judges)
+        self.judges = self.members = list(judges)
         self.spec = spec
         self.usage = Usage()
         self._rubrics: dict[int, tuple[Rubric, list[Rubric]]] = {}
@@ -254,34 +254,13 @@ class Cascade:
         return "cascade(" + " -> ".join(j.model for j in self.judges) + ")"
 
     @property
-    def base_url(self) -> str:
-        return " ".join(getattr(j, "base_url", "") for j in self.judges)
-
-    @property
     def sampling(self) -> dict[str, Any]:
         return {"cascade": self.spec.model_dump(exclude={"demonstrations"}), "demonstrations": len(self.spec.demonstrations)}
-
-    @property
-    def logprobs(self) -> int | None:
-        return None
 
     @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every row goes to the first judge, so its cap bounds them."""
         return member_concurrency(self.judges[0])
-
-    @property
-    def endpoints(self) -> list[Any]:
-        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
-        return [e for j in self.judges for e in getattr(j, "endpoints", [])]
-
-    @property
-    def limiter(self) -> Any:
-        return self.judges[0].limiter
-
-    @property
-    def cache(self) -> Any:
-        return getattr(self.judges[0], "cache", None)
 
     def rubrics(self, rubric: Rubric) -> list[Rubric]:
         """The K rubrics of a row, built once per rubric (their cache shells are kept per rubric object)."""
@@ -320,14 +299,3 @@ class Cascade:
         why = "no judge's confidence met its threshold" if best is not None else "the fit trusted no judge of the cascade with any row"
         return Verdict(status="abstained", error_kind="abstained", confidence=best,
                        error=why + (f" ({named})" if named else ""), **usage)
-
-    async def aclose(self) -> None:
-        for judge in self.judges:
-            await judge.aclose()
-
-    async def __aenter__(self) -> Cascade:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-

@@ -114,7 +114,45 @@ def decide(rubric: Rubric | None, labels: Sequence[str | None], scores: Sequence
     return label, mean, True
 
 
-class Jury:
+class Panel:
+    """What a Jury and a Cascade share: several Judges behind the face of one, so a run reads the attributes it
+    reads off a Judge (the checkpoint's settings, the limiter, the cache, the endpoints) and closes every member."""
+
+    members: list[Any]
+
+    @property
+    def base_url(self) -> str:
+        return " ".join(getattr(j, "base_url", "") for j in self.members)
+
+    @property
+    def logprobs(self) -> int | None:
+        return None
+
+    @property
+    def endpoints(self) -> list[Any]:
+        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
+        return [e for j in self.members for e in getattr(j, "endpoints", [])]
+
+    @property
+    def limiter(self) -> Any:
+        return self.members[0].limiter
+
+    @property
+    def cache(self) -> Any:
+        return getattr(self.members[0], "cache", None)
+
+    async def aclose(self) -> None:
+        for member in self.members:
+            await member.aclose()
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Jury(Panel):
     """Several Judges judging every row concurrently; usable wherever a Judge is.
 
     Args:
@@ -134,7 +172,7 @@ class Jury:
         n = len(jurors)
         if quorum is not None and not 1 <= quorum <= n:
             raise ValueError(f"quorum must be between 1 and the jury's size ({n}), got {quorum}")
-        self.jurors = list(jurors)
+        self.jurors = self.members = list(jurors)
         self.aggregate = aggregate
         self.quorum = quorum if quorum is not None else n // 2 + 1
         self.usage = Usage()
@@ -146,35 +184,14 @@ class Jury:
         return "jury(" + ", ".join(j.model for j in self.jurors) + ")"
 
     @property
-    def base_url(self) -> str:
-        return " ".join(getattr(j, "base_url", "") for j in self.jurors)
-
-    @property
     def sampling(self) -> dict[str, Any]:
         return {"jurors": [{"model": j.model, "base_url": getattr(j, "base_url", None), "params": getattr(j, "sampling", {})}
                            for j in self.jurors], "aggregate": self.aggregate, "quorum": self.quorum}
 
     @property
-    def logprobs(self) -> int | None:
-        return None
-
-    @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every juror is asked each row, so the busiest juror's cap bounds them."""
         return min(member_concurrency(j) for j in self.jurors)
-
-    @property
-    def endpoints(self) -> list[Any]:
-        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
-        return [e for j in self.jurors for e in getattr(j, "endpoints", [])]
-
-    @property
-    def limiter(self) -> Any:
-        return self.jurors[0].limiter
-
-    @property
-    def cache(self) -> Any:
-        return getattr(self.jurors[0], "cache", None)
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """Every juror judges ``row`` at once; the answering jurors decide (see the module docstring)."""
@@ -252,16 +269,6 @@ class Jury:
         first = agreeing[0] if agreeing else answered[0][1]
         return Verdict(status="ok", score=score, label=label, rationale=first.rationale, raw=first.raw, mode=first.mode,
                        agreement=len(agreeing) / len(answered), **usage)
-
-    async def aclose(self) -> None:
-        for juror in self.jurors:
-            await juror.aclose()
-
-    async def __aenter__(self) -> Jury:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def member_concurrency(judge: Any) -> int:
