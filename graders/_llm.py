@@ -252,6 +252,20 @@ def _label_model_directory() -> Path:
     return _label_model_dir()
 
 
+def _model_grader_rubric(name: str, kind: str, spec: dict[str, Any]) -> Rubric:
+    """The rubric an OpenAI label_model or score_model grader runs as: its messages rendered through label_model.j2
+    (system and user text, and the media parts); ``spec`` adds how the reply is read."""
+    return Rubric.model_validate({
+        "name": name,
+        "description": f"OpenAI {kind} grader",
+        "template": "label_model.j2",
+        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
+                      "media": {"type": "media", "required": False}},
+        "directory": _label_model_directory(),
+        **spec,
+    })
+
+
 def local_media(value: str, root: Path | None) -> str:
     """An image cell as the judge takes it: a URL or data: URI as it is, a local path (inside ``root``, the input's folder) as a data: URI.
 
@@ -332,15 +346,9 @@ def label_model_grader(judge: Judge, messages: list[Mapping[str, Any]], labels: 
         raise ValueError(f"label_model {name!r}: passing_labels must be some of the labels; not labels: {unknown}")
     schema = {"type": "object", "properties": {"label": {"type": "string", "enum": list(labels)}}, "required": ["label"],
               "additionalProperties": False}
-    rubric = Rubric.model_validate({
-        "name": name,
-        "description": "OpenAI label_model grader",
-        "template": "label_model.j2",
-        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
-                      "media": {"type": "media", "required": False}},
+    rubric = _model_grader_rubric(name, "label_model", {
         "output": {"mode": "json_schema", "field": "label", "schema": schema, "rationale_field": None},
         "labels": {label: 1.0 if label in passing_labels else 0.0 for label in labels},
-        "directory": _label_model_directory(),
     })
 
     async def grade(sample: Sample) -> Grade:
@@ -450,19 +458,13 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
             raise ValueError(f"score_model {name!r}: sampling_params.{key} is not one of {', '.join(sorted(_SAMPLING_FIELDS))}")
         if value is not None:
             sampling[_SAMPLING_FIELDS[key]] = value
-    rubric = Rubric.model_validate({
-        "name": name,
-        "description": "OpenAI score_model grader",
-        "template": "label_model.j2",
-        "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
-                      "media": {"type": "media", "required": False}},
+    rubric = _model_grader_rubric(name, "score_model", {
         "output": {"mode": "json_schema", "field": "result", "rationale_field": None,
                    "schema": {**_SCORE_SCHEMA, "properties": {**_SCORE_SCHEMA["properties"],
                                                               "result": {"type": "number", "minimum": low, "maximum": high}}}},
         "labels": {_NUMERIC_LABEL: 0.0},
         "unmatched": 0.0,
         "sampling": sampling,
-        "directory": _label_model_directory(),
     })
     instruction = (f"Reply with a JSON object: \"steps\", your reasoning as a list of {{\"description\", \"conclusion\"}}, "
                    f"and \"result\", the score as one number from {low:g} to {high:g}.")
