@@ -26,13 +26,14 @@ from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import endpoint_limiter, process_limiter
 from ._pacing import Pacing
 from ._parse import ParseFailure, parse_reply
-from ._retry import RetryPolicy, is_not_recorded, retry_after_seconds
+from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._thinking import read_message
 from ._verdict import ErrorKind, Verdict, clamp
+from ._wire import (Failed, Route, add_usage, breaker_failure, check_body, error_of, post,
+                    status_error_kind, status_text, usage_detail, vectors_of)
 
 log = logging.getLogger("gradekit.judge")
-Route = Literal["chat", "embeddings"]
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
 # One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
@@ -41,14 +42,6 @@ _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defau
 # a trajectory), and sending it would only buy a 400 or a very large bill.
 DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
-
-
-class _Failed(Exception):
-    def __init__(self, kind: ErrorKind, message: str, status: int | None = None, *, output_format: bool = False) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status  # the HTTP status, when the server answered with one
-        self.output_format = output_format  # a 400 about the output format: another ask mode may work
 
 
 class _Skipped(Exception):
@@ -63,10 +56,6 @@ class _Relearn(Exception):
 # everything; its last 400 is the row's error.
 _MAX_RELEARNS = 8
 
-
-# A wrong key, a key without access, or a model the server does not have: another output format
-# would fail the same way, so the row fails at once instead of walking the fallback chain.
-_NO_FALLBACK = (401, 403, 404)
 
 
 def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode, model: str, sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,71 +89,6 @@ def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode,
 def _schema_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
     return cleaned[:64] or "verdict"
-
-
-def _status_message(exc: openai.APIStatusError) -> str:
-    return _status_text(exc.status_code, getattr(exc, "message", None) or str(exc))
-
-
-def _status_text(status: int, detail: str) -> str:
-    hint = {
-        401: "authentication failed: check OPENAI_API_KEY or --api-key",
-        403: "permission denied for this key or model",
-        404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
-    }.get(status)
-    return f"HTTP {status}: {hint + ' — ' if hint else ''}{detail}"
-
-
-def status_error_kind(status: int) -> ErrorKind:
-    """The ErrorKind of an HTTP error status, live or inside a batch result line."""
-    if status == 429:
-        return "rate_limited"
-    return "server_error" if status >= 500 else "bad_request"
-
-
-def _error_of(exc: BaseException) -> _Failed:
-    if is_not_recorded(exc):
-        return _Failed("not_recorded", "the cassette has no recorded reply for this request")
-    if isinstance(exc, openai.RateLimitError):
-        return _Failed("rate_limited", f"rate limited until the retry budget ran out: {exc}")
-    if isinstance(exc, openai.APITimeoutError):
-        return _Failed("timeout", f"the judge did not answer within the timeout ({_url_of(exc)})")
-    if isinstance(exc, openai.APIStatusError):
-        code, param, said = error_fields(exc.body, _status_message(exc))
-        return _Failed(status_error_kind(exc.status_code), _status_message(exc), exc.status_code,
-                       output_format=exc.status_code == 400 and names_output_format(code, param, said))
-    if isinstance(exc, openai.APIConnectionError):
-        # The URL tried, so a wrong --base-url or a server not listening reads as such.
-        return _Failed("server_error", f"connection to {_url_of(exc)} failed: {exc}{_cause_of(exc)}")
-    return _Failed("server_error", f"{type(exc).__name__}: {exc}")
-
-
-def _url_of(exc: BaseException) -> str:
-    request = getattr(exc, "request", None)
-    url = getattr(request, "url", None)
-    return str(url) if url is not None else "the judge"
-
-
-def _cause_of(exc: BaseException) -> str:
-    """The socket-level reason under the SDK's generic "Connection error." (refused, reset, DNS)."""
-    cause = exc.__cause__ or exc.__context__
-    while cause is not None and (cause.__cause__ or cause.__context__) is not None and not str(cause):
-        cause = cause.__cause__ or cause.__context__
-    return f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
-
-
-def _breaker_failure(exc: BaseException) -> tuple[str, str] | None:
-    """What a failed request tells the run's breaker: (kind, message) if it says the judge is broken.
-
-    None for a 429 (the provider is alive and pacing is the limiter's job), a missing cassette
-    entry, and 4xx other than 401/403/404 (the server answered; the request was at fault).
-    """
-    if isinstance(exc, openai.RateLimitError) or is_not_recorded(exc):
-        return None
-    if isinstance(exc, openai.APIStatusError) and exc.status_code < 500 and exc.status_code not in _NO_FALLBACK:
-        return None
-    failure = _error_of(exc)
-    return failure.kind, str(failure)
 
 
 class Judge:
@@ -351,10 +275,10 @@ class Judge:
             return Verdict(latency_s=time.perf_counter() - started, **usage, **fields)
 
         chain = rubric.ask_modes
-        first_bad_request: _Failed | None = None
+        first_bad_request: Failed | None = None
         for mode in chain[self._start_mode(rubric):]:
             if mode in self.dialect.refused_modes and mode != chain[-1]:
-                first_bad_request = first_bad_request or _Failed(
+                first_bad_request = first_bad_request or Failed(
                     "bad_request", f"{self.model} at {self.base_url} does not take output mode {mode}", 400, output_format=True)
                 continue
             for _ in range(_MAX_RELEARNS):
@@ -367,7 +291,7 @@ class Judge:
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
                         break  # another request learnt that this mode is refused
                     continue  # a fix was learnt (here or by another request): build the request again
-                except _Failed as failure:
+                except Failed as failure:
                     structured = mode != chain[-1]
                     # Only a 400 about the output format walks the chain; a model name, a parameter or a
                     # context length fails the same way in every format.
@@ -401,7 +325,7 @@ class Judge:
         if self.cache is not None:
             for i, text in enumerate(texts):
                 stored = self.cache.get(keys[text])
-                found = _vectors_of({"data": [stored]}, 1) if isinstance(stored, dict) else []
+                found = vectors_of({"data": [stored]}, 1) if isinstance(stored, dict) else []
                 vectors[i] = found[0] if found else None
         missing = list(dict.fromkeys(text for text, vector in zip(texts, vectors) if vector is None))
 
@@ -413,12 +337,12 @@ class Judge:
             request = {"model": model, "input": missing, "encoding_format": "float"}  # float: the SDK would ask for base64
             try:
                 response = await self._send(request, usage, route="embeddings")
-            except _Failed as failure:
+            except Failed as failure:
                 error = str(failure)
                 if failure.status == 404:
                     error = f"{self.base_url.rstrip('/')}/embeddings has no route or no model {model!r}: {error}"
                 return finish(status="error", error_kind=failure.kind, error=error)
-            fresh = dict(zip(missing, _vectors_of(response, len(missing))))
+            fresh = dict(zip(missing, vectors_of(response, len(missing))))
             for text, vector in fresh.items():
                 if self.cache is not None:
                     self.cache.put(keys[text], {"object": "embedding", "model": model, "embedding": vector})
@@ -448,7 +372,7 @@ class Judge:
     def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
         try:
             parsed, thinking = self._read(rubric, stored, mode)
-        except (ParseFailure, _Failed):
+        except (ParseFailure, Failed):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
         saved = stored.get("usage") or {}
@@ -522,7 +446,7 @@ class Judge:
                                           prompt_estimate=prepared.prompt_estimate)
             try:
                 parsed, thinking = self._read(rubric, completion, mode)
-            except _Failed as refusal:  # refusals are deterministic: no re-ask
+            except Failed as refusal:  # refusals are deterministic: no re-ask
                 return finish(status="error", error_kind=refusal.kind, error=str(refusal), mode=mode, raw=_raw_text(completion))
             except ParseFailure as failure:
                 last = failure
@@ -545,9 +469,9 @@ class Judge:
         message = choice.get("message") or {}
         finish_reason = choice.get("finish_reason")
         if message.get("refusal"):
-            raise _Failed("refusal", f"the judge refused: {message['refusal']}")
+            raise Failed("refusal", f"the judge refused: {message['refusal']}")
         if finish_reason == "content_filter":
-            raise _Failed("refusal", "the judge's reply was withheld by a content filter")
+            raise Failed("refusal", "the judge's reply was withheld by a content filter")
         tool_args = None
         if mode == "tool":
             calls = message.get("tool_calls") or []
@@ -601,23 +525,23 @@ class Judge:
                     with attempt:
                         try:
                             completion = await self._post(request, estimate, usage, breaker, route)
-                        except _Failed:
+                        except Failed:
                             raise
                         except Exception as exc:
                             if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
                                 raise _Relearn() from exc  # not the row's failure, not the breaker's business
                             if breaker is not None and not isinstance(exc, openai.RateLimitError):
-                                breaker.request(_breaker_failure(exc), base_url=self.base_url, model=request["model"])
+                                breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                             raise
                         if breaker is not None:
                             breaker.request(None, base_url=self.base_url, model=request["model"])
             except (asyncio.CancelledError, _Relearn):
                 raise
-            except _Failed:
+            except Failed:
                 settled = True  # an answer all the same (a parameter the user set, refused): the others need not wait
                 raise
-            except Exception as exc:  # every other failure becomes a Verdict error via _Failed
-                failure = _error_of(exc)
+            except Exception as exc:  # every other failure becomes a Verdict error via Failed
+                failure = error_of(exc)
                 if failure.output_format and learning:
                     # Learnt by the request the gate let out first: those waiting skip this mode instead
                     # of each meeting the same 400. Later format 400s walk the chain row by row, as they
@@ -648,7 +572,7 @@ class Judge:
             name = fix.param
             fix = user_fix(fix)
             if fix is None:
-                raise _Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
+                raise Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
                               "(--judge-param, --temperature, --reasoning-effort)", 400) from exc
         self.dialect.learn(fix)
@@ -666,10 +590,10 @@ class Judge:
             member = self._members[0]
             try:
                 completion = await self._post_to(member, False, request, estimate, usage, breaker, route)
-            except (_Failed, _Relearn):
+            except (Failed, _Relearn):
                 raise
             except Exception as exc:
-                failure = _breaker_failure(exc)
+                failure = breaker_failure(exc)
                 if failure is None:
                     member.breaker.success()
                 else:
@@ -689,7 +613,7 @@ class Judge:
                     if router.all_down():
                         # Every endpoint is out, but not for long yet: wait for the next probe's answer.
                         if breaker is not None and breaker.tripped is not None:
-                            raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                            raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
                         await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
                         tried = []
                         continue
@@ -711,10 +635,10 @@ class Judge:
                 except _Skipped:
                     tried.append(member)
                     continue
-                except (_Failed, _Relearn):
+                except (Failed, _Relearn):
                     raise
                 except Exception as exc:
-                    failure = _breaker_failure(exc)
+                    failure = breaker_failure(exc)
                     if failure is None:
                         member.breaker.success()  # it answered (a 429, a 400 about the request): alive
                         raise
@@ -734,7 +658,7 @@ class Judge:
         finally:
             router.leave(turn)
 
-    def _fleet_down(self, breaker: Breaker | None) -> _Failed:
+    def _fleet_down(self, breaker: Breaker | None) -> Failed:
         """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""
         reasons = tuple(f"{m.base_url}: {m.breaker.reason or 'out'}" for m in self._members)
         first = self._members[0].breaker.reason or "server_error: out"
@@ -744,7 +668,7 @@ class Judge:
                     self.model, endpoints=reasons)
         if breaker is not None:
             breaker.trip(trip)
-        return _Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
+        return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
 
     async def _post_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
                        breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
@@ -754,21 +678,14 @@ class Judge:
             # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
             # and neither is the retry of a row in flight.
             if breaker is not None and breaker.tripped is not None:
-                raise _Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
             if self._router is not None and member.breaker.down and not probe:
                 raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
             usage["attempts"] += 1
             member.sent()
             sent_at = time.monotonic()
-            client = member.client()
             try:
-                # The raw body, not the SDK's pydantic objects: the cache stores JSON anyway,
-                # and skipping model construction halves the client's CPU per judgement.
-                if route == "embeddings":
-                    raw = await client.embeddings.with_raw_response.create(**request)
-                else:
-                    raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
-                completion = await _assemble_stream(raw) if request.get("stream") else json.loads(raw.content)
+                raw, completion = await post(member.client(), request, route)
             except openai.APIStatusError as refused:
                 member.replied(refused.status_code, time.monotonic() - sent_at)
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
@@ -786,17 +703,10 @@ class Judge:
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
         member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
-        usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
-        usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
-        usage["reasoning_tokens"] = usage.get("reasoning_tokens", 0) + _detail(spent, "completion_tokens_details", "reasoning_tokens")
-        usage["cached_tokens"] = usage.get("cached_tokens", 0) + _detail(spent, "prompt_tokens_details", "cached_tokens")
+        add_usage(usage, spent)
         limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
-        if route == "embeddings":
-            if not _vectors_of(completion, len(request["input"])):
-                raise ValueError("embeddings response has no vector for every input")  # a malformed 200: transient
-        elif not completion.get("choices"):
-            raise ValueError("completion has no choices")  # a malformed 200: transient
+        check_body(completion, request, route)
         return completion
 
 
@@ -830,14 +740,14 @@ class Judge:
         spent = completion.get("usage") or {}
         fields: dict[str, Any] = {"mode": mode, "attempts": attempts, "prompt_tokens": int(spent.get("prompt_tokens") or 0),
                                   "completion_tokens": int(spent.get("completion_tokens") or 0),
-                                  "reasoning_tokens": _detail(spent, "completion_tokens_details", "reasoning_tokens"),
-                                  "cached_tokens": _detail(spent, "prompt_tokens_details", "cached_tokens"),
+                                  "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
+                                  "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
                                   "reasoning": reasoning_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         try:
             parsed, _ = self._read(rubric, completion, mode)  # the thinking is in ``fields`` already, for every outcome
-        except _Failed as refusal:
+        except Failed as refusal:
             return Verdict(status="error", error_kind=refusal.kind, error=str(refusal), raw=_raw_text(completion), **fields)
         except ParseFailure as failure:
             kind: ErrorKind = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
@@ -862,7 +772,7 @@ class Judge:
             said = error.get("message") if isinstance(error, dict) else None
             # Worded as the SDK words a live APIStatusError, so a batch row reads like the live one.
             detail = f"Error code: {status_code}" + (f" - {said}" if isinstance(said, str) and said else "")
-            return Verdict(status="error", error_kind=status_error_kind(status_code), error=_status_text(status_code, detail),
+            return Verdict(status="error", error_kind=status_error_kind(status_code), error=status_text(status_code, detail),
                            mode=mode, attempts=attempts)
         kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
         text = f"{code}: {message}" if code else (message or "the request failed without an error message")
@@ -885,22 +795,6 @@ class Embeddings(BaseModel):
 def embedding_key(base_url: str, model: str, text: str) -> str:
     """The cache key of one text's embedding: ``route`` keeps it apart from every chat request's key."""
     return cache_key(base_url, {"route": "embeddings", "model": model, "input": text, "encoding_format": "float"})
-
-
-def _vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
-    """The ``count`` vectors of an embeddings response in input order, or [] if it does not hold them all."""
-    data = response.get("data")
-    if not isinstance(data, list) or len(data) != count:
-        return []
-    items = sorted(data, key=lambda item: item.get("index", 0) if isinstance(item, dict) else 0) if count > 1 else data
-    vectors = []
-    for item in items:
-        vector = item.get("embedding") if isinstance(item, dict) else None
-        if not isinstance(vector, list) or not vector or \
-                not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
-            return []  # also NaN or Infinity, which Python's JSON reader lets through
-        vectors.append([float(x) for x in vector])
-    return vectors
 
 
 class Prepared(BaseModel):
@@ -975,80 +869,6 @@ def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> st
     # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
     named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
     return named[0] if len(named) == 1 else None
-
-
-_SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
-
-
-def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
-    """``request`` as keyword arguments of the SDK's ``chat.completions.create``: keys the SDK does
-    not know (DashScope's ``enable_thinking``, Ark's ``thinking``, vLLM's ``top_k``) go in
-    ``extra_body``, so they reach the request body as the user wrote them."""
-    global _SDK_CHAT_ARGUMENTS
-    if _SDK_CHAT_ARGUMENTS is None:
-        import inspect
-
-        from openai.resources.chat.completions import AsyncCompletions
-
-        _SDK_CHAT_ARGUMENTS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self", "extra_body"}
-    known = {k: v for k, v in request.items() if k in _SDK_CHAT_ARGUMENTS}
-    extra = {k: v for k, v in request.items() if k not in _SDK_CHAT_ARGUMENTS}
-    if extra:
-        known["extra_body"] = extra
-    return known
-
-
-def _detail(usage: Mapping[str, Any], part: str, name: str) -> int:
-    """A count inside usage's ``*_tokens_details`` (absent or null on most providers)."""
-    details = usage.get(part)
-    value = details.get(name) if isinstance(details, Mapping) else None
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
-
-
-async def _assemble_stream(raw: Any) -> dict[str, Any]:
-    """A streamed chat completion as the one non-streaming body it stands for.
-
-    Content and reasoning deltas (``reasoning_content`` / ``reasoning``) are joined apart, tool
-    call deltas by index; the usage chunk (``stream_options.include_usage``) gives the usage.
-    """
-    stream = raw.parse()  # the AsyncStream itself (parse is sync for a stream)
-    if asyncio.iscoroutine(stream):
-        stream = await stream
-    content: list[str] = []
-    reasoning: dict[str, list[str]] = {}
-    calls: dict[int, dict[str, Any]] = {}
-    finish_reason = None
-    usage = None
-    last: dict[str, Any] = {}
-    async for chunk in stream:
-        data = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
-        last = data
-        if data.get("usage"):
-            usage = data["usage"]
-        for choice in data.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                content.append(delta["content"])
-            for name in ("reasoning_content", "reasoning"):
-                if isinstance(delta.get(name), str) and delta[name]:
-                    reasoning.setdefault(name, []).append(delta[name])
-            for call in delta.get("tool_calls") or []:
-                slot = calls.setdefault(int(call.get("index") or 0), {"id": None, "type": "function",
-                                                                      "function": {"name": "", "arguments": ""}})
-                slot["id"] = call.get("id") or slot["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
-            if choice.get("finish_reason"):
-                finish_reason = choice["finish_reason"]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
-    for name, parts in reasoning.items():
-        message[name] = "".join(parts)
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    choices = [{"index": 0, "message": message, "finish_reason": finish_reason}] if (content or reasoning or calls or finish_reason) else []
-    return {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
-            "usage": usage or {}}
 
 
 def _truncated(message: str) -> ParseFailure:

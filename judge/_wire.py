@@ -1,0 +1,226 @@
+"""The wire: what one request looks like to the SDK and what comes back.
+
+The SDK's arguments for a request (unknown keys in ``extra_body``), one raw post, a streamed reply
+assembled into the body it stands for, the usage a reply reports, and the SDK's exceptions as the
+judge's error kinds. Nothing here knows endpoints, fleets, caches or rubrics: the fleet
+(:mod:`judge._fleet`) sends through it, the client (:mod:`judge._client`) reads what it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import openai
+
+from ._dialect import error_fields, names_output_format
+from ._retry import is_not_recorded
+from ._verdict import ErrorKind
+
+Route = Literal["chat", "embeddings"]
+
+
+class Failed(Exception):
+    """A request that failed for good, as the judge's error kind and message."""
+
+    def __init__(self, kind: ErrorKind, message: str, status: int | None = None, *, output_format: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status  # the HTTP status, when the server answered with one
+        self.output_format = output_format  # a 400 about the output format: another ask mode may work
+
+
+# A wrong key, a key without access, or a model the server does not have: another output format
+# would fail the same way, so the row fails at once instead of walking the fallback chain.
+NO_FALLBACK = (401, 403, 404)
+
+
+def status_message(exc: openai.APIStatusError) -> str:
+    return status_text(exc.status_code, getattr(exc, "message", None) or str(exc))
+
+
+def status_text(status: int, detail: str) -> str:
+    hint = {
+        401: "authentication failed: check OPENAI_API_KEY or --api-key",
+        403: "permission denied for this key or model",
+        404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
+    }.get(status)
+    return f"HTTP {status}: {hint + ' — ' if hint else ''}{detail}"
+
+
+def status_error_kind(status: int) -> ErrorKind:
+    """The ErrorKind of an HTTP error status, live or inside a batch result line."""
+    if status == 429:
+        return "rate_limited"
+    return "server_error" if status >= 500 else "bad_request"
+
+
+def error_of(exc: BaseException) -> Failed:
+    if is_not_recorded(exc):
+        return Failed("not_recorded", "the cassette has no recorded reply for this request")
+    if isinstance(exc, openai.RateLimitError):
+        return Failed("rate_limited", f"rate limited until the retry budget ran out: {exc}")
+    if isinstance(exc, openai.APITimeoutError):
+        return Failed("timeout", f"the judge did not answer within the timeout ({url_of(exc)})")
+    if isinstance(exc, openai.APIStatusError):
+        code, param, said = error_fields(exc.body, status_message(exc))
+        return Failed(status_error_kind(exc.status_code), status_message(exc), exc.status_code,
+                       output_format=exc.status_code == 400 and names_output_format(code, param, said))
+    if isinstance(exc, openai.APIConnectionError):
+        # The URL tried, so a wrong --base-url or a server not listening reads as such.
+        return Failed("server_error", f"connection to {url_of(exc)} failed: {exc}{cause_of(exc)}")
+    return Failed("server_error", f"{type(exc).__name__}: {exc}")
+
+
+def url_of(exc: BaseException) -> str:
+    request = getattr(exc, "request", None)
+    url = getattr(request, "url", None)
+    return str(url) if url is not None else "the judge"
+
+
+def cause_of(exc: BaseException) -> str:
+    """The socket-level reason under the SDK's generic "Connection error." (refused, reset, DNS)."""
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and (cause.__cause__ or cause.__context__) is not None and not str(cause):
+        cause = cause.__cause__ or cause.__context__
+    return f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+
+
+def breaker_failure(exc: BaseException) -> tuple[str, str] | None:
+    """What a failed request tells the run's breaker: (kind, message) if it says the judge is broken.
+
+    None for a 429 (the provider is alive and pacing is the limiter's job), a missing cassette
+    entry, and 4xx other than 401/403/404 (the server answered; the request was at fault).
+    """
+    if isinstance(exc, openai.RateLimitError) or is_not_recorded(exc):
+        return None
+    if isinstance(exc, openai.APIStatusError) and exc.status_code < 500 and exc.status_code not in NO_FALLBACK:
+        return None
+    failure = error_of(exc)
+    return failure.kind, str(failure)
+
+
+
+def vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
+    """The ``count`` vectors of an embeddings response in input order, or [] if it does not hold them all."""
+    data = response.get("data")
+    if not isinstance(data, list) or len(data) != count:
+        return []
+    items = sorted(data, key=lambda item: item.get("index", 0) if isinstance(item, dict) else 0) if count > 1 else data
+    vectors = []
+    for item in items:
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(vector, list) or not vector or \
+                not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            return []  # also NaN or Infinity, which Python's JSON reader lets through
+        vectors.append([float(x) for x in vector])
+    return vectors
+
+
+
+_SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
+
+
+def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``request`` as keyword arguments of the SDK's ``chat.completions.create``: keys the SDK does
+    not know (DashScope's ``enable_thinking``, Ark's ``thinking``, vLLM's ``top_k``) go in
+    ``extra_body``, so they reach the request body as the user wrote them."""
+    global _SDK_CHAT_ARGUMENTS
+    if _SDK_CHAT_ARGUMENTS is None:
+        import inspect
+
+        from openai.resources.chat.completions import AsyncCompletions
+
+        _SDK_CHAT_ARGUMENTS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self", "extra_body"}
+    known = {k: v for k, v in request.items() if k in _SDK_CHAT_ARGUMENTS}
+    extra = {k: v for k, v in request.items() if k not in _SDK_CHAT_ARGUMENTS}
+    if extra:
+        known["extra_body"] = extra
+    return known
+
+
+def usage_detail(usage: Mapping[str, Any], part: str, name: str) -> int:
+    """A count inside usage's ``*_tokens_details`` (absent or null on most providers)."""
+    details = usage.get(part)
+    value = details.get(name) if isinstance(details, Mapping) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+async def assemble_stream(raw: Any) -> dict[str, Any]:
+    """A streamed chat completion as the one non-streaming body it stands for.
+
+    Content and reasoning deltas (``reasoning_content`` / ``reasoning``) are joined apart, tool
+    call deltas by index; the usage chunk (``stream_options.include_usage``) gives the usage.
+    """
+    stream = raw.parse()  # the AsyncStream itself (parse is sync for a stream)
+    if asyncio.iscoroutine(stream):
+        stream = await stream
+    content: list[str] = []
+    reasoning: dict[str, list[str]] = {}
+    calls: dict[int, dict[str, Any]] = {}
+    finish_reason = None
+    usage = None
+    last: dict[str, Any] = {}
+    async for chunk in stream:
+        data = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
+        last = data
+        if data.get("usage"):
+            usage = data["usage"]
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            for name in ("reasoning_content", "reasoning"):
+                if isinstance(delta.get(name), str) and delta[name]:
+                    reasoning.setdefault(name, []).append(delta[name])
+            for call in delta.get("tool_calls") or []:
+                slot = calls.setdefault(int(call.get("index") or 0), {"id": None, "type": "function",
+                                                                      "function": {"name": "", "arguments": ""}})
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
+    for name, parts in reasoning.items():
+        message[name] = "".join(parts)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    choices = [{"index": 0, "message": message, "finish_reason": finish_reason}] if (content or reasoning or calls or finish_reason) else []
+    return {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
+            "usage": usage or {}}
+
+
+
+async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -> tuple[Any, Any]:
+    """One request as the raw HTTP reply and its JSON body (a stream assembled into one body).
+
+    The raw body, not the SDK's pydantic objects: the cache stores JSON anyway, and skipping model
+    construction halves the client's CPU per judgement.
+    """
+    if route == "embeddings":
+        raw = await client.embeddings.with_raw_response.create(**request)
+    else:
+        raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
+    return raw, (await assemble_stream(raw) if request.get("stream") else json.loads(raw.content))
+
+
+def add_usage(usage: dict[str, int], spent: Mapping[str, Any]) -> None:
+    """Add a reply's ``usage`` to a judgement's running counts."""
+    usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
+    usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
+    usage["reasoning_tokens"] = usage.get("reasoning_tokens", 0) + usage_detail(spent, "completion_tokens_details", "reasoning_tokens")
+    usage["cached_tokens"] = usage.get("cached_tokens", 0) + usage_detail(spent, "prompt_tokens_details", "cached_tokens")
+
+
+def check_body(completion: Any, request: Mapping[str, Any], route: Route) -> None:
+    """A 200 whose body is not a completion (or lacks a vector) is transient: raise ValueError to retry it."""
+    if route == "embeddings":
+        if not vectors_of(completion, len(request["input"])):
+            raise ValueError("embeddings response has no vector for every input")  # a malformed 200: transient
+    elif not completion.get("choices"):
+        raise ValueError("completion has no choices")  # a malformed 200: transient
