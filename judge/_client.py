@@ -17,21 +17,20 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 from tenacity import RetryCallState
 
-from ._breaker import Breaker, Trip, current_breaker
+from ._breaker import current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
-from ._fleet import _ALL_OUT_POLL_S, Endpoint, EndpointStats, Member, Router, endpoints_of, member_id
+from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._limiter import RequestLimiter, estimate_tokens
-from ._limiters import endpoint_limiter, process_limiter
+from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import ParseFailure, parse_reply
-from ._retry import RetryPolicy, retry_after_seconds
+from ._retry import RetryPolicy
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._thinking import read_message
 from ._verdict import ErrorKind, Verdict, clamp
-from ._wire import (Failed, Route, add_usage, breaker_failure, check_body, error_of, post,
-                    status_error_kind, status_text, usage_detail, vectors_of)
+from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -42,10 +41,6 @@ _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defau
 # a trajectory), and sending it would only buy a 400 or a very large bill.
 DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
-
-
-class _Skipped(Exception):
-    """The endpoint this request waited for went out of the fleet before it was sent: route it again."""
 
 
 class _Relearn(Exception):
@@ -160,26 +155,12 @@ class Judge:
         self.base_url = fleet[0].base_url
         # max_retries=0: tenacity is the one owner of retries (ARCHITECTURE invariant); the SDK's
         # own retries would multiply attempts and bypass the shared limiter.
-        options = {"max_retries": 0, "timeout": timeout}
-        template = limiter if limiter is not None else process_limiter()
-        self._members: list[Member] = []
-        for endpoint in fleet:
-            # ``$NAME`` is read from the environment in a configured fleet (a file holds no key); a key
-            # given as base_url/api_key arguments (the command line) is taken as it is.
-            key = (endpoint.resolved_key() if endpoints is not None else endpoint.api_key) or os.environ.get("OPENAI_API_KEY")
-            if not key:
-                if "api.openai.com" in endpoint.base_url:
-                    raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
-                key = "not-needed"
-            own = template if len(fleet) == 1 and endpoint.rps is None and endpoint.tpm is None else \
-                endpoint_limiter(template, member_id(endpoint.base_url, key), rps=endpoint.rps, tpm=endpoint.tpm)
-            # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
-            # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
-            self._members.append(Member(endpoint, key, own, options))
-        self._router = Router(self._members) if len(self._members) > 1 else None
-        self.limiter = self._members[0].limiter
-        self.cache = cache
         self.retry = retry or RetryPolicy()
+        self._fleet = Fleet.build(fleet, model=self.model, retry=self.retry, configured=endpoints is not None,
+                                  limiter=limiter if limiter is not None else process_limiter(),
+                                  client_options={"max_retries": 0, "timeout": timeout})
+        self.limiter = self._fleet.limiter
+        self.cache = cache
         self.sampling = {**(sampling or {}), **(params or {})}  # the user's judge parameters
         if logprobs is not None:
             if not 1 <= logprobs <= 20:
@@ -210,21 +191,16 @@ class Judge:
     @property
     def concurrency(self) -> int:
         """Requests this judge may have in flight: its limiter's cap, summed over a fleet's endpoints."""
-        return sum(m.limiter.concurrency for m in self._members)
+        return self._fleet.concurrency
 
     @property
     def endpoints(self) -> list[EndpointStats]:
         """Each endpoint's requests, answers, rate and state so far (one entry without a fleet)."""
-        return [member.snapshot() for member in self._members]
+        return self._fleet.endpoints()
 
     def pacing(self) -> Pacing:
         """How the judge paces now: its limiter's pacing; for a fleet, the summed rate of its endpoints."""
-        if self._router is None:
-            return self.limiter.pacing()
-        pacings = [m.pacing() for m in self._members if m.breaker.state_now() == "up"] or [m.pacing() for m in self._members]
-        rates = [p.rps for p in pacings]
-        total = None if any(r is None for r in rates) else round(sum(r for r in rates if r is not None), 3)
-        return Pacing(mode=pacings[0].mode, rps=total)
+        return self._fleet.pacing()
 
     def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]:
         """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes."""
@@ -235,12 +211,11 @@ class Judge:
         """The SDK client this judge sends with on the running event loop, for control-plane calls
         (files, batches). Calls made through it bypass the cache, the limiter and the retry policy.
         """
-        return self._members[0].client()
+        return self._fleet.client()
 
     async def aclose(self) -> None:
         """Close the clients of the running loop; clients of loops already closed hold nothing to release."""
-        for member in self._members:
-            await member.aclose()
+        await self._fleet.aclose()
 
     async def __aenter__(self) -> Judge:
         return self
@@ -509,9 +484,7 @@ class Judge:
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
 
         def before_sleep(state: RetryCallState) -> None:
-            wait = retry_after_seconds(state.outcome.exception() if state.outcome else None, cap=self.retry.rate_limit_budget)
-            if wait and self._router is None:  # a fleet holds the endpoint that answered 429 (_post_to)
-                self.limiter.hold(wait)
+            self._fleet.before_retry(state.outcome.exception() if state.outcome else None)
 
         dialect = self.dialect
         learning = route == "chat" and not dialect.gate.open and await dialect.gate.enter()
@@ -524,7 +497,7 @@ class Judge:
                 async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
                     with attempt:
                         try:
-                            completion = await self._post(request, estimate, usage, breaker, route)
+                            completion = await self._fleet.send(request, estimate, usage, breaker, route)
                         except Failed:
                             raise
                         except Exception as exc:
@@ -578,136 +551,6 @@ class Judge:
         self.dialect.learn(fix)
         log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
         return True
-
-    async def _post(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
-                    route: Route = "chat") -> dict[str, Any]:
-        """One attempt. A fleet routes it (:class:`~judge._fleet.Router`) and, when the endpoint it
-        went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
-        the row is answered once, by whichever endpoint could."""
-        router = self._router
-        if router is None:
-            # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
-            member = self._members[0]
-            try:
-                completion = await self._post_to(member, False, request, estimate, usage, breaker, route)
-            except (Failed, _Relearn):
-                raise
-            except Exception as exc:
-                failure = breaker_failure(exc)
-                if failure is None:
-                    member.breaker.success()
-                else:
-                    member.breaker.failure(*failure)
-                raise
-            member.breaker.success()
-            return completion
-        tried: list[Member] = []
-        last: BaseException | None = None
-        turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
-        try:
-            while True:
-                picked = router.pick(tried)
-                if picked is None:
-                    if router.all_broken():
-                        raise self._fleet_down(breaker)
-                    if router.all_down():
-                        # Every endpoint is out, but not for long yet: wait for the next probe's answer.
-                        if breaker is not None and breaker.tripped is not None:
-                            raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
-                        await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
-                        tried = []
-                        continue
-                    if last is None:  # every endpoint was skipped (taken out while this waited) and one is back: route again
-                        tried = []
-                        continue
-                    raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
-                member, wait = picked
-                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn):
-                    # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest,
-                    # in line behind those that waited before it (a newcomer never overtakes them).
-                    turn = await router.wait_turn(turn, min(wait - horizon, 0.25) if late else 0.25)
-                    continue
-                router.leave(turn)
-                turn = None
-                probe = router.take(member)
-                try:
-                    completion = await self._post_to(member, probe, request, estimate, usage, breaker, route)
-                except _Skipped:
-                    tried.append(member)
-                    continue
-                except (Failed, _Relearn):
-                    raise
-                except Exception as exc:
-                    failure = breaker_failure(exc)
-                    if failure is None:
-                        member.breaker.success()  # it answered (a 429, a 400 about the request): alive
-                        raise
-                    if member.breaker.failure(*failure):
-                        log.warning("%s taken out of the fleet: %s (probed again in %.1f s)", member.base_url,
-                                    member.breaker.reason, member.breaker.backoff_left())
-                    tried.append(member)
-                    last = exc
-                    continue
-                finally:
-                    member.pending -= 1
-                    router.finished()
-                    if probe:
-                        member.breaker.probing = False  # answered or not, the probe is over
-                member.breaker.success()
-                return completion
-        finally:
-            router.leave(turn)
-
-    def _fleet_down(self, breaker: Breaker | None) -> Failed:
-        """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""
-        reasons = tuple(f"{m.base_url}: {m.breaker.reason or 'out'}" for m in self._members)
-        first = self._members[0].breaker.reason or "server_error: out"
-        kind, _, example = first.partition(": ")
-        trip = Trip(kind if kind in ("server_error", "timeout", "bad_request") else "server_error", example,
-                    f"every endpoint of the fleet is out ({len(reasons)})", ", ".join(m.base_url for m in self._members),
-                    self.model, endpoints=reasons)
-        if breaker is not None:
-            breaker.trip(trip)
-        return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
-
-    async def _post_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
-                       breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
-        """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
-        limiter = member.limiter
-        async with limiter.slot(estimate):
-            # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
-            # and neither is the retry of a row in flight.
-            if breaker is not None and breaker.tripped is not None:
-                raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
-            if self._router is not None and member.breaker.down and not probe:
-                raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
-            usage["attempts"] += 1
-            member.sent()
-            sent_at = time.monotonic()
-            try:
-                raw, completion = await post(member.client(), request, route)
-            except openai.APIStatusError as refused:
-                member.replied(refused.status_code, time.monotonic() - sent_at)
-                # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
-                limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
-                if self._router is not None and isinstance(refused, openai.RateLimitError):
-                    wait = retry_after_seconds(refused, cap=self.retry.rate_limit_budget)
-                    if wait:
-                        limiter.hold(wait)  # this endpoint only: the others keep sending
-                raise
-            except Exception:
-                member.failed()
-                raise
-        if not isinstance(completion, dict):
-            member.failed()
-            raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
-        member.replied(raw.status_code, time.monotonic() - sent_at)
-        spent = completion.get("usage") or {}
-        add_usage(usage, spent)
-        limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
-        await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
-        check_body(completion, request, route)
-        return completion
 
 
     def _score(self, rubric: Rubric, completion: dict[str, Any], parsed: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import time
 import weakref
@@ -25,18 +26,29 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._breaker import EndpointBreaker, EndpointState
+import openai
+
+from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
+from ._limiters import endpoint_limiter
+from ._pacing import Pacing
+from ._retry import RetryPolicy, retry_after_seconds
+from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from ._limiter import RequestLimiter
-    from ._pacing import Pacing
+
+log = logging.getLogger("gradekit.judge")
 
 _HORIZON_S = 1.0
 _PROBES_TO_GIVE_UP = 2
 _ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
+
+
+class _Skipped(Exception):
+    """The endpoint this request waited for went out of the fleet before it was sent: route it again."""
 
 
 class Endpoint(BaseModel):
@@ -306,3 +318,206 @@ class Router:
     def next_probe_in(self) -> float:
         """Seconds until some endpoint out of the fleet may be probed again."""
         return min(m.breaker.backoff_left() for m in self.members)
+
+
+class Fleet:
+    """The transport: one judge model's endpoints, and :meth:`send` for one attempt of a request.
+
+    One endpoint is a fleet of one (nowhere to fail over to, but its health is still reported);
+    several are routed by :class:`Router` with failover. Each endpoint keeps its own limiter,
+    holds (a 429's Retry-After holds the endpoint that said it), breaker and counts.
+    """
+
+    def __init__(self, members: Sequence[Member], model: str, retry: RetryPolicy) -> None:
+        self.members = list(members)
+        self.router = Router(self.members) if len(self.members) > 1 else None
+        self.model = model
+        self.retry = retry
+
+    @classmethod
+    def build(cls, endpoints: Sequence[Endpoint], *, model: str, retry: RetryPolicy, limiter: RequestLimiter,
+              client_options: Mapping[str, Any], configured: bool) -> Fleet:
+        """The members of ``endpoints``, each with its key and its own limiter (modelled on ``limiter``).
+
+        ``configured``: a fleet given as endpoints (a file), whose ``$NAME`` keys are read from the
+        environment; a key given as base_url/api_key arguments (the command line) is taken as it is.
+        """
+        members = []
+        for endpoint in endpoints:
+            key = (endpoint.resolved_key() if configured else endpoint.api_key) or os.environ.get("OPENAI_API_KEY")
+            if not key:
+                if "api.openai.com" in endpoint.base_url:
+                    raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
+                key = "not-needed"
+            own = limiter if len(endpoints) == 1 and endpoint.rps is None and endpoint.tpm is None else \
+                endpoint_limiter(limiter, member_id(endpoint.base_url, key), rps=endpoint.rps, tpm=endpoint.tpm)
+            # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
+            # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
+            members.append(Member(endpoint, key, own, client_options))
+        return cls(members, model, retry)
+
+    @property
+    def limiter(self) -> RequestLimiter:
+        """The first endpoint's limiter (a single endpoint's: the one every judge of the process shares)."""
+        return self.members[0].limiter
+
+    @property
+    def concurrency(self) -> int:
+        """Requests the fleet may have in flight: its limiters' caps, summed."""
+        return sum(m.limiter.concurrency for m in self.members)
+
+    def endpoints(self) -> list[EndpointStats]:
+        return [member.snapshot() for member in self.members]
+
+    def pacing(self) -> Pacing:
+        """One endpoint's limiter's pacing; for several, the summed rate of those up."""
+        if self.router is None:
+            return self.limiter.pacing()
+        pacings = [m.pacing() for m in self.members if m.breaker.state_now() == "up"] or [m.pacing() for m in self.members]
+        rates = [p.rps for p in pacings]
+        total = None if any(r is None for r in rates) else round(sum(r for r in rates if r is not None), 3)
+        return Pacing(mode=pacings[0].mode, rps=total)
+
+    def client(self) -> AsyncOpenAI:
+        return self.members[0].client()
+
+    async def aclose(self) -> None:
+        for member in self.members:
+            await member.aclose()
+
+    def before_retry(self, exc: BaseException | None) -> None:
+        """A retry is about to wait after ``exc``: a single endpoint is held for a 429's Retry-After
+        (several hold the endpoint that answered 429 as it answers, :meth:`_send_to`)."""
+        wait = retry_after_seconds(exc, cap=self.retry.rate_limit_budget)
+        if wait and self.router is None:
+            self.limiter.hold(wait)
+
+    async def send(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
+                    route: Route = "chat") -> dict[str, Any]:
+        """One attempt. A fleet of several routes it (:class:`Router`) and, when the endpoint it
+        went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
+        the row is answered once, by whichever endpoint could."""
+        router = self.router
+        if router is None:
+            # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
+            member = self.members[0]
+            try:
+                completion = await self._send_to(member, False, request, estimate, usage, breaker, route)
+            except Failed:
+                raise
+            except Exception as exc:
+                failure = breaker_failure(exc)
+                if failure is None:
+                    member.breaker.success()
+                else:
+                    member.breaker.failure(*failure)
+                raise
+            member.breaker.success()
+            return completion
+        tried: list[Member] = []
+        last: BaseException | None = None
+        turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
+        try:
+            while True:
+                picked = router.pick(tried)
+                if picked is None:
+                    if router.all_broken():
+                        raise self._down(breaker)
+                    if router.all_down():
+                        # Every endpoint is out, but not for long yet: wait for the next probe's answer.
+                        if breaker is not None and breaker.tripped is not None:
+                            raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+                        await asyncio.sleep(max(_ALL_OUT_POLL_S, router.next_probe_in()))
+                        tried = []
+                        continue
+                    if last is None:  # every endpoint was skipped (taken out while this waited) and one is back: route again
+                        tried = []
+                        continue
+                    raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
+                member, wait = picked
+                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn):
+                    # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest,
+                    # in line behind those that waited before it (a newcomer never overtakes them).
+                    turn = await router.wait_turn(turn, min(wait - horizon, 0.25) if late else 0.25)
+                    continue
+                router.leave(turn)
+                turn = None
+                probe = router.take(member)
+                try:
+                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route)
+                except _Skipped:
+                    tried.append(member)
+                    continue
+                except Failed:
+                    raise
+                except Exception as exc:
+                    failure = breaker_failure(exc)
+                    if failure is None:
+                        member.breaker.success()  # it answered (a 429, a 400 about the request): alive
+                        raise
+                    if member.breaker.failure(*failure):
+                        log.warning("%s taken out of the fleet: %s (probed again in %.1f s)", member.base_url,
+                                    member.breaker.reason, member.breaker.backoff_left())
+                    tried.append(member)
+                    last = exc
+                    continue
+                finally:
+                    member.pending -= 1
+                    router.finished()
+                    if probe:
+                        member.breaker.probing = False  # answered or not, the probe is over
+                member.breaker.success()
+                return completion
+        finally:
+            router.leave(turn)
+
+    def _down(self, breaker: Breaker | None) -> Failed:
+        """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""
+        reasons = tuple(f"{m.base_url}: {m.breaker.reason or 'out'}" for m in self.members)
+        first = self.members[0].breaker.reason or "server_error: out"
+        kind, _, example = first.partition(": ")
+        trip = Trip(kind if kind in ("server_error", "timeout", "bad_request") else "server_error", example,
+                    f"every endpoint of the fleet is out ({len(reasons)})", ", ".join(m.base_url for m in self.members),
+                    self.model, endpoints=reasons)
+        if breaker is not None:
+            breaker.trip(trip)
+        return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
+
+    async def _send_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
+                       breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
+        """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
+        limiter = member.limiter
+        async with limiter.slot(estimate):
+            # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
+            # and neither is the retry of a row in flight.
+            if breaker is not None and breaker.tripped is not None:
+                raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
+            if self.router is not None and member.breaker.down and not probe:
+                raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
+            usage["attempts"] += 1
+            member.sent()
+            sent_at = time.monotonic()
+            try:
+                raw, completion = await post(member.client(), request, route)
+            except openai.APIStatusError as refused:
+                member.replied(refused.status_code, time.monotonic() - sent_at)
+                # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
+                limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
+                if self.router is not None and isinstance(refused, openai.RateLimitError):
+                    wait = retry_after_seconds(refused, cap=self.retry.rate_limit_budget)
+                    if wait:
+                        limiter.hold(wait)  # this endpoint only: the others keep sending
+                raise
+            except Exception:
+                member.failed()
+                raise
+        if not isinstance(completion, dict):
+            member.failed()
+            raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
+        member.replied(raw.status_code, time.monotonic() - sent_at)
+        spent = completion.get("usage") or {}
+        add_usage(usage, spent)
+        limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
+        await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
+        check_body(completion, request, route)
+        return completion
