@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,11 +24,10 @@ from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._pacing import Pacing
-from ._parse import ParseFailure, parse_reply
+from ._parse import Reading, Unread, read_completion, reasoning_of
 from ._retry import RetryPolicy
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
-from ._thinking import read_message
-from ._verdict import ErrorKind, Verdict, clamp
+from ._verdict import ErrorKind, Verdict
 from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
@@ -345,18 +343,16 @@ class Judge:
         return hashlib.sha256(f"{shell[2]}|{canonical}".encode()).hexdigest()
 
     def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
-        try:
-            parsed, thinking = self._read(rubric, stored, mode)
-        except (ParseFailure, Failed):
+        reading = read_completion(rubric, stored, mode, logprobs=self.logprobs is not None)
+        if isinstance(reading, Unread):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
         saved = stored.get("usage") or {}
         saved_prompt, saved_completion = int(saved.get("prompt_tokens") or 0), int(saved.get("completion_tokens") or 0)
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
-        return finish(status="ok", cached=True, mode=mode, label=parsed.label, **self._score(rubric, stored, parsed),
-                      rationale=parsed.rationale, raw=_raw_text(stored), reasoning=thinking, saved_prompt_tokens=saved_prompt,
-                      saved_completion_tokens=saved_completion)
+        return finish(status="ok", cached=True, mode=mode, **reading.verdict_fields(), reasoning=reading.thinking,
+                      saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion)
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
                  need_key: bool) -> Prepared | Verdict:
@@ -414,58 +410,23 @@ class Judge:
 
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
-        last: ParseFailure | None = None
-        raw = reasoning = None
+        last: Unread | None = None
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
                                           prompt_estimate=prepared.prompt_estimate)
-            try:
-                parsed, thinking = self._read(rubric, completion, mode)
-            except Failed as refusal:  # refusals are deterministic: no re-ask
-                return finish(status="error", error_kind=refusal.kind, error=str(refusal), mode=mode, raw=_raw_text(completion))
-            except ParseFailure as failure:
-                last = failure
-                raw, reasoning = _raw_text(completion), reasoning_of(completion)
-                if failure.kind == "truncated":
-                    break  # the same limit cuts the same reply off again: no re-ask
-                continue
-            if self.cache is not None:
-                self.cache.put(prepared.key, completion, row_key=prepared.row_key)
-            self._remember(rubric, mode)
-            return finish(status="ok", mode=mode, label=parsed.label, **self._score(rubric, completion, parsed),
-                          rationale=parsed.rationale, raw=_raw_text(completion), reasoning=thinking)
+            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
+            if isinstance(reading, Reading):
+                if self.cache is not None:
+                    self.cache.put(prepared.key, completion, row_key=prepared.row_key)
+                self._remember(rubric, mode)
+                return finish(status="ok", mode=mode, **reading.verdict_fields(), reasoning=reading.thinking)
+            if reading.kind == "refusal":  # refusals are deterministic: no re-ask
+                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw)
+            last = reading
+            if reading.kind == "truncated":
+                break  # the same limit cuts the same reply off again: no re-ask
         assert last is not None
-        kind: ErrorKind = "truncated" if getattr(last, "kind", "") == "truncated" else "parse_failure"
-        return finish(status="error", error_kind=kind, error=str(last), mode=mode, raw=raw, reasoning=reasoning)
-
-    def _read(self, rubric: Rubric, completion: dict[str, Any], mode: AskMode):  # -> (Parsed, thinking)
-        """The verdict of a completion, read from its final answer only, and the thinking set apart from it."""
-        choice = (completion.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        finish_reason = choice.get("finish_reason")
-        if message.get("refusal"):
-            raise Failed("refusal", f"the judge refused: {message['refusal']}")
-        if finish_reason == "content_filter":
-            raise Failed("refusal", "the judge's reply was withheld by a content filter")
-        tool_args = None
-        if mode == "tool":
-            calls = message.get("tool_calls") or []
-            tool_args = calls[0]["function"]["arguments"] if calls else None
-        reply = read_message(message)
-        if reply.thought and not (reply.answer or "").strip() and not tool_args:
-            # A thinking model stopped before its answer: the draft in its thinking is not a verdict.
-            raise _truncated(f"the reply has no final answer after its thinking (finish_reason={finish_reason}); "
-                             "raise --max-completion-tokens (or lower --reasoning-effort)")
-        if finish_reason == "length" and mode != "text":
-            # Cut off by the token limit: whatever verdict it holds may be a draft or a quote, not the answer.
-            detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
-            raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
-        try:
-            return parse_reply(rubric, reply.answer, mode, tool_args), reply.thinking
-        except ParseFailure as failure:
-            if finish_reason == "length":
-                raise _truncated(f"reply cut off at max_tokens (finish_reason=length): {failure}") from failure
-            raise
+        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking)
 
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
                     dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
@@ -553,12 +514,6 @@ class Judge:
         return True
 
 
-    def _score(self, rubric: Rubric, completion: dict[str, Any], parsed: Any) -> dict[str, Any]:
-        if self.logprobs is None:
-            return {"score": parsed.score}
-        score, source = logprob_score(rubric, completion, parsed.label)
-        return {"score": parsed.score if score is None else score, "score_source": source}
-
     # ---- requests built here, sent elsewhere (the provider's Batch API) ---------------------
 
     def prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode | None = None) -> Prepared | Verdict:
@@ -588,18 +543,13 @@ class Judge:
                                   "reasoning": reasoning_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
-        try:
-            parsed, _ = self._read(rubric, completion, mode)  # the thinking is in ``fields`` already, for every outcome
-        except Failed as refusal:
-            return Verdict(status="error", error_kind=refusal.kind, error=str(refusal), raw=_raw_text(completion), **fields)
-        except ParseFailure as failure:
-            kind: ErrorKind = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
-            return Verdict(status="error", error_kind=kind, error=str(failure), raw=_raw_text(completion), **fields)
+        reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
+        if isinstance(reading, Unread):  # the thinking is in ``fields`` already, for every outcome
+            return Verdict(status="error", error_kind=reading.kind, error=reading.error, raw=reading.raw, **fields)
         if self.cache is not None and key:
             self.cache.put(key, completion, row_key=row_key)
         self._remember(rubric, mode)
-        return Verdict(status="ok", label=parsed.label, **self._score(rubric, completion, parsed),
-                       rationale=parsed.rationale, raw=_raw_text(completion), **fields)
+        return Verdict(status="ok", **reading.verdict_fields(), **fields)
 
     @staticmethod
     def verdict_from_error(*, mode: AskMode, status_code: int | None = None, body: Any = None, code: str | None = None,
@@ -651,84 +601,3 @@ class Prepared(BaseModel):
     request: dict[str, Any]
     dialect_version: int = 0  # the endpoint's learnt fixes it was built with (rebuilt when they change)
     prompt_estimate: int = -1  # estimate_tokens of the messages, when already counted (-1: not yet)
-
-
-_MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement
-
-
-def logprob_score(rubric: Rubric, completion: dict[str, Any], label: str) -> tuple[float | None, str]:
-    """G-Eval-style score: the probability-weighted mean of label scores at the verdict token.
-
-    The verdict is the last occurrence of the parsed label in the reply (searching from the end,
-    so a label word in earlier reasoning is never taken); its verdict token is the first token
-    of that occurrence after which only one offered label is still possible ("a" in
-    "Output (a)"). Alternatives there at or above 1% that name exactly one label carry that
-    label's probability mass; the score is the mass-weighted mean of the label scores.
-    """
-    choice = (completion.get("choices") or [{}])[0]
-    tokens = ((choice.get("logprobs") or {}).get("content")) or []
-    if not tokens:
-        return None, "label_no_logprobs"
-    texts = [str(t.get("token") or "").lower() for t in tokens]
-    full = "".join(texts)
-    target = label.lower()
-    begin = full.rfind(target)
-    if begin < 0:
-        return None, "label_no_verdict_token"
-    offered = {name: name.lower() for name in rubric.labels}
-    position = 0
-    for token, text in zip(tokens, texts):
-        start, position = position, position + len(text)
-        if position <= begin:
-            continue
-        if start >= begin + len(target):
-            break
-        written = full[begin:start] if start > begin else ""  # the label's characters before this token
-        lead = full[start:begin] if start < begin else ""  # e.g. the space or quote in ' "correct'
-        if sum(v.startswith(written) for v in offered.values()) < 2:
-            break  # the label was decided by an earlier token that did not name it alone
-        if _names(offered, written, lead, text) != label:
-            continue
-        mass: dict[str, float] = {}
-        for alt in token.get("top_logprobs") or [token]:
-            p = math.exp(float(alt.get("logprob", -math.inf)))
-            named = _names(offered, written, lead, str(alt.get("token") or "").lower())
-            if named is not None and p >= _MIN_PROB:
-                mass[named] = mass.get(named, 0.0) + p
-        total = sum(mass.values())
-        if total <= 0:  # even the chosen token was below 1%: no distribution worth weighting
-            break
-        return clamp(sum(p * rubric.labels[name] for name, p in mass.items()) / total), "logprobs"
-    return None, "label_no_verdict_token"
-
-
-def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> str | None:
-    """The one label that ``written`` + this token's text spells (fully or as a unique start)."""
-    if lead:
-        text = text[len(lead):] if text.startswith(lead) else text.lstrip(" \t\n\"'*`:")
-    if not text:
-        return None
-    spelled = written + text
-    # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
-    named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
-    return named[0] if len(named) == 1 else None
-
-
-def _truncated(message: str) -> ParseFailure:
-    failure = ParseFailure(message)
-    failure.kind = "truncated"
-    return failure
-
-
-def reasoning_of(completion: Mapping[str, Any]) -> str | None:
-    """The thinking of a completion (a reasoning field or an inline ``<think>`` block), or None."""
-    choice = (completion.get("choices") or [{}])[0]
-    return read_message(choice.get("message") or {}).thinking
-
-
-def _raw_text(completion: dict[str, Any]) -> str | None:
-    choice = (completion.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    if message.get("tool_calls"):
-        return message["tool_calls"][0]["function"]["arguments"]
-    return message.get("content")

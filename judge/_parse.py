@@ -1,4 +1,6 @@
-"""Read a label out of a judge's reply, guarded against planted and never-offered verdicts.
+"""Read a judge's reply: the one reader of completions (:func:`read_completion`) and the label parser under it.
+
+A label is read guarded against planted and never-offered verdicts.
 
 One rule for every output mode: a reply whose verdicts (each ``<tag>``, each regex match, each
 verdict key of a JSON reply) name one label gives that label, however often it is repeated; a
@@ -11,15 +13,19 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
 from ._normalize import normalize_label
 from ._rubric import AskMode, Rubric
+from ._thinking import read_message
+from ._verdict import clamp
 
 
 @dataclass(frozen=True)
@@ -288,3 +294,172 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
         offered = ", ".join(repr(label) for label in rubric.labels)
         raise ParseFailure(f"verdict {answer.strip()[:80]!r} is not one of the offered labels ({offered})")
     return Parsed(label=answer.strip(), score=float(rubric.unmatched), rationale=rationale)
+
+
+# --- a completion: its final answer read into a Reading, or why it gives none ------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A completion's verdict (label and score) and what a Verdict shows beside it."""
+
+    label: str
+    score: float
+    rationale: str | None
+    raw: str | None  # the reply's text (or its tool call's arguments)
+    thinking: str | None  # set apart from the answer, never read for the verdict
+    score_source: str | None = None  # with logprobs: "logprobs" or why the label's own score was used
+
+    def verdict_fields(self) -> dict[str, Any]:
+        """The Verdict fields of this reading (``reasoning`` is the caller's: it keeps it, or not)."""
+        fields: dict[str, Any] = {"label": self.label, "score": self.score, "rationale": self.rationale, "raw": self.raw}
+        if self.score_source is not None:
+            fields["score_source"] = self.score_source
+        return fields
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A completion that gives no verdict. ``kind``: ``refusal`` (deterministic: never re-asked),
+    ``truncated`` (the same limit cuts the same reply off again: no re-ask) or ``parse_failure``."""
+
+    kind: Literal["refusal", "truncated", "parse_failure"]
+    error: str
+    raw: str | None
+    thinking: str | None
+
+
+class _Refused(Exception):
+    pass
+
+
+def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode, *, logprobs: bool = False) -> Reading | Unread:
+    """The one reader of replies: a chat completion and the rubric it answers -> a Reading or an Unread.
+
+    The verdict is read from the final answer only (the thinking is set apart first), in the ask
+    mode the request used; ``logprobs`` scores G-Eval style where the reply carries them.
+    """
+    try:
+        parsed, thinking = _read(rubric, completion, mode)
+    except _Refused as refusal:
+        return Unread("refusal", str(refusal), raw_text(completion), reasoning_of(completion))
+    except ParseFailure as failure:
+        kind: Literal["truncated", "parse_failure"] = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
+        return Unread(kind, str(failure), raw_text(completion), reasoning_of(completion))
+    score, source = parsed.score, None
+    if logprobs:
+        weighted, source = logprob_score(rubric, completion, parsed.label)
+        score = parsed.score if weighted is None else weighted
+    return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source)
+
+
+def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode) -> tuple[Parsed, str | None]:
+    """The verdict of a completion, read from its final answer only, and the thinking set apart from it."""
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    finish_reason = choice.get("finish_reason")
+    if message.get("refusal"):
+        raise _Refused(f"the judge refused: {message['refusal']}")
+    if finish_reason == "content_filter":
+        raise _Refused("the judge's reply was withheld by a content filter")
+    tool_args = None
+    if mode == "tool":
+        calls = message.get("tool_calls") or []
+        tool_args = calls[0]["function"]["arguments"] if calls else None
+    reply = read_message(message)
+    if reply.thought and not (reply.answer or "").strip() and not tool_args:
+        # A thinking model stopped before its answer: the draft in its thinking is not a verdict.
+        raise _truncated(f"the reply has no final answer after its thinking (finish_reason={finish_reason}); "
+                         "raise --max-completion-tokens (or lower --reasoning-effort)")
+    if finish_reason == "length" and mode != "text":
+        # Cut off by the token limit: whatever verdict it holds may be a draft or a quote, not the answer.
+        detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
+        raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
+    try:
+        return parse_reply(rubric, reply.answer, mode, tool_args), reply.thinking
+    except ParseFailure as failure:
+        if finish_reason == "length":
+            raise _truncated(f"reply cut off at max_tokens (finish_reason=length): {failure}") from failure
+        raise
+
+
+def _truncated(message: str) -> ParseFailure:
+    failure = ParseFailure(message)
+    failure.kind = "truncated"
+    return failure
+
+
+def reasoning_of(completion: Mapping[str, Any]) -> str | None:
+    """The thinking of a completion (a reasoning field or an inline ``<think>`` block), or None."""
+    choice = (completion.get("choices") or [{}])[0]
+    return read_message(choice.get("message") or {}).thinking
+
+
+def raw_text(completion: Mapping[str, Any]) -> str | None:
+    """The reply's text, or the arguments of its (first) tool call."""
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    if message.get("tool_calls"):
+        return message["tool_calls"][0]["function"]["arguments"]
+    return message.get("content")
+
+
+_MIN_PROB = 0.01  # alternatives below 1% are noise, not a judgement
+
+
+def logprob_score(rubric: Rubric, completion: Mapping[str, Any], label: str) -> tuple[float | None, str]:
+    """G-Eval-style score: the probability-weighted mean of label scores at the verdict token.
+
+    The verdict is the last occurrence of the parsed label in the reply (searching from the end,
+    so a label word in earlier reasoning is never taken); its verdict token is the first token
+    of that occurrence after which only one offered label is still possible ("a" in
+    "Output (a)"). Alternatives there at or above 1% that name exactly one label carry that
+    label's probability mass; the score is the mass-weighted mean of the label scores.
+    """
+    choice = (completion.get("choices") or [{}])[0]
+    tokens = ((choice.get("logprobs") or {}).get("content")) or []
+    if not tokens:
+        return None, "label_no_logprobs"
+    texts = [str(t.get("token") or "").lower() for t in tokens]
+    full = "".join(texts)
+    target = label.lower()
+    begin = full.rfind(target)
+    if begin < 0:
+        return None, "label_no_verdict_token"
+    offered = {name: name.lower() for name in rubric.labels}
+    position = 0
+    for token, text in zip(tokens, texts):
+        start, position = position, position + len(text)
+        if position <= begin:
+            continue
+        if start >= begin + len(target):
+            break
+        written = full[begin:start] if start > begin else ""  # the label's characters before this token
+        lead = full[start:begin] if start < begin else ""  # e.g. the space or quote in ' "correct'
+        if sum(v.startswith(written) for v in offered.values()) < 2:
+            break  # the label was decided by an earlier token that did not name it alone
+        if _names(offered, written, lead, text) != label:
+            continue
+        mass: dict[str, float] = {}
+        for alt in token.get("top_logprobs") or [token]:
+            p = math.exp(float(alt.get("logprob", -math.inf)))
+            named = _names(offered, written, lead, str(alt.get("token") or "").lower())
+            if named is not None and p >= _MIN_PROB:
+                mass[named] = mass.get(named, 0.0) + p
+        total = sum(mass.values())
+        if total <= 0:  # even the chosen token was below 1%: no distribution worth weighting
+            break
+        return clamp(sum(p * rubric.labels[name] for name, p in mass.items()) / total), "logprobs"
+    return None, "label_no_verdict_token"
+
+
+def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> str | None:
+    """The one label that ``written`` + this token's text spells (fully or as a unique start)."""
+    if lead:
+        text = text[len(lead):] if text.startswith(lead) else text.lstrip(" \t\n\"'*`:")
+    if not text:
+        return None
+    spelled = written + text
+    # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
+    named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
+    return named[0] if len(named) == 1 else None
