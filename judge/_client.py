@@ -19,6 +19,7 @@ from tenacity import RetryCallState
 from ._breaker import current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
+from ._checklist import bind_row, unbound
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._limiter import RequestLimiter, estimate_tokens
@@ -242,6 +243,7 @@ class Judge:
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """Judge one row. Every outcome, including bad input, comes back as a Verdict."""
         started = time.perf_counter()
+        rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
 
         def finish(**fields: Any) -> Verdict:
@@ -329,6 +331,7 @@ class Judge:
         rubric's spec and template, the ask mode and the prepared values, so hashing those finds
         the same stored reply without rendering. None when the row would not render anyway.
         """
+        rubric = unbound(rubric)  # one shell per rubric, not per row's criteria: the values hold those
         try:
             values = rubric.prepare(row)
         except RubricInputError:
@@ -525,6 +528,7 @@ class Judge:
         such a row is never sent. ``mode`` overrides the mode ``judge`` would start with (the
         next mode of the fallback chain after a bad_request).
         """
+        rubric = bind_row(rubric, row)
         return self._prepare(rubric, row, mode or rubric.ask_modes[self._start_mode(rubric)], Verdict, need_key=True)
 
     def verdict_from_completion(self, rubric: Rubric, completion: Mapping[str, Any], *, mode: AskMode, key: str = "",

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
+from ._criteria import CriterionVerdict
 from ._normalize import normalize_label
 from ._rubric import AskMode, Rubric
 from ._thinking import read_message
@@ -30,11 +31,16 @@ from ._verdict import clamp
 
 @dataclass(frozen=True)
 class Parsed:
-    """A successful read: the canonical label, its score and the judge's reasoning."""
+    """A successful read: the canonical label, its score and the judge's reasoning.
 
-    label: str
+    A checklist (judge._checklist) has no one label: ``criteria`` holds each criterion's verdict
+    and ``score`` their weighted mean.
+    """
+
+    label: str | None
     score: float
     rationale: str | None
+    criteria: tuple[CriterionVerdict, ...] | None = None
 
 
 class ParseFailure(ValueError):
@@ -239,6 +245,10 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
     A reply naming two different verdicts raises :class:`AmbiguousVerdict` (a ParseFailure whose
     ``reason`` is ``"ambiguous_verdict"``): the judge re-asks as for any parse failure.
     """
+    if rubric.is_checklist:
+        from ._checklist import parse_checklist
+
+        return parse_checklist(rubric, content, mode, tool_arguments)
     rationale: str | None = None
     out = rubric.output
     if mode in ("json_schema", "json_object", "tool"):
@@ -303,18 +313,21 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
 class Reading:
     """A completion's verdict (label and score) and what a Verdict shows beside it."""
 
-    label: str
+    label: str | None  # None for a checklist: its verdicts are in ``criteria``
     score: float
     rationale: str | None
     raw: str | None  # the reply's text (or its tool call's arguments)
     thinking: str | None  # set apart from the answer, never read for the verdict
     score_source: str | None = None  # with logprobs: "logprobs" or why the label's own score was used
+    criteria: tuple[CriterionVerdict, ...] | None = None  # a checklist: one verdict per criterion
 
     def verdict_fields(self) -> dict[str, Any]:
         """The Verdict fields of this reading (``reasoning`` is the caller's: it keeps it, or not)."""
         fields: dict[str, Any] = {"label": self.label, "score": self.score, "rationale": self.rationale, "raw": self.raw}
         if self.score_source is not None:
             fields["score_source"] = self.score_source
+        if self.criteria is not None:
+            fields["criteria"] = list(self.criteria)
         return fields
 
 
@@ -347,10 +360,10 @@ def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode
         kind: Literal["truncated", "parse_failure"] = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
         return Unread(kind, str(failure), raw_text(completion), reasoning_of(completion))
     score, source = parsed.score, None
-    if logprobs:
+    if logprobs and parsed.label is not None:
         weighted, source = logprob_score(rubric, completion, parsed.label)
         score = parsed.score if weighted is None else weighted
-    return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source)
+    return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source, parsed.criteria)
 
 
 def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode) -> tuple[Parsed, str | None]:

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from ._criteria import Criterion, check_criteria
 from ._specs import RubricError, read_spec, rubric_index, spec_path
 
 if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
@@ -36,7 +37,9 @@ class RubricInputError(ValueError):
 class VariableSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["str", "list", "media"] = "str"  # media: images/audio attached to the user message as content parts
+    # media: images/audio attached to the user message as content parts; criteria: a checklist's
+    # criteria given per row (judge._criteria.criteria_from_cell), shown to the template as ``checklist``
+    type: Literal["str", "list", "media", "criteria"] = "str"
     description: str = ""
     required: bool = True
 
@@ -97,7 +100,18 @@ class Rubric(BaseModel):
     unmatched: float | Literal["error"] = "error"
     sampling: dict[str, Any] = Field(default_factory=dict)  # e.g. max_tokens; temperature stays 0 unless set
     pairwise: PairwiseSpec | None = None  # set for "which of two outputs is better" rubrics
+    # A checklist: one request, one verdict per criterion (judge._checklist). ``labels`` are then the
+    # labels of a criterion that names none; a variable of type ``criteria`` gives them per row instead.
+    criteria: list[Criterion] | None = None
     directory: Path = Field(default=Path("."), exclude=True)
+    _unbound: Rubric | None = PrivateAttr(default=None)  # a per-row checklist bound to one row's criteria: the rubric it came from
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checklist_defaults(cls, data: Any) -> Any:
+        from ._checklist import checklist_defaults
+
+        return checklist_defaults(data) if isinstance(data, Mapping) else data
 
     @field_validator("labels")
     @classmethod
@@ -128,6 +142,30 @@ class Rubric(BaseModel):
         if not (any(s > 0 for s in scores) and any(s < 0 for s in scores)):
             raise ValueError("pairwise: labels need a positive score (first output wins) and a negative one (second wins)")
         return self
+
+    @model_validator(mode="after")
+    def _checklist_shape(self) -> Rubric:
+        per_row = [var for var, spec in self.variables.items() if spec.type == "criteria"]
+        if len(per_row) > 1 or (per_row and self.criteria is not None):
+            raise ValueError("a checklist takes its criteria from criteria: or from one variable of type criteria, not both")
+        if self.criteria is not None:
+            check_criteria(self.criteria)
+        if self.is_checklist:
+            if self.output.mode not in ("json_schema", "tags"):
+                raise ValueError(f"a checklist is read as JSON (falling back to tags) or tags, not {self.output.mode!r}")
+            if self.pairwise is not None:
+                raise ValueError("a checklist rubric cannot be pairwise")
+        return self
+
+    @property
+    def is_checklist(self) -> bool:
+        """One verdict per criterion (criteria in the spec, or a variable of type ``criteria``)."""
+        return self.criteria is not None or self.criteria_variable is not None
+
+    @property
+    def criteria_variable(self) -> str | None:
+        """The variable a per-row checklist reads its criteria from (None: fixed criteria, or no checklist)."""
+        return next((var for var, spec in self.variables.items() if spec.type == "criteria"), None)
 
     @property
     def ask_modes(self) -> tuple[AskMode, ...]:
@@ -162,6 +200,10 @@ class Rubric(BaseModel):
             "verdict_tag": self.verdict_tag,
             "rationale_field": self.output.rationale_field,
         }
+        if self.is_checklist:
+            from ._checklist import checklist_context
+
+            context["checklist"] = checklist_context(self, context)
         template = _environment(self.directory).get_template(self.template)
         messages = []
         try:
@@ -193,6 +235,13 @@ def rubric_fingerprint(rubric: Rubric) -> str:
 
 
 def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
+    if kind == "criteria":
+        from ._criteria import criteria_from_cell
+
+        try:
+            return criteria_from_cell(value)
+        except ValueError as e:
+            raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
     if kind == "media":
         from ._media import as_media
 

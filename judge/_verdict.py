@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ._criteria import CriterionVerdict
+
 ErrorKind = Literal[
     "parse_failure",  # the judge answered, but no offered label could be read from it
     "refusal",  # the judge declined (message.refusal or a content filter)
@@ -64,6 +66,9 @@ class Verdict(BaseModel):
     jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
     decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
     confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
+    # A checklist rubric (judge._checklist): each criterion's verdict, in the rubric's order; ``score``
+    # is the weighted mean of those read, ``label`` is None. None for every other rubric.
+    criteria: list[CriterionVerdict] | None = None
 
     @property
     def ok(self) -> bool:
