@@ -169,6 +169,10 @@ def group_metrics(rewards: Sequence[float], grades: Sequence[Grade], pass_thresh
             pass_rate=sum(r >= pass_threshold for r in rewards) / len(rewards),
             all_equal=float(max(rewards) == min(rewards)),
         )
+    if any(g.parts for g in grades):  # a checklist grader: each criterion's mean over the group (criteria.<id>)
+        from ._checklist import group_criteria_metrics
+
+        metrics.update(group_criteria_metrics(grades))
     return metrics
 
 

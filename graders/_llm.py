@@ -108,6 +108,13 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
                             metrics=metrics, debug=lines)
     value = verdict.score if score is None else score
     assert value is not None
+    if verdict.criteria is not None:  # a checklist: each criterion a part (criteria.<id>), none a made-up 0
+        from ._checklist import criteria_metrics, criteria_parts
+
+        read = sum(c.status == "ok" for c in verdict.criteria)
+        lines.append(f"{name}: checklist {read}/{len(verdict.criteria)} criteria read -> {value:g}" + (" (cached)" if verdict.cached else ""))
+        return Grade.scored(value, metrics={**metrics, **criteria_metrics(verdict.criteria)}, debug=lines,
+                            parts=criteria_parts(verdict.criteria, name))
     lines.append(f"{name}: judge label {verdict.label!r} -> {value:g}" + (" (cached)" if verdict.cached else ""))
     if verdict.rationale:
         lines.append(f"{name}: rationale: {verdict.rationale[:500]}")

@@ -276,6 +276,8 @@ async def grade_file(
         plain = to_row
         columns, types = [*columns, *panel], {**types, **{c: PANEL_TYPES[c] for c in panel}}
         to_row = lambda row, verdict: {**plain(row, verdict), **panel_cells(verdict, panel)}  # noqa: E731
+    if rubric.is_checklist:
+        columns, types, to_row = _checklist_output(rubric, destination, columns, types, to_row)
     return await run_file(
         source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
@@ -283,6 +285,23 @@ async def grade_file(
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
         to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
+
+
+def _checklist_output(rubric: Rubric, destination: Path, columns: list[str], types: dict[str, str],
+                      to_row: Callable[[Mapping[str, Any], Verdict], dict[str, Any]]) -> tuple[list[str], dict[str, str], Any]:
+    """A checklist run's extra columns: criteria_read, criteria_total, checklist (JSON), and
+    ``criteria.<id>.label`` / ``.score`` per criterion. Per-row criteria have no fixed ids, so their
+    flat columns are written where rows may differ in columns (JSONL); CSV and Parquet keep the JSON."""
+    from .._checklist import CHECKLIST_TYPES, checklist_cells, criterion_columns
+
+    fixed = rubric.criteria
+    flat_types = criterion_columns(c.id for c in fixed) if fixed is not None else {}
+    flat = fixed is not None or file_format(destination) == "jsonl"
+    total = len(fixed) if fixed is not None else None
+    columns = [*columns, *CHECKLIST_TYPES, *flat_types]
+    types = {**types, **CHECKLIST_TYPES, **flat_types}
+    inner = to_row
+    return columns, types, lambda row, verdict: {**inner(row, verdict), **checklist_cells(verdict.criteria, total=total, flat=flat)}
 
 
 GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics", "attempts"]
