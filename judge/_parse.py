@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
-from ._criteria import CriterionVerdict
+from ._criteria import ChecklistUnread, Criterion, CriterionVerdict, criteria_of, read_json_verdicts, row_score
 from ._normalize import normalize_label
 from ._rubric import AskMode, Rubric
 from ._thinking import read_message
@@ -246,9 +246,7 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
     ``reason`` is ``"ambiguous_verdict"``): the judge re-asks as for any parse failure.
     """
     if rubric.is_checklist:
-        from ._checklist import parse_checklist
-
-        return parse_checklist(rubric, content, mode, tool_arguments)
+        return _parse_checklist(rubric, content, mode, tool_arguments)
     rationale: str | None = None
     out = rubric.output
     if mode in ("json_schema", "json_object", "tool"):
@@ -304,6 +302,70 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
         offered = ", ".join(repr(label) for label in rubric.labels)
         raise ParseFailure(f"verdict {answer.strip()[:80]!r} is not one of the offered labels ({offered})")
     return Parsed(label=answer.strip(), score=float(rubric.unmatched), rationale=rationale)
+
+
+# --- a checklist: one verdict per criterion (judge._checklist, judge._criteria) ------------------
+
+
+def _criterion(c: Criterion, **fields: Any) -> CriterionVerdict:
+    return CriterionVerdict(id=c.id, weight=c.weight, required=c.required, **fields)
+
+
+def _match_labels(labels: Mapping[str, float], answer: str) -> tuple[str, float] | None:
+    key = normalize_label(answer)
+    return next(((label, score) for label, score in labels.items() if normalize_label(label) == key), None)
+
+
+def _checklist_tags(criteria: list[Criterion], rubric: Rubric, text: str) -> list[CriterionVerdict]:
+    out = []
+    for c in criteria:
+        offered = c.offered(rubric.labels)
+        shim = rubric.model_copy(update={"labels": offered})  # the label guards read rubric.labels
+        found = _drop_menus(shim, _tags(text, c.id), text)
+        if not found:
+            out.append(_criterion(c, status="error", error=f"missing: the reply has no <{c.id}>…</{c.id}>"))
+            continue
+        try:
+            answer = _one_verdict(shim, [a for _, _, a in found], f"in <{c.id}> tags")
+        except AmbiguousVerdict as e:
+            out.append(_criterion(c, status="error", error=f"duplicate: {e}"))
+            continue
+        matched = _match_labels(offered, answer)
+        if matched is None:
+            out.append(_criterion(c, status="error",
+                                error=f"unparseable: {answer.strip()[:60]!r} is not one of its labels ({', '.join(map(repr, offered))})"))
+            continue
+        out.append(_criterion(c, status="ok", label=matched[0], score=matched[1]))
+    return out
+
+
+def _parse_checklist(rubric: Rubric, content: str | None, mode: AskMode, tool_arguments: str | None = None) -> Parsed:
+    """A checklist reply -> a Parsed whose ``criteria`` hold one verdict per criterion, or ParseFailure.
+
+    The row fails (ParseFailure) when the reply is empty or holds nothing readable, when no
+    criterion was read, or when a required criterion is in error; otherwise its score is the
+    weighted mean over the criteria read.
+    """
+    criteria = criteria_of(rubric)
+    if not criteria:
+        raise ParseFailure("the checklist has no criteria for this row")
+    source = tool_arguments if mode == "tool" else content
+    if not source or not source.strip():
+        raise ParseFailure("empty reply")
+    if mode in ("json_schema", "json_object", "tool"):
+        try:
+            verdicts = read_json_verdicts(criteria, rubric.labels, source)
+        except ChecklistUnread as e:
+            raise ParseFailure(str(e)) from None
+    else:
+        verdicts = _checklist_tags(criteria, rubric, source)
+    failed_required = [v for v in verdicts if v.required and v.status != "ok"]
+    if failed_required:
+        raise ParseFailure("; ".join(f"required criterion {v.id!r}: {v.error}" for v in failed_required))
+    score = row_score(verdicts)
+    if score is None:
+        raise ParseFailure("no criterion could be read: " + "; ".join(f"{v.id}: {v.error}" for v in verdicts[:5]))
+    return Parsed(label=None, score=score, rationale=None, criteria=tuple(verdicts))
 
 
 # --- a completion: its final answer read into a Reading, or why it gives none ------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from ._criteria import Criterion, check_criteria
+from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults
 from ._specs import RubricError, read_spec, rubric_index, spec_path
 
 if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
@@ -109,8 +109,6 @@ class Rubric(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _checklist_defaults(cls, data: Any) -> Any:
-        from ._checklist import checklist_defaults
-
         return checklist_defaults(data) if isinstance(data, Mapping) else data
 
     @field_validator("labels")
@@ -201,8 +199,6 @@ class Rubric(BaseModel):
             "rationale_field": self.output.rationale_field,
         }
         if self.is_checklist:
-            from ._checklist import checklist_context
-
             context["checklist"] = checklist_context(self, context)
         template = _environment(self.directory).get_template(self.template)
         messages = []
