@@ -76,12 +76,12 @@ def group_criteria_metrics(grades: Sequence[Grade]) -> dict[str, float]:
 
 def row_criteria(row: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """The checklist of an output row (its ``checklist`` JSON cell), or None when the row has none."""
-    cell = row.get("checklist")
-    if isinstance(cell, str) and cell.strip().startswith("["):
+    value = row.get("checklist")
+    if isinstance(value, str) and value.strip().startswith("["):
         try:
-            value = json.loads(cell)
+            value = json.loads(value)
         except json.JSONDecodeError:
             return None
-        if isinstance(value, list) and all(isinstance(c, dict) and "id" in c and "status" in c for c in value):
-            return value
+    if isinstance(value, list) and all(isinstance(c, dict) and "id" in c and "status" in c for c in value):
+        return value
     return None

@@ -349,3 +349,39 @@ def await_in_thread(fn: Callable[[], Any]) -> Any:
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(fn).result(timeout=120)
+
+
+# ---- the shipped set and calibration per criterion -------------------------------------------
+
+SET = ROOT / "eval_sets" / "instruction_checklist" / "data.jsonl"
+
+
+def test_shipped_set_labels_are_the_checks_and_calibrate_reports_per_criterion(tmp_path: Path) -> None:
+    assert subprocess.run([sys.executable, str(SET.with_name("checks.py"))]).returncode == 0, "every label is its check's"
+    rows = [json.loads(line) for line in SET.read_text(encoding="utf-8").splitlines()]
+    assert {r["language"] for r in rows} == {"en", "zh"}
+
+    def answer(body: dict) -> Reply:
+        shown = body["messages"][-1]["content"]
+        row = next(r for r in rows if f"<instruction>\n{r['prompt']}\n</instruction>" in shown and f"<response>\n{r['response']}\n</response>" in shown)
+        verdicts = {cid: ("yes" if cid == "no_commas" else label) for cid, label in row["criteria_labels"].items() if cid != "max_words"}
+        return Reply(content=obj(verdicts))
+
+    graded = tmp_path / "graded.jsonl"
+    with FakeProvider(responder=answer) as fake:
+        done = run_cli("grade", str(SET), "-r", "instruction_checklist", "-o", str(graded), "--base-url", fake.base_url, "--api-key", "k")
+        assert len(fake.chat_requests()) == len(rows), "one request per row"
+    assert done.returncode == 0, done.stderr
+    report = run_cli("calibrate", str(graded), "--criteria-labels", "criteria_labels", "--json", "--bootstrap", "0")
+    assert report.returncode == 0, report.stderr
+    result = json.loads(report.stdout)
+    commas = [r["criteria_labels"]["no_commas"] for r in rows if "no_commas" in r["criteria_labels"]]
+    assert result["version"] == 1
+    assert result["criteria"]["no_commas"]["accuracy"] == pytest.approx(commas.count("yes") / len(commas))
+    assert result["criteria"]["lowercase"]["accuracy"] == 1.0 and result["criteria"]["book_title"]["accuracy"] == 1.0
+    words = result["criteria"]["max_words"]
+    assert words["judged"] == 0 and words["failures"] == words["n"] > 0, "a criterion left out is a judge failure, not a disagreement"
+    wrong_rows = sum(r["criteria_labels"].get("no_commas") == "no" or "max_words" in r["criteria_labels"] for r in rows)
+    assert result["row"]["n"] == len(rows) and result["row"]["all_agree"] == pytest.approx(1 - wrong_rows / len(rows))
+    text = run_cli("calibrate", str(graded), "--criteria-labels", "criteria_labels", "--bootstrap", "0")
+    assert text.returncode == 0 and "no_commas" in text.stdout and "whole row" in text.stdout

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -46,6 +46,7 @@ def calibrate(
     alpha: float = typer.Option(0.05, "--alpha", help="With --ppi: 1 - the confidence of the intervals."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="With --ppi: the rubric whose label -> score map turns a human label into a score [default: a numeric 'score' column in LABELS, pairwise winners, or the graded rows' own labels]."),
     label_map: list[str] = typer.Option([], "--label-map", help="HUMAN=JUDGE pairs, comma-separated or repeated (e.g. yes=correct,no=incorrect): the human labels in the judge's vocabulary."),
+    criteria_labels: str = typer.Option(None, "--criteria-labels", metavar="COLUMN", help="A checklist file: COLUMN holds each row's human labels per criterion ({criterion id: label}); reports agreement per criterion, pooled and for the whole row (docs/grading.md)."),
 ) -> None:
     """Accuracy, per-label precision/recall/F1, confusion, kappa, correlations and bootstrap intervals of a
     graded file against human labels; for pairwise files also LLMBar's Acc/Agr and position bias.
@@ -61,6 +62,9 @@ def calibrate(
 
     if convention not in ("llmbar", "skip"):
         raise fail(f"--convention must be llmbar or skip, not {convention!r}")
+    if criteria_labels is not None:
+        _calibrate_checklist(graded, labels, on, criteria_labels, rubric, bootstrap, json_output, disagreements)
+        return
     if ppi and (labels is None or not on):
         raise fail("--ppi needs --labels FILE and --on KEY: the labelled rows are the GRADED rows whose KEY has a human label")
     from ..calibration._labels import mapped, parse_label_map
@@ -97,6 +101,62 @@ def calibrate(
         _print_ppi(estimate, Console(highlight=False))
     for path in written:
         Console().print(f"plot: {path}", highlight=False)
+
+
+def _calibrate_checklist(graded: Path, labels: Path | None, on: str | None, column: str, rubric: str | None, bootstrap: int,
+                         json_output: bool, show: int) -> None:
+    """``--criteria-labels``: a checklist's verdicts against per-criterion human labels (graders.calibration._checklist)."""
+    from ..calibration._checklist import calibrate_checklist
+    from ..runs._io import InputError
+
+    try:
+        rows = _load(graded, "graded file")
+        if labels is not None:
+            if not on:
+                raise InputError("--labels with --criteria-labels needs --on KEY to join the two files")
+            human = {str(r.get(on)): r.get(column) for r in _load(labels, "labels file") if r.get(on) is not None}
+            rows = [{**r, column: human.get(str(r.get(on)))} for r in rows]
+        fixed = None
+        if rubric is not None:
+            from judge import RubricError, load_rubric
+
+            try:
+                spec = load_rubric(rubric)
+            except RubricError as e:
+                raise InputError(str(e)) from None
+            fixed = {c.id: c.offered(spec.labels) for c in spec.criteria or []}
+        result = calibrate_checklist(rows, column, source=str(graded), bootstrap=bootstrap, rubric_labels=fixed)
+    except (InputError, ValueError) as e:
+        raise fail(str(e)) from e
+    if json_output:
+        print_json(result.model_dump())
+        return
+    console = Console(highlight=False)
+    table = Table(title=f"checklist agreement with {column!r}, per criterion", box=None)
+    for heading in ("criterion", "n", "judged", "agreement", "kappa", "judge errors"):
+        table.add_column(heading, justify="left" if heading == "criterion" else "right")
+
+    def add(name: str, c: Any) -> None:
+        table.add_row(name, str(c.n), str(c.judged), _pct(c.accuracy, c.accuracy_ci), _num(c.kappa), str(c.failures))
+
+    for cid, c in result.criteria.items():
+        add(cid, c)
+    if result.pooled is not None:
+        add("all criteria", result.pooled)
+    console.print(table)
+    r = result.row
+    line = f"whole row: {r.n} rows, every labelled criterion agrees in {_pct(r.all_agree)}"
+    if r.mean_abs_score_error is not None:
+        line += f", mean |judge - human| row score {r.mean_abs_score_error:.3f}"
+    if r.correlation is not None and r.correlation.spearman is not None:
+        line += f", Spearman {_num(r.correlation.spearman)}"
+    console.print(line + (f"; {r.judge_errors} labelled rows are judge errors" if r.judge_errors else ""))
+    if result.unknown_criteria:
+        console.print(f"note: {result.unknown_criteria} human labels name a criterion the row's checklist lacks")
+    disagreements = [d for c in result.criteria.values() for d in c.disagreements][:show]
+    for d in disagreements:
+        console.print(f"  {d.id}: human {d.human!r}, judge {d.judge if d.judge is not None else '<' + (d.error_kind or 'error') + '>'!r}",
+                      markup=False)
 
 
 def _labels(path: Path, on: str | None) -> list[dict]:
