@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from judge import Judge, Rubric, Verdict, load_rubric
+from judge._media import local_media
 from judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
@@ -264,36 +265,6 @@ def _model_grader_rubric(name: str, kind: str, spec: dict[str, Any]) -> Rubric:
         "directory": _label_model_directory(),
         **spec,
     })
-
-
-def local_media(value: str, root: Path | None) -> str:
-    """An image cell as the judge takes it: a URL or data: URI as it is, a local path (inside ``root``, the input's folder) as a data: URI.
-
-    Raises:
-        ValueError: a path outside ``root`` (after links are resolved), no ``root`` to read it from, or no such file.
-    """
-    if value.startswith(("data:", "https://", "http://")):
-        return value
-    if value.startswith("file://"):  # a file URL is a local path like any other: the same folder rule applies
-        from urllib.parse import unquote, urlparse
-
-        value = unquote(urlparse(value).path)
-    elif re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
-        raise ValueError(f"image {value[:80]!r}: a {value.split(':', 1)[0]}:// URL is not one the judge can fetch; give an "
-                         "http(s) URL, a data: URI or a path inside the input's folder")
-    if root is None:
-        raise ValueError(f"image {value[:80]!r} is a local path, and this grader has no input folder to read it from")
-    base = root.resolve()
-    path = (base / value).resolve()
-    if not path.is_relative_to(base):
-        raise ValueError(f"image {value[:80]!r} is outside the input's folder {str(base)!r}: refused")
-    if not path.is_file():
-        raise ValueError(f"image {value[:80]!r}: no such file in {str(base)!r}")
-    import base64
-    import mimetypes
-
-    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 
 def _message_parts(content: Any, sample: Sample, root: Path | None, media: list[Any]) -> str:
