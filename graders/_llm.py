@@ -8,13 +8,9 @@ reason. A failed verdict never becomes a number here; the group grader's policy 
 
 from __future__ import annotations
 
-import atexit
-import functools
 import json
 import math
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -146,18 +142,10 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
 # ---- Vertex's autorater ---------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _passthrough_dir() -> Path:
-    """A directory holding the one-line template an autorater rubric renders through.
-
-    The autorater prompt is the user's configuration, already filled; the rubric machinery
-    (render, request, cache, limiter, retry, parse) needs a template file to run it through, and
-    judge/ loads templates from directories only. The file holds no wording, only the variable.
-    """
-    directory = Path(tempfile.mkdtemp(prefix="gradekit-autorater-"))
-    (directory / "autorater.j2").write_text("{% block user %}{{ autorater_prompt }}{% endblock %}\n", encoding="utf-8")
-    atexit.register(shutil.rmtree, directory, True)
-    return directory
+# The autorater prompt is the user's configuration, already filled: the rubric machinery (render,
+# request, cache, limiter, retry, parse) runs it through a one-line template that holds no wording,
+# only the variable.
+_AUTORATER_TEMPLATE = "{% block user %}{{ autorater_prompt }}{% endblock %}\n"
 
 
 # The label a numeric autorater rubric offers only because a rubric must offer one; every reply
@@ -171,11 +159,11 @@ def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float], u
         "name": name,
         "description": "Vertex autorater",
         "template": "autorater.j2",
+        "inline_template": _AUTORATER_TEMPLATE,
         "variables": {"autorater_prompt": {"type": "str"}},
         "output": {**output, "rationale_field": None},
         "labels": labels,
         "unmatched": unmatched,
-        "directory": _passthrough_dir(),
     })
 
 
@@ -239,30 +227,20 @@ def autorater_grader(
     return grade
 
 
-def _label_model_dir() -> Path:
-    """The two-block template a label_model rubric renders its (already filled) messages through."""
-    directory = Path(tempfile.mkdtemp(prefix="gradekit-label-model-"))
-    (directory / "label_model.j2").write_text(
-        "{% block system %}{{ system_text }}{% endblock %}\n{% block user %}{{ user_text }}{% endblock %}\n", encoding="utf-8")
-    atexit.register(shutil.rmtree, directory, True)
-    return directory
-
-
-@functools.lru_cache(maxsize=None)
-def _label_model_directory() -> Path:
-    return _label_model_dir()
+# The two-block template a label_model or score_model rubric renders its (already filled) messages through.
+_LABEL_MODEL_TEMPLATE = "{% block system %}{{ system_text }}{% endblock %}\n{% block user %}{{ user_text }}{% endblock %}\n"
 
 
 def _model_grader_rubric(name: str, kind: str, spec: dict[str, Any]) -> Rubric:
-    """The rubric an OpenAI label_model or score_model grader runs as: its messages rendered through label_model.j2
+    """The rubric an OpenAI label_model or score_model grader runs as: its messages rendered through _LABEL_MODEL_TEMPLATE
     (system and user text, and the media parts); ``spec`` adds how the reply is read."""
     return Rubric.model_validate({
         "name": name,
         "description": f"OpenAI {kind} grader",
         "template": "label_model.j2",
+        "inline_template": _LABEL_MODEL_TEMPLATE,
         "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
                       "media": {"type": "media", "required": False}},
-        "directory": _label_model_directory(),
         **spec,
     })
 

@@ -89,6 +89,9 @@ class Rubric(BaseModel):
     description: str = ""
     language: str = "en"
     template: str
+    # The template's source itself, for a rubric built in code (an OpenAI label_model, a Vertex
+    # autorater): ``template`` is then only its name, and no file is read or written.
+    inline_template: str | None = None
     variables: dict[str, VariableSpec]
     output: OutputSpec
     labels: dict[str, float]
@@ -162,7 +165,8 @@ class Rubric(BaseModel):
             "verdict_tag": self.verdict_tag,
             "rationale_field": self.output.rationale_field,
         }
-        template = _environment(self.directory).get_template(self.template)
+        template = _inline(self.inline_template) if self.inline_template is not None else \
+            _environment(self.directory).get_template(self.template)
         messages = []
         try:
             for role in ("system", "user"):
@@ -186,8 +190,11 @@ class Rubric(BaseModel):
 
 def rubric_fingerprint(rubric: Rubric) -> str:
     """A hash of everything that decides a rubric's messages: its spec and its template's source."""
-    template = rubric.directory / rubric.template
-    source = template.read_text(encoding="utf-8") if template.exists() else ""
+    if rubric.inline_template is not None:
+        source = rubric.inline_template
+    else:
+        template = rubric.directory / rubric.template
+        source = template.read_text(encoding="utf-8") if template.exists() else ""
     spec = rubric.model_dump_json(exclude={"directory"})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
@@ -231,12 +238,13 @@ def _guard(value: Any, tag: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _environment(directory: Path) -> SandboxedEnvironment:
+def _environment(directory: Path | None) -> SandboxedEnvironment:
+    """The sandboxed Jinja environment of a rubric folder (None: no folder, for inline templates)."""
     from jinja2 import FileSystemLoader, StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
     env = SandboxedEnvironment(
-        loader=FileSystemLoader(str(directory)),
+        loader=FileSystemLoader(str(directory)) if directory is not None else None,
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=False,
@@ -246,6 +254,12 @@ def _environment(directory: Path) -> SandboxedEnvironment:
     env.filters["guard"] = _guard
     env.filters["tojson_u"] = lambda v: json.dumps(v, ensure_ascii=False)
     return env
+
+
+@functools.lru_cache(maxsize=64)
+def _inline(source: str) -> Any:
+    """An inline template, compiled once per source (the same environment and options as a file's)."""
+    return _environment(None).from_string(source)
 
 
 def list_rubrics() -> list[Rubric]:
