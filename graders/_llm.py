@@ -8,7 +8,6 @@ reason. A failed verdict never becomes a number here; the group grader's policy 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import Any, Literal
 
 from judge import Judge, Rubric, Verdict, load_rubric
 from judge._media import local_media
+from judge._parse import number_of
 from judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
@@ -148,13 +148,14 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
 _AUTORATER_TEMPLATE = "{% block user %}{{ autorater_prompt }}{% endblock %}\n"
 
 
-# The label a numeric autorater rubric offers only because a rubric must offer one; every reply
-# falls to ``unmatched`` and its text is converted to a number here.
-_NUMERIC_LABEL = "\u0000numeric"
 
 
-def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float], unmatched: float) -> Rubric:
+def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float] | None, unmatched: float = 0.0) -> Rubric:
+    """The expected reply as the one label (exactMatchScorer), or, with ``labels`` None, the reply as a number
+    (parsedResponseConversionScorer: the rubric's number output reads it)."""
     output: dict[str, Any] = {"mode": "regex", "pattern": parse.regex} if parse.type == "REGEX_EXTRACT" else {"mode": "text"}
+    if labels is None:
+        output = {**output, "mode": "number", "noun": "autorater's parsed reply"}
     return Rubric.model_validate({
         "name": name,
         "description": "Vertex autorater",
@@ -162,8 +163,7 @@ def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float], u
         "inline_template": _AUTORATER_TEMPLATE,
         "variables": {"autorater_prompt": {"type": "str"}},
         "output": {**output, "rationale_field": None},
-        "labels": labels,
-        "unmatched": unmatched,
+        **({"labels": labels, "unmatched": unmatched} if labels is not None else {}),
     })
 
 
@@ -200,7 +200,7 @@ def autorater_grader(
     fixed = None
     if expression is not None and "{{" not in expression:
         fixed = _autorater_rubric(name, parse, {expression: clamped[0]}, clamped[1])
-    numeric = _autorater_rubric(name, parse, {_NUMERIC_LABEL: 0.0}, 0.0) if expression is None else None
+    numeric = _autorater_rubric(name, parse, None) if expression is None else None
 
     async def grade(sample: Sample) -> Grade:
         response = parse_response(sample.response_text, response_parse)
@@ -213,15 +213,7 @@ def autorater_grader(
         verdict = await judge.judge(with_prompt_media(rubric, row, sample), row)
         if expression is not None or verdict.status != "ok":
             return grade_from_verdict(verdict, name)
-        try:
-            value = float((verdict.label or "").strip())
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure",
-                                                "error": f"the autorater's parsed reply {verdict.label!r} is not a number"})
-            return grade_from_verdict(failed, name)
-        return grade_from_verdict(verdict, name, score=value)
+        return grade_from_verdict(verdict, name, score=number_of(verdict.label))  # the number as given (the Grade clamps it)
 
     grade.__name__ = name
     return grade
@@ -335,8 +327,7 @@ def _model_grader_row(messages: list[Mapping[str, Any]], sample: Sample, media_r
 
 
 # OpenAI's score_model: the model replies with its reasoning steps and a number (the graders guide's
-# output shape); the number is the grade, read as the rubric's unmatched label (the one label offered
-# only because a rubric must offer one).
+# output shape); the rubric's number output reads the number, checks its range and scores it.
 _SCORE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -351,34 +342,6 @@ _SCORE_SCHEMA: dict[str, Any] = {
 # sampling_params as OpenAI's ScoreModelGrader names them -> the chat API's request fields.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "reasoning_effort": "reasoning_effort",
                     "max_completions_tokens": "max_completion_tokens", "max_completion_tokens": "max_completion_tokens"}
-
-
-def _reply_number(raw: str | None) -> str | None:
-    """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
-    or an object's ``result`` or ``score``. None when there is no such single number."""
-    text = (raw or "").strip().strip("`").strip()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(value, dict):
-        value = value.get("result", value.get("score"))
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return json.dumps(value)
-
-
-def score_in_range(raw: float, low: float, high: float) -> float:
-    """A score_model's raw number as a gradekit score: as it is when its range lies in [-1, 1], else
-    rescaled to 0..1 (the raw number stays in the grade's ``raw_score`` metric, which pass_threshold reads)."""
-    if -1.0 <= low and high <= 1.0:
-        return raw
-    return (raw - low) / (high - low)
 
 
 def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range: tuple[float, float] = (0.0, 1.0),
@@ -408,11 +371,9 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         if value is not None:
             sampling[_SAMPLING_FIELDS[key]] = value
     rubric = _model_grader_rubric(name, "score_model", {
-        "output": {"mode": "json_schema", "field": "result", "rationale_field": None,
+        "output": {"mode": "number", "range": (low, high), "noun": "score_model's result", "field": "result", "rationale_field": None,
                    "schema": {**_SCORE_SCHEMA, "properties": {**_SCORE_SCHEMA["properties"],
                                                               "result": {"type": "number", "minimum": low, "maximum": high}}}},
-        "labels": {_NUMERIC_LABEL: 0.0},
-        "unmatched": 0.0,
         "sampling": sampling,
     })
     instruction = (f"Reply with a JSON object: \"steps\", your reasoning as a list of {{\"description\", \"conclusion\"}}, "
@@ -424,25 +385,10 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
         verdict = await judge.judge(rubric, row)
-        text = (verdict.label or "") if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
-        if text is None:
-            return grade_from_verdict(verdict, name)
-        if verdict.status != "ok":  # a judge that ignored the schema but still gave one number: that number
-            verdict = verdict.model_copy(update={"status": "ok", "error_kind": None, "error": None, "label": text})
-        try:
-            raw = float(text.strip())
-        except ValueError:
-            raw = math.nan
-        problem = None
-        if not math.isfinite(raw):
-            problem = f"the score_model's result {verdict.label!r} is not a number"
-        elif not low <= raw <= high:
-            problem = f"the score_model's result {raw:g} is outside its range [{low:g}, {high:g}]"
-        if problem is not None:
-            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure", "error": problem})
-            return grade_from_verdict(failed, name)
-        grade = grade_from_verdict(verdict, name, score=score_in_range(raw, low, high))
-        return grade.model_copy(update={"metrics": {**grade.metrics, "raw_score": raw}})
+        grade = grade_from_verdict(verdict, name)
+        if verdict.status != "ok":
+            return grade
+        return grade.model_copy(update={"metrics": {**grade.metrics, "raw_score": number_of(verdict.label)}})
 
     grade.__name__ = name
     return grade
