@@ -8,18 +8,15 @@ reason. A failed verdict never becomes a number here; the group grader's policy 
 
 from __future__ import annotations
 
-import atexit
-import functools
-import json
 import math
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from judge import Judge, Rubric, Verdict, load_rubric
+from judge._media import local_media
+from judge._parse import number_of
 from judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
@@ -152,36 +149,28 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
 # ---- Vertex's autorater ---------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _passthrough_dir() -> Path:
-    """A directory holding the one-line template an autorater rubric renders through.
-
-    The autorater prompt is the user's configuration, already filled; the rubric machinery
-    (render, request, cache, limiter, retry, parse) needs a template file to run it through, and
-    judge/ loads templates from directories only. The file holds no wording, only the variable.
-    """
-    directory = Path(tempfile.mkdtemp(prefix="gradekit-autorater-"))
-    (directory / "autorater.j2").write_text("{% block user %}{{ autorater_prompt }}{% endblock %}\n", encoding="utf-8")
-    atexit.register(shutil.rmtree, directory, True)
-    return directory
+# The autorater prompt is the user's configuration, already filled: the rubric machinery (render,
+# request, cache, limiter, retry, parse) runs it through a one-line template that holds no wording,
+# only the variable.
+_AUTORATER_TEMPLATE = "{% block user %}{{ autorater_prompt }}{% endblock %}\n"
 
 
-# The label a numeric autorater rubric offers only because a rubric must offer one; every reply
-# falls to ``unmatched`` and its text is converted to a number here.
-_NUMERIC_LABEL = "\u0000numeric"
 
 
-def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float], unmatched: float) -> Rubric:
+def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float] | None, unmatched: float = 0.0) -> Rubric:
+    """The expected reply as the one label (exactMatchScorer), or, with ``labels`` None, the reply as a number
+    (parsedResponseConversionScorer: the rubric's number output reads it)."""
     output: dict[str, Any] = {"mode": "regex", "pattern": parse.regex} if parse.type == "REGEX_EXTRACT" else {"mode": "text"}
+    if labels is None:
+        output = {**output, "mode": "number", "noun": "autorater's parsed reply"}
     return Rubric.model_validate({
         "name": name,
         "description": "Vertex autorater",
         "template": "autorater.j2",
+        "inline_template": _AUTORATER_TEMPLATE,
         "variables": {"autorater_prompt": {"type": "str"}},
         "output": {**output, "rationale_field": None},
-        "labels": labels,
-        "unmatched": unmatched,
-        "directory": _passthrough_dir(),
+        **({"labels": labels, "unmatched": unmatched} if labels is not None else {}),
     })
 
 
@@ -218,7 +207,7 @@ def autorater_grader(
     fixed = None
     if expression is not None and "{{" not in expression:
         fixed = _autorater_rubric(name, parse, {expression: clamped[0]}, clamped[1])
-    numeric = _autorater_rubric(name, parse, {_NUMERIC_LABEL: 0.0}, 0.0) if expression is None else None
+    numeric = _autorater_rubric(name, parse, None) if expression is None else None
 
     async def grade(sample: Sample) -> Grade:
         response = parse_response(sample.response_text, response_parse)
@@ -231,76 +220,28 @@ def autorater_grader(
         verdict = await judge.judge(with_prompt_media(rubric, row, sample), row)
         if expression is not None or verdict.status != "ok":
             return grade_from_verdict(verdict, name)
-        try:
-            value = float((verdict.label or "").strip())
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure",
-                                                "error": f"the autorater's parsed reply {verdict.label!r} is not a number"})
-            return grade_from_verdict(failed, name)
-        return grade_from_verdict(verdict, name, score=value)
+        return grade_from_verdict(verdict, name, score=number_of(verdict.label))  # the number as given (the Grade clamps it)
 
     grade.__name__ = name
     return grade
 
 
-def _label_model_dir() -> Path:
-    """The two-block template a label_model rubric renders its (already filled) messages through."""
-    directory = Path(tempfile.mkdtemp(prefix="gradekit-label-model-"))
-    (directory / "label_model.j2").write_text(
-        "{% block system %}{{ system_text }}{% endblock %}\n{% block user %}{{ user_text }}{% endblock %}\n", encoding="utf-8")
-    atexit.register(shutil.rmtree, directory, True)
-    return directory
-
-
-@functools.lru_cache(maxsize=None)
-def _label_model_directory() -> Path:
-    return _label_model_dir()
+# The two-block template a label_model or score_model rubric renders its (already filled) messages through.
+_LABEL_MODEL_TEMPLATE = "{% block system %}{{ system_text }}{% endblock %}\n{% block user %}{{ user_text }}{% endblock %}\n"
 
 
 def _model_grader_rubric(name: str, kind: str, spec: dict[str, Any]) -> Rubric:
-    """The rubric an OpenAI label_model or score_model grader runs as: its messages rendered through label_model.j2
+    """The rubric an OpenAI label_model or score_model grader runs as: its messages rendered through _LABEL_MODEL_TEMPLATE
     (system and user text, and the media parts); ``spec`` adds how the reply is read."""
     return Rubric.model_validate({
         "name": name,
         "description": f"OpenAI {kind} grader",
         "template": "label_model.j2",
+        "inline_template": _LABEL_MODEL_TEMPLATE,
         "variables": {"system_text": {"type": "str", "required": False}, "user_text": {"type": "str"},
                       "media": {"type": "media", "required": False}},
-        "directory": _label_model_directory(),
         **spec,
     })
-
-
-def local_media(value: str, root: Path | None) -> str:
-    """An image cell as the judge takes it: a URL or data: URI as it is, a local path (inside ``root``, the input's folder) as a data: URI.
-
-    Raises:
-        ValueError: a path outside ``root`` (after links are resolved), no ``root`` to read it from, or no such file.
-    """
-    if value.startswith(("data:", "https://", "http://")):
-        return value
-    if value.startswith("file://"):  # a file URL is a local path like any other: the same folder rule applies
-        from urllib.parse import unquote, urlparse
-
-        value = unquote(urlparse(value).path)
-    elif re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
-        raise ValueError(f"image {value[:80]!r}: a {value.split(':', 1)[0]}:// URL is not one the judge can fetch; give an "
-                         "http(s) URL, a data: URI or a path inside the input's folder")
-    if root is None:
-        raise ValueError(f"image {value[:80]!r} is a local path, and this grader has no input folder to read it from")
-    base = root.resolve()
-    path = (base / value).resolve()
-    if not path.is_relative_to(base):
-        raise ValueError(f"image {value[:80]!r} is outside the input's folder {str(base)!r}: refused")
-    if not path.is_file():
-        raise ValueError(f"image {value[:80]!r}: no such file in {str(base)!r}")
-    import base64
-    import mimetypes
-
-    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 
 def _message_parts(content: Any, sample: Sample, root: Path | None, media: list[Any]) -> str:
@@ -393,8 +334,7 @@ def _model_grader_row(messages: list[Mapping[str, Any]], sample: Sample, media_r
 
 
 # OpenAI's score_model: the model replies with its reasoning steps and a number (the graders guide's
-# output shape); the number is the grade, read as the rubric's unmatched label (the one label offered
-# only because a rubric must offer one).
+# output shape); the rubric's number output reads the number, checks its range and scores it.
 _SCORE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -409,34 +349,6 @@ _SCORE_SCHEMA: dict[str, Any] = {
 # sampling_params as OpenAI's ScoreModelGrader names them -> the chat API's request fields.
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "reasoning_effort": "reasoning_effort",
                     "max_completions_tokens": "max_completion_tokens", "max_completion_tokens": "max_completion_tokens"}
-
-
-def _reply_number(raw: str | None) -> str | None:
-    """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
-    or an object's ``result`` or ``score``. None when there is no such single number."""
-    text = (raw or "").strip().strip("`").strip()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(value, dict):
-        value = value.get("result", value.get("score"))
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return json.dumps(value)
-
-
-def score_in_range(raw: float, low: float, high: float) -> float:
-    """A score_model's raw number as a gradekit score: as it is when its range lies in [-1, 1], else
-    rescaled to 0..1 (the raw number stays in the grade's ``raw_score`` metric, which pass_threshold reads)."""
-    if -1.0 <= low and high <= 1.0:
-        return raw
-    return (raw - low) / (high - low)
 
 
 def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range: tuple[float, float] = (0.0, 1.0),
@@ -466,11 +378,9 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         if value is not None:
             sampling[_SAMPLING_FIELDS[key]] = value
     rubric = _model_grader_rubric(name, "score_model", {
-        "output": {"mode": "json_schema", "field": "result", "rationale_field": None,
+        "output": {"mode": "number", "range": (low, high), "noun": "score_model's result", "field": "result", "rationale_field": None,
                    "schema": {**_SCORE_SCHEMA, "properties": {**_SCORE_SCHEMA["properties"],
                                                               "result": {"type": "number", "minimum": low, "maximum": high}}}},
-        "labels": {_NUMERIC_LABEL: 0.0},
-        "unmatched": 0.0,
         "sampling": sampling,
     })
     instruction = (f"Reply with a JSON object: \"steps\", your reasoning as a list of {{\"description\", \"conclusion\"}}, "
@@ -482,25 +392,10 @@ def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range
         except (PlaceholderError, ValueError) as e:
             return Grade.failed("invalid", f"grader {name!r}: {e}", error_kind="input")
         verdict = await judge.judge(rubric, row)
-        text = (verdict.label or "") if verdict.status == "ok" else _reply_number(verdict.raw) if verdict.error_kind == "parse_failure" else None
-        if text is None:
-            return grade_from_verdict(verdict, name)
-        if verdict.status != "ok":  # a judge that ignored the schema but still gave one number: that number
-            verdict = verdict.model_copy(update={"status": "ok", "error_kind": None, "error": None, "label": text})
-        try:
-            raw = float(text.strip())
-        except ValueError:
-            raw = math.nan
-        problem = None
-        if not math.isfinite(raw):
-            problem = f"the score_model's result {verdict.label!r} is not a number"
-        elif not low <= raw <= high:
-            problem = f"the score_model's result {raw:g} is outside its range [{low:g}, {high:g}]"
-        if problem is not None:
-            failed = verdict.model_copy(update={"status": "error", "score": None, "error_kind": "parse_failure", "error": problem})
-            return grade_from_verdict(failed, name)
-        grade = grade_from_verdict(verdict, name, score=score_in_range(raw, low, high))
-        return grade.model_copy(update={"metrics": {**grade.metrics, "raw_score": raw}})
+        grade = grade_from_verdict(verdict, name)
+        if verdict.status != "ok":
+            return grade
+        return grade.model_copy(update={"metrics": {**grade.metrics, "raw_score": number_of(verdict.label)}})
 
     grade.__name__ = name
     return grade

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from judge import SyncRunner, clamp
+from judge._media import data_uri
 
 GradeStatus = Literal["ok", "invalid", "error"]
 
@@ -425,7 +426,7 @@ def _vertex_media(part: Mapping[str, Any]) -> dict[str, Any] | None:
     if inline is source:
         if mime.startswith("audio/") and mime in _AUDIO_FORMATS:
             return {"type": "input_audio", "input_audio": {"data": str(source.get("data") or ""), "format": _AUDIO_FORMATS[mime]}}
-        url = f"data:{mime or 'application/octet-stream'};base64,{source.get('data') or ''}"
+        url = data_uri(mime, str(source.get("data") or ""))
     else:
         url = str(source.get("fileUri") or source.get("file_uri") or "")
     return {"type": "image_url", "image_url": {"url": url}} if mime.startswith("image/") or not mime else None

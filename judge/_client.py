@@ -25,7 +25,7 @@ from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._pacing import Pacing
-from ._parse import Reading, Unread, read_completion, reasoning_of
+from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
 from ._retry import RetryPolicy
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
@@ -354,7 +354,7 @@ class Judge:
         saved_prompt, saved_completion = int(saved.get("prompt_tokens") or 0), int(saved.get("completion_tokens") or 0)
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
-        return finish(status="ok", cached=True, mode=mode, **reading.verdict_fields(), reasoning=reading.thinking,
+        return finish(cached=True, mode=mode, **reading.verdict_fields(), reasoning=reading.thinking,
                       saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion)
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
@@ -422,13 +422,15 @@ class Judge:
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
                 self._remember(rubric, mode)
-                return finish(status="ok", mode=mode, **reading.verdict_fields(), reasoning=reading.thinking)
+                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking)
             if reading.kind == "refusal":  # refusals are deterministic: no re-ask
                 return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw)
             last = reading
             if reading.kind == "truncated":
                 break  # the same limit cuts the same reply off again: no re-ask
         assert last is not None
+        if (number := read_missed_schema(rubric, last)) is not None:
+            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking)
         return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking)
 
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
@@ -549,11 +551,13 @@ class Judge:
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
         if isinstance(reading, Unread):  # the thinking is in ``fields`` already, for every outcome
+            if (number := read_missed_schema(rubric, reading)) is not None:
+                return Verdict(**number.verdict_fields(), **fields)
             return Verdict(status="error", error_kind=reading.kind, error=reading.error, raw=reading.raw, **fields)
         if self.cache is not None and key:
             self.cache.put(key, completion, row_key=row_key)
         self._remember(rubric, mode)
-        return Verdict(status="ok", **reading.verdict_fields(), **fields)
+        return Verdict(**reading.verdict_fields(), **fields)
 
     @staticmethod
     def verdict_from_error(*, mode: AskMode, status_code: int | None = None, body: Any = None, code: str | None = None,

@@ -4,13 +4,18 @@ A media value reaches the judge as a URL or a ``data:`` URI (images) or base64 d
 (audio). :class:`Media` is what a rubric's ``media`` variable holds once prepared: its ``str()`` is
 its digest, so the row-values cache key and anything that prints a prepared row carry the digest,
 never the bytes; :func:`digest_media` does the same for a request's messages before they are hashed.
+
+The one home of media conversion: a local file (inside its input's folder) or a Vertex ``inlineData``
+becomes a ``data:`` URI here (:func:`local_media`, :func:`data_uri`), a cell or a part becomes Media.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -126,3 +131,36 @@ def digest_media(messages: Any) -> Any:
             parts.append(part)
         out.append({**message, "content": parts})
     return out
+
+def data_uri(mime: str | None, payload: str) -> str:
+    """A ``data:`` URI of base64 ``payload`` (a file's bytes, a Vertex ``inlineData``); no type: octet-stream."""
+    return f"data:{mime or 'application/octet-stream'};base64,{payload}"
+
+
+def local_media(value: str, root: Path | None) -> str:
+    """An image cell (an OpenAI grader's ``input_image``) as the judge takes it: a URL or data: URI as it is, a local path (inside ``root``, the input's folder) as a data: URI.
+
+    Raises:
+        ValueError: a path outside ``root`` (after links are resolved), no ``root`` to read it from, or no such file.
+    """
+    if value.startswith(("data:", "https://", "http://")):
+        return value
+    if value.startswith("file://"):  # a file URL is a local path like any other: the same folder rule applies
+        from urllib.parse import unquote, urlparse
+
+        value = unquote(urlparse(value).path)
+    elif re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
+        raise ValueError(f"image {value[:80]!r}: a {value.split(':', 1)[0]}:// URL is not one the judge can fetch; give an "
+                         "http(s) URL, a data: URI or a path inside the input's folder")
+    if root is None:
+        raise ValueError(f"image {value[:80]!r} is a local path, and this grader has no input folder to read it from")
+    base = root.resolve()
+    path = (base / value).resolve()
+    if not path.is_relative_to(base):
+        raise ValueError(f"image {value[:80]!r} is outside the input's folder {str(base)!r}: refused")
+    if not path.is_file():
+        raise ValueError(f"image {value[:80]!r}: no such file in {str(base)!r}")
+    import base64
+    import mimetypes
+
+    return data_uri(mimetypes.guess_type(path.name)[0], base64.b64encode(path.read_bytes()).decode("ascii"))

@@ -40,6 +40,7 @@ class Parsed:
     label: str | None
     score: float
     rationale: str | None
+    problem: str | None = None  # a number output whose number is refused (not a number, out of range): an error, not re-asked
     criteria: tuple[CriterionVerdict, ...] | None = None
 
 
@@ -286,7 +287,7 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
                 rationale = quoted[-1][2] if quoted else None
             if rationale is None:
                 rationale = content[: content.lower().rfind(f"<{tag.lower()}")].strip() or None
-        elif out.mode == "regex":
+        elif out.mode == "regex" or (out.mode == "number" and out.pattern is not None):
             assert out.pattern is not None
             occurrences = _drop_menus(rubric, _regex(content, out.pattern), content)
             if not occurrences:
@@ -295,6 +296,9 @@ def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_argumen
             rationale = content.strip()
         else:  # text: the whole reply is the verdict
             answer = content
+    if out.mode == "number":
+        score, problem = number_score(rubric, answer.strip())
+        return Parsed(label=answer.strip(), score=score, rationale=rationale, problem=problem)
     matched = match_label(rubric, answer)
     if matched is not None:
         return Parsed(label=matched[0], score=matched[1], rationale=rationale)
@@ -381,11 +385,15 @@ class Reading:
     raw: str | None  # the reply's text (or its tool call's arguments)
     thinking: str | None  # set apart from the answer, never read for the verdict
     score_source: str | None = None  # with logprobs: "logprobs" or why the label's own score was used
+    problem: str | None = None  # a number output's number refused (Parsed.problem): the verdict is a parse_failure
     criteria: tuple[CriterionVerdict, ...] | None = None  # a checklist: one verdict per criterion
 
     def verdict_fields(self) -> dict[str, Any]:
-        """The Verdict fields of this reading (``reasoning`` is the caller's: it keeps it, or not)."""
-        fields: dict[str, Any] = {"label": self.label, "score": self.score, "rationale": self.rationale, "raw": self.raw}
+        """The Verdict fields of this reading, status included (``reasoning`` is the caller's: it keeps it, or not)."""
+        if self.problem is not None:
+            return {"status": "error", "error_kind": "parse_failure", "error": self.problem, "label": self.label,
+                    "rationale": self.rationale, "raw": self.raw}
+        fields: dict[str, Any] = {"status": "ok", "label": self.label, "score": self.score, "rationale": self.rationale, "raw": self.raw}
         if self.score_source is not None:
             fields["score_source"] = self.score_source
         if self.criteria is not None:
@@ -422,10 +430,11 @@ def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode
         kind: Literal["truncated", "parse_failure"] = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
         return Unread(kind, str(failure), raw_text(completion), reasoning_of(completion))
     score, source = parsed.score, None
-    if logprobs and parsed.label is not None:
+    # A number's score is the number, not a label's weight; a checklist has no one label to weigh.
+    if logprobs and rubric.output.mode != "number" and parsed.label is not None:
         weighted, source = logprob_score(rubric, completion, parsed.label)
         score = parsed.score if weighted is None else weighted
-    return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source, parsed.criteria)
+    return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source, parsed.problem, criteria=parsed.criteria)
 
 
 def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode) -> tuple[Parsed, str | None]:
@@ -538,3 +547,76 @@ def _names(offered: Mapping[str, str], written: str, lead: str, text: str) -> st
     # The token may run past the label ("a)." after "Output ("): spelled then starts with it.
     named = [name for name, low in offered.items() if low.startswith(spelled) or spelled.startswith(low)]
     return named[0] if len(named) == 1 else None
+
+
+# --- number outputs -------------------------------------------------------------------------------
+
+
+def number_score(rubric: Rubric, text: str) -> tuple[float, str | None]:
+    """A number output's score and, when the number is refused, why (the reply stays readable: no re-ask).
+
+    The score is the number itself when the rubric's range lies in [-1, 1] (clamped there without a
+    range), else the number rescaled to 0..1 over the range.
+    """
+    out = rubric.output
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        return 0.0, f"the {out.noun} {text!r} is not a number"
+    if out.range is None:
+        return clamp(value), None
+    low, high = out.range
+    if not low <= value <= high:
+        return 0.0, f"the {out.noun} {value:g} is outside its range [{low:g}, {high:g}]"
+    return score_in_range(value, low, high), None
+
+
+def score_in_range(raw: float, low: float, high: float) -> float:
+    """A number in [low, high] as a score: as it is when the range lies in [-1, 1], else rescaled to 0..1."""
+    if -1.0 <= low and high <= 1.0:
+        return raw
+    return (raw - low) / (high - low)
+
+
+def number_of(label: str | None) -> float | None:
+    """The number a number output's verdict gives (its label, a finite number once read), or None."""
+    try:
+        value = float((label or "").strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _one_number(raw: str | None, field: str) -> str | None:
+    """The one number a reply that missed the schema still gives: the whole reply (``7``, ``"0.8"``),
+    or an object's ``field`` or ``score``. None when there is no such single number."""
+    text = (raw or "").strip().strip("`").strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get(field, value.get("score"))
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return json.dumps(value)
+
+
+def read_missed_schema(rubric: Rubric, unread: Unread) -> Reading | None:
+    """A number asked for as JSON whose last reply missed the schema (a parse_failure once the re-asks are
+    spent) but still gives one number: that number's Reading (not cached: the reply is not the schema's)."""
+    out = rubric.output
+    if out.mode != "number" or out.field is None or unread.kind != "parse_failure":
+        return None
+    text = _one_number(unread.raw, out.field)
+    if text is None:
+        return None
+    score, problem = number_score(rubric, text)
+    return Reading(text, score, None, unread.raw, unread.thinking, problem=problem)

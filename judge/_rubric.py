@@ -6,12 +6,13 @@ import ast
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults
 from ._specs import RubricError, read_spec, rubric_index, spec_path
@@ -19,7 +20,7 @@ from ._specs import RubricError, read_spec, rubric_index, spec_path
 if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
     from jinja2.sandbox import SandboxedEnvironment
 
-OutputMode = Literal["json_schema", "tags", "regex", "text"]
+OutputMode = Literal["json_schema", "tags", "regex", "text", "number"]
 # How a request asks for the verdict. A json_schema rubric can fall back along this chain;
 # the other rubrics are always asked in plain text.
 AskMode = Literal["json_schema", "tool", "json_object", "tags", "text"]
@@ -55,13 +56,27 @@ class OutputSpec(BaseModel):
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
     tag: str | None = None  # tags: <tag>label</tag>; two different verdicts are a parse failure (ambiguous_verdict)
     pattern: str | None = None  # regex: group "label", else group 1, else the whole match; two different matches are ambiguous
+    # number: the verdict is a number, not a label (an OpenAI score_model, a Vertex autorater's parsed
+    # reply). Asked as JSON when ``field`` and ``schema`` are given (the number is ``field``), read by
+    # ``pattern`` when given, else the whole reply is the number. A number outside ``range`` is a
+    # parse_failure; inside, it is the score when the range lies in [-1, 1], else rescaled to 0..1.
+    range: tuple[float, float] | None = None
+    noun: str = "reply"  # number: what an error calls the number ("the score_model's result 9 is outside ...")
 
     @model_validator(mode="after")
     def _needs(self) -> OutputSpec:
-        need = {"json_schema": ("field", "json_schema"), "tags": ("tag",), "regex": ("pattern",), "text": ()}
+        need = {"json_schema": ("field", "json_schema"), "tags": ("tag",), "regex": ("pattern",), "text": (), "number": ()}
         missing = [k for k in need[self.mode] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"output mode {self.mode!r} needs {', '.join(m.replace('json_', '') for m in missing)}")
+        if self.mode == "number" and (self.field is None) != (self.json_schema is None):
+            raise ValueError("output mode 'number' asks for JSON with both field and schema, or for text with neither")
+        if self.range is not None:
+            low, high = self.range
+            if self.mode != "number":
+                raise ValueError("range is for output mode 'number'")
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ValueError(f"range must be [low, high] with low < high, got {list(self.range)}")
         if self.pattern is not None:
             try:
                 re.compile(self.pattern)
@@ -92,6 +107,9 @@ class Rubric(BaseModel):
     description: str = ""
     language: str = "en"
     template: str
+    # The template's source itself, for a rubric built in code (an OpenAI label_model, a Vertex
+    # autorater): ``template`` is then only its name, and no file is read or written.
+    inline_template: str | None = None
     variables: dict[str, VariableSpec]
     output: OutputSpec
     labels: dict[str, float]
@@ -111,10 +129,17 @@ class Rubric(BaseModel):
     def _checklist_defaults(cls, data: Any) -> Any:
         return checklist_defaults(data) if isinstance(data, Mapping) else data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _number_offers_no_labels(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "labels" not in data and _mode_of(data.get("output")) == "number":
+            return {**data, "labels": {}}
+        return data
+
     @field_validator("labels")
     @classmethod
-    def _scores_in_range(cls, v: dict[str, float]) -> dict[str, float]:
-        if not v:
+    def _scores_in_range(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if not v and _mode_of(info.data.get("output")) != "number":
             raise ValueError("labels must name at least one label")
         bad = {k: s for k, s in v.items() if not -1.0 <= s <= 1.0}
         if bad:
@@ -166,8 +191,13 @@ class Rubric(BaseModel):
         return next((var for var, spec in self.variables.items() if spec.type == "criteria"), None)
 
     @property
+    def asks_json(self) -> bool:
+        """Whether the verdict is asked for as JSON (json_schema, or a number with a field and schema)."""
+        return self.output.mode == "json_schema" or (self.output.mode == "number" and self.output.field is not None)
+
+    @property
     def ask_modes(self) -> tuple[AskMode, ...]:
-        return JSON_FALLBACK_CHAIN if self.output.mode == "json_schema" else ("text",)
+        return JSON_FALLBACK_CHAIN if self.asks_json else ("text",)
 
     @property
     def verdict_tag(self) -> str:
@@ -200,7 +230,8 @@ class Rubric(BaseModel):
         }
         if self.is_checklist:
             context["checklist"] = checklist_context(self, context)
-        template = _environment(self.directory).get_template(self.template)
+        template = _inline(self.inline_template) if self.inline_template is not None else \
+            _environment(self.directory).get_template(self.template)
         messages = []
         try:
             for role in ("system", "user"):
@@ -222,10 +253,17 @@ class Rubric(BaseModel):
         return messages
 
 
+def _mode_of(output: Any) -> str | None:
+    return output.mode if isinstance(output, OutputSpec) else output.get("mode") if isinstance(output, Mapping) else None
+
+
 def rubric_fingerprint(rubric: Rubric) -> str:
     """A hash of everything that decides a rubric's messages: its spec and its template's source."""
-    template = rubric.directory / rubric.template
-    source = template.read_text(encoding="utf-8") if template.exists() else ""
+    if rubric.inline_template is not None:
+        source = rubric.inline_template
+    else:
+        template = rubric.directory / rubric.template
+        source = template.read_text(encoding="utf-8") if template.exists() else ""
     spec = rubric.model_dump_json(exclude={"directory"})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
@@ -276,12 +314,13 @@ def _guard(value: Any, tag: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _environment(directory: Path) -> SandboxedEnvironment:
+def _environment(directory: Path | None) -> SandboxedEnvironment:
+    """The sandboxed Jinja environment of a rubric folder (None: no folder, for inline templates)."""
     from jinja2 import FileSystemLoader, StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
     env = SandboxedEnvironment(
-        loader=FileSystemLoader(str(directory)),
+        loader=FileSystemLoader(str(directory)) if directory is not None else None,
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=False,
@@ -291,6 +330,12 @@ def _environment(directory: Path) -> SandboxedEnvironment:
     env.filters["guard"] = _guard
     env.filters["tojson_u"] = lambda v: json.dumps(v, ensure_ascii=False)
     return env
+
+
+@functools.lru_cache(maxsize=64)
+def _inline(source: str) -> Any:
+    """An inline template, compiled once per source (the same environment and options as a file's)."""
+    return _environment(None).from_string(source)
 
 
 def list_rubrics() -> list[Rubric]:
