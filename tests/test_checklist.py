@@ -385,3 +385,26 @@ def test_shipped_set_labels_are_the_checks_and_calibrate_reports_per_criterion(t
     assert result["row"]["n"] == len(rows) and result["row"]["all_agree"] == pytest.approx(1 - wrong_rows / len(rows))
     text = run_cli("calibrate", str(graded), "--criteria-labels", "criteria_labels", "--bootstrap", "0")
     assert text.returncode == 0 and "no_commas" in text.stdout and "whole row" in text.stdout
+
+
+def test_report_and_viewer_summary_show_each_rows_checklist(five: Path, tmp_path: Path) -> None:
+    rows = [{"id": i, "prompt": f"question {i}", "response": f"answer {i}"} for i in range(3)]
+    source = write_rows(tmp_path / "in.jsonl", rows)
+
+    def answer(cid: str, prompt: str) -> str | None:
+        return None if ("question 1" in prompt and cid == "safe") else {"cites": "no", "concise": "partly"}.get(cid, "yes")
+
+    graded = tmp_path / "graded.jsonl"
+    with FakeProvider(responder=checklist_judge(answer)) as fake:
+        assert run_cli("grade", str(source), "-r", str(five), "-o", str(graded), "--base-url", fake.base_url, "--api-key", "k").returncode == 0
+    page = tmp_path / "report.html"
+    done = run_cli("report", str(graded), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    html = page.read_text(encoding="utf-8")
+    data = json.loads(html.split('<script id="gradekit-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+    per = {c["id"]: c for c in data["summary"]["checklist"]}
+    assert per["safe"] == {"id": "safe", "rows": 3, "read": 2, "errors": 1, "mean_score": 1.0, "labels": {"yes": 2}}, "an error is no 0"
+    assert per["concise"]["mean_score"] == 0.5 and per["cites"]["labels"] == {"no": 3}
+    row = next(r for r in data["rows"] if r["id"] == 1)
+    assert [c["status"] for c in json.loads(row["checklist"])] == ["ok", "ok", "ok", "error", "ok"] and row["criteria_read"] == 4
+    assert "checklistTable" in html and "checklist-summary" in html, "the page script shows a row's checklist and the per-criterion card"

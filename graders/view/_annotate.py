@@ -46,13 +46,15 @@ JUDGE_COLUMNS = frozenset({
     "winner", "decided_by", "agree", "orders_read", "winner_ab", "winner_ba", "label_ab", "label_ba", "score_ab", "score_ba",
     "rationale_ab", "rationale_ba", "reasoning_ab", "reasoning_ba", "jurors", "agreement", "confidence", "parts", "verdicts",
     "stage", "stages", "escalated", "metrics",  # a --grader row's metrics: each part's score, an eval's "<criterion>.passed"
+    "checklist", "criteria_read",  # a checklist row's verdicts (and criteria.<id>.label / .score, below)
 })
 UNCERTAINTY_COLUMNS = ("score", "status", "agree", "agreement", "confidence")
 
 
 def hidden_columns(columns: Sequence[str], kind: str) -> frozenset[str]:
     """The judge-derived columns of a file (``label`` is the input's gold label in a pairwise file, not the judge's)."""
-    hidden = {c for c in columns if c in JUDGE_COLUMNS or c.startswith(("score_", "metric_", "juror_", "judge_"))}
+    hidden = {c for c in columns if c in JUDGE_COLUMNS or c.startswith(("score_", "metric_", "juror_", "judge_"))
+              or (c.startswith("criteria.") and c.endswith((".label", ".score")))}
     if kind == "pairwise":
         hidden.discard("label")
     return frozenset(hidden)

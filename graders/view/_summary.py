@@ -97,6 +97,25 @@ def _parts(r: ResultsFile) -> dict[str, Any]:
     return parts
 
 
+def _checklist(r: ResultsFile) -> list[dict[str, Any]] | None:
+    """Per criterion of a checklist file (its ``checklist`` JSON column): rows, verdicts read, errors, mean score, labels.
+
+    A criterion in error counts as an error, never as a 0 in its mean. None for a file without checklists.
+    """
+    if "checklist" not in r._types:
+        return None
+    as_json = "TRY_CAST(checklist AS JSON)"
+    items = (f"(SELECT rowid AS r, unnest(CAST({as_json} AS JSON[])) AS c FROM {TABLE} "
+             f"WHERE json_type({as_json}) = 'ARRAY')")
+    found = r._db.cursor().execute(
+        f"SELECT json_extract_string(c, '$.id') AS id, count(*), count(*) FILTER (WHERE json_extract_string(c, '$.status') = 'ok'), "
+        f"avg(TRY_CAST(json_extract_string(c, '$.score') AS DOUBLE)), min(r), "
+        f"histogram(json_extract_string(c, '$.label')) FROM {items} GROUP BY id ORDER BY min(r), id LIMIT 200").fetchall()
+    return [{"id": cid, "rows": int(n), "read": int(ok), "errors": int(n) - int(ok), "mean_score": _plain(mean),
+             "labels": {str(k): int(v) for k, v in (labels or {}).items() if k is not None}}
+            for cid, n, ok, mean, _, labels in found] or None
+
+
 # An Evals-API criterion's name, as OpenAI writes it and graders._evals gives it: "<name>-<uuid>".
 _CRITERION = r"^.+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.passed$"
 
@@ -165,7 +184,7 @@ def summarise(r: ResultsFile) -> dict[str, Any]:
         "columns": r.columns, "judge_column": r.judge_column,
         "status": _counts(r, "status"), "labels": _counts(r, r.judge_column) if r.judge_column else {},
         "error_kinds": _counts(r, "error_kind"), "score": _scores(r, "score"), "parts": parts,
-        "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r),
+        "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r), "checklist": _checklist(r),
         **(_eval_run(r) or {"result_counts": None, "per_testing_criteria_results": None}),
         "warnings": r.warnings,
     }

@@ -9,7 +9,9 @@
   const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "reasoning", "prompt_tokens",
     "completion_tokens", "cached", "winner", "decided_by", "agree", "winner_ab", "winner_ba", "label_ab", "label_ba",
     "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba",
-    "human_note", "labelled", "hidden"]);
+    "human_note", "labelled", "hidden", "checklist", "criteria_read", "criteria_total"]);
+  // A checklist row's criteria.<id>.label / .score columns: shown in its checklist, not as inputs.
+  const isCriterionColumn = (k) => /^criteria\.[^.]+\.(label|score)$/.test(k);
   const RAW = ["raw_reply", "raw_reply_ab", "raw_reply_ba"];
   const $ = (id) => document.getElementById(id);
   let summary = null, offset = 0, total = 0, columns = null, judgeColumn = "label";
@@ -109,6 +111,27 @@
     card.append(svg, el("div", { class: "muted" }, `mean ${num(score.mean)} over ${score.count.toLocaleString()} scores`));
     return card;
   }
+  // A checklist file: per criterion, how often it was read and its mean score (an unread criterion is an error, never a 0).
+  function checklistSummary(items) {
+    const head = el("tr", {}, ...["criterion", "read", "errors", "mean score", "labels"].map((h) => el("th", {}, h)));
+    const rows = items.map((c) => el("tr", {}, el("td", {}, c.id), el("td", {}, `${c.read}/${c.rows}`), el("td", {}, String(c.errors)),
+      el("td", {}, num(c.mean_score)), el("td", {}, Object.entries(c.labels || {}).map(([k, v]) => `${k} ${v}`).join(", "))));
+    return el("div", { class: "card", id: "checklist-summary" }, el("h3", {}, "checklist, per criterion"),
+      el("table", { class: "counts" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+  }
+  // One row's checklist: each criterion's verdict and score, or why it has none.
+  function checklistTable(row) {
+    let items = row.checklist;
+    if (typeof items === "string") { try { items = JSON.parse(items); } catch (e) { items = null; } }
+    if (!Array.isArray(items)) return null;
+    const head = el("tr", {}, ...["criterion", "verdict", "score", "weight", "why"].map((h) => el("th", {}, h)));
+    const rows = items.map((c) => el("tr", { class: c.status === "ok" ? null : "status-error" },
+      el("td", {}, c.id + (c.required ? " (required)" : "")), el("td", {}, c.status === "ok" ? show(c.label) : "error"),
+      el("td", {}, c.status === "ok" ? num(c.score) : "—"), el("td", {}, show(c.weight)),
+      el("td", {}, c.status === "ok" ? show(c.rationale) : show(c.error))));
+    const read = items.filter((c) => c.status === "ok").length;
+    return [el("h3", {}, `checklist (${read} of ${items.length} read)`), el("table", { id: "checklist", class: "counts" }, el("thead", {}, head), el("tbody", {}, ...rows))];
+  }
   function renderSummary(s) {
     summary = s; judgeColumn = s.judge_column || "label";
     $("kind").textContent = s.kind; $("file").textContent = s.file;
@@ -120,6 +143,7 @@
     if (Object.keys(s.error_kinds || {}).length) box.append(counts("errors by kind", s.error_kinds, "error_kind"));
     if (!s.blind) box.append(histogram("score", s.score));
     for (const [part, score] of Object.entries(s.parts || {})) box.append(histogram("score of " + part, score));
+    if (s.checklist && s.checklist.length) box.append(checklistSummary(s.checklist));
     if (s.tokens) {
       box.append(el("div", { class: "card" }, el("h3", {}, "tokens"),
         el("div", {}, `prompt ${s.tokens.prompt.toLocaleString()}`), el("div", {}, `completion ${s.tokens.completion.toLocaleString()}`),
@@ -188,7 +212,8 @@
     const keys = Object.keys(row), judge = keys.includes("winner") ? "winner" : "label";
     const fixed = ["index", "status", judge, "score", "error_kind", "human_label", "agree"];
     const chosen = fixed.filter((k) => keys.includes(k));
-    for (const k of keys) if (!RESULT.has(k) && !k.startsWith("input_") && chosen.length < fixed.length + 3) chosen.push(k);
+    if (keys.includes("criteria_read")) chosen.push("criteria_read");
+    for (const k of keys) if (!RESULT.has(k) && !isCriterionColumn(k) && !k.startsWith("input_") && chosen.length < fixed.length + 3) chosen.push(k);
     if (keys.includes("rationale")) chosen.push("rationale");
     return chosen;
   }
@@ -245,6 +270,8 @@
     for (const k of ["status", judgeColumn, "score", "human_label", "error_kind", "error", "decided_by", "agree"])
       if (k in row && row[k] !== null) verdict.append(el("dt", {}, k), el("dd", { class: k === "status" ? "status-" + row[k] : null }, show(row[k])));
     parts.push(...section("verdict", verdict));
+    const checklist = checklistTable(row);
+    if (checklist && !(row.hidden && row.hidden.includes("checklist"))) parts.push(...checklist);
     if (row.hidden && row.hidden.length) parts.push(el("p", { class: "hidden-note", id: "blind-note" },
       `blind: the judge's ${row.hidden.join(", ")} show once you have labelled this row`));
     if ("winner_ab" in row) {
@@ -261,7 +288,7 @@
         ? (pair ? "kept per order above when an order failed" : "none kept: the verdict was read (the raw reply is kept for failed verdicts)")
         : row.error ? `not stored in this output; the error says: ${row.error}` : "not stored in this output (it has no raw column)")));
     const inputs = el("dl", { id: "inputs" });
-    for (const [k, v] of Object.entries(row)) if (!RESULT.has(k)) inputs.append(el("dt", {}, k), el("dd", {}, show(v)));
+    for (const [k, v] of Object.entries(row)) if (!RESULT.has(k) && !isCriterionColumn(k)) inputs.append(el("dt", {}, k), el("dd", {}, show(v)));
     parts.push(...section("input columns", inputs));
     const other = el("dl", {});
     for (const k of ["prompt_tokens", "completion_tokens", "cached"]) if (k in row) other.append(el("dt", {}, k), el("dd", {}, show(row[k])));
