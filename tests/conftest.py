@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from judge import Judge, JudgeCache, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from judge.testing import FakeProvider, Reply, auto_reply
 
 
 class Waits(list):
@@ -99,6 +99,8 @@ def reference_judge(body: dict) -> Reply:
     It reads the rendered prompt like a model would, so the whole render -> request -> parse path runs.
     """
     user = body["messages"][-1]["content"]
+    if "<prediction>" not in user:  # a rubric it does not read (a checklist in the docs): the fake's own default answer
+        return auto_reply(body)
     prediction = re.search(r"<prediction>\n(.*?)\n</prediction>", user, re.S).group(1)
     references = re.findall(r"^- (.*)$", re.search(r"<references>\n(.*?)</references>", user, re.S).group(1), re.M)
     hit = any(r and r in prediction for r in references)

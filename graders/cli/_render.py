@@ -27,6 +27,9 @@ def render(
         raise fail(f"--row is not valid JSON: {e}") from e
     if not isinstance(values, dict):
         raise fail("--row must be a JSON object")
+    from judge._checklist import bind_row
+
+    spec = bind_row(spec, values)  # a per-row checklist: the row's criteria, and their JSON schema
     ask = mode or spec.ask_modes[0]
     if ask not in spec.ask_modes:
         raise fail(f"rubric {spec.name!r} is asked in {', '.join(spec.ask_modes)}, not {ask!r}")
