@@ -87,6 +87,13 @@ async def measure(fake: FakeProvider, grader, rows: int) -> dict[str, float]:
 async def run(rows: int, latency: float) -> list[dict[str, float]]:
     results = []
     with FakeProvider(latency=latency) as fake, tempfile.TemporaryDirectory() as tmp:
+        warm = Path(tmp) / "warm"
+        warm.mkdir()
+        judge = Judge("fake-judge", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=16))
+        try:  # the endpoint's first request goes alone (its dialect is learnt): not part of any figure
+            await measure(fake, llm_grader(judge, load_rubric(rubric_dir(1, warm)[0])), 1)
+        finally:
+            await judge.aclose()
         for k in (1, 5, 10):
             folder = Path(tmp) / f"k{k}"
             folder.mkdir()
