@@ -272,6 +272,9 @@ class Cascade(Panel):
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """The first trusted judge's decision, else ``abstained`` (else an error when every judge failed)."""
+        if rubric.is_checklist:  # votes and confidences are over one label; a checklist has one per criterion
+            return Verdict(status="error", error_kind="input", error=f"rubric {rubric.name!r} is a checklist: "
+                           f"a {type(self).__name__.lower()} over a checklist is not supported; grade it with one judge")
         usage: Counter[str] = Counter()
         failures: list[Verdict] = []
         best: float | None = None

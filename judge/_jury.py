@@ -195,6 +195,9 @@ class Jury(Panel):
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """Every juror judges ``row`` at once; the answering jurors decide (see the module docstring)."""
+        if rubric.is_checklist:  # votes and confidences are over one label; a checklist has one per criterion
+            return Verdict(status="error", error_kind="input", error=f"rubric {rubric.name!r} is a checklist: "
+                           f"a {type(self).__name__.lower()} over a checklist is not supported; grade it with one judge")
         verdicts = await asyncio.gather(*(self._ask(i, rubric, row) for i in range(len(self.jurors))))
         self._check_quorum()
         return self.combine(rubric, verdicts)

@@ -408,3 +408,26 @@ def test_report_and_viewer_summary_show_each_rows_checklist(five: Path, tmp_path
     row = next(r for r in data["rows"] if r["id"] == 1)
     assert [c["status"] for c in json.loads(row["checklist"])] == ["ok", "ok", "ok", "error", "ok"] and row["criteria_read"] == 4
     assert "checklistTable" in html and "checklist-summary" in html, "the page script shows a row's checklist and the per-criterion card"
+
+
+def test_what_a_checklist_cannot_do_is_refused_by_name(five: Path, tmp_path: Path) -> None:
+    source = write_rows(tmp_path / "in.jsonl", PER_ROW)
+    out = str(tmp_path / "out.jsonl")
+    batch = run_cli("grade", str(source), "-r", "instruction_checklist", "-o", out, "--batch", "--base-url", "http://127.0.0.1:9/v1")
+    assert batch.returncode == 2 and "takes its criteria per row" in batch.stderr + batch.stdout
+    jury = run_cli("grade", str(source), "-r", str(five), "-o", out, "--model", "a", "--model", "b", "--base-url", "http://127.0.0.1:9/v1")
+    assert jury.returncode == 2 and "is a checklist" in jury.stderr + jury.stdout
+
+
+async def test_a_jury_over_a_checklist_is_an_input_error_not_a_score(five: Path) -> None:
+    from judge import Judge, Jury
+
+    with FakeProvider() as fake:
+        jurors = [Judge(m, base_url=fake.base_url, api_key="k") for m in ("a", "b")]
+        jury = Jury(jurors)
+        try:
+            verdict = await jury.judge(load_rubric(five), {"prompt": "p", "response": "r"})
+        finally:
+            await jury.aclose()
+        assert not fake.chat_requests()
+    assert verdict.status == "error" and verdict.error_kind == "input" and verdict.score is None and "checklist" in verdict.error

@@ -135,6 +135,11 @@ def grade(
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
     if panel and (batch or ray_address is not None):
         raise fail("a jury (--model given several times) or a --cascade judges live: it excludes --batch and --ray")
+    if spec is not None and spec.is_checklist and panel:
+        raise fail(f"rubric {spec.name!r} is a checklist: a jury or a --cascade votes over one label, so grade it with one --model")
+    if spec is not None and spec.criteria_variable is not None and batch:
+        raise fail(f"rubric {spec.name!r} takes its criteria per row ({spec.criteria_variable!r}): --batch reads replies "
+                   "without their rows, so grade it live (a checklist with fixed criteria takes --batch)")
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
