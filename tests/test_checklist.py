@@ -431,3 +431,30 @@ async def test_a_jury_over_a_checklist_is_an_input_error_not_a_score(five: Path)
             await jury.aclose()
         assert not fake.chat_requests()
     assert verdict.status == "error" and verdict.error_kind == "input" and verdict.score is None and "checklist" in verdict.error
+
+
+def test_bedrock_lambda_reports_each_criterion_in_its_metrics_list(tmp_path: Path) -> None:
+    from graders import RewardServer, create_app, export_bedrock_lambda, load_grader
+    from judge import Judge
+
+    from .test_foundry_bedrock import lambda_call
+
+    records = [{"id": f"s-{i}", "messages": [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}],
+                "metadata": {"criteria": row["criteria"]}} for i, row in enumerate(PER_ROW)]
+    with FakeProvider(responder=checklist_judge(per_row_answer)) as fake:
+        grader = load_grader({"type": "llm", "rubric": "instruction_checklist", "name": "ifc"},
+                             judge=lambda: Judge("fake", base_url=fake.base_url, api_key="k", cache=None))
+        server = RewardServer(create_app(grader), port=0, log_level="warning").start()
+        try:
+            source = export_bedrock_lambda({"type": "llm", "rubric": "instruction_checklist", "name": "ifc"}, endpoint=server.url)
+            ran = lambda_call(tmp_path, source, records)
+            requests = len(fake.chat_requests())
+        finally:
+            server.stop()
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert requests == 2 and [r["aggregate_reward_score"] for r in out] == [0.5, 1.0]
+    assert out[0]["metrics_list"] == [{"name": "ifc", "value": 0.5, "type": "Reward"},
+                                      {"name": "part.criteria.c1", "value": 0.0, "type": "Metric"},
+                                      {"name": "part.criteria.c2", "value": 1.0, "type": "Metric"}]
+    assert {m["name"] for m in out[1]["metrics_list"]} == {"ifc", "part.criteria.french", "part.criteria.short", "part.criteria.no_english"}

@@ -124,16 +124,18 @@ def _score(index, record):
     if body is None:
         if ON_INVALID is None:
             raise ValueError("%s: the last message is not the model's answer (an assistant turn)" % where)
-        return sample_id, float(ON_INVALID)
+        return sample_id, float(ON_INVALID), {}
     request = urllib.request.Request(ENDPOINT, data=json.dumps(body).encode("utf-8"), method="POST",
                                      headers=dict({"Content-Type": "application/json"}, **HEADERS))
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return sample_id, float(json.loads(response.read())["score"])
+            reply = json.loads(response.read())
+            metrics = reply.get("metrics") if isinstance(reply.get("metrics"), dict) else {}  # a checklist's criteria
+            return sample_id, float(reply["score"]), metrics
     except urllib.error.HTTPError as e:
         said = e.read().decode("utf-8", "replace")[:500]
         if e.code == 422 and ON_INVALID is not None:
-            return sample_id, float(ON_INVALID)
+            return sample_id, float(ON_INVALID), {}
         raise RuntimeError("%s: %s answered HTTP %d: %s" % (where, ENDPOINT, e.code, said)) from None
     except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
         raise RuntimeError("%s: no score from %s: %s" % (where, ENDPOINT, e)) from None
@@ -147,9 +149,11 @@ def lambda_handler(event, context):
     with ThreadPoolExecutor(max_workers=max(1, min(WORKERS, len(batch)))) as pool:
         scores = list(pool.map(_score, range(len(batch)), batch))
     records = []
-    for sample_id, score in scores:
+    for sample_id, score, metrics in scores:
         score = (score + 1.0) / 2.0 if RESCALE else score
+        # A checklist grader's criteria (part.criteria.<id>, as gradekit serve names them) beside the reward.
+        extra = [{"name": k, "value": float(v), "type": "Metric"} for k, v in sorted(metrics.items())]
         records.append({"id": sample_id, "aggregate_reward_score": score,
-                        "metrics_list": [{"name": NAME, "value": score, "type": "Reward"}]})
+                        "metrics_list": [{"name": NAME, "value": score, "type": "Reward"}] + extra})
     return records
 '''

@@ -345,4 +345,10 @@ def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
 
 
 def foundry_reply(response: RewardResponse) -> dict[str, Any]:
-    return {"score": response.score}
+    """``{"score"}``; a checklist grader's criteria also as ``metrics`` (``part.criteria.<id>``), which the
+    exported Bedrock Lambda reports in its ``metrics_list``."""
+    reply: dict[str, Any] = {"score": response.score}
+    criteria = {k: v for k, v in reward_metrics(response.extra_info).items() if k.startswith("part.criteria.")}
+    if criteria:
+        reply["metrics"] = criteria
+    return reply
