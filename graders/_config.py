@@ -80,7 +80,7 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     correct: 1
     wrong: -1
     parse: auto                 # the last \\boxed{}, then LaTeX, then a plain expression; or boxed, latex, expr, a list
-    max_chars: 20000            # a longer response is cut to its last 20,000 characters
+    max_chars: 1000000          # a longer response is cut to its last 1,000,000 characters (the answer is at its end)
 
     type: weighted              # Vertex composite: sum(w * r) / sum(w), up to 16 parts
     parts:

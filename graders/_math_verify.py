@@ -29,7 +29,6 @@ import asyncio
 import collections
 import os
 import threading
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
@@ -44,7 +43,7 @@ CheckErrorKind = Literal["timeout", "verifier_error"]
 ParseMode = Literal["auto", "boxed", "latex", "expr"]
 PARSE_MODES: tuple[str, ...] = ("auto", "boxed", "latex", "expr")
 DEFAULT_TIMEOUT = 5.0  # seconds per check, as math_verify's own default
-DEFAULT_MAX_CHARS = 20_000  # a response's last 20,000 characters: a long chain of thought ends with its answer
+DEFAULT_MAX_CHARS = 1_000_000  # longer than any model's answer (~250k tokens): a bound on what reaches a worker, not a reading rule
 DEFAULT_MEMORY_MB = 1024  # address space of a checker worker (math_verify and sympy take ~250 MiB of it)
 CACHE_SIZE = 65_536  # checked pairs remembered
 # What the worker must be able to import (bound read-only into its sandbox).
@@ -122,11 +121,7 @@ class MathVerifier:
         self.workers = workers if workers is not None else _default_workers()
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
-        with warnings.catch_warnings():
-            # Which isolation the workers get is shown by `gradekit validate`; no warning on every run.
-            warnings.simplefilter("ignore")
-            self._pool = CheckerPool(name="math checker", workers=self.workers, memory_mb=memory_mb, sandbox=sandbox,
-                                     packages=PACKAGES)
+        self._pool = CheckerPool(name="math checker", workers=self.workers, memory_mb=memory_mb, sandbox=sandbox, packages=PACKAGES)
         self.isolation = self._pool.isolation
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple[str, str], MathCheck] = collections.OrderedDict()
@@ -212,9 +207,11 @@ class MathVerifier:
         """Counters: requests, checks (pairs sent), cache_hits, joined (waited on a check in flight),
         per outcome (equal, different, invalid_gold, timeout, verifier_error), and the pool's
         spawned / killed / died / resent workers and requests."""
+        keys = ("requests", "checks", "cache_hits", "joined", "equal", "different", "invalid_gold", "timeout", "verifier_error")
         with self._lock:
-            out = dict(self._stats)
-        out.update({f"workers_{k}": v for k, v in self._pool.counts.items()})
+            out = {key: self._stats.get(key, 0) for key in keys}
+        pool = self._pool.counts
+        out.update({f"workers_{k}": pool.get(k, 0) for k in ("spawned", "sent", "answered", "killed", "died", "memory", "resent")})
         return out
 
     @property

@@ -61,11 +61,17 @@ _SUPERSCRIPT_RUN = re.compile("[" + "".join(SUPERSCRIPTS) + "]+")
 
 
 def normalise(text):
-    """Look-alike characters as the ASCII math they stand for; ``x²`` as ``x^{2}``."""
+    """Look-alike characters as the ASCII math they stand for; ``x²`` as ``x^2``, ``x¹²`` as ``x^(12)``
+    (plain-text forms: a superscript digit is almost never inside ``$...$``)."""
     if text.isascii():
         return text
     text = text.translate(LOOKALIKES)
-    return _SUPERSCRIPT_RUN.sub(lambda m: "^{" + "".join(SUPERSCRIPTS[c] for c in m.group(0)) + "}", text)
+
+    def power(match):
+        digits = "".join(SUPERSCRIPTS[c] for c in match.group(0))
+        return "^" + digits if len(digits) == 1 else "^(" + digits + ")"
+
+    return _SUPERSCRIPT_RUN.sub(power, text)
 
 
 # ---- the last \boxed{} --------------------------------------------------------------------------
@@ -183,6 +189,9 @@ class Checker:
         g, g_how = self.gold(gold)
         if not g:
             return {"outcome": "invalid_gold", "detail": "math_verify found no answer in the gold text"}
+        if all(isinstance(x, str) for x in g) and not any(c.isalnum() for x in g for c in x):
+            # Only the text fallback, and no letter or digit in it ("???"): nothing an answer could equal.
+            return {"outcome": "invalid_gold", "detail": f"the gold text {self.shown(g)!r} holds no math and no words"}
         gold_shown = self.shown(g)
         if not response.strip():
             return {"outcome": "different", "detail": "the response is empty", "gold_parsed": gold_shown}

@@ -95,12 +95,16 @@ class CheckerPool:
         self._source = source if source is not None else checker_source()
         self._packages = package_paths(packages)
         try:
-            self.isolation: Isolation = resolve(sandbox, label=name)
+            with warnings.catch_warnings():
+                # The checker runs a library on data, not a sample's code: where it runs is shown by
+                # `gradekit validate` (sandbox:), not warned on every run as graded code's fallback is.
+                warnings.simplefilter("ignore", SandboxWarning)
+                self.isolation: Isolation = resolve(sandbox, label=name)
         except SandboxUnavailable:
             if sandbox != "auto":
                 raise
-            # The checker runs a library on data, never a sample's code: without any sandbox it still runs in
-            # its own process with its limits (memory, deadline, no secrets in its environment), said once.
+            # Without any sandbox it still runs in its own process with its limits (memory, deadline, no
+            # secrets in its environment), said once.
             self.isolation = resolve("none", label=name)
             warnings.warn(f"gradekit sandbox: {name}: no sandbox can run here; the checker runs as a plain process "
                           "(a library on data, with its memory cap and deadline)", SandboxWarning, stacklevel=3)
