@@ -128,6 +128,7 @@ class MathVerifier:
         self._cache_size = cache_size
         self._inflight: dict[tuple[str, str], Future] = {}
         self._stats = collections.Counter()
+        self._cpu_ms = 0.0  # CPU time the workers spent on checks, as they report it
 
     # ---- checks -----------------------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class MathVerifier:
             cut = f"; the response ({len(response):,} characters) was cut to its last {self.max_chars:,}"
             response = response[-self.max_chars:]
         reply = self._pool.submit({"gold": gold, "response": response, "parse": list(self.modes)}, self.timeout)
-        reply.add_done_callback(lambda f: self._finish(key, future, self._to_check(f, cut)))
+        reply.add_done_callback(lambda f: self._finish(key, future, *self._to_check(f, cut)))
         return future
 
     def _refuse(self, gold: str) -> MathCheck | None:
@@ -169,20 +170,24 @@ class MathVerifier:
         return None
 
     @staticmethod
-    def _to_check(reply: Future, cut: str) -> MathCheck:
+    def _to_check(reply: Future, cut: str) -> tuple[MathCheck, float, bool]:
+        """The check, the worker's CPU milliseconds on it, and whether it is about the pair at all."""
         try:
             data: dict[str, Any] = reply.result()
-            return MathCheck(outcome=data["outcome"], error_kind=data.get("error_kind"), detail=str(data.get("detail") or "") + cut,
-                             gold_parsed=data.get("gold_parsed"), answer_parsed=data.get("answer_parsed"))
+            check = MathCheck(outcome=data["outcome"], error_kind=data.get("error_kind"), detail=str(data.get("detail") or "") + cut,
+                              gold_parsed=data.get("gold_parsed"), answer_parsed=data.get("answer_parsed"))
+            return check, float(data.get("cpu_ms") or 0.0), bool(data.get("transient"))
         except Exception as e:  # noqa: BLE001 - a malformed reply is this check's error, never a silent score
-            return MathCheck(outcome="error", error_kind="verifier_error", detail=f"unreadable checker reply: {type(e).__name__}: {e}")
+            check = MathCheck(outcome="error", error_kind="verifier_error", detail=f"unreadable checker reply: {type(e).__name__}: {e}")
+            return check, 0.0, True
 
-    def _finish(self, key: tuple[str, str], future: Future, check: MathCheck) -> None:
+    def _finish(self, key: tuple[str, str], future: Future, check: MathCheck, cpu_ms: float = 0.0, transient: bool = False) -> None:
         with self._lock:
             self._inflight.pop(key, None)
             self._stats[check.outcome if check.error_kind is None else check.error_kind] += 1
+            self._cpu_ms += cpu_ms
             # A worker that died under a check (killed from outside, a crash) says nothing about the pair: not kept.
-            if not (check.error_kind == "verifier_error" and "died" in check.detail):
+            if not transient:
                 self._cache[key] = check
                 if len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
@@ -205,11 +210,12 @@ class MathVerifier:
 
     def stats(self) -> dict[str, int]:
         """Counters: requests, checks (pairs sent), cache_hits, joined (waited on a check in flight),
-        per outcome (equal, different, invalid_gold, timeout, verifier_error), and the pool's
-        spawned / killed / died / resent workers and requests."""
+        per outcome (equal, different, invalid_gold, timeout, verifier_error), the workers' CPU
+        milliseconds on checks, and the pool's spawned / killed / died / resent workers and requests."""
         keys = ("requests", "checks", "cache_hits", "joined", "equal", "different", "invalid_gold", "timeout", "verifier_error")
         with self._lock:
             out = {key: self._stats.get(key, 0) for key in keys}
+            out["worker_cpu_ms"] = round(self._cpu_ms)
         pool = self._pool.counts
         out.update({f"workers_{k}": pool.get(k, 0) for k in ("spawned", "sent", "answered", "killed", "died", "memory", "resent")})
         return out

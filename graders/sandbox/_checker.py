@@ -270,7 +270,7 @@ def main():
     for line in requests:
         request = json.loads(line)
         state["fired"] = False
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         reply = None
         try:
             signal.setitimer(signal.ITIMER_REAL, float(request["timeout"]), 0.05)
@@ -295,6 +295,7 @@ def main():
                      "detail": f"the check took longer than {float(request['timeout']):g} s"}
         reply["id"] = request["id"]
         reply["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        reply["cpu_ms"] = round((time.process_time() - cpu) * 1000, 3)
         send(reply)
 
 

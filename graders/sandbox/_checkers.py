@@ -306,7 +306,7 @@ class CheckerPool:
                 self._fail_all(error)
             return
         memory = f" (memory cap {self.memory_mb} MiB)" if self.memory_mb else ""
-        self._retire(slot, _error("verifier_error", f"the checker died during the check, {how}{memory}; it was replaced"), "died")
+        self._retire(slot, _error("verifier_error", f"the checker died during the check, {how}{memory}; it was replaced", True), "died")
 
     def _fail_all(self, error: str) -> None:
         with self._lock:
@@ -398,8 +398,9 @@ class CheckerPool:
                     slot.proc = None
 
 
-def _error(kind: str, detail: str) -> dict[str, Any]:
-    return {"outcome": "error", "error_kind": kind, "detail": detail}
+def _error(kind: str, detail: str, transient: bool = False) -> dict[str, Any]:
+    """A reply the pool makes; ``transient``: it says nothing about the request (a worker died under it)."""
+    return {"outcome": "error", "error_kind": kind, "detail": detail, **({"transient": True} if transient else {})}
 
 
 def _resolve(job: _Job, reply: dict[str, Any]) -> None:
