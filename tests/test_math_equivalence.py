@@ -300,3 +300,22 @@ def test_a_check_from_another_thread_while_a_loop_runs(verifier: MathVerifier) -
     thread.start()
     thread.join()
     assert [c.outcome for c in results] == ["equal", "equal"]
+
+
+# ---- in-process platform adapters: a check that cannot finish is never a reward of 0 -----------------
+
+
+def test_verl_and_trl_adapters_never_turn_a_timeout_into_a_score() -> None:
+    from graders import GradingError, trl_reward_func, verl_compute_score
+
+    config = {"type": "math_equivalence", "expression": "{{references.answer}}", "timeout": 1, "workers": 1}
+    reward = verl_compute_score(config)
+    try:
+        assert reward(data_source="math", solution_str="so \\boxed{\\frac{1}{2}}", ground_truth="0.5")["score"] == 1.0
+        assert reward(data_source="math", solution_str="\\boxed{3}", ground_truth="0.5")["score"] == -1.0
+        with pytest.raises(GradingError, match="timed out"):
+            reward(data_source="math", solution_str="$9^{9^{9^{9^{9}}}}$", ground_truth="1")
+    finally:
+        reward.close()
+    skip = trl_reward_func(config, on_error=None, sync=True)
+    assert skip(prompts=["q", "q"], completions=["\\boxed{2}", "$9^{9^{9^{9^{9}}}}$"], answer=["2", "1"]) == [1.0, None]
