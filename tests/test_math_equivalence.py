@@ -96,6 +96,8 @@ def test_defects_and_degenerate_rows_end_as_named_rows(tmp_path: Path) -> None:
         {"id": "frac40_gold", "response": "1", "answer": "$" + nested_frac(40) + "$"},
         {"id": "parens", "response": "$" + "(" * 3000 + "1" + ")" * 3000 + "$", "answer": "1"},
         {"id": "huge", "response": "$" + "+".join(["x"] * 70000) + "$", "answer": "1"},
+        # a recursion limit the library swallows (it then reads the last "1"): an error, not wrong
+        {"id": "deep_sum", "response": "1+" * 1000 + "1", "answer": "1001"},
         # outcomes: an empty response is wrong; a gold that cannot be parsed is invalid; a missing gold too
         {"id": "empty", "response": "", "answer": "1"},
         {"id": "bad_gold", "response": "1", "answer": "???"},
@@ -103,7 +105,7 @@ def test_defects_and_degenerate_rows_end_as_named_rows(tmp_path: Path) -> None:
         {"id": "plain", "response": "so the result is $\\frac{1}{2}$", "answer": "0.5"},
     ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    (tmp_path / "math.yaml").write_text(MATH_YAML % 1, encoding="utf-8")
+    (tmp_path / "math.yaml").write_text(MATH_YAML % 2, encoding="utf-8")
     done = gradekit("grade", "rows.jsonl", "--grader", "math.yaml", "-o", "out.jsonl", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # some rows carry an error, and every row is written
     out = {row["id"]: row for row in rows_of(tmp_path / "out.jsonl")}
@@ -115,6 +117,8 @@ def test_defects_and_degenerate_rows_end_as_named_rows(tmp_path: Path) -> None:
         assert (out[name]["status"], out[name]["score"]) == ("ok", 1.0), out[name]
     assert json.loads(out["draft"]["parsed"]) == {"gold": "5", "answer": "5"}
     assert out["draft_wrong"]["score"] == -1.0 and json.loads(out["draft_wrong"]["parsed"])["answer"] == "3"
+    assert (out["deep_sum"]["status"], out["deep_sum"]["error_kind"]) == ("error", "verifier_error")
+    assert "recursion limit" in out["deep_sum"]["error"]
     assert (out["empty"]["status"], out["empty"]["score"]) == ("ok", -1.0)
     assert (out["bad_gold"]["status"], out["bad_gold"]["error_kind"]) == ("invalid", "invalid_gold")
     assert (out["no_gold"]["status"], out["no_gold"]["error_kind"]) == ("invalid", "input")

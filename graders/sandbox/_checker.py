@@ -138,7 +138,29 @@ class Checker:
         self.latex = mv.LatexExtractionConfig()
         self.expr = mv.ExprExtractionConfig()
         self.gold_cache = {}
-        self.fired = False
+        self.exhausted = None  # a RecursionError or MemoryError the library caught and swallowed during this check
+        self._watch()
+
+    def _watch(self):
+        """Wrap the library's parse and compare steps so that a RecursionError or MemoryError it
+        swallows (``except Exception`` around each step, then a fallback reading) is still seen:
+        ``1+1+...+1`` would otherwise be read as its last ``1`` and scored wrong."""
+        import math_verify.grader as grader
+        import math_verify.parser as parser
+
+        def watched(fn):
+            def call(*args, **kwargs):
+                try:
+                    return fn(*args, **kwargs)
+                except (RecursionError, MemoryError) as e:
+                    self.exhausted = self.exhausted or type(e).__name__
+                    raise
+            return call
+
+        for module, names in ((parser, ("parse_expr_cached", "parse_latex_cached")),
+                              (grader, [n for n in dir(grader) if n.startswith("sympy_") and callable(getattr(grader, n))])):
+            for name in names:
+                setattr(module, name, watched(getattr(module, name)))
 
     def _parse(self, text, configs):
         return self.mv.parse(text, configs, parsing_timeout=None, raise_on_error=True)
@@ -183,6 +205,17 @@ class Checker:
         return text if len(text) <= SHOWN else text[:SHOWN] + "..."
 
     def check(self, gold, response, modes):
+        self.exhausted = None
+        reply = self._check(gold, response, modes)
+        if self.exhausted and reply["outcome"] != "equal":
+            # The library ran out of stack or memory on some reading and fell back to another: not a verdict.
+            what = "Python's recursion limit (the expression nests too deep)" if self.exhausted == "RecursionError" else "the memory cap"
+            reply = {"outcome": "error", "error_kind": "verifier_error", "gold_parsed": reply.get("gold_parsed"),
+                     "answer_parsed": reply.get("answer_parsed"),
+                     "detail": f"math_verify hit {what} and fell back to another reading; it would have said {reply['outcome']}"}
+        return reply
+
+    def _check(self, gold, response, modes):
         gold, response = normalise(gold), normalise(response)
         if not gold.strip():
             return {"outcome": "invalid_gold", "detail": "the gold answer is empty"}
