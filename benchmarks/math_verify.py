@@ -30,7 +30,7 @@ import random
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,9 +137,9 @@ def child_threads(mode: str, n: int, seed: int) -> None:
         except Exception as e:  # noqa: BLE001
             return type(e).__name__
 
-    with ThreadPoolExecutor(2) as pool:
-        for result in pool.map(one, pairs):
-            print(result, flush=True)
+    pool = ThreadPoolExecutor(2)
+    for future in as_completed([pool.submit(one, pair) for pair in pairs]):  # as they finish: a stuck one hides no other
+        print(future.result(), flush=True)
     os._exit(0)
 
 
@@ -157,7 +157,7 @@ def threads_run(mode: str, n: int, seed: int, bound: float) -> dict[str, object]
     with ThreadPoolExecutor(1) as reader:
         done = reader.submit(read)
         wait([done], timeout=bound)
-        finished = proc.poll() is not None
+        finished = done.done()  # the child closed its output: it ended by itself
         if not finished:
             proc.kill()
         proc.wait()
