@@ -98,6 +98,7 @@ def report(grade: Grade) -> dict[str, Any]:
     return {
         "reward": grade.score,
         "status": grade.status,
+        "error_kind": grade.error_kind,  # why it failed, by name (timeout, verifier_error, invalid_gold, ...)
         "parts": {name: {"reward": part.score, "error": part.error} for name, part in parts.items()},
         "errors": errors,
         "logs": logs,
@@ -228,6 +229,8 @@ def _print(result: dict[str, Any]) -> None:
         typer.echo(f"WARNING: {warning}")
     reward = result["reward"]
     typer.echo(f"reward: {reward:g}" if reward is not None else f"reward: none ({result['status']})")
+    if reward is None and result.get("error_kind"):
+        typer.echo(f"error_kind: {result['error_kind']}")
     if result["parts"]:
         typer.echo("parts:")
         width = max(len(name) for name in result["parts"])

@@ -309,11 +309,12 @@ GRADER_TYPES = {"score": "float64", "status": "string", "error_kind": "string", 
                 "attempts": "int64"}
 
 
-def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
+def grader_row(row: Mapping[str, Any], grade: Grade, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """A grader's output row. Parts and metrics are one JSON column each, so every file has the
-    same columns whatever a row's grader produced (a CSV header is written before the first grade)."""
+    same columns whatever a row's grader produced (a CSV header is written before the first grade).
+    ``extra``: the columns the grader declares (``output_columns``), filled from ``grade.columns``."""
     return {
-        **keep_input(row, GRADER_COLUMNS),
+        **keep_input(row, [*GRADER_COLUMNS, *extra]),
         "score": grade.score,
         "status": "skipped" if grade.error_kind == "budget" else grade.status,
         "error_kind": grade.error_kind,
@@ -322,7 +323,13 @@ def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
         "metrics": dict(grade.metrics) or None,
         # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
         "attempts": _judge_attempts(grade) if grade.status != "ok" else None,
+        **{column: grade.columns.get(column) for column in extra},
     }
+
+
+def grader_columns(grader: Any) -> tuple[str, ...]:
+    """The extra output columns a grader declares (``output_columns``: math_equivalence's ``parsed``)."""
+    return tuple(c for c in getattr(grader, "output_columns", ()) if c not in GRADER_COLUMNS)
 
 
 def _judge_attempts(grade: Grade) -> int | None:
@@ -355,6 +362,7 @@ async def grade_file_with(
     """
     source = RunInput.resolve(source, encoding)
     rows = RowMapping.build(mapping, input_columns(source, encoding))
+    extra = grader_columns(grader)
 
     async def run(sample: Sample) -> Grade:
         try:
@@ -363,14 +371,15 @@ async def grade_file_with(
             return Grade.failed("error", f"the grader raised {type(e).__name__}: {e}", error_kind="exception")
 
     return await run_file(
-        source, destination, GRADER_COLUMNS, GRADER_TYPES,
+        source, destination, [*GRADER_COLUMNS, *extra], {**GRADER_TYPES, **{c: "string" for c in extra}},
         {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
          **({"encoding": encoding} if encoding else {})},
         concurrency,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
+        to_row=lambda row, grade: grader_row(row, grade, extra), on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going,
+        retry_errors=retry_errors, encoding=encoding,
     )
 
 
