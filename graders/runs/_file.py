@@ -279,10 +279,24 @@ async def grade_file(
     return await run_file(
         source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
-        judge_row=lambda values: judge.judge(rubric, values),
+        judge_row=(lambda values: _invalid_as_error(rubric, judge.judge(rubric, values))) if rubric.invalid_labels
+        else (lambda values: judge.judge(rubric, values)),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
         to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
+
+
+async def _invalid_as_error(rubric: Rubric, pending: Awaitable[Verdict]) -> Verdict:
+    """A verdict naming one of the rubric's ``invalid_labels`` as the row it is in a rubric run: not a score.
+
+    A rubric run's rows are verdicts, whose failures are ``status=error`` (a row that lacks a
+    variable is ``error``/``input`` there too); a grader makes the same verdict ``status=invalid``.
+    """
+    verdict = await pending
+    if verdict.status != "ok" or not rubric.is_invalid(verdict.label):
+        return verdict
+    return verdict.model_copy(update={"status": "error", "score": None, "error_kind": "judged_invalid",
+                                      "error": f"the judge labelled the sample {verdict.label!r}, which rubric {rubric.name!r} names invalid"})
 
 
 GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics", "attempts"]
