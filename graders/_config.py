@@ -572,6 +572,7 @@ class ConfiguredGrader:
         self._builder = builder
         self.sandboxes = builder.sandboxes
         self.__name__ = getattr(grader, "__name__", "grader")
+        self.result_columns = tuple(getattr(grader, "result_columns", ()))  # extra output columns (a hybrid's decided_by)
 
     async def __call__(self, sample: Sample) -> Grade:
         return await self.grader(sample)

@@ -213,6 +213,9 @@ class Grade(BaseModel):
     parts: dict[str, Grade] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     debug: list[str] = Field(default_factory=list)
+    # Which path decided a hybrid grader's row ("symbolic" or "judge", graders._math_hybrid); None elsewhere.
+    # Not serialised with the grade: a file run writes it as its own column, counted in the summary.
+    decided_by: str | None = Field(default=None, exclude=True)
 
     @field_validator("score")
     @classmethod

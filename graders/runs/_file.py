@@ -48,7 +48,8 @@ class RunSummary(BaseModel):
     errors: int = 0
     skipped: int = 0  # not judged because the budget ran out (error_kind "budget")
     abstained: int = 0  # a cascade (or a unanimous jury) trusted no judge with the row: a row for a human, not an error
-    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided
+    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided; a hybrid grader: rows per path (symbolic, judge)
+    judge_calls_saved: int | None = None  # a hybrid grader: judge requests the symbolic path made needless (two per row it decided)
     mean_agreement: float | None = None  # a jury: mean share of the answering jurors agreeing with the decision
     resumed_from: int = 0  # rows already in the output from an earlier, interrupted run
     already_complete: bool = False  # the output was finished before: nothing was done
@@ -357,15 +358,19 @@ async def grade_file_with(
         except Exception as e:  # a grader bug is that row's error, not the end of the run
             return Grade.failed("error", f"the grader raised {type(e).__name__}: {e}", error_kind="exception")
 
+    columns, types, to_row = GRADER_COLUMNS, GRADER_TYPES, grader_row
+    if "decided_by" in getattr(grader, "result_columns", ()):  # a hybrid grader: which path decided each row
+        columns, types = [*GRADER_COLUMNS, "decided_by"], {**GRADER_TYPES, "decided_by": "string"}
+        to_row = lambda row, grade: {**grader_row(row, grade), "decided_by": grade.decided_by}  # noqa: E731
     return await run_file(
-        source, destination, GRADER_COLUMNS, GRADER_TYPES,
+        source, destination, columns, types,
         {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
          **({"encoding": encoding} if encoding else {})},
         concurrency,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=grader_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
+        to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
 
 
@@ -751,6 +756,8 @@ class _Tally:
         self.decided: Counter[str] = Counter()
         self.agreement_sum = 0.0
         self.agreement_n = 0
+        self.hybrid = False  # a hybrid grader's run: judge_calls_saved is reported
+        self.saved = 0
 
     def _panel(self, decided_by: Any, agreement: Any) -> None:
         if decided_by not in (None, ""):
@@ -762,6 +769,12 @@ class _Tally:
         if value is not None and value == value:
             self.agreement_sum += value
             self.agreement_n += 1
+
+    def _hybrid(self, decided_by: str) -> None:
+        """A hybrid grade: the path that decided it, and the two judge calls a symbolic decision made needless."""
+        self.hybrid = True
+        self.decided[decided_by] += 1
+        self.saved += 2 * (decided_by == "symbolic")
 
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
@@ -781,6 +794,8 @@ class _Tally:
                     self.cache_hits += int(value)
                 elif name.endswith("judge_attempts"):
                     self.requests += int(value)
+            if verdict.decided_by is not None:  # a hybrid grader: symbolic or judge
+                self._hybrid(verdict.decided_by)
         else:
             self.prompt_tokens += verdict.prompt_tokens
             self.completion_tokens += verdict.completion_tokens
@@ -811,6 +826,9 @@ class _Tally:
         self.verdicts += 1
         status = row.get("status")
         self._panel(row.get("decided_by"), row.get("agreement"))
+        if "metrics" in row and row.get("decided_by") in ("symbolic", "judge"):  # a hybrid grader's row (grader runs have metrics)
+            self.hybrid = True
+            self.saved += 2 * (row["decided_by"] == "symbolic")
         if status == "abstained":
             self.abstained += 1
             return
@@ -849,6 +867,7 @@ class _Tally:
             skipped=self.skipped,
             abstained=self.abstained,
             decided_by=dict(self.decided.most_common()),
+            judge_calls_saved=self.saved if self.hybrid else None,
             mean_agreement=self.agreement_sum / self.agreement_n if self.agreement_n else None,
             mean_score=self.score_sum / self.ok if self.ok else None,
             label_counts=dict(self.labels.most_common()),
