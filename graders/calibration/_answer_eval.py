@@ -145,7 +145,46 @@ def wilson(count: int, n: int, confidence: float = 0.95) -> RateInterval:
     p = count / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return RateInterval(count=count, n=n, rate=p, low=max(0.0, centre - half), high=min(1.0, centre + half), confidence=confidence)
+    low = 0.0 if count == 0 else max(0.0, centre - half)  # exact at the ends, not 1e-17 off
+    high = 1.0 if count == n else min(1.0, centre + half)
+    return RateInterval(count=count, n=n, rate=p, low=low, high=high, confidence=confidence)
+
+
+def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool = True) -> Callable[[dict[str, Any]], Any]:
+    """A fake judge for :class:`judge.testing.FakeProvider` that knows the human verdicts of ``rows``.
+
+    Asked with the gold answer in the reference slot it gives the human verdict; asked the swapped
+    way it says "correct" whatever the verdict (``swapped_says_correct``): a judge biased towards the
+    answer it is shown as the reference, as real judges are. ``require: both`` cancels that bias,
+    ``either`` keeps it, so the two rules give known, different figures. It reads the
+    ``answer_verification_3way`` prompt; a row it does not know is "incorrect".
+    """
+    import re
+
+    from judge.testing import Reply
+
+    verdicts = {(r.gold.strip(), r.response.strip()): r.verdict for r in rows}
+
+    def respond(body: dict[str, Any]) -> Any:
+        user = str(body["messages"][-1]["content"])
+        gold = re.search(r"<gold_answer>\n- (.*?)\n</gold_answer>", user, re.S)
+        shown = re.search(r"<response>\n(.*?)\n</response>", user, re.S)
+        first, second = (gold.group(1).strip() if gold else ""), (shown.group(1).strip() if shown else "")
+        if (first, second) in verdicts:
+            label = verdicts[(first, second)]
+        elif (second, first) in verdicts:
+            label = "correct" if swapped_says_correct else verdicts[(second, first)]
+        else:
+            label = "incorrect"
+        verdict = {"rationale": "scripted", "judgement": label}
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict):
+            return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict)})
+        if (body.get("response_format") or {}).get("type") in ("json_schema", "json_object"):
+            return Reply(content=json.dumps(verdict))
+        return Reply(content=f"<judgement>{label}</judgement>")
+
+    return respond
 
 
 # ---- the report ---------------------------------------------------------------------------------
