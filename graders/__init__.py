@@ -17,6 +17,8 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._composite": ["CompositeGrader", "FormulaError", "formula_grader", "weighted_grader"],
     "._config": ["ConfiguredGrader", "GraderConfigError", "load_grader", "load_group_grader"],
     "._group": ["GroupResult", "GroupStatus", "SampleChecks", "TrajectoryChecks", "group_grader"],
+    "._math_equivalence": ["MathEquivalenceGrader", "math_equivalence_grader"],
+    "._math_verify": ["MathCheck", "MathVerifier"],
     "._llm": ["autorater_grader", "label_model_grader", "llm_grader", "score_model_grader"],
     "._python": ["PythonGrader", "python_grader"],
     "._sample": ["FunctionCall", "Grade", "Grader", "Message", "Sample", "SyncGrader", "ToolCall", "Trajectory",

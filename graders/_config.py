@@ -74,6 +74,17 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     timeout: 5                  # seconds per case
     memory_mb: 512              # per case; also workers, sandbox, network, packages, processes, file_mb, cpus
 
+    type: math_equivalence      # the final answer against the gold one, with math_verify (docs/graders.md)
+    expression: "{{references.answer}}"
+    timeout: 5                  # seconds per check: past it the check is status=error, error_kind=timeout, never wrong
+    correct: 1
+    wrong: -1
+    parse: auto                 # the last \\boxed{}, then LaTeX, then a plain expression; or boxed, latex, expr, a list
+    max_chars: 20000            # a longer response is cut to its last 20,000 characters
+    judge_fallback:             # the hybrid: rows the check did not accept go to the judge (judge:), asked in both orders
+      rubric: answer_verification_3way   # any answer-equivalence rubric (references, prediction)
+      require: both             # correct only when both orders say so; or either
+
     type: weighted              # Vertex composite: sum(w * r) / sum(w), up to 16 parts
     parts:
       exact: {weight: 0.7, type: string_match, expression: "{{references.answer}}"}
@@ -121,6 +132,12 @@ from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
+from ._math_equivalence import math_equivalence_grader
+from ._math_hybrid import JudgeFallback, hybrid_grader
+from ._math_verify import DEFAULT_MAX_CHARS as MATH_MAX_CHARS
+from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
+from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
+from ._math_verify import parse_modes
 from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
@@ -279,6 +296,30 @@ class CodeTestsNode(_Sandboxed):
     memory_mb: int | None = DEFAULT_CASE_MEMORY_MB
 
 
+class MathEquivalenceNode(_Node):
+    """``type: math_equivalence``: the response's final answer against the gold one, with math_verify
+    in sandboxed workers (graders._math_verify); a check that cannot finish is an error, never wrong."""
+
+    expression: str  # the gold answer: "{{references.answer}}"
+    timeout: float = Field(MATH_TIMEOUT, gt=0)  # seconds per check, enforced from outside the worker
+    correct: float = 1.0
+    wrong: float = -1.0
+    # How the response is read: auto (the last \boxed{}, then LaTeX, then a plain expression), boxed, latex, expr, or a list.
+    parse: str | list[str] = "auto"
+    max_chars: int | None = Field(MATH_MAX_CHARS, ge=1)  # a longer response is cut to its last max_chars characters
+    workers: int | None = Field(None, ge=1)  # checker processes (default: one per CPU, up to 4)
+    memory_mb: int | None = Field(MATH_MEMORY_MB, ge=256)
+    sandbox: SandboxPolicy = "auto"
+    # The hybrid: rows the symbolic check did not accept go to the judge (the config's judge:, or the command
+    # line's), asked in both orders with this rubric (graders._math_hybrid).
+    judge_fallback: JudgeFallback | None = None
+
+    @model_validator(mode="after")
+    def _modes(self) -> MathEquivalenceNode:
+        parse_modes(self.parse)
+        return self
+
+
 class WeightedNode(_Node):
     parts: dict[str, dict[str, Any]]
 
@@ -401,6 +442,7 @@ NODES: dict[str, type[_Node]] = {
     "text_similarity": TextSimilarityNode,
     "python": PythonNode,
     "code_tests": CodeTestsNode,
+    "math_equivalence": MathEquivalenceNode,
     "weighted": WeightedNode,
     "formula": FormulaNode,
     "multi": FormulaNode,
@@ -523,6 +565,20 @@ class _Builder:
                                      processes=node.processes, file_mb=node.file_mb, cpus=node.cpus, name=name)
             self.sandboxes[where or name] = code.isolation
             return code
+        if isinstance(node, MathEquivalenceNode):
+            math = math_equivalence_grader(node.expression, timeout=node.timeout, correct=node.correct, wrong=node.wrong, parse=node.parse,
+                                           max_chars=node.max_chars, workers=node.workers, memory_mb=node.memory_mb, sandbox=node.sandbox,
+                                           name=name)
+            self.sandboxes[where or name] = math.isolation
+            fallback = node.judge_fallback
+            if fallback is None:
+                return math
+            rubric = self.path(fallback.rubric) if fallback.rubric.endswith((".yaml", ".yml")) else fallback.rubric
+            try:
+                return hybrid_grader(math, self.judge(), fallback, rubric=rubric)
+            except (ValueError, RubricError):
+                math.close()  # its workers are started: a config that fails after them must not leave them behind
+                raise
         if isinstance(node, WeightedNode):
             parts = []
             for part_name, part in node.parts.items():
@@ -572,7 +628,7 @@ class ConfiguredGrader:
         self._builder = builder
         self.sandboxes = builder.sandboxes
         self.__name__ = getattr(grader, "__name__", "grader")
-        self.result_columns = tuple(getattr(grader, "result_columns", ()))  # extra output columns (a hybrid's decided_by)
+        self.output_columns: tuple[str, ...] = tuple(getattr(grader, "output_columns", ()))
 
     async def __call__(self, sample: Sample) -> Grade:
         return await self.grader(sample)

@@ -19,17 +19,19 @@ needless is counted: two per row it decided (``judge_calls_saved``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from judge import Rubric, Verdict, load_rubric
+from judge._rubric import rubric_fingerprint
 
 from ._answer_judge import REQUIRE, AnswerJudgement, Require, check_answer_rubric, judge_answer
-from ._sample import Grade, Grader, PlaceholderError, Sample, aclose_grader, fill_placeholders
+from ._math_equivalence import MathEquivalenceGrader
+from ._sample import Grade, Sample, aclose_grader
 
 SYMBOLIC, JUDGE = "symbolic", "judge"
-CALLS_PER_ROW = 2  # both orders
 
 
 class JudgeFallback(BaseModel):
@@ -68,59 +70,62 @@ def _metrics(judged: AnswerJudgement) -> dict[str, float]:
 
 
 class HybridGrader:
-    """``math_equivalence`` with a judge fallback; a Grader whose grades say which path decided (``decided_by``)."""
+    """``math_equivalence`` with a judge fallback; a Grader whose rows say which path decided (``decided_by``)."""
 
-    result_columns = ("decided_by",)  # the column a file run adds for this grader (graders.runs._file)
-
-    def __init__(self, symbolic: Grader, judge: Any, rubric: Rubric, *, expression: str, correct: float, wrong: float,
-                 require: Require = "both", name: str = "math_equivalence") -> None:
+    def __init__(self, symbolic: MathEquivalenceGrader, judge: Any, rubric: Rubric, *, require: Require = "both") -> None:
         if require not in REQUIRE:
             raise ValueError(f"judge_fallback.require is both or either, not {require!r}")
-        if correct == wrong:
-            raise ValueError("judge_fallback needs correct and wrong to differ: the symbolic grade's score says whether it accepted")
         check_answer_rubric(rubric)
-        self.symbolic, self.judge, self.rubric = symbolic, judge, rubric
-        self.expression, self.correct, self.wrong, self.require = expression, correct, wrong, require
-        self.__name__ = name
+        self.symbolic, self.judge, self.rubric, self.require = symbolic, judge, rubric, require
+        self.__name__ = symbolic.__name__
+        self.isolation = symbolic.isolation
+        # The symbolic grader's columns (parsed) and the path that decided; graders.runs writes them on every row.
+        self.output_columns: tuple[str, ...] = (*symbolic.output_columns, "decided_by")
 
     async def __call__(self, sample: Sample) -> Grade:
         first = await self.symbolic(sample)
+        check = self.symbolic.check_of(first)
         response = sample.response_text
-        if (first.ok and first.score == self.correct) or not response.strip():
-            return first.model_copy(update={"decided_by": SYMBOLIC})
-        try:
-            gold = str(fill_placeholders(self.expression, sample))
-        except PlaceholderError:  # no gold answer to show the judge either: the symbolic grade (invalid) stands
-            return first.model_copy(update={"decided_by": SYMBOLIC})
+        if check is None or check.outcome == "equal" or not response.strip():
+            # Accepted, nothing to judge (an empty response), or no gold answer to show a judge either.
+            return self._decided(first, SYMBOLIC)
+        gold = self.symbolic.gold(sample)
         question = sample.prompt_text if any(m.role == "user" for m in sample.messages) else ""
         judged = await judge_answer(self.judge, self.rubric, gold=gold, response=response, question=question, require=self.require)
         name = self.__name__
-        debug = [*first.debug, f"{name}: symbolic {first.status}" + (f" {first.score:g}" if first.score is not None else f" ({first.error_kind})")
+        debug = [*first.debug, f"{name}: symbolic {check.outcome}" + (f" ({check.error_kind})" if check.error_kind else "")
                  + f"; judge {self.rubric.name} in both orders: {judged.readings[0]}, {judged.readings[1]} -> {judged.decision}"]
         for order, verdict in zip(("gold as reference", "response as reference"), judged.verdicts):
             if verdict.rationale:
                 debug.append(f"{name}: judge ({order}): {verdict.rationale[:300]}")
-        metrics = {**first.metrics, **_metrics(judged)}
+            if verdict.status != "ok" and verdict.error:
+                debug.append(f"{name}: judge ({order}) {verdict.error_kind}: {verdict.error[:300]}")
+        fields = {"metrics": {**first.metrics, **_metrics(judged)}, "debug": debug, "columns": {**first.columns, "decided_by": JUDGE}}
         if judged.decision in ("correct", "incorrect"):
-            score = self.correct if judged.decision == "correct" else self.wrong
-            return Grade.scored(score, metrics=metrics, debug=debug, decided_by=JUDGE)
+            return Grade.scored(self.symbolic.correct if judged.decision == "correct" else self.symbolic.wrong, **fields)
         status = "invalid" if judged.decision == "invalid" else "error"
-        return Grade.failed(status, f"grader {name!r}: {judged.error_kind}: {judged.error}", error_kind=judged.error_kind,
-                            metrics=metrics, debug=debug, decided_by=JUDGE)
+        return Grade.failed(status, f"grader {name!r}: {judged.error_kind}: {judged.error}", error_kind=judged.error_kind, **fields)
+
+    @staticmethod
+    def _decided(grade: Grade, path: str) -> Grade:
+        return grade.model_copy(update={"columns": {**grade.columns, "decided_by": path}})
+
+    def settings(self) -> dict[str, Any]:
+        return {**self.symbolic.settings(), "judge_fallback": {"rubric": rubric_fingerprint(self.rubric), "require": self.require}}
 
     async def aclose(self) -> None:
         await aclose_grader(self.symbolic)
 
 
-def hybrid_grader(symbolic: Grader, judge: Any, fallback: JudgeFallback, *, expression: str, correct: float, wrong: float,
-                  rubric: str | Rubric | None = None, name: str = "math_equivalence") -> HybridGrader:
+def hybrid_grader(symbolic: MathEquivalenceGrader, judge: Any, fallback: JudgeFallback | None = None, *,
+                  rubric: str | Path | Rubric | None = None) -> HybridGrader:
     """The hybrid of ``symbolic`` (a math_equivalence grader) and ``judge`` (a Judge, Jury or Cascade).
 
     Args:
-        fallback: the rubric and the ``require`` rule.
-        expression: the gold answer's template (``{{references.answer}}``): what the judge is shown.
-        correct, wrong: the symbolic grader's rewards; a symbolic grade scoring ``correct`` is its acceptance.
-        rubric: the loaded rubric, when the caller resolved ``fallback.rubric`` itself (a path relative to a config file).
+        fallback: the rubric and the ``require`` rule (default: answer_verification_3way, both).
+        rubric: the rubric (a name, a path or a loaded one) when the caller resolved ``fallback.rubric``
+            itself, e.g. a path relative to a config file.
     """
+    fallback = fallback or JudgeFallback()
     spec = rubric if isinstance(rubric, Rubric) else load_rubric(rubric or fallback.rubric)
-    return HybridGrader(symbolic, judge, spec, expression=expression, correct=correct, wrong=wrong, require=fallback.require, name=name)
+    return HybridGrader(symbolic, judge, spec, require=fallback.require)

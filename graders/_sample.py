@@ -213,9 +213,9 @@ class Grade(BaseModel):
     parts: dict[str, Grade] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     debug: list[str] = Field(default_factory=list)
-    # Which path decided a hybrid grader's row ("symbolic" or "judge", graders._math_hybrid); None elsewhere.
-    # Not serialised with the grade: a file run writes it as its own column, counted in the summary.
-    decided_by: str | None = Field(default=None, exclude=True)
+    # Extra output-row cells, for the columns the grader declares in its ``output_columns`` (a file
+    # run writes the same columns on every row, so they are declared before the first grade).
+    columns: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("score")
     @classmethod
@@ -516,10 +516,14 @@ def sample_from_row(row: Mapping[str, Any]) -> Sample:
         known = {"messages", "extra", "tools"}
         return Sample.model_validate({"messages": row.get("messages"), "references": row.get("extra") or {}, "tools": row.get("tools"),
                                       "metadata": {k: v for k, v in row.items() if k not in known}})
-    # A dataset row carries ids and other columns: they go to metadata rather than failing.
+    # A dataset row carries ids and other columns: they go to metadata rather than failing. Without a
+    # references object they are the references too, as in a file run (``{{references.answer}}`` reads
+    # column ``answer``); with one (``{"response": ..., "references": {"answer": "5"}}``) it alone is.
     known = set(Sample.model_fields)
     extra = {k: v for k, v in row.items() if k not in known}
     fields = {k: v for k, v in row.items() if k in known}
     if extra:
         fields["metadata"] = {**extra, **(fields.get("metadata") or {})}
+        if "references" not in row:
+            fields["references"] = dict(extra)
     return Sample.model_validate(fields)

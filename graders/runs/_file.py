@@ -305,11 +305,12 @@ GRADER_TYPES = {"score": "float64", "status": "string", "error_kind": "string", 
                 "attempts": "int64"}
 
 
-def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
+def grader_row(row: Mapping[str, Any], grade: Grade, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """A grader's output row. Parts and metrics are one JSON column each, so every file has the
-    same columns whatever a row's grader produced (a CSV header is written before the first grade)."""
+    same columns whatever a row's grader produced (a CSV header is written before the first grade).
+    ``extra``: the columns the grader declares (``output_columns``), filled from ``grade.columns``."""
     return {
-        **keep_input(row, GRADER_COLUMNS),
+        **keep_input(row, [*GRADER_COLUMNS, *extra]),
         "score": grade.score,
         "status": "skipped" if grade.error_kind == "budget" else grade.status,
         "error_kind": grade.error_kind,
@@ -318,7 +319,13 @@ def grader_row(row: Mapping[str, Any], grade: Grade) -> dict[str, Any]:
         "metrics": dict(grade.metrics) or None,
         # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
         "attempts": _judge_attempts(grade) if grade.status != "ok" else None,
+        **{column: grade.columns.get(column) for column in extra},
     }
+
+
+def grader_columns(grader: Any) -> tuple[str, ...]:
+    """The extra output columns a grader declares (``output_columns``: math_equivalence's ``parsed``)."""
+    return tuple(c for c in getattr(grader, "output_columns", ()) if c not in GRADER_COLUMNS)
 
 
 def _judge_attempts(grade: Grade) -> int | None:
@@ -351,6 +358,7 @@ async def grade_file_with(
     """
     source = RunInput.resolve(source, encoding)
     rows = RowMapping.build(mapping, input_columns(source, encoding))
+    extra = grader_columns(grader)
 
     async def run(sample: Sample) -> Grade:
         try:
@@ -358,19 +366,16 @@ async def grade_file_with(
         except Exception as e:  # a grader bug is that row's error, not the end of the run
             return Grade.failed("error", f"the grader raised {type(e).__name__}: {e}", error_kind="exception")
 
-    columns, types, to_row = GRADER_COLUMNS, GRADER_TYPES, grader_row
-    if "decided_by" in getattr(grader, "result_columns", ()):  # a hybrid grader: which path decided each row
-        columns, types = [*GRADER_COLUMNS, "decided_by"], {**GRADER_TYPES, "decided_by": "string"}
-        to_row = lambda row, grade: {**grader_row(row, grade), "decided_by": grade.decided_by}  # noqa: E731
     return await run_file(
-        source, destination, columns, types,
+        source, destination, [*GRADER_COLUMNS, *extra], {**GRADER_TYPES, **{c: "string" for c in extra}},
         {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
          **({"encoding": encoding} if encoding else {})},
         concurrency,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
         judge_row=run,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
+        to_row=lambda row, grade: grader_row(row, grade, extra), on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going,
+        retry_errors=retry_errors, encoding=encoding,
     )
 
 
@@ -794,8 +799,8 @@ class _Tally:
                     self.cache_hits += int(value)
                 elif name.endswith("judge_attempts"):
                     self.requests += int(value)
-            if verdict.decided_by is not None:  # a hybrid grader: symbolic or judge
-                self._hybrid(verdict.decided_by)
+            if verdict.columns.get("decided_by") is not None:  # a hybrid grader: symbolic or judge
+                self._hybrid(str(verdict.columns["decided_by"]))
         else:
             self.prompt_tokens += verdict.prompt_tokens
             self.completion_tokens += verdict.completion_tokens

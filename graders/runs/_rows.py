@@ -11,7 +11,9 @@ is accepted too) and ``metadata.<key>``; dots in a key go into nested dicts. Unm
 named ``messages`` (else ``prompt``, else ``question``) is the prompt, ``response`` (else
 ``completion``, else ``output``) the response, ``system_instruction`` the system message, and
 every other column is a reference under its own name, as OpenAI's ``item`` is the whole row:
-``{{references.answer}}`` reads column ``answer``.
+``{{references.answer}}`` reads column ``answer``. A column ``references`` holding an object
+(``{"response": ..., "references": {"answer": "5"}}``, as Vertex's examples carry it) gives its keys
+as the references (over same-named columns), so ``{{references.answer}}`` reads it too.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class _Plan:
     system: Hashable | None
     references: tuple[tuple[tuple[str, ...], Hashable], ...]  # (key path, column)
     metadata: tuple[tuple[tuple[str, ...], Hashable], ...]
+    # A column named ``references`` holding an object (Vertex's examples carry one): its keys are the
+    # references, over the other columns', rather than ``references.references.<key>``.
+    merged: Hashable | None = None
 
 
 class RowMapping:
@@ -103,6 +108,7 @@ class RowMapping:
         response = explicit["response"] if "response" in explicit else default(_DEFAULT_RESPONSE)
         system = explicit["system_instruction"] if "system_instruction" in explicit else default(_DEFAULT_SYSTEM)
         used = {c for c in (messages, prompt, response, system) if c is not None}
+        merged = "references" if "references" in present and "references" not in explicit.values() else None
         references: dict[tuple[str, ...], Hashable] = {(str(c),): c for c in columns if c not in used}
         metadata: dict[tuple[str, ...], Hashable] = {}
         for path, column in explicit.items():
@@ -111,7 +117,7 @@ class RowMapping:
                 references[tuple(key.split("."))] = column
             elif head == "metadata":
                 metadata[tuple(key.split("."))] = column
-        return _Plan(messages, prompt, response, system, tuple(references.items()), tuple(metadata.items()))
+        return _Plan(messages, prompt, response, system, tuple(references.items()), tuple(metadata.items()), merged)
 
     def _plan_for(self, row: Mapping[Hashable, Any]) -> _Plan:
         if self._plan is not None:
@@ -144,8 +150,19 @@ class RowMapping:
                 response = _as_messages(value, "assistant", where, plan.response, "response")
         except ValidationError as e:
             raise RowError(f"{where}: {_first_problem(e)}") from None
+        references = _nest(row, plan.references)
+        if plan.merged is not None:
+            given = plain(row.get(plan.merged))
+            if isinstance(given, str) and given.lstrip().startswith("{"):  # a CSV cell holding the object as JSON
+                try:
+                    given = json.loads(given)
+                except ValueError:
+                    pass
+            if isinstance(given, Mapping):
+                references.pop(str(plan.merged), None)
+                references.update(given)
         # The messages are validated and the rest is plain data: no second validation pass.
-        return Sample.model_construct(messages=messages, response=response, references=_nest(row, plan.references),
+        return Sample.model_construct(messages=messages, response=response, references=references,
                                       metadata=_nest(row, plan.metadata), tools=None)
 
 

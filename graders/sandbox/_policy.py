@@ -388,12 +388,14 @@ def zygote_source() -> str:
     return (Path(__file__).with_name("_zygote.py")).read_text(encoding="utf-8")
 
 
-def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str], env: dict[str, str]) -> list[str]:
-    """The command that starts one zygote under ``isolation``."""
+def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str], env: dict[str, str],
+                source: str | None = None) -> list[str]:
+    """The command that starts one zygote (or another worker program, ``source``) under ``isolation``."""
+    program = zygote_source() if source is None else source
     if isolation.kind == "bubblewrap":
         settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": ["/tmp", "/dev/shm", "/dev/mqueue"], "env": env}
         preamble = f"import sys; sys.path[:0] = {[SITE] if packages else []!r}\n"
-        args = ["-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
+        args = ["-I", "-S", "-c", preamble + program, json.dumps(settings)]
         return command(args, packages=packages, env={"LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
                        network=isolation.network, as_nobody=isolation.as_nobody)
     dirs = sorted({os.path.dirname(path) for path in packages.values()})
@@ -404,7 +406,7 @@ def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str
         if tools is None:
             raise SandboxUnavailable("util-linux unshare/setpriv left PATH after the sandbox was probed")
         settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": [*PRIVATE, "/dev/mqueue"], "env": env}
-        args = ["-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
+        args = ["-I", "-S", "-c", preamble + program, json.dumps(settings)]
         return namespace_command(args, sources=sorted(set(roots) | set(dirs)), network=isolation.network, tools=tools)
     settings = {**settings, "isolated": False, "env": env}
-    return [exe, "-I", "-S", "-c", preamble + zygote_source(), json.dumps(settings)]
+    return [exe, "-I", "-S", "-c", preamble + program, json.dumps(settings)]
