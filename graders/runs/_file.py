@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from judge import Judge, Rubric, Verdict
 from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
@@ -77,6 +77,14 @@ class RunSummary(BaseModel):
     # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
     result_counts: dict[str, int] | None = None
     per_testing_criteria_results: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _hybrid_only(self, handler: Any) -> dict[str, Any]:
+        """``judge_calls_saved`` is a hybrid run's figure: every other run's --json stays as it was, key for key."""
+        data = handler(self)
+        if data.get("judge_calls_saved") is None:
+            data.pop("judge_calls_saved", None)
+        return data
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
