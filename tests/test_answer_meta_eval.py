@@ -107,3 +107,22 @@ def test_bad_options_and_suites_exit_2(tmp_path: Path) -> None:
                           (["--suite", "answer-verification", "--suite", "llmbar"], "cannot be mixed")):
         done = CliRunner().invoke(app, ["meta-eval", *args, "--base-url", "http://127.0.0.1:9", "--api-key", "k", "--no-cache"])
         assert done.exit_code == 2 and message in done.output, (args, done.output)
+
+
+def test_three_modes_symbolic_judge_and_hybrid_on_one_set_of_requests() -> None:
+    with FakeProvider(responder=scripted_responder(ROWS)) as fake:
+        code, payload = _meta_eval(fake, "--limit", "60")
+        sent = len(fake.chat_requests())
+    assert code == 0, payload
+    modes = {r["mode"]: r for r in payload["suites"][0]["results"]}
+    assert list(modes) == ["symbolic", "judge", "hybrid"]
+    symbolic, judge, hybrid = modes["symbolic"], modes["judge"], modes["hybrid"]
+    assert symbolic["requests"] == 0 and symbolic["judge"] is None and symbolic["n"] == 60
+    assert sent == 2 * 60 == judge["requests"]  # the hybrid's verdicts are the judge mode's: no extra request
+    accepted = hybrid["decided_by"]["symbolic"]
+    assert hybrid["decided_by"] == {"symbolic": accepted, "judge": 60 - accepted} and 0 < accepted < 60
+    assert hybrid["judge_rows"] == 60 - accepted and hybrid["requests"] == 2 * (60 - accepted)
+    assert hybrid["judge_calls_saved"] == 2 * accepted
+    # The rules' acceptances stand in the hybrid: its false positives include the symbolic ones.
+    assert set(symbolic["false_positive_ids"]) <= set(hybrid["false_positive_ids"])
+    assert hybrid["false_negatives"]["count"] == 0  # every rule's "no" went to the (here exact) judge
