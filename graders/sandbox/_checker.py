@@ -71,7 +71,11 @@ def normalise(text):
 # ---- the last \boxed{} --------------------------------------------------------------------------
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_JOIN = re.compile(r"(?:\s|\$|\\\]|\\\[|\\\(|\\\)|,|;|\band\b|\bor\b|\\text\{\s*(?:and|or)\s*\}|\\quad|\\,)*\Z")
+GAP = 60  # characters between two boxes that can still join them into one answer
+# Between boxes of one answer ("\boxed{2} and \boxed{3}", "\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}"):
+# no line break, no sentence end, none of the words of a revision ("wait", "no", "so the answer is").
+_BREAK = re.compile(r"\n|[.!?](?:\s|$)|\b(?:wait|actually|hmm+|no|not|mistake|instead|correct\w*|however|but|re-?check\w*|check\w*|"
+                    r"again|final\w*|therefore|so|thus|hence|then|answer\w*|oops|sorry|wrong|recomput\w*|redo|revis\w*)\b", re.I)
 
 
 def _boxes(text):
@@ -91,18 +95,32 @@ def _boxes(text):
     return spans
 
 
+_LEAD_BREAK = re.compile(r"\n|[.!?](?=\s)")
+
+
 def last_boxed(text):
-    """The last boxed answer, with the boxes directly before it when only ``,``/``and``/``or`` join
-    them (``\\boxed{2} and \\boxed{3}`` is two answers); a draft box before prose is not."""
+    """Where the last boxed answer is: (lead, start, end). ``start:end`` is the last box, with the
+    boxes just before it that are parts of the same answer (a short gap, no sentence end or
+    revision word between them); ``lead`` goes back to the start of its sentence (at most GAP
+    characters, never into an earlier box), so ``\\(y_1 = \\boxed{..}\\) and \\(y_2 = \\boxed{..}\\)``
+    keeps its delimiters. A draft box followed by prose and another box is not part of it.
+    None: no box."""
     spans = _boxes(text)
     if not spans:
         return None
     start, end = spans[-1]
+    floor = 0
     for prev_start, prev_end in reversed(spans[:-1]):
-        if prev_end > start or not _JOIN.match(text, prev_end, start) or _JOIN.match(text, prev_end, start).end() != start:
+        gap = text[prev_end:start]
+        if prev_end > start or len(gap) > GAP or _BREAK.search(gap):
+            floor = min(prev_end, start)
             break
         start = prev_start
-    return text[start:end]
+    low = max(floor, start - GAP)
+    lead = low
+    for lead_match in _LEAD_BREAK.finditer(text, low, start):
+        lead = lead_match.end()
+    return lead, start, end
 
 
 # ---- the check ----------------------------------------------------------------------------------
@@ -121,16 +139,21 @@ class Checker:
 
     def extract(self, text, modes):
         """What the text answers, as math_verify's parse gives it, and which reading found it."""
+        configs = [c for mode, c in (("latex", self.latex), ("expr", self.expr)) if mode in modes]
+        how = "+".join(m for m in ("latex", "expr") if m in modes)
         if "boxed" in modes:
             box = last_boxed(text)
             if box is not None:
-                found = self._parse(box, [self.latex])
-                if found:
-                    return found, "boxed"
-        configs = [c for mode, c in (("latex", self.latex), ("expr", self.expr)) if mode in modes]
+                if "latex" in modes:
+                    # The last boxed answer and what follows it, read as math_verify reads a text (its
+                    # "final answer is ..." after the box still wins); drafts before it are not read.
+                    return self._parse(text[box[0]:], configs), "the last \\boxed{} on, " + how
+                found = self._parse(text[box[1]:box[2]], [self.latex])
+                if found or not configs:
+                    return found, "the last \\boxed{}"
         if not configs:
             return [], ""
-        return self._parse(text, configs), "+".join(m for m in ("latex", "expr") if m in modes)
+        return self._parse(text, configs), how
 
     def gold(self, text):
         hit = self.gold_cache.get(text)
