@@ -9,7 +9,8 @@ symbolic    ``math_equivalence``'s check: ``equal`` is correct, ``different`` is
             unparseable gold answer or a check that failed (timeout, crash) is no decision.
 judge       the rubric asked in both orders (gold and response swapped), correct only when both
             say so (``require``, as the hybrid grader's).
-hybrid      the symbolic check first; every row it did not accept goes to the judge as above.
+hybrid      the symbolic check first (an equal answer is correct, an empty response incorrect, as in
+            the hybrid grader); every other row goes to the judge as above.
             The judge's verdicts are the judge mode's own for those rows (the same requests), so
             a meta-eval costs two requests per row, not four.
 ==========  ===================================================================================
@@ -291,8 +292,10 @@ async def answer_meta_eval(suite: str, rows: Sequence[AnswerRow], *, symbolic: S
         kinds = [None if d is not None else j.error_kind for d, j in zip(decisions, judged)]
         results.append(mode_row(suite, "judge", name, rows, decisions, kinds, judge_rows=len(rows), judged=judged))
         if symbolic is not None:
-            accepted = [outcome == "equal" for outcome, _ in checks]
-            hybrid = [("correct" if ok else d) for ok, d in zip(accepted, decisions)]
+            # As the hybrid grader: the rules decide an equal answer (correct) and an empty response (incorrect).
+            empty = [not r.response.strip() for r in rows]
+            accepted = [outcome == "equal" or blank for (outcome, _), blank in zip(checks, empty)]
+            hybrid = [("incorrect" if blank else "correct") if ok else d for ok, blank, d in zip(accepted, empty, decisions)]
             hybrid_kinds = [None if ok else k for ok, k in zip(accepted, kinds)]
             sent = [j for ok, j in zip(accepted, judged) if not ok]
             results.append(mode_row(suite, "hybrid", name, rows, hybrid, hybrid_kinds, judge_rows=len(sent), judged=sent,
