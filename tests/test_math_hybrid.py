@@ -138,3 +138,26 @@ def test_a_wrong_judge_fallback_is_refused_before_any_row(tmp_path: Path, fallba
         assert fake.chat_requests() == []
     assert done.returncode == 2 and message in done.stderr + done.stdout, done.stderr
     assert rows == []
+
+
+async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
+    """load_grader(judge=...) is the one builder every LLM node uses; a Cascade meets the judge protocol there."""
+    from graders import Sample, load_grader
+    from judge import Cascade, CascadeSpec, Judge, Limiter
+
+    with FakeProvider(responder=judge_says("correct")) as fake:
+        spec = CascadeSpec(rubric="answer_verification_3way", samples=3, target=0.9, delta=0.05, delta_per_judge=0.05, calibration_n=10,
+                           judges=[{"model": "weak", "threshold": 1.0}, {"model": "strong", "threshold": 0.5}])
+        cascade = Cascade([Judge(m, base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=4)) for m in ("weak", "strong")], spec)
+        grader = load_grader({"type": "math_equivalence", "expression": "{{references.answer}}",
+                              "judge_fallback": {"rubric": "answer_verification_3way"}}, judge=cascade)
+        try:
+            accepted = await grader(Sample(messages="Compute 2 + 3.", response=r"\boxed{5}", references={"answer": "5"}))
+            judged = await grader(Sample(messages="Evaluate.", response="pi/2 radians", references={"answer": r"\dfrac{\pi}{2}"}))
+        finally:
+            await grader.aclose()
+            await cascade.aclose()
+        models = [r.body["model"] for r in fake.chat_requests()]
+    assert (accepted.score, accepted.columns["decided_by"]) == (1.0, "symbolic")
+    assert (judged.status, judged.score, judged.columns["decided_by"]) == ("ok", 1.0, "judge")
+    assert models == ["weak"] * 6  # both orders, three samples each, the first judge confident: the strong one never asked
