@@ -161,3 +161,25 @@ async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
     assert (accepted.score, accepted.columns["decided_by"]) == (1.0, "symbolic")
     assert (judged.status, judged.score, judged.columns["decided_by"]) == ("ok", 1.0, "judge")
     assert models == ["weak"] * 6  # both orders, three samples each, the first judge confident: the strong one never asked
+
+
+def test_the_reward_server_answers_with_the_path_that_decided() -> None:
+    from graders import load_grader
+    from graders.platforms.server import RewardServer, create_app
+    from judge import Judge, Limiter
+
+    from .test_server import call
+
+    with FakeProvider(responder=judge_says("correct")) as fake:
+        judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=4))
+        grader = load_grader({"type": "math_equivalence", "expression": "{{references.answer}}",
+                              "judge_fallback": {"rubric": "answer_verification_3way"}}, judge=judge)
+        server = RewardServer(create_app(grader, None), port=0, log_level="warning").start()
+        try:
+            bodies = [call(server.url, "/compute_reward", {"prompt": "q", "response": response, "extra_params": {"answer": gold}})[2]
+                      for response, gold in ((r"\boxed{5}", "5"), ("pi/2 radians", r"\dfrac{\pi}{2}"))]
+        finally:
+            server.stop()
+        sent = len(fake.chat_requests())
+    assert [(b["status"], b["score"], b["extra_info"]["decided_by"]) for b in bodies] == [("success", 1.0, "symbolic"), ("success", 1.0, "judge")]
+    assert sent == 2
