@@ -183,3 +183,35 @@ def test_the_reward_server_answers_with_the_path_that_decided() -> None:
         sent = len(fake.chat_requests())
     assert [(b["status"], b["score"], b["extra_info"]["decided_by"]) for b in bodies] == [("success", 1.0, "symbolic"), ("success", 1.0, "judge")]
     assert sent == 2
+
+
+def test_a_resumed_or_finished_run_counts_every_row_of_the_output(tmp_path: Path) -> None:
+    with FakeProvider(responder=judge_says("correct")) as fake:
+        done, _ = _grade(tmp_path, fake, CONFIG, "--json")
+        first = json.loads(done.stdout)
+        grader, source = tmp_path / "hybrid.yaml", tmp_path / "in.jsonl"
+        again = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(grader), "-o", str(tmp_path / "out.jsonl"),
+                                "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert len(fake.chat_requests()) == 2 * NOT_ACCEPTED  # nothing asked again
+    second = json.loads(again.stdout)
+    assert second["already_complete"] is True
+    assert (second["decided_by"], second["judge_calls_saved"]) == (first["decided_by"], first["judge_calls_saved"])
+
+
+def test_retry_errors_grades_the_failed_judge_rows_again_and_counts_the_kept_ones(tmp_path: Path) -> None:
+    with FakeProvider(responder=lambda body: Reply(status=503, error_message="overloaded")) as fake:
+        done, rows = _grade(tmp_path, fake, CONFIG, "--keep-going")
+        assert {r["error_kind"] for r in rows if r["decided_by"] == "judge"} == {"server_error"}
+        fake.set_responder(judge_says("correct"))
+        before = len(fake.chat_requests())
+        again = subprocess.run([sys.executable, "-m", "graders", "grade", str(tmp_path / "in.jsonl"), "--grader", str(tmp_path / "hybrid.yaml"),
+                                "-o", str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json",
+                                "--retry-errors"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert len(fake.chat_requests()) - before == 2 * NOT_ACCEPTED  # only the failed judge rows, both orders each
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["decided_by"] == {"symbolic": len(ROWS) - NOT_ACCEPTED, "judge": NOT_ACCEPTED}
+    assert summary["judge_calls_saved"] == 2 * (len(ROWS) - NOT_ACCEPTED)
+    fixed = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["status"] for r in fixed] == ["ok"] * len(ROWS)
