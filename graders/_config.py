@@ -81,6 +81,9 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     wrong: -1
     parse: auto                 # the last \\boxed{}, then LaTeX, then a plain expression; or boxed, latex, expr, a list
     max_chars: 1000000          # a longer response is cut to its last 1,000,000 characters (the answer is at its end)
+    judge_fallback:             # the hybrid: rows the check did not accept go to the judge (judge:), asked in both orders
+      rubric: answer_verification_3way   # any answer-equivalence rubric (references, prediction)
+      require: both             # correct only when both orders say so; or either
 
     type: weighted              # Vertex composite: sum(w * r) / sum(w), up to 16 parts
     parts:
@@ -130,6 +133,7 @@ from ._composite import FormulaError, formula_grader, weighted_grader
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
 from ._math_equivalence import math_equivalence_grader
+from ._math_hybrid import JudgeFallback, hybrid_grader
 from ._math_verify import DEFAULT_MAX_CHARS as MATH_MAX_CHARS
 from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
 from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
@@ -306,6 +310,9 @@ class MathEquivalenceNode(_Node):
     workers: int | None = Field(None, ge=1)  # checker processes (default: one per CPU, up to 4)
     memory_mb: int | None = Field(MATH_MEMORY_MB, ge=256)
     sandbox: SandboxPolicy = "auto"
+    # The hybrid: rows the symbolic check did not accept go to the judge (the config's judge:, or the command
+    # line's), asked in both orders with this rubric (graders._math_hybrid).
+    judge_fallback: JudgeFallback | None = None
 
     @model_validator(mode="after")
     def _modes(self) -> MathEquivalenceNode:
@@ -563,7 +570,15 @@ class _Builder:
                                            max_chars=node.max_chars, workers=node.workers, memory_mb=node.memory_mb, sandbox=node.sandbox,
                                            name=name)
             self.sandboxes[where or name] = math.isolation
-            return math
+            fallback = node.judge_fallback
+            if fallback is None:
+                return math
+            rubric = self.path(fallback.rubric) if fallback.rubric.endswith((".yaml", ".yml")) else fallback.rubric
+            try:
+                return hybrid_grader(math, self.judge(), fallback, rubric=rubric)
+            except (ValueError, RubricError):
+                math.close()  # its workers are started: a config that fails after them must not leave them behind
+                raise
         if isinstance(node, WeightedNode):
             parts = []
             for part_name, part in node.parts.items():

@@ -83,7 +83,8 @@ def with_prompt_media(rubric: Rubric, row: dict[str, Any], sample: Sample) -> Ru
     return rubric.model_copy(update={"variables": {**rubric.variables, PROMPT_MEDIA: VariableSpec(type="media", required=False)}})
 
 
-def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None) -> Grade:
+def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None,
+                       rubric: Rubric | None = None) -> Grade:
     metrics = {
         "judge_prompt_tokens": float(verdict.prompt_tokens),
         "judge_completion_tokens": float(verdict.completion_tokens),
@@ -103,6 +104,12 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
             lines.append(f"{name}: judge reply {verdict.raw[:300]!r}")
         return Grade.failed(status, f"grader {name!r}: {verdict.error_kind}: {verdict.error}", error_kind=verdict.error_kind,
                             metrics=metrics, debug=lines)
+    if rubric is not None and rubric.is_invalid(verdict.label):
+        # The judge says the sample cannot be graded (CompassVerifier's INVALID): a state, not a score.
+        if verdict.rationale:
+            lines.append(f"{name}: rationale: {verdict.rationale[:500]}")
+        return Grade.failed("invalid", f"grader {name!r}: judged_invalid: the judge labelled the sample {verdict.label!r}, "
+                            f"which rubric {rubric.name!r} names invalid", error_kind="judged_invalid", metrics=metrics, debug=lines)
     value = verdict.score if score is None else score
     assert value is not None
     if verdict.criteria is not None:  # a checklist: each criterion a part (criteria.<id>), none a made-up 0
@@ -140,7 +147,7 @@ def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, 
     async def grade(sample: Sample) -> Grade:
         row = rubric_row(spec, sample, paths)
         verdict = await judge.judge(with_prompt_media(spec, row, sample), row)
-        return grade_from_verdict(verdict, label)
+        return grade_from_verdict(verdict, label, rubric=spec)
 
     grade.__name__ = label
     return grade

@@ -116,6 +116,10 @@ class Rubric(BaseModel):
     # Score for an extracted answer that is not an offered label (Vertex's wrongAnswerReward);
     # "error" makes it a parse failure instead.
     unmatched: float | Literal["error"] = "error"
+    # Labels that say the sample cannot be graded at all (a broken question or reference, a response
+    # cut off mid-answer: CompassVerifier's INVALID). A grader turns them into status=invalid, never
+    # a score; each must be an offered label scored 0, so a reader that ignores this field sees neutral.
+    invalid_labels: list[str] = Field(default_factory=list)
     sampling: dict[str, Any] = Field(default_factory=dict)  # e.g. max_tokens; temperature stays 0 unless set
     pairwise: PairwiseSpec | None = None  # set for "which of two outputs is better" rubrics
     # A checklist: one request, one verdict per criterion (judge._checklist). ``labels`` are then the
@@ -152,6 +156,17 @@ class Rubric(BaseModel):
         if isinstance(v, float) and not -1.0 <= v <= 1.0:
             raise ValueError(f"unmatched score must lie in [-1, 1], got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _invalid_labels_offered(self) -> Rubric:
+        wrong = [label for label in self.invalid_labels if self.labels.get(label) != 0]
+        if wrong:
+            raise ValueError(f"invalid_labels must be offered labels scored 0: {', '.join(map(repr, wrong))}")
+        return self
+
+    def is_invalid(self, label: str | None) -> bool:
+        """Whether ``label`` (a Verdict's) says the sample cannot be graded: see ``invalid_labels``."""
+        return label is not None and label in self.invalid_labels
 
     @model_validator(mode="after")
     def _pairwise_variables(self) -> Rubric:
@@ -264,7 +279,9 @@ def rubric_fingerprint(rubric: Rubric) -> str:
     else:
         template = rubric.directory / rubric.template
         source = template.read_text(encoding="utf-8") if template.exists() else ""
-    spec = rubric.model_dump_json(exclude={"directory"})
+    # A field added since (left at its default) is not in the hash, so every cache key and checkpoint stays.
+    unset = {name for name in ("invalid_labels", "inline_template", "criteria") if not getattr(rubric, name)}
+    spec = rubric.model_dump_json(exclude={"directory", *unset})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
 

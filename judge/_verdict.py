@@ -21,6 +21,7 @@ ErrorKind = Literal[
     "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
     "worker_lost",  # --ray: every Ray actor that took this row died before answering (see graders/runs/_ray.py)
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
+    "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
 ]
 
 

@@ -29,6 +29,8 @@ FINAL: dict[str, tuple[str, str]] = {
     "tone": ("<answer>Yes</answer>", "Yes"),
     "llmbar_pairwise": ("Output (a)", "Output (a)"),
     "arena_hard_pairwise": ("My verdict: [[A>B]]", "A>B"),
+    "answer_verification_3way": ("correct", "correct"),
+    "answer_verification_yes_no": ("Both are one half.\nFinal Decision: Yes", "Yes"),
 }
 ROWS: dict[str, dict[str, Any]] = {
     "semantic_equivalence_en": {"question": "Capital of France?", "references": ["Paris"], "prediction": "Paris"},
@@ -37,6 +39,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "tone": {"response": "Dear Sir, thank you.", "tone": "polite"},
     "llmbar_pairwise": {"instruction": "Say hi", "output_1": "hi", "output_2": "bye"},
     "arena_hard_pairwise": {"instruction": "Say hi", "output_1": "hi", "output_2": "bye"},
+    "answer_verification_3way": {"question": "Half of 1?", "references": ["\\frac{1}{2}"], "prediction": "The answer is 0.5"},
+    "answer_verification_yes_no": {"question": "Half of 1?", "references": ["\\frac{1}{2}"], "prediction": "0.5"},
 }
 
 

@@ -460,6 +460,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
     saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
+    if s.judge_calls_saved is not None:  # a hybrid grader (math_equivalence with judge_fallback)
+        table.add_row("decided by", ", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-")
+        table.add_row("judge calls saved", f"{s.judge_calls_saved} (two per row the symbolic check decided)")
     table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
     if s.pacing is not None:
         held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"

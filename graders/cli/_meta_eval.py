@@ -13,14 +13,17 @@ from ._judge_options import JudgeOptions, judge_options
 
 @judge_options
 def meta_eval(
-    suites: list[str] = typer.Option(..., "--suite", help="Shipped suite (llmbar, mtbench-human, llmeval2, faireval) or a JSONL file of pairs (instruction, output_1, output_2, label 1|2, optional category, id); repeatable."),
-    rubric: str = typer.Option(..., "-r", "--rubric", help="Pairwise rubric: llmbar_pairwise, arena_hard_pairwise, or a .yaml spec with variables instruction, output_1, output_2."),
+    suites: list[str] = typer.Option(..., "--suite", help="Shipped suite (llmbar, mtbench-human, llmeval2, faireval, answer-verification) or a JSONL file of pairs (instruction, output_1, output_2, label 1|2, optional category, id) or of answers (question, gold, response, verdict correct|incorrect); repeatable."),
+    rubric: str = typer.Option(None, "-r", "--rubric", help="Pairwise rubric: llmbar_pairwise, arena_hard_pairwise, or a .yaml spec with variables instruction, output_1, output_2. With --suite answer-verification: an answer-equivalence rubric [default: answer_verification_3way]."),
     on_conflict: str = typer.Option(None, "--on-conflict", help="Pair rule: vote, tie, first or third (needs --tiebreak-model) [default: vote for arena_hard_pairwise, else tie]."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="With --on-conflict third: the model asked a third time."),
     limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
     plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
     cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Also evaluate a cascade from `gradekit cascade fit` (fitted on this pairwise rubric): each order goes to its first confident judge; an order it abstains on is an unreadable order under the pair rule (docs/juries.md)."),
+    modes: list[str] = typer.Option([], "--mode", help="--suite answer-verification: the verifiers to score, symbolic, judge or hybrid (repeatable) [default: all three]; symbolic alone needs no judge."),
+    require: str = typer.Option("both", "--require", help="--suite answer-verification: the judge, asked in both orders, says correct when both orders do (both) or one does (either)."),
+    check_timeout: float = typer.Option(5.0, "--check-timeout", help="--suite answer-verification: seconds per symbolic check (a check past it is a timeout, no decision)."),
     *,
     opts: JudgeOptions,
 ) -> None:
@@ -43,6 +46,18 @@ def meta_eval(
 
     warnings_to_stderr()
     opts.check()
+    from ..calibration._answer_eval import is_answer_suite
+
+    answers = [is_answer_suite(s) for s in suites]
+    if any(answers):
+        if not all(answers):
+            raise fail("--suite answer-verification (answer rows) cannot be mixed with pairwise suites in one run")
+        from ._answer_meta_eval import answer_meta_eval_command
+
+        answer_meta_eval_command(suites, rubric, modes, require, check_timeout, limit, json_output, cascade, opts)
+        return
+    if rubric is None:
+        raise fail("give a pairwise rubric with -r (llmbar_pairwise, arena_hard_pairwise or a .yaml spec)")
     models, concurrency = opts.model, opts.concurrency
     cascade_spec = None
     if cascade is not None:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from judge import Judge, Rubric, Verdict
 from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
@@ -48,7 +48,8 @@ class RunSummary(BaseModel):
     errors: int = 0
     skipped: int = 0  # not judged because the budget ran out (error_kind "budget")
     abstained: int = 0  # a cascade (or a unanimous jury) trusted no judge with the row: a row for a human, not an error
-    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided
+    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided; a hybrid grader: rows per path (symbolic, judge)
+    judge_calls_saved: int | None = None  # a hybrid grader: judge requests the symbolic path made needless (two per row it decided)
     mean_agreement: float | None = None  # a jury: mean share of the answering jurors agreeing with the decision
     resumed_from: int = 0  # rows already in the output from an earlier, interrupted run
     already_complete: bool = False  # the output was finished before: nothing was done
@@ -76,6 +77,14 @@ class RunSummary(BaseModel):
     # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
     result_counts: dict[str, int] | None = None
     per_testing_criteria_results: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _hybrid_only(self, handler: Any) -> dict[str, Any]:
+        """``judge_calls_saved`` is a hybrid run's figure: every other run's --json stays as it was, key for key."""
+        data = handler(self)
+        if data.get("judge_calls_saved") is None:
+            data.pop("judge_calls_saved", None)
+        return data
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -281,7 +290,8 @@ async def grade_file(
     return await run_file(
         source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
-        judge_row=lambda values: judge.judge(rubric, values),
+        judge_row=(lambda values: _invalid_as_error(rubric, judge.judge(rubric, values))) if rubric.invalid_labels
+        else (lambda values: judge.judge(rubric, values)),
         input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
         to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
     )
@@ -302,6 +312,19 @@ def _checklist_output(rubric: Rubric, destination: Path, columns: list[str], typ
     types = {**types, **CHECKLIST_TYPES, **flat_types}
     inner = to_row
     return columns, types, lambda row, verdict: {**inner(row, verdict), **checklist_cells(verdict.criteria, total=total, flat=flat)}
+
+
+async def _invalid_as_error(rubric: Rubric, pending: Awaitable[Verdict]) -> Verdict:
+    """A verdict naming one of the rubric's ``invalid_labels`` as the row it is in a rubric run: not a score.
+
+    A rubric run's rows are verdicts, whose failures are ``status=error`` (a row that lacks a
+    variable is ``error``/``input`` there too); a grader makes the same verdict ``status=invalid``.
+    """
+    verdict = await pending
+    if verdict.status != "ok" or not rubric.is_invalid(verdict.label):
+        return verdict
+    return verdict.model_copy(update={"status": "error", "score": None, "error_kind": "judged_invalid",
+                                      "error": f"the judge labelled the sample {verdict.label!r}, which rubric {rubric.name!r} names invalid"})
 
 
 GRADER_COLUMNS = ["score", "status", "error_kind", "error", "parts", "metrics", "attempts"]
@@ -765,6 +788,8 @@ class _Tally:
         self.decided: Counter[str] = Counter()
         self.agreement_sum = 0.0
         self.agreement_n = 0
+        self.hybrid = False  # a hybrid grader's run: judge_calls_saved is reported
+        self.saved = 0
 
     def _panel(self, decided_by: Any, agreement: Any) -> None:
         if decided_by not in (None, ""):
@@ -776,6 +801,12 @@ class _Tally:
         if value is not None and value == value:
             self.agreement_sum += value
             self.agreement_n += 1
+
+    def _hybrid(self, decided_by: str) -> None:
+        """A hybrid grade: the path that decided it, and the two judge calls a symbolic decision made needless."""
+        self.hybrid = True
+        self.decided[decided_by] += 1
+        self.saved += 2 * (decided_by == "symbolic")
 
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
@@ -795,6 +826,8 @@ class _Tally:
                     self.cache_hits += int(value)
                 elif name.endswith("judge_attempts"):
                     self.requests += int(value)
+            if verdict.columns.get("decided_by") is not None:  # a hybrid grader: symbolic or judge
+                self._hybrid(str(verdict.columns["decided_by"]))
         else:
             self.prompt_tokens += verdict.prompt_tokens
             self.completion_tokens += verdict.completion_tokens
@@ -825,6 +858,9 @@ class _Tally:
         self.verdicts += 1
         status = row.get("status")
         self._panel(row.get("decided_by"), row.get("agreement"))
+        if "metrics" in row and row.get("decided_by") in ("symbolic", "judge"):  # a hybrid grader's row (grader runs have metrics)
+            self.hybrid = True
+            self.saved += 2 * (row["decided_by"] == "symbolic")
         if status == "abstained":
             self.abstained += 1
             return
@@ -863,6 +899,7 @@ class _Tally:
             skipped=self.skipped,
             abstained=self.abstained,
             decided_by=dict(self.decided.most_common()),
+            judge_calls_saved=self.saved if self.hybrid else None,
             mean_agreement=self.agreement_sum / self.agreement_n if self.agreement_n else None,
             mean_score=self.score_sum / self.ok if self.ok else None,
             label_counts=dict(self.labels.most_common()),

@@ -339,7 +339,8 @@ def resolve(dialect: str | Dialect) -> Dialect:
 # ---- the draft a thinking model writes before its answer ----------------------------------------
 
 _FLIPS = (("<answer>No</answer>", "<answer>Yes</answer>"), ("[[B>A]]", "[[A>B]]"),
-          ("Output (b)", "Output (a)"), ("INCORRECT", "CORRECT"), ("错误", "正确"))
+          ("Output (b)", "Output (a)"), ("INCORRECT", "CORRECT"), ("错误", "正确"),
+          ("\nFinal Decision: No", "\nFinal Decision: Yes"))
 
 
 def draft_reasoning(body: Mapping[str, Any], final: str | None) -> str:

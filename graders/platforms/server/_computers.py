@@ -77,6 +77,8 @@ class GraderRewardComputer(BaseRewardComputer):
             info["parts"] = {name: part.score for name, part in grade.parts.items()}
         if grade.error_kind:
             info["error_kind"] = grade.error_kind
+        if grade.columns.get("decided_by"):  # a hybrid grader: the symbolic check or the judge
+            info["decided_by"] = grade.columns["decided_by"]
         if grade.status == "ok":
             assert grade.score is not None
             return RewardResponse(score=grade.score, status="success", extra_info=info)
