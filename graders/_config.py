@@ -100,7 +100,9 @@ environment variable) rather than the key itself.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
-a number), ``on_invalid:`` and ``pass_threshold:``; load it with :func:`load_group_grader`.
+a number), ``on_invalid:`` and ``pass_threshold:``, and for a failed or straggling member
+``on_member_error:`` (renormalize, drop_group, retry), ``min_members:``, ``group_deadline_s:``
+and ``member_retries:`` (graders._members); load it with :func:`load_group_grader`.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
+from ._members import MemberPolicy
 from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
@@ -313,6 +316,10 @@ class GroupNode(_Node):
     on_judge_error: Policy = "RETRY"
     on_invalid: Policy = "DISCARD"
     pass_threshold: float = 0.5
+    on_member_error: MemberPolicy = "renormalize"  # graders._members: a group with a failed member
+    min_members: int = Field(2, ge=1)
+    group_deadline_s: float | None = Field(None, gt=0)
+    member_retries: int = Field(1, ge=0, le=5)
 
 
 class JurorSettings(BaseModel):
@@ -651,9 +658,11 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
         rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric
         try:
             return relative_group_grader(builder.judge(), criteria=r.criteria, shuffles=r.shuffles, seed=r.seed,
-                                         on_judge_error=node.on_judge_error, rubric=rubric)
+                                         on_judge_error=node.on_judge_error, rubric=rubric, on_member_error=node.on_member_error,
+                                         group_deadline_s=node.group_deadline_s)
         except (ValueError, RubricError) as e:
             raise GraderConfigError(f"{where}: relative: {e}") from e
     inner = builder.node(node.grader, "grader")
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
-                        on_invalid=node.on_invalid, pass_threshold=node.pass_threshold)
+                        on_invalid=node.on_invalid, pass_threshold=node.pass_threshold, on_member_error=node.on_member_error,
+                        min_members=node.min_members, group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
