@@ -123,7 +123,7 @@ from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, 
 from ._composite import FormulaError, formula_grader, weighted_grader
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
 from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
-from ._members import MemberPolicy
+from ._members import GroupPolicy, MemberPolicy
 from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
@@ -666,3 +666,21 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
                         on_invalid=node.on_invalid, pass_threshold=node.pass_threshold, on_member_error=node.on_member_error,
                         min_members=node.min_members, group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
+
+
+def load_group_members(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None
+                       ) -> tuple[ConfiguredGrader, GroupPolicy]:
+    """A ``type: group`` config (with ``grader:``) as its per-member grader and its group keys, for the
+    doors that grade a group's members one request at a time (the reward server's group routes)."""
+    data, where, base = _read(source)
+    builder = _builder(data, where, base, judge)
+    try:
+        node = GroupNode.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{where}: {problems}") from None
+    if node.grader is None:
+        raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
+    policy = GroupPolicy(on_member_error=node.on_member_error, min_members=node.min_members,
+                         group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
+    return ConfiguredGrader(builder.node(node.grader, "grader"), builder), policy
