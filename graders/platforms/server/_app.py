@@ -46,6 +46,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -78,7 +79,7 @@ from ._models import (
     untemplate,
     vertex_reply,
 )
-from ._groups import compute_group, prompt_groups
+from ._groups import compute_group, fill_member_failed, prompt_groups
 from ._pool import Busy, WorkPool
 from ._rl_routes import RL_ROUTES, register_rl_routes
 
@@ -516,6 +517,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         for g, rs in zip(groups, decided):
             for i, r in zip(g, rs):
                 responses[i] = r
+        responses = fill_member_failed(responses)
         failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
         if failures:
             # An invalid item of a request without labels (or prompts) is explained by that absent field.
@@ -538,7 +540,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         _set_outcome(request, "success")
         return JSONResponse(foundry_reply(response))
 
-    register_rl_routes(app, engine)
+    register_rl_routes(app, engine, sys.modules[__name__])
     from ._metrics import install_metrics  # prometheus_client loads with the server only
 
     install_metrics(app, engine, computer)

@@ -88,6 +88,14 @@ async def compute_group(compute: Callable[[RewardRequest], Awaitable[RewardRespo
     return out
 
 
+def fill_member_failed(responses: list[RewardResponse]) -> list[RewardResponse]:
+    """When any member of a batch is a placeholder, every item says whether it is one (one full log column)."""
+    if not any("member_failed" in r.extra_info for r in responses):
+        return responses
+    return [r if "member_failed" in r.extra_info else r.model_copy(update={"extra_info": {**r.extra_info, "member_failed": 0.0}})
+            for r in responses]
+
+
 def prompt_groups(prompts: Sequence[str | None]) -> list[list[int]]:
     """Indices of a batch grouped by identical prompt (OpenRLHF sends a prompt's samples together)."""
     groups: dict[str | None, list[int]] = {}

@@ -27,16 +27,14 @@ resource-server ``/verify`` (``POST /verify``).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fastapi import FastAPI, Request  # at run time: FastAPI reads the handlers' annotations
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from ..._sample import Message
 from ._models import RewardRequest, RewardResponse, label_references
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI, Request
 
 RL_ROUTES = frozenset({"/slime", "/verify"})
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"  # nemo_gym.rollout_collection.NG_FAILURE_CLASS_KEY
@@ -160,9 +158,10 @@ def verify_reply(raw: dict[str, Any], response: RewardResponse) -> dict[str, Any
 # ---- the routes ---------------------------------------------------------------------------------
 
 
-def register_rl_routes(app: FastAPI, engine: Any) -> None:
-    """``POST /slime`` and ``POST /verify`` on the reward server's app (its guards, pool and computer)."""
-    from . import _app as core  # the app module's guards; imported here, as _app imports this module
+def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
+    """``POST /slime`` and ``POST /verify`` on the reward server's app: ``core`` is the app module
+    (its guards: ``_guarded``, ``_json_body``, ``_parse``, ``_failed``, ``_set_outcome``), passed in
+    rather than imported so the two modules make no import circle."""
 
     @app.post("/slime")
     @core._guarded
