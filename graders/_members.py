@@ -80,7 +80,9 @@ async def gather_members(calls: Sequence[Callable[[], Awaitable[Grade]]], deadli
             grades.append(timeout_grade(deadline_s or 0.0))
             continue
         exc = t.exception()
-        if exc is not None:
+        if exc is not None:  # a grader that raised (a bug, not a judge error): nothing of the group is kept running
+            for other in tasks:
+                other.cancel()
             raise exc
         grades.append(t.result())
     return grades
