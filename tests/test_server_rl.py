@@ -252,3 +252,30 @@ def test_metric_names_are_prometheus_valid() -> None:
     from graders.platforms.server._metrics import BUCKETS, KNOWN_ROUTES
 
     assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in KNOWN_ROUTES)
+
+
+def test_a_type_group_reward_grader_brings_its_group_keys_to_the_server(fake: FakeProvider, tmp_path: Path, serve) -> None:
+    from graders.platforms.server import build_computer, load_server_config
+
+    fake.set_responder(responder)
+    (tmp_path / "group.yaml").write_text(yaml.safe_dump({
+        "type": "group", "on_member_error": "renormalize", "min_members": 2, "group_deadline_s": 1.0,
+        "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 600},
+        "grader": {"type": "llm", "rubric": "semantic_equivalence_en"}}), encoding="utf-8")
+    (tmp_path / "config.yaml").write_text("reward:\n  grader: group.yaml\n", encoding="utf-8")
+    cfg = load_server_config(tmp_path / "config.yaml")
+    computer = build_computer(cfg)
+    assert cfg.group.group_deadline_s == 1.0 and cfg.group.min_members == 2
+    url = serve(computer, cfg)
+
+    def out(text: str) -> dict:
+        return {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": text}]}
+
+    started = time.monotonic()
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": "Paris",
+                                            "agent_outputs": [out("Paris"), out("HANG"), out("Paris")]})
+    assert time.monotonic() - started < 3.0
+    assert status == 200 and body["status"] == "success"
+    assert [r["reward_metrics"]["member_failed"] for r in body["reward"]["rewards"]] == [0.0, 1.0, 0.0]
+    status, _, body = call(url, "/compute_reward", {"prompt": "Capital of France?", "response": "Paris", "extra_params": {"answer": "Paris"}})
+    assert status == 200 and body["score"] == 1.0, "the group file's grader: node grades each member"
