@@ -68,8 +68,9 @@ def latency(n: int, seed: int) -> float:
 
 @contextmanager
 def fake_judge(seed: int):
+    # stderr dropped: a member cancelled at its deadline disconnects, which the fake logs as a traceback.
     proc = subprocess.Popen([sys.executable, "-c", SERVER % {"median": MEDIAN, "sigma": SIGMA, "seed": seed}],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         yield proc.stdout.readline().strip()  # type: ignore[union-attr]
     finally:
