@@ -111,7 +111,9 @@ environment variable) rather than the key itself.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
-a number), ``on_invalid:`` and ``pass_threshold:``; load it with :func:`load_group_grader`.
+a number), ``on_invalid:`` and ``pass_threshold:``, and for a failed or straggling member
+``on_member_error:`` (renormalize, drop_group, retry), ``min_members:``, ``group_deadline_s:``
+and ``member_retries:`` (graders._members); load it with :func:`load_group_grader`.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ from ._math_verify import DEFAULT_MAX_CHARS as MATH_MAX_CHARS
 from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
 from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
 from ._math_verify import parse_modes
+from ._members import GroupPolicy, MemberPolicy
 from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
@@ -354,6 +357,10 @@ class GroupNode(_Node):
     on_judge_error: Policy = "RETRY"
     on_invalid: Policy = "DISCARD"
     pass_threshold: float = 0.5
+    on_member_error: MemberPolicy = "renormalize"  # graders._members: a group with a failed member
+    min_members: int = Field(2, ge=1)
+    group_deadline_s: float | None = Field(None, gt=0)
+    member_retries: int = Field(1, ge=0, le=5)
 
 
 class JurorSettings(BaseModel):
@@ -708,9 +715,29 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
         rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric
         try:
             return relative_group_grader(builder.judge(), criteria=r.criteria, shuffles=r.shuffles, seed=r.seed,
-                                         on_judge_error=node.on_judge_error, rubric=rubric)
+                                         on_judge_error=node.on_judge_error, rubric=rubric, on_member_error=node.on_member_error,
+                                         group_deadline_s=node.group_deadline_s)
         except (ValueError, RubricError) as e:
             raise GraderConfigError(f"{where}: relative: {e}") from e
     inner = builder.node(node.grader, "grader")
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
-                        on_invalid=node.on_invalid, pass_threshold=node.pass_threshold)
+                        on_invalid=node.on_invalid, pass_threshold=node.pass_threshold, on_member_error=node.on_member_error,
+                        min_members=node.min_members, group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
+
+
+def load_group_members(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None
+                       ) -> tuple[ConfiguredGrader, GroupPolicy]:
+    """A ``type: group`` config (with ``grader:``) as its per-member grader and its group keys, for the
+    doors that grade a group's members one request at a time (the reward server's group routes)."""
+    data, where, base = _read(source)
+    builder = _builder(data, where, base, judge)
+    try:
+        node = GroupNode.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise GraderConfigError(f"{where}: {problems}") from None
+    if node.grader is None:
+        raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
+    policy = GroupPolicy(on_member_error=node.on_member_error, min_members=node.min_members,
+                         group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
+    return ConfiguredGrader(builder.node(node.grader, "grader"), builder), policy

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ._members import GroupPolicy, MemberPolicy, decide, gather_members, group_decision_metrics
 from ._sample import Grade, Grader, Sample, Trajectory
 
 
@@ -76,6 +77,9 @@ class GroupResult(BaseModel):
     status: GroupStatus = GroupStatus.SUCCESS
     error: str = ""
     grades: list[Grade] = Field(default_factory=list)  # per trajectory, for debugging
+    # Members that failed while the group succeeded (on_member_error: renormalize): their reward
+    # is the finished members' mean, a placeholder each door marks with its trainer's mask.
+    failed_members: list[int] = Field(default_factory=list)
 
 
 GroupGrader = Callable[[Sample, Sequence[Trajectory]], Awaitable[GroupResult]]
@@ -200,6 +204,10 @@ def group_grader(
     on_judge_error: Policy = "RETRY",
     on_invalid: Policy = "DISCARD",
     pass_threshold: float = 0.5,
+    on_member_error: MemberPolicy = "renormalize",
+    min_members: int = 2,
+    group_deadline_s: float | None = None,
+    member_retries: int = 1,
 ) -> GroupGrader:
     """Build ``async (sample, trajectories) -> GroupResult``.
 
@@ -212,11 +220,18 @@ def group_grader(
             engine retries the sample, then drops it, instead of failing the job.
         on_invalid: a trajectory's grade is ``invalid`` (e.g. the sample lacks a rubric variable).
         pass_threshold: a reward at or above it counts toward ``pass_rate``.
+        on_member_error, min_members, group_deadline_s, member_retries: a group with a failed or
+            straggling member (graders._members): ``renormalize`` (default) decides the group on
+            the members that finished when at least ``min_members`` did; ``drop_group`` fails it;
+            ``retry`` re-grades the failed members first. Members still waiting when
+            ``group_deadline_s`` passes are failed as ``timeout``.
     """
     traj_checks = checks or TrajectoryChecks()
     usable = sample_checks or SampleChecks()
     error_policy = _PolicyValue(policy=on_judge_error).policy
     invalid_policy = _PolicyValue(policy=on_invalid).policy
+    members = GroupPolicy(on_member_error=on_member_error, min_members=min_members, group_deadline_s=group_deadline_s,
+                          member_retries=member_retries)
 
     async def one(sample: Sample, trajectory: Trajectory, schemas: dict[str, dict[str, Any]] | None) -> Grade:
         decided = check_trajectory(trajectory, traj_checks, schemas)
@@ -229,7 +244,24 @@ def group_grader(
         if problem is not None:
             return GroupResult(status=GroupStatus.DISCARD, error=problem)
         schemas = _tool_schemas(traj_checks.tools if traj_checks.tools is not None else sample.tools)
-        grades = list(await asyncio.gather(*(one(sample, t, schemas) for t in trajectories)))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = members.group_deadline_s
+
+        def call(t: Trajectory) -> Callable[[], Awaitable[Grade]]:
+            return lambda: one(sample, t, schemas)
+
+        grades = await gather_members([call(t) for t in trajectories], deadline, started=started)
+        if members.on_member_error == "retry" and not isinstance(error_policy, float):
+            for attempt in range(members.member_retries):
+                again = [i for i, g in enumerate(grades) if g.status == "error"]
+                if not again or (deadline is not None and loop.time() - started >= deadline):
+                    break
+                retried = await gather_members([call(trajectories[i]) for i in again], deadline, started=started)
+                for i, g in zip(again, retried):
+                    g.debug.append(f"policy: member {i} re-graded (on_member_error: retry, attempt {attempt + 2})")
+                    grades[i] = g
+        timeouts = sum(g.error_kind == "timeout" for g in grades)
         # An invalid trajectory (the sample cannot be graded this way) is decided before a
         # transient error: retrying a sample that can never be graded helps no one.
         for status, policy in (("invalid", invalid_policy), ("error", error_policy)):
@@ -241,9 +273,22 @@ def group_grader(
                     grades[i].debug.append(f"policy: trajectory {i} is {status} -> fixed score {policy:g}")
                 continue
             reasons = "; ".join(f"trajectory {i}: {grades[i].error}" for i in failed)
+            if status == "error":  # on_member_error decides: the finished members may carry the group
+                values = [None if g.status == "error" else (g.score if g.score is not None else _fixed(invalid_policy)) for g in grades]
+                decided, failed_members, why = decide(values, members)
+                extra = group_decision_metrics(len(grades), failed, timeouts)
+                if decided is not None:
+                    for i in failed_members:
+                        grades[i].debug.append(f"policy: member {i} failed; renormalize: placeholder {decided[i]:g} (the finished members' mean)")
+                    finished = [r for i, r in enumerate(decided) if i not in failed_members]
+                    return GroupResult(rewards=decided, metrics={**group_metrics(finished, grades, pass_threshold), **extra},
+                                       grades=grades, error=reasons, failed_members=failed_members)
+                return GroupResult(status=GroupStatus(policy), error=f"{why}: {reasons}",
+                                   metrics={**group_metrics([], grades, pass_threshold), **extra}, grades=grades)
             return GroupResult(status=GroupStatus(policy), error=reasons,
                                metrics=group_metrics([], grades, pass_threshold), grades=grades)
         rewards = [g.score if g.score is not None else _fixed(error_policy if g.status == "error" else invalid_policy) for g in grades]
-        return GroupResult(rewards=rewards, metrics=group_metrics(rewards, grades, pass_threshold), grades=grades)
+        return GroupResult(rewards=rewards, metrics={**group_metrics(rewards, grades, pass_threshold),
+                                                     **group_decision_metrics(len(grades), [], timeouts)}, grades=grades)
 
     return grade_group

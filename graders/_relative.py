@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from judge import Judge, load_rubric
 
 from ._group import GroupGrader, GroupResult, GroupStatus, Policy, _PolicyValue
+from ._members import GroupPolicy, MemberPolicy
 from ._sample import Grade, Sample, Trajectory
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -50,7 +51,8 @@ def _order(sample: Sample, texts: Sequence[str], seed: int) -> list[int]:
 
 
 def relative_group_grader(judge: Judge, *, criteria: str | None = None, shuffles: int = 2, seed: int = 0,
-                          on_judge_error: Policy = "RETRY", rubric: str = "group_rank") -> GroupGrader:
+                          on_judge_error: Policy = "RETRY", rubric: str = "group_rank",
+                          on_member_error: MemberPolicy = "renormalize", group_deadline_s: float | None = None) -> GroupGrader:
     """A group grader that ranks all trajectories of a sample in one judge call per shuffle.
 
     Args:
@@ -61,11 +63,16 @@ def relative_group_grader(judge: Judge, *, criteria: str | None = None, shuffles
         on_judge_error: the status (or fixed reward for all) when a judge call fails or its
             ranking cannot be read: RETRY by default, as in :func:`graders.group_grader`.
         rubric: the ranking rubric (``group_rank``, or a path to your own with the same variables).
+        on_member_error: one ranking decides every member, so no member fails alone; with
+            ``shuffles=2`` and one of the two rankings failed (or past the deadline), anything but
+            ``drop_group`` decides the group on the ranking that finished.
+        group_deadline_s: the rankings not in by then are failed as ``timeout``.
     """
     if shuffles not in (1, 2):
         raise ValueError(f"shuffles must be 1 or 2, got {shuffles}")
     spec = load_rubric(rubric)
     policy = _PolicyValue(policy=on_judge_error).policy
+    members = GroupPolicy(on_member_error=on_member_error, group_deadline_s=group_deadline_s)
 
     async def rank(sample: Sample, texts: list[str], order: list[int]) -> list[float] | str:
         row = {"question": sample.prompt_text or "", "candidates": [texts[i] for i in order]}
@@ -93,16 +100,26 @@ def relative_group_grader(judge: Judge, *, criteria: str | None = None, shuffles
             return GroupResult(rewards=[0.0], metrics={"n": 1.0}, grades=[Grade.scored(0.0)])
         first = _order(sample, texts, seed)
         orders = [first, first[::-1]][:shuffles]
-        results = await asyncio.gather(*(rank(sample, texts, o) for o in orders))
+        tasks = [asyncio.ensure_future(rank(sample, texts, o)) for o in orders]
+        _done, pending = await asyncio.wait(tasks, timeout=members.group_deadline_s)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+        results: list[list[float] | str] = [f"timeout: not ranked within group_deadline_s ({members.group_deadline_s:g} s)"
+                                            if t in pending else t.result() for t in tasks]
         errors = [r for r in results if isinstance(r, str)]
-        if errors:
+        n_errors = len(errors)
+        if errors and len(errors) < len(results) and members.on_member_error != "drop_group":
+            results = [r for r in results if not isinstance(r, str)]  # decided on the ranking that finished
+        elif errors:
             error = "relative judge: " + "; ".join(errors)
             if isinstance(policy, float):
                 return GroupResult(rewards=[policy] * n, metrics={"n": float(n), "judge_errors": 1.0}, error=error)
             return GroupResult(status=GroupStatus(policy), error=error, metrics={"n": float(n), "judge_errors": 1.0})
         runs = [r for r in results if not isinstance(r, str)]
         rewards = [sum(run[i] for run in runs) / len(runs) for i in range(n)]
-        metrics = {"n": float(n), "judge_errors": 0.0, "shuffles": float(len(runs))}
+        metrics = {"n": float(n), "judge_errors": float(n_errors), "shuffles": float(len(runs))}
         if len(runs) == 2:
             metrics["position_bias"] = sum(abs(a - b) for a, b in zip(*runs)) / (2 * n)
         return GroupResult(rewards=rewards, metrics=metrics, grades=[Grade.scored(r) for r in rewards])

@@ -191,7 +191,8 @@ FAILURES = [
 async def test_judge_failure_returns_the_configured_status_and_no_rewards(fake: FakeProvider, make_judge, failure: Reply, kind: str, policy: str) -> None:
     fake.set_responder(failing_where("FAIL", failure))
     judge = make_judge(retry=RetryPolicy(max_attempts=2, parse_retries=1))
-    grader = group_grader(llm_grader(judge, "semantic_equivalence_zh"), on_judge_error=policy)  # type: ignore[arg-type]
+    grader = group_grader(llm_grader(judge, "semantic_equivalence_zh"), on_judge_error=policy,  # type: ignore[arg-type]
+                          on_member_error="drop_group")
     trajectories = [traj({"role": "assistant", "content": t}) for t in ("景栗科技和薪勤科技", "FAIL", "景栗科技")]
     result = await grader(seed_sample(), trajectories)
     assert result.status == GroupStatus(policy)

@@ -221,10 +221,19 @@ def test_dashscope_transient_judge_failure_is_failed_not_a_score(fake: FakeProvi
     assert "server_error" in body["detail"]
 
     ok = {"messages": [{"role": "user", "content": "Capital?"}, {"role": "assistant", "content": "Paris"}]}
-    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": {"answer": "Paris"},
-                                            "agent_outputs": [ok, single["agent_output"], ok]})
+    group = {"func_type": "group_reward", "ground_truth": {"answer": "Paris"}, "agent_outputs": [ok, single["agent_output"], ok]}
+    # group.on_member_error: drop_group -- one failed member fails the group, with no rewards at all.
+    dropping = serve(judge_grader(fake, attempts=2), {"group": {"on_member_error": "drop_group"}})
+    status, _, body = call(dropping, "/api/v1", group)
     assert status == 200 and body["status"] == "failed" and body["reward"]["rewards"] == []
     assert body["error"].startswith("agent_outputs[1]:")
+    # renormalize (the default): decided on the two that finished; the failed member carries their
+    # mean (its advantage is 0) and reward_metrics.member_failed = 1.
+    status, _, body = call(url, "/api/v1", group)
+    assert status == 200 and body["status"] == "success"
+    scores = [r["reward_score"] for r in body["reward"]["rewards"]]
+    assert scores == [1.0, 1.0, 1.0]
+    assert [r["reward_metrics"]["member_failed"] for r in body["reward"]["rewards"]] == [0.0, 1.0, 0.0]
 
 
 # ---- Vertex Cloud Run: POST / ------------------------------------------------------------------

@@ -464,6 +464,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
         table.add_row("decided by", ", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-")
         table.add_row("judge calls saved", f"{s.judge_calls_saved} (two per row the symbolic check decided)")
     table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
+    if s.reward_seconds_p50 is not None:
+        slow = ", ".join(f"{r['id'] if r['id'] is not None else 'row ' + str(r['row'])} {r['seconds']:.2f} s" for r in s.slowest_rows[:3])
+        table.add_row("reward time", f"p50 {s.reward_seconds_p50:.3f} s, p99 {s.reward_seconds_p99:.3f} s; slowest: {slow}")
     if s.pacing is not None:
         held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
         table.add_row("pacing", f"{s.pacing.mode}: {held}")

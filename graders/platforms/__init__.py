@@ -1,10 +1,12 @@
 """Platforms: one grader as each RL platform expects it, in process, as an export, or over HTTP.
 
-Ark, verl and TRL wrap a live grader in the function each trainer calls; Vertex, OpenAI, Foundry and
+Ark, verl, TRL, AReaL, SkyRL, verifiers/prime-rl and ROLL wrap a live grader in the function
+each trainer calls; Vertex, OpenAI, Foundry and
 Bedrock get an export of the grader's configuration (a standalone ``evaluate``, a
 ``reinforcementTuningSpec``, OpenAI/Foundry grader JSON, a reward ``lambda_function.py``), because their
 graders run on the platform, not in this process. ``server`` puts one reward computer behind the
-HTTP contracts of Bailian, DashScope, Vertex, OpenRLHF and Foundry's endpoint grader.
+HTTP contracts of Bailian, DashScope, Vertex, OpenRLHF, Foundry's endpoint grader, slime/miles
+(``/slime``) and NeMo Gym (``/verify``).
 """
 
 from judge._lazy import lazy_names
@@ -16,6 +18,9 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._foundry_export": ["export_foundry_grader"],
     "._nodes": ["ExportError"],
     "._openai_export": ["export_openai_grader"],
+    "._skyrl": ["GradekitTextEnv"],
+    "._trainers": ["AReaLReward", "ROLLRewards", "areal_reward_fn", "roll_rewards", "verifiers_group_reward_func",
+                   "verifiers_reward_func"],
     "._trl": ["trl_reward_func"],
     "._verl": ["VerlReward", "verl_compute_score"],
     "._vertex_export": ["export_vertex_evaluate", "export_vertex_spec"],

@@ -23,6 +23,10 @@ class GradingError(RuntimeError):
         super().__init__(message)
         self.grade = grade
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable with its grade: AReaL's process pool and Ray send it back to the trainer.
+        return (type(self), (str(self), self.grade))
+
 
 def resolve_grader(grader: GraderSource) -> Grader:
     """A grader object as is; a path or a config mapping built with :func:`load_grader`."""

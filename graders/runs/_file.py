@@ -77,6 +77,10 @@ class RunSummary(BaseModel):
     # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
     result_counts: dict[str, int] | None = None
     per_testing_criteria_results: list[dict[str, Any]] | None = None
+    # Per-row reward time of the rows this run graded (cache hits included): p50, p99, the slowest rows.
+    reward_seconds_p50: float | None = None
+    reward_seconds_p99: float | None = None
+    slowest_rows: list[dict[str, Any]] = Field(default_factory=list)  # [{"row": n, "id": ..., "seconds": s}], slowest first
 
     @model_serializer(mode="wrap")
     def _hybrid_only(self, handler: Any) -> dict[str, Any]:
@@ -490,8 +494,11 @@ async def run_file(
     # A resumed run's spread covers the whole output: the rows written before are read back once.
     spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
     started = time.perf_counter()
+    timed = _RowTimes()
+    judge_row = timed.wrap(judge_row)
 
     def emit(number: int, out_row: dict[str, Any], outcome: O) -> dict[str, Any]:
+        timed.emitted(number, out_row, outcome)
         tally.add(outcome)
         if spread is not None and outcome.status == "ok" and out_row.get(group_by) is not None:
             spread.add(group_key(out_row[group_by]), outcome.score)  # type: ignore[attr-defined]
@@ -545,6 +552,7 @@ async def run_file(
             raise
         raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
+    timed.report(summary)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
     summary.warnings = warnings
@@ -772,6 +780,44 @@ async def stream_in_order(
 def group_key(value: Any) -> Any:
     """A hashable key for a --group-by cell (JSONL cells may be lists or objects)."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False) if isinstance(value, (list, dict)) else value
+
+
+class _RowTimes:
+    """How long each row's grading took (from the call to its outcome), keyed to the row when it is written."""
+
+    SLOWEST = 10
+
+    def __init__(self) -> None:
+        self._pending: dict[int, float] = {}
+        self.seconds: list[float] = []
+        self.slowest: list[tuple[float, int, Any]] = []
+
+    def wrap(self, judge_row: Callable[[Any], Awaitable[O]]) -> Callable[[Any], Awaitable[O]]:
+        async def timed(values: Any) -> O:
+            began = time.perf_counter()
+            outcome = await judge_row(values)
+            self._pending[id(outcome)] = time.perf_counter() - began
+            return outcome
+
+        return timed
+
+    def emitted(self, number: int, out_row: Mapping[str, Any], outcome: Any) -> None:
+        seconds = self._pending.pop(id(outcome), None)
+        if seconds is None:
+            return  # an input error: nothing was graded
+        self.seconds.append(seconds)
+        self.slowest.append((seconds, number, out_row.get("id")))
+        if len(self.slowest) > 4 * self.SLOWEST:
+            self.slowest = sorted(self.slowest, key=lambda t: -t[0])[: self.SLOWEST]
+
+    def report(self, summary: RunSummary) -> None:
+        if not self.seconds:
+            return
+        ordered = sorted(self.seconds)
+        summary.reward_seconds_p50 = round(ordered[min(len(ordered) - 1, int(0.5 * len(ordered)))], 4)
+        summary.reward_seconds_p99 = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4)
+        summary.slowest_rows = [{"row": n, "id": row_id, "seconds": round(s, 4)}
+                                for s, n, row_id in sorted(self.slowest, key=lambda t: -t[0])[: self.SLOWEST]]
 
 
 class _Tally:

@@ -7,7 +7,13 @@
 ``POST /``             Vertex Cloud Run reward: ``{example, response, metadata}`` -> ``{reward}``
 ``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}``
 ``POST /grade``        Foundry endpoint grader: ``{sample, item, trace_id}`` -> ``{score}``
+``POST /slime``        slime/miles ``--rm-url``: ``{prompt, response, label}`` -> a number (_rl_routes)
+``POST /verify``       NeMo Gym resource server: BaseVerifyRequest -> BaseVerifyResponse (_rl_routes)
+``GET  /metrics``      Prometheus text format (_metrics)
 =====================  ===================================================================
+
+The group routes (DashScope ``group_reward``, OpenRLHF's batch grouped by prompt) decide a group
+with a failed or late member by the config's ``group:`` keys (_groups).
 
 Every route: 413 when the body is over ``server.max_body_bytes`` (refused from its
 Content-Length before it is read); 408 when it has not arrived within ``server.body_timeout_s``
@@ -40,6 +46,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -72,13 +79,15 @@ from ._models import (
     untemplate,
     vertex_reply,
 )
+from ._groups import compute_group, fill_member_failed, prompt_groups
 from ._pool import Busy, WorkPool
+from ._rl_routes import RL_ROUTES, register_rl_routes
 
 logger = logging.getLogger("gradekit.server")
 
 BUSY = "Server is busy, please try again later."
 RETRY_AFTER = "1"  # seconds; DashScope's and OpenRLHF's clients retry about once a second anyway
-REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward", "/grade"})
+REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward", "/grade"}) | RL_ROUTES
 TOKEN_ENV = "GRADEKIT_SERVER_TOKEN"
 M = TypeVar("M", bound=BaseModel)
 
@@ -458,7 +467,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         elif kind == "group_reward":
             group = _parse(DashScopeGroupRewardInput, body)
             requests = [dashscope_request(o, group.ground_truth, group.request_metadata) for o in group.agent_outputs]
-            responses = await engine.compute_all(requests)
+            responses = await compute_group(engine.compute, requests, cfg.group)
             out = dashscope_group_reward(responses)
         else:
             raise _unprocessable(["func_type"], f"func_type {kind!r} is not served here; gradekit serves 'reward' and 'group_reward'",
@@ -502,7 +511,13 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
             # The prompt arrives with the chat template applied: ChatML and Llama 3 are read back into messages.
             requests.append(RewardRequest(prompt=untemplate(prompt) if prompt else None, response=answer, extra_params=references,
                                           metadata={"templated_prompt": prompt} if prompt else None))
-        responses = await engine.compute_all(requests)
+        responses: list[RewardResponse] = [None] * n  # type: ignore[list-item]
+        groups = prompt_groups(batch.prompts if batch.prompts is not None else [None] * n)
+        decided = await asyncio.gather(*(compute_group(engine.compute, [requests[i] for i in g], cfg.group) for g in groups))
+        for g, rs in zip(groups, decided):
+            for i, r in zip(g, rs):
+                responses[i] = r
+        responses = fill_member_failed(responses)
         failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
         if failures:
             # An invalid item of a request without labels (or prompts) is explained by that absent field.
@@ -525,6 +540,10 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         _set_outcome(request, "success")
         return JSONResponse(foundry_reply(response))
 
+    register_rl_routes(app, engine, sys.modules[__name__])
+    from ._metrics import install_metrics  # prometheus_client loads with the server only
+
+    install_metrics(app, engine, computer)
     app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the body is in
     app.add_middleware(_BodyLimits, max_bytes=cfg.server.max_body_bytes, timeout_s=cfg.server.body_timeout_s, paths=REWARD_ROUTES)
     token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None
@@ -532,4 +551,6 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         app.add_middleware(_BearerAuth, token=token)
     if cfg.logging.enable:
         app.add_middleware(_RequestLog)  # added last: outermost, so it times and logs 401s too
+    metrics_middleware, options = app.state.metrics_middleware
+    app.add_middleware(metrics_middleware, **options)
     return app

@@ -28,6 +28,10 @@
     thread_pool:
       max_workers: 64            # computations at once (threads, or a semaphore for async computers)
       queue_size: 256            # requests allowed to wait; beyond it: 503 with Retry-After
+    group:                       # the group routes (DashScope group_reward, OpenRLHF's batch by prompt)
+      on_member_error: renormalize   # renormalize | drop_group | retry (graders._members)
+      min_members: 2
+      group_deadline_s: null     # members not graded by then fail as timeout
     limiter:                     # the process's judge limiter (gradekit's own, not in the seed)
       rps: null
       tpm: null
@@ -57,7 +61,8 @@ from pydantic import (
 from judge import configure_limiter
 from judge._files import read_data_file
 
-from ..._config import GraderConfigError, load_grader
+from ..._config import GraderConfigError, load_grader, load_group_members
+from ..._members import GroupPolicy
 from ._computers import (
     BaseRewardComputer,
     DefaultRewardComputer,
@@ -137,9 +142,11 @@ class ServerConfig(_Section):
     thread_pool: ThreadPoolSection = ThreadPoolSection()
     limiter: LimiterSection = LimiterSection()
     openrlhf: OpenRLHFSection = OpenRLHFSection()
+    # The group routes' keys (graders._members); a reward.grader of type: group brings its own.
+    group: GroupPolicy = GroupPolicy()
     _source: Path | None = PrivateAttr(default=None)
 
-    @field_validator("server", "health_check", "logging", "thread_pool", "limiter", "openrlhf", mode="before")
+    @field_validator("server", "health_check", "logging", "thread_pool", "limiter", "openrlhf", "group", mode="before")
     @classmethod
     def _empty_section(cls, v: Any) -> Any:
         return {} if v is None else v
@@ -208,7 +215,12 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
         if not path.is_absolute() and config.base is not None:
             path = config.base / path
         try:
-            grader = load_grader(path)
+            if _is_group_file(path):
+                grader, policy = load_group_members(path)
+                if "group" not in config.model_fields_set:
+                    config.group = policy
+            else:
+                grader = load_grader(path)
         except (GraderConfigError, ValueError, OSError) as e:
             raise ServerConfigError(f"{config.source}: reward.grader: {e}") from e
         return GraderRewardComputer(grader, invalid=reward.invalid or "fail", name=path.stem)
@@ -228,6 +240,15 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
         raise ServerConfigError(f"{config.source}: reward.class: {reward.class_!r} has no compute_reward method; "
                                 "subclass graders.BaseRewardComputer")
     return computer  # type: ignore[no-any-return]
+
+
+def _is_group_file(path: Path) -> bool:
+    """A ``type: group`` grader file: its ``grader:`` node grades each member, its keys decide the groups."""
+    try:
+        data = read_data_file(path, "grader config")
+    except ValueError:
+        return False  # load_grader says what is wrong with it
+    return isinstance(data, dict) and data.get("type") == "group"
 
 
 def load_health_check(config: ServerConfig) -> Any:

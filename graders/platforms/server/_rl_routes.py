@@ -1,0 +1,183 @@
+"""The 2026 trainers that speak HTTP: slime/miles' ``--rm-url`` (``POST /slime``) and NeMo Gym's
+resource-server ``/verify`` (``POST /verify``).
+
+=================  ==========================================================================
+``POST /slime``    slime/miles ``remote_rm``: ``{prompt, response, label}``, one body per sample
+                   (THUDM/slime 624b824 ``slime/rollout/rm_hub/__init__.py``; radixark/miles
+                   31f1ca9 ``miles/rollout/rm_hub/__init__.py``). slime stores ``await resp.json()``
+                   as the sample's reward, so the answer is a bare JSON number. A failed reward is a
+                   non-2xx answer (``resp.raise_for_status()``): slime retries 10 times with backoff,
+                   then raises and the step fails; miles raises at once. slime has no mask on this
+                   path, so a failure is never a 200.
+``POST /verify``   NeMo Gym's ``BaseVerifyRequest`` -> ``BaseVerifyResponse`` (NVIDIA-NeMo/Gym 07d6b0d
+                   ``nemo_gym/base_resources_server.py``): ``{responses_create_params, response, ...}``
+                   (the dataset row's fields beside them) -> the request echoed plus ``reward``. A
+                   judge failure is Gym's own ``judge_failsafe`` row (``nemo_gym/judge.py``): 200,
+                   ``reward: 0.0`` beside ``_ng_failure_class: "judge_failed"`` and
+                   ``_ng_failure_judge_error``, which rollout collection routes to
+                   ``<output>_failures.jsonl`` (excluded from metrics, retried on resume); plus
+                   ``mask_sample: true`` at the top (Gym's ``MASK_SAMPLE_KEY``) and in
+                   ``instance_config`` (where NeMo-RL 7ea279a ``nemo_rl/experience/rollouts.py``
+                   ``_extract_mask_sample_flags`` reads it), so NeMo-RL drops it from the loss.
+                   A timeout is ``transient``; a sample that can never be graded is ``skipped``
+                   with ``_ng_failure_terminal: true`` (never retried).
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request  # at run time: FastAPI reads the handlers' annotations
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse, Response
+
+from ..._sample import Message
+from ._models import RewardRequest, RewardResponse, label_references
+
+RL_ROUTES = frozenset({"/slime", "/verify"})
+NG_FAILURE_CLASS_KEY = "_ng_failure_class"  # nemo_gym.rollout_collection.NG_FAILURE_CLASS_KEY
+NG_TERMINAL_KEY = "_ng_failure_terminal"
+MASK_SAMPLE_KEY = "mask_sample"  # nemo_gym.token_id_capture.delivery.MASK_SAMPLE_KEY; NeMo-RL reads instance_config.mask_sample
+
+
+# ---- slime / miles -------------------------------------------------------------------------------
+
+
+class SlimeRequest(BaseModel):
+    """``remote_rm``'s payload: ``sample.prompt`` (a string, or chat messages when the dataset keeps
+    them), ``sample.response`` and ``sample.label`` (a string or None)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str | list[dict[str, Any]] = ""
+    response: str
+    label: Any = None
+
+
+def slime_request(body: SlimeRequest) -> RewardRequest:
+    """The label as references (a JSON-object label merges, any other is ``label`` and ``answer``)."""
+    references = label_references(body.label) if body.label is not None else {}
+    prompt: Any = body.prompt
+    if isinstance(prompt, list):
+        prompt = [Message.model_validate(m) for m in prompt]
+    return RewardRequest(prompt=prompt or None, response=body.response, extra_params=references,
+                         metadata={k: v for k, v in (body.model_extra or {}).items()} or None)
+
+
+# ---- NeMo Gym -----------------------------------------------------------------------------------
+
+
+class VerifyRequest(BaseModel):
+    """Gym's ``BaseVerifyRequest``: the Responses-API create params, the policy's Response, and the
+    dataset row's own fields (``question``, ``expected_answer``, ...) beside them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    responses_create_params: dict[str, Any]
+    response: dict[str, Any]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict)
+                       and part.get("type") in ("input_text", "output_text", "text"))
+    return ""
+
+
+def verify_messages(params: dict[str, Any]) -> list[Message]:
+    """``responses_create_params``: ``instructions`` (the system prompt) and ``input`` (a string, or
+    message items with string or part-list content) as chat messages."""
+    messages: list[Message] = []
+    if params.get("instructions"):
+        messages.append(Message(role="system", content=str(params["instructions"])))
+    items = params.get("input")
+    if isinstance(items, str):
+        return [*messages, Message(role="user", content=items)]
+    for item in items or []:
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            continue  # function calls/outputs of earlier turns: the judge reads the conversation's text
+        role = item.get("role", "user")
+        messages.append(Message(role="system" if role == "developer" else role, content=_text(item.get("content"))))
+    return messages
+
+
+def verify_response_messages(response: dict[str, Any]) -> list[Message]:
+    """The Response's ``output``: assistant messages (``output_text`` parts) and function calls as
+    tool calls; reasoning items are left out (a verdict never reads the policy's thinking)."""
+    out: list[Message] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            out.append(Message(role="assistant", content=_text(item.get("content"))))
+        elif kind == "function_call":
+            call = {"id": item.get("call_id") or item.get("id") or "call", "type": "function",
+                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or ""}}
+            out.append(Message(role="assistant", content="", tool_calls=[call]))
+    return out
+
+
+def verify_request(body: VerifyRequest) -> RewardRequest:
+    """The row's other fields become references (``expected_answer`` is also ``answer``)."""
+    row = dict(body.model_extra or {})
+    references = {k: v for k, v in row.items() if not k.startswith("_ng_") and k != "instance_config"}
+    if "expected_answer" in references and "answer" not in references:
+        references["answer"] = references["expected_answer"]
+    answer = verify_response_messages(body.response)
+    text = "\n".join(m.text for m in answer if m.text)
+    return RewardRequest(messages=verify_messages(body.responses_create_params), response=text,
+                         response_messages=answer or None, extra_params=references,
+                         metadata={"response_id": body.response.get("id")} if body.response.get("id") else None)
+
+
+def verify_reply(raw: dict[str, Any], response: RewardResponse) -> dict[str, Any]:
+    """``BaseVerifyResponse``: the request as sent plus ``reward``; a failure is Gym's failsafe row."""
+    out = dict(raw)
+    if response.status == "success":
+        out["reward"] = response.score
+        for key, value in response.extra_info.get("metrics", {}).items() if isinstance(response.extra_info.get("metrics"), dict) else ():
+            out.setdefault(f"gradekit_{key}", value)
+        if response.extra_info.get("member_failed"):
+            out[MASK_SAMPLE_KEY] = True
+        return out
+    kind = response.extra_info.get("error_kind")
+    invalid = response.extra_info.get("grade_status") == "invalid"
+    failure = "skipped" if invalid else "transient" if kind == "timeout" else "judge_failed"
+    out.update({"reward": 0.0, NG_FAILURE_CLASS_KEY: failure, "_ng_failure_judge_error": response.detail or "reward failed",
+                MASK_SAMPLE_KEY: True, "instance_config": {**(raw.get("instance_config") or {}), MASK_SAMPLE_KEY: True}})
+    if invalid:
+        out[NG_TERMINAL_KEY] = True
+    return out
+
+
+# ---- the routes ---------------------------------------------------------------------------------
+
+
+def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
+    """``POST /slime`` and ``POST /verify`` on the reward server's app: ``core`` is the app module
+    (its guards: ``_guarded``, ``_json_body``, ``_parse``, ``_failed``, ``_set_outcome``), passed in
+    rather than imported so the two modules make no import circle."""
+
+    @app.post("/slime")
+    @core._guarded
+    async def slime(request: Request) -> Response:
+        parsed = core._parse(SlimeRequest, await core._json_body(request))
+        response = await engine.compute(slime_request(parsed))
+        if response.status != "success":
+            raise core._failed([("", response)], missing="label" if parsed.label is None else None)
+        core._set_outcome(request, "success")
+        return Response(json.dumps(response.score), media_type="application/json")
+
+    @app.post("/verify")
+    @core._guarded
+    async def verify(request: Request) -> Response:
+        raw = await core._json_body(request)
+        parsed = core._parse(VerifyRequest, raw)
+        response = await engine.compute(verify_request(parsed))
+        core._set_outcome(request, response.status)
+        return JSONResponse(verify_reply(raw, response))

@@ -1,0 +1,281 @@
+"""The reward server's doors for slime/miles (POST /slime) and NeMo Gym / NeMo-RL (POST /verify), its
+group routes under the group keys (a member that never answers, too few finished), and GET /metrics
+on a real ``gradekit serve`` subprocess under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from openai.types.responses import Response
+
+from graders.platforms.server._metrics import safe_endpoint
+from judge.testing import FakeProvider, Reply
+
+from .conftest import reference_judge
+from .test_server import call, judge_grader, serve  # noqa: F401  (serve is a fixture)
+
+HANG = Reply(delay=3600.0, content="{}")
+
+
+def responder(body: dict) -> Reply:
+    text = body["messages"][-1]["content"]
+    if "HANG" in text:
+        return HANG
+    if "FAIL" in text:
+        return Reply(content="I cannot tell.")
+    return reference_judge(body)
+
+
+# ---- slime / miles: remote_rm, verbatim from THUDM/slime 624b824 slime/rollout/rm_hub/__init__.py ---------
+
+
+async def remote_rm(args, sample, max_retries: int = 10):
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
+    connector = aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for attempt in range(max_retries):
+            try:
+                async with session.post(args.rm_url, json=payload) as resp:
+                    resp.raise_for_status()
+                    return await resp.json()
+            except Exception:
+                if attempt + 1 >= max_retries:
+                    raise
+                await asyncio.sleep(min(2**attempt, 30) + random.random())
+
+
+def test_slime_remote_rm_gets_a_number_and_a_failure_is_non_2xx(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1))
+    args = SimpleNamespace(rm_url=url + "/slime")
+
+    def sample(response: str, label: Any = "Paris", prompt: Any = "Capital of France?") -> Any:
+        return SimpleNamespace(prompt=prompt, response=response, label=label)
+
+    assert asyncio.run(remote_rm(args, sample("Paris"), max_retries=1)) == 1.0
+    assert asyncio.run(remote_rm(args, sample("Lyon"), max_retries=1)) == 0.0
+    chat = [{"role": "user", "content": "Capital of France?"}]
+    assert asyncio.run(remote_rm(args, sample("Paris", label='{"answer": "Paris"}', prompt=chat), max_retries=1)) == 1.0
+    # A judge failure: 502, which remote_rm's raise_for_status turns into an exception (slime retries,
+    # then fails the step; it has no mask on this path). Never a 200 with 0.
+    with pytest.raises(aiohttp.ClientResponseError) as failed:
+        asyncio.run(remote_rm(args, sample("FAIL"), max_retries=1))
+    assert failed.value.status == 502
+    status, _, body = call(url, "/slime", {"prompt": "Capital of France?", "response": "FAIL", "label": "Paris"})
+    assert status == 502 and body["status"] == "fail" and "parse_failure" in body["error"]
+    status, _, body = call(url, "/slime", {"prompt": "Capital of France?", "response": "Paris", "label": None})
+    assert status == 422 and body["detail"][0]["loc"] == ["body", "label"]
+
+
+# ---- NeMo Gym: BaseVerifyRequest -> BaseVerifyResponse (NVIDIA-NeMo/Gym 07d6b0d) ----------------------
+
+
+def verify_body(text: str, **row: Any) -> dict[str, Any]:
+    """What Gym's rollout collection posts to a resources server: the row (resources_servers/math_with_judge
+    data/example.jsonl shape) plus the policy's Response, built with the openai SDK's own Response type."""
+    response = Response.model_validate({
+        "id": "resp_1", "created_at": 0, "model": "policy", "object": "response", "parallel_tool_calls": False,
+        "tool_choice": "auto", "tools": [],
+        "output": [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "the answer is probably London"}]},
+                   {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}]})
+    return {"responses_create_params": {"input": [{"role": "user", "content": "Capital of France?"}]},
+            "response": response.model_dump(mode="json"), "question": "Capital of France?", "expected_answer": "Paris", **row}
+
+
+def nemo_rl_mask_sample(full_result: dict) -> bool:
+    """NVIDIA-NeMo/RL 7ea279a nemo_rl/experience/rollouts.py _extract_mask_sample_flags, for one result."""
+    return bool((full_result.get("instance_config") or {}).get("mask_sample", False))
+
+
+def gym_routes_to_sidecar(result: dict) -> bool:
+    """Gym's rollout_collection: a result with _ng_failure_class goes to <output>_failures.jsonl."""
+    return result.get("_ng_failure_class") is not None
+
+
+def test_nemo_gym_verify_echoes_the_request_with_a_reward_and_fails_through_gyms_markers(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1))
+    body = verify_body("Paris")
+    status, _, reply = call(url, "/verify", body)
+    assert status == 200 and reply["reward"] == 1.0
+    assert {k: reply[k] for k in body} == body, "BaseVerifyResponse is the request plus reward"
+    assert not gym_routes_to_sidecar(reply) and not nemo_rl_mask_sample(reply)
+    judged = fake.chat_requests()[-1].body
+    assert "Paris" in json.dumps(judged) and "London" not in json.dumps(judged), "the policy's reasoning item never reaches the judge"
+    status, _, reply = call(url, "/verify", verify_body("Lyon"))
+    assert status == 200 and reply["reward"] == 0.0 and not gym_routes_to_sidecar(reply)
+
+    # A judge failure: Gym's own judge_failsafe row -- 200, reward 0.0 beside the marker that counts.
+    status, _, reply = call(url, "/verify", verify_body("FAIL", instance_config={"seed": 7}))
+    assert status == 200 and reply["reward"] == 0.0
+    assert reply["_ng_failure_class"] == "judge_failed" and "parse_failure" in reply["_ng_failure_judge_error"]
+    assert gym_routes_to_sidecar(reply), "routed to the failures sidecar, out of the aggregate metrics"
+    assert nemo_rl_mask_sample(reply) and reply["mask_sample"] is True, "NeMo-RL drops it from the loss"
+    assert reply["instance_config"] == {"seed": 7, "mask_sample": True}
+    # A sample that can never be graded (no reference): skipped and terminal, never retried.
+    bare = verify_body("Paris")
+    del bare["expected_answer"]
+    status, _, reply = call(url, "/verify", bare)
+    assert status == 200 and reply["_ng_failure_class"] == "skipped" and reply["_ng_failure_terminal"] is True
+    status, _, reply = call(url, "/verify", {"response": {}})
+    assert status == 422 and reply["detail"][0]["loc"] == ["body", "responses_create_params"]
+
+
+# ---- group routes: deadlines and too few finished ---------------------------------------------------
+
+
+def test_dashscope_group_with_a_member_hanging_forever_is_decided_by_the_deadline(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"group": {"group_deadline_s": 1.0, "min_members": 2}})
+
+    def out(text: str) -> dict:
+        return {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": text}]}
+
+    group = {"func_type": "group_reward", "ground_truth": {"answer": "Paris"}, "agent_outputs": [out("Paris"), out("HANG"), out("Lyon")]}
+    started = time.monotonic()
+    status, _, body = call(url, "/api/v1", group)
+    assert time.monotonic() - started < 1.0 + 2.0
+    assert status == 200 and body["status"] == "success"
+    rewards = body["reward"]["rewards"]
+    assert [r["reward_score"] for r in rewards] == [1.0, 0.5, 0.0]
+    assert [r["reward_metrics"]["member_failed"] for r in rewards] == [0.0, 1.0, 0.0]
+    started = time.monotonic()
+    status, _, body = call(url, "/api/v1", {**group, "agent_outputs": [out("Paris"), out("HANG"), out("HANG too")]})
+    assert time.monotonic() - started < 1.0 + 2.0
+    assert status == 200 and body["status"] == "failed" and body["reward"]["rewards"] == []
+    assert "group_deadline_s" in body["error"]
+
+
+def test_openrlhf_batch_is_decided_per_prompt_group(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1))
+    batch = {"query": ["France? Paris", "France? FAIL", "France? Paris", "Italy? Rome", "Italy? Milan"],
+             "prompts": ["France?", "France?", "France?", "Italy?", "Italy?"],
+             "labels": ["Paris", "Paris", "Paris", "Rome", "Rome"]}
+    status, _, body = call(url, "/get_reward", batch)
+    assert status == 200 and body["rewards"] == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert body["extra_logs"]["member_failed"] == [0.0, 1.0, 0.0, 0.0, 0.0]
+    # The Italy group of two with one failed member has fewer than min_members (2) finished: the
+    # batch is a 502 naming it (OpenRLHF retries, then fails the step), not a made-up score.
+    status, _, body = call(url, "/get_reward", {**batch, "query": [*batch["query"][:4], "Italy? FAIL"]})
+    assert status == 502 and [f["item"] for f in body["failures"]] == ["query[4]"]
+
+
+# ---- GET /metrics on a serving subprocess --------------------------------------------------------
+
+
+def families(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value for every sample line."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def total(samples: dict[str, float], name: str, **labels: str) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in samples.items() if (k == name or k.startswith(name + "{")) and all(w in k for w in want))
+
+
+def test_metrics_on_a_serving_process_exist_and_move_under_load(fake: FakeProvider, tmp_path: Path) -> None:
+    fake.set_responder(responder)
+    (tmp_path / "grader.yaml").write_text(yaml.safe_dump({"type": "llm", "rubric": "semantic_equivalence_en",
+        "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 60}}), encoding="utf-8")
+    (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\n", encoding="utf-8")
+    secret = "sk-gradekit-test-secret-4242"
+    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "OPENAI_API_KEY": secret})
+    try:
+        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
+        status, headers, _ = call(url, "/health")
+        before = urllib_text(url + "/metrics")
+        for family in ("gradekit_requests_total", "gradekit_request_seconds_bucket", "gradekit_rewards_total",
+                       "gradekit_reward_seconds_bucket", "gradekit_judge_requests_total", "gradekit_limiter_wait_seconds_total",
+                       "gradekit_breaker_state", "gradekit_hedges_sent_total", "gradekit_hedges_won_total", "gradekit_in_flight"):
+            assert f"# TYPE {family.removesuffix('_bucket').removesuffix('_total')}" in before, family
+        bodies = [{"prompt": "Capital of France?", "response": r, "extra_params": {"answer": "Paris", "sample_id": f"s{i}"}}
+                  for i, r in enumerate(["Paris", "Lyon", "FAIL"] * 10)]
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda b: call(url, "/compute_reward", b), bodies))
+            results += list(pool.map(lambda b: call(url, "/slime", {"prompt": "Capital of France?", "response": "Paris", "label": "Paris"}),
+                                     range(5)))
+        assert [s for s, _, _ in results].count(200) == 35
+        after = families(urllib_text(url + "/metrics"))
+        assert total(after, "gradekit_requests_total", route="/compute_reward", status="200") == 30
+        assert total(after, "gradekit_requests_total", route="/slime", status="200") == 5
+        assert total(after, "gradekit_request_seconds_count", route="/compute_reward") == 30
+        assert total(after, "gradekit_rewards_total", status="success", error_kind="none") == 25
+        assert total(after, "gradekit_rewards_total", status="fail", error_kind="parse_failure") == 10
+        assert total(after, "gradekit_reward_seconds_count") == 35
+        endpoint = safe_endpoint(fake.base_url)
+        assert total(after, "gradekit_judge_requests_total", endpoint=endpoint, outcome="ok") >= 35
+        assert total(after, "gradekit_breaker_state", endpoint=endpoint) == 0.0
+        assert total(after, "gradekit_hedges_sent_total") == 0.0
+        text = urllib_text(url + "/metrics")
+        assert secret not in text and "api_key" not in text
+        stats = call(url, "/stats")[2]
+        assert stats["rewards"] == 35 and stats["reward_seconds_p50"] <= stats["reward_seconds_p99"]
+        assert len(stats["slowest"]) == 10 and all(s["seconds"] >= 0 for s in stats["slowest"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert safe_endpoint("https://user:pa55@judge.example:8443/v1?key=abc#x") == "https://judge.example:8443/v1"
+
+
+def urllib_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return response.read().decode()
+
+
+def test_metric_names_are_prometheus_valid() -> None:
+    from graders.platforms.server._metrics import BUCKETS, KNOWN_ROUTES
+
+    assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in KNOWN_ROUTES)
+
+
+def test_a_type_group_reward_grader_brings_its_group_keys_to_the_server(fake: FakeProvider, tmp_path: Path, serve) -> None:
+    from graders.platforms.server import build_computer, load_server_config
+
+    fake.set_responder(responder)
+    (tmp_path / "group.yaml").write_text(yaml.safe_dump({
+        "type": "group", "on_member_error": "renormalize", "min_members": 2, "group_deadline_s": 1.0,
+        "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 600},
+        "grader": {"type": "llm", "rubric": "semantic_equivalence_en"}}), encoding="utf-8")
+    (tmp_path / "config.yaml").write_text("reward:\n  grader: group.yaml\n", encoding="utf-8")
+    cfg = load_server_config(tmp_path / "config.yaml")
+    computer = build_computer(cfg)
+    assert cfg.group.group_deadline_s == 1.0 and cfg.group.min_members == 2
+    url = serve(computer, cfg)
+
+    def out(text: str) -> dict:
+        return {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": text}]}
+
+    started = time.monotonic()
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": "Paris",
+                                            "agent_outputs": [out("Paris"), out("HANG"), out("Paris")]})
+    assert time.monotonic() - started < 3.0
+    assert status == 200 and body["status"] == "success"
+    assert [r["reward_metrics"]["member_failed"] for r in body["reward"]["rewards"]] == [0.0, 1.0, 0.0]
+    status, _, body = call(url, "/compute_reward", {"prompt": "Capital of France?", "response": "Paris", "extra_params": {"answer": "Paris"}})
+    assert status == 200 and body["score"] == 1.0, "the group file's grader: node grades each member"
