@@ -55,7 +55,7 @@ def fixed_sequence(confidences: Sequence[float], correct: Sequence[bool], *, tar
     chosen: float | None = None
     n = agree = 0
     i = 0
-    for t in sorted(set(confidences), reverse=True):
+    for t in sorted({c for c in confidences if c > 0}, reverse=True):  # confidence 0 (no logprobs) is never trusted
         while i < len(pairs) and pairs[i][0] >= t:
             n, agree, i = n + 1, agree + bool(pairs[i][1]), i + 1
         bound = clopper_pearson_lower(agree, n, delta)
@@ -181,4 +181,4 @@ async def fit_cascade(
     spec.thresholds = [j.threshold for j in spec.judges]
     spec.calibration_coverage = len(trusted) / len(indices)
     spec.calibration_agreement = sum(trusted) / len(trusted) if trusted else None
-    return spec
+    return spec.seal()

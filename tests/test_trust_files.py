@@ -1,0 +1,71 @@
+"""Issue 35, files that are not what they claim: a cascade file edited after its fit, one-order pairwise
+calibration, plain labels tables that label a key twice, CSV labels read as text by every command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from graders.cli import app
+
+RUBRIC = "semantic_equivalence_en"
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, [*args, "--api-key", "k", "--no-cache"])
+
+
+@pytest.fixture
+def fitted(fake, tmp_path) -> tuple[Path, Path, dict]:
+    """A cascade fitted on 40 rows the fake's default reply (the first label, correct) always agrees with."""
+    rows = _write(tmp_path / "labelled.jsonl", [{"question": f"q{i}?", "references": ["x"], "prediction": "x", "label": "correct"}
+                                                for i in range(40)])
+    done = _run("cascade", "fit", str(rows), "-r", RUBRIC, "--model", "m", "--samples", "3", "--base-url", fake.base_url,
+                "-o", str(tmp_path / "cascade.json"))
+    assert done.exit_code == 0, done.output
+    return tmp_path / "cascade.json", rows, json.loads((tmp_path / "cascade.json").read_text())
+
+
+def _edited(tmp_path: Path, spec: dict, name: str, edit) -> Path:
+    changed = json.loads(json.dumps(spec))
+    edit(changed)
+    (tmp_path / f"{name}.json").write_text(json.dumps(changed).replace('"__nan__"', "NaN"))
+    return tmp_path / f"{name}.json"
+
+
+@pytest.mark.parametrize("name, edit, named", [
+    pytest.param("target", lambda s: s.update(target=0.99), "target", id="target_raised_without_a_refit"),
+    pytest.param("samples", lambda s: s.update(samples=1), "samples", id="samples_3_to_1"),
+    pytest.param("threshold", lambda s: s["judges"][0].update(threshold=0.5), "judges[0].threshold", id="threshold_lowered"),
+    pytest.param("model", lambda s: s["judges"][0].update(model="other"), "judges[0].model", id="another_judge"),
+    pytest.param("copy", lambda s: s.update(thresholds=[0.5]), "thresholds", id="the_top_level_copy_edited"),
+    pytest.param("zero", lambda s: s["judges"][0].update(threshold=0), "judges.0.threshold", id="threshold_0"),
+    pytest.param("nan", lambda s: s["judges"][0].update(threshold="__nan__"), "judges.0.threshold", id="threshold_nan"),
+    pytest.param("big", lambda s: s["judges"][0].update(threshold=1.5), "judges.0.threshold", id="threshold_1_5"),
+    pytest.param("delta", lambda s: s.update(delta=0), "delta", id="delta_0"),
+    pytest.param("empty", lambda s: s.update(judges=[], thresholds=[]), "judges", id="no_judges"),
+])
+def test_a_cascade_file_edited_after_its_fit_is_exit_2_naming_the_field(fake, fitted, tmp_path, name, edit, named) -> None:
+    path, rows, spec = fitted
+    sent = len(fake.chat_requests())
+    bad = _edited(tmp_path, spec, name, edit)
+    done = _run("grade", str(rows), "-r", RUBRIC, "--cascade", str(bad), "--base-url", fake.base_url, "-o", str(tmp_path / f"{name}.jsonl"))
+    assert done.exit_code == 2, done.output
+    assert named in done.output and "Traceback" not in done.output
+    assert len(fake.chat_requests()) == sent and not (tmp_path / f"{name}.jsonl").exists()
+
+
+def test_the_fitted_cascade_file_itself_grades(fake, fitted, tmp_path) -> None:
+    path, rows, spec = fitted
+    assert spec["digest"]["target"] and spec["digest"]["judges[0].threshold"]  # what the fit measured, field by field
+    done = _run("grade", str(rows), "-r", RUBRIC, "--cascade", str(path), "--base-url", fake.base_url, "-o", str(tmp_path / "o.jsonl"))
+    assert done.exit_code == 0, done.output
+    assert {json.loads(line)["status"] for line in (tmp_path / "o.jsonl").read_text().splitlines()} == {"ok"}
