@@ -69,3 +69,24 @@ def test_the_fitted_cascade_file_itself_grades(fake, fitted, tmp_path) -> None:
     done = _run("grade", str(rows), "-r", RUBRIC, "--cascade", str(path), "--base-url", fake.base_url, "-o", str(tmp_path / "o.jsonl"))
     assert done.exit_code == 0, done.output
     assert {json.loads(line)["status"] for line in (tmp_path / "o.jsonl").read_text().splitlines()} == {"ok"}
+
+
+def test_calibrate_on_a_one_order_pairwise_file_reports_that_orders_accuracy_and_no_agr(fake, tmp_path) -> None:
+    from judge.testing import Reply
+
+    # The judge always prefers the first output shown; 7 of 10 pairs have output 1 better: one-order accuracy 70%.
+    fake.set_responder(lambda body: Reply(content="Output (a)"))
+    pairs = _write(tmp_path / "pairs.jsonl", [{"id": i, "instruction": f"task {i}", "output_1": "A", "output_2": "B",
+                                               "label": 1 if i < 7 else 2} for i in range(10)])
+    graded = tmp_path / "graded.jsonl"
+    done = _run("grade", str(pairs), "-r", "llmbar_pairwise", "--no-swap", "--base-url", fake.base_url, "-o", str(graded))
+    assert done.exit_code == 0, done.output
+    assert len(fake.chat_requests()) == 10
+    report = CliRunner().invoke(app, ["calibrate", str(graded), "--human-column", "label", "--json", "--bootstrap", "0"])
+    assert report.exit_code == 0, report.output
+    pairwise = json.loads(report.stdout)["pairwise"]
+    assert (pairwise["acc"], pairwise["agr"]) == (pytest.approx(0.7), None)  # was Acc 35%, Agr 0% from the order never asked
+    assert pairwise["orders"] == 1 and pairwise["acc_ab"] == pytest.approx(0.7)
+    assert pairwise["acc_ba"] is None and pairwise["acc_ba"] is None and pairwise["position_bias_p"] is None
+    text = CliRunner().invoke(app, ["calibrate", str(graded), "--human-column", "label", "--bootstrap", "0"])
+    assert text.exit_code == 0 and "Acc 70.0%" in text.output and "one order" in text.output and "Agr" not in text.output.replace("no Agr", "")

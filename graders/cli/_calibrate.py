@@ -186,7 +186,7 @@ def _plots(result: FileCalibration, folder: Path) -> list[str]:
     if pairs:
         written.append(folder / "scores.png")
         plot_scores([h for h, _ in pairs], [j for _, j in pairs], written[-1])
-    if result.pairwise is not None:
+    if result.pairwise is not None and result.pairwise.orders == 2:
         written.append(folder / "position_bias.png")
         plot_position_bias({"judge": result.pairwise}, written[-1])
     return [str(p) for p in written]
@@ -229,7 +229,10 @@ def _print(result: FileCalibration, console: Console, show: int) -> None:
             line += f"; per-group mean Spearman {_num(r.spearman_group_mean)}, Kendall {_num(r.kendall_group_mean)} ({r.groups} groups)"
         table.add_row("correlation", line)
     p = result.pairwise
-    if p is not None:
+    if p is not None and p.orders == 1:
+        table.add_row("pairwise", f"Acc {_pct(p.acc, p.acc_ci)} (one order: the input order only, graded with --no-swap); "
+                                  "no Agr, conflicts or position bias without the swapped order")
+    elif p is not None:
         table.add_row("pairwise", f"Acc {_pct(p.acc, p.acc_ci)} (order ab {_pct(p.acc_ab)}, ba {_pct(p.acc_ba)}), "
                                   f"Agr {_pct(p.agr)} [{p.convention}]")
         table.add_row("position bias", f"first-shown output wins {_pct(p.first_position_win_rate)} of "
