@@ -90,3 +90,69 @@ def test_calibrate_on_a_one_order_pairwise_file_reports_that_orders_accuracy_and
     assert pairwise["acc_ba"] is None and pairwise["acc_ba"] is None and pairwise["position_bias_p"] is None
     text = CliRunner().invoke(app, ["calibrate", str(graded), "--human-column", "label", "--bootstrap", "0"])
     assert text.exit_code == 0 and "Acc 70.0%" in text.output and "one order" in text.output and "Agr" not in text.output.replace("no Agr", "")
+
+
+def _graded_yes_no(tmp_path: Path) -> Path:
+    return _write(tmp_path / "graded.jsonl", [{"id": i, "label": "yes" if i % 2 else "no", "score": 1.0 if i % 2 else 0.0,
+                                               "status": "ok"} for i in range(6)])
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_calibrate_with_a_plain_labels_table_labelling_a_key_twice_differently_is_exit_2_naming_the_key(tmp_path, kind) -> None:
+    graded = _graded_yes_no(tmp_path)
+    rows = [{"id": i, "label": "yes" if i % 2 else "no"} for i in range(6)] + [{"id": 3, "label": "no"}]
+    labels = tmp_path / f"labels.{kind}"
+    if kind == "jsonl":
+        _write(labels, rows)
+    else:
+        labels.write_text("id,label\n" + "".join(f"{r['id']},{r['label']}\n" for r in rows), encoding="utf-8")
+    done = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "id", "--bootstrap", "0"])
+    assert done.exit_code == 2, done.output
+    assert "id='3'" in done.output and "twice" in done.output
+    # The same label twice is one label; the viewer's store (labeller, time) keeps its last-line-wins rule.
+    _write(labels.with_suffix(".same.jsonl"), rows[:6] + [{"id": 3, "label": "yes"}])
+    same = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels.with_suffix(".same.jsonl")), "--on", "id",
+                                    "--bootstrap", "0", "--json"])
+    assert same.exit_code == 0 and json.loads(same.stdout)["classification"]["accuracy"] == 1.0
+    store = _write(tmp_path / "store.jsonl", [{**r, "labeller": "ann", "time": "2026-12-02T00:00:00Z"} for r in rows]
+                   + [{"id": 3, "label": "yes", "labeller": "ann", "time": "2026-12-02T00:01:00Z"}])
+    relabelled = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(store), "--on", "id", "--bootstrap", "0", "--json"])
+    assert relabelled.exit_code == 0 and json.loads(relabelled.stdout)["classification"]["accuracy"] == 1.0
+
+
+def test_view_and_report_read_csv_yes_no_labels_as_text_like_calibrate(tmp_path) -> None:
+    from graders.view import Labels, ResultsFile
+    from graders.view._summary import summarise
+
+    graded = _graded_yes_no(tmp_path)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("id,label\n" + "".join(f"{i},{'yes' if i % 2 else 'no'}\n" for i in range(6)), encoding="utf-8")
+    results = ResultsFile(graded, labels=Labels(path=labels, on="id"), background=False)
+    try:
+        agreement = summarise(results)["agreement"]
+    finally:
+        results.close()
+    assert (agreement["accuracy"], agreement["judged"]) == (1.0, 6)  # was 0.0: the labels came back as 'true'/'false'
+    assert agreement["confusion"]["labels"] == ["no", "yes"]
+    calibrated = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "id", "--bootstrap", "0", "--json"])
+    assert json.loads(calibrated.stdout)["classification"]["accuracy"] == 1.0
+    page = CliRunner().invoke(app, ["report", str(graded), "--labels", str(labels), "--on", "id", "-o", str(tmp_path / "r.html")])
+    assert page.exit_code == 0, page.output
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_view_with_a_labels_file_holding_a_key_twice_exits_2_instead_of_serving_errors(tmp_path, kind) -> None:
+    import subprocess
+    import sys
+
+    graded = _graded_yes_no(tmp_path)
+    labels = tmp_path / f"labels.{kind}"
+    labels.write_text("id,label\n1,yes\n1,no\n" if kind == "csv" else '{"id": 1, "label": "yes"}\n{"id": 1, "label": "no"}\n',
+                      encoding="utf-8")
+    try:
+        done = subprocess.run([sys.executable, "-m", "graders", "view", str(graded), "--labels", str(labels), "--on", "id",
+                               "--port", "0", "--no-browser"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the viewer kept serving a labels file with a key twice")
+    assert done.returncode == 2, done.stderr
+    assert "id='1'" in done.stderr and "twice" in done.stderr
