@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from ._jury import Panel, Usage, member_concurrency
 from ._rubric import AskMode, Rubric
@@ -101,6 +101,11 @@ class CascadeSpec(BaseModel):
         """The judges' thresholds are the truth; the top-level list is kept equal to them for readers."""
         self.thresholds = [j.threshold for j in self.judges]
         return self
+
+    @field_serializer("digest")
+    def _digest_of_what_is_written(self, digest: dict[str, str] | None) -> dict[str, str]:
+        """A spec built in Python and written carries the digest of its values, as the fit's does."""
+        return digest if digest is not None else guarantee_digest(self)
 
     def seal(self) -> CascadeSpec:
         """Record the digest of what the guarantee was fitted on (the fit calls it last)."""
