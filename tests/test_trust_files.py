@@ -156,3 +156,29 @@ def test_view_with_a_labels_file_holding_a_key_twice_exits_2_instead_of_serving_
         pytest.fail("the viewer kept serving a labels file with a key twice")
     assert done.returncode == 2, done.stderr
     assert "id='1'" in done.stderr and "twice" in done.stderr
+
+
+def test_view_annotate_without_label_values_or_rubric_offers_the_graded_files_own_labels_and_blind_still_hides(tmp_path) -> None:
+    pytest.importorskip("duckdb")
+    from .test_labels import JUDGE_COLUMNS, call
+    from .test_view import start_view, stop_view
+
+    graded = _write(tmp_path / "graded.jsonl", [{"id": f"q{i}", "question": f"q{i}?", "label": "correct" if i % 3 else "incorrect",
+                                                 "score": 1.0 if i % 3 else 0.0, "rationale": "r", "status": "ok"} for i in range(6)]
+                    + [{"id": "q6", "question": "q6?", "label": None, "score": None, "status": "error", "error": "e"}])
+    store = tmp_path / "labels.jsonl"
+    proc, url = start_view(str(graded), "--annotate", "--blind", "--labels", str(store), "--on", "id")
+    try:
+        status, labels = call(url + "/api/labels")
+        assert status == 200 and labels["values"] == ["correct", "incorrect"]
+        for row in call(url + "/api/rows?limit=10")[1]["rows"]:
+            assert not set(JUDGE_COLUMNS) & set(row), row  # each row's verdict stays hidden until it is labelled
+        status, answer = call(f"{url}/api/rows/0/label", {"label": "incorrect"})
+        assert status == 200, answer
+    finally:
+        stop_view(proc)
+    # A file with no judge label column (and an empty store) still needs --label-values: exit 2 saying so.
+    plain = _write(tmp_path / "plain.jsonl", [{"id": f"q{i}", "question": f"q{i}?"} for i in range(3)])
+    done = CliRunner().invoke(app, ["view", str(plain), "--annotate", "--labels", str(tmp_path / "l2.jsonl"), "--on", "id",
+                                    "--no-browser"])
+    assert done.exit_code == 2 and "--label-values" in done.output

@@ -69,6 +69,7 @@ class Labels(BaseModel):
 
 
 FOLDER_PREFIX = "gradekit-view-"
+VOCABULARY_LIMIT = 20  # distinct judge labels a file may hold for `view --annotate` to offer them as the label values
 _NOT_TEXT = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
              "UHUGEINT", "FLOAT", "DOUBLE", "DATE", "TIME", "INTERVAL"}
 
@@ -542,6 +543,19 @@ class ResultsFile:
     def judge_column(self) -> str | None:
         column = "winner" if self.kind == "pairwise" else "label"
         return column if column in self.columns else None
+
+    def label_vocabulary(self, limit: int = VOCABULARY_LIMIT) -> list[str]:
+        """The judge's labels this file holds (``winner``'s 1/2/tie for a pairwise file), sorted; [] when there are
+        none or more than ``limit`` (free text, not a vocabulary). Read off the file itself, so it works before the copy."""
+        if self.kind == "pairwise":
+            return ["1", "2", "tie"]
+        column = self.judge_column
+        if column is None:
+            return []
+        found = self._fetch(f"SELECT DISTINCT NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {self._reader} "
+                            f"WHERE {_quote(column)} IS NOT NULL LIMIT {limit + 1}")
+        values = sorted(r["v"] for r in found if r["v"] is not None)
+        return values if len(values) <= limit else []
 
     @property
     def has_human_labels(self) -> bool:
