@@ -292,7 +292,10 @@ def local_media(value: str, root: Path | None) -> str:
     import base64
     import mimetypes
 
-    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    from judge._media import check_image_file
+
+    kind = mimetypes.guess_type(path.name)[0]
+    check_image_file(path, kind)  # type and size before the bytes are read: a 200 MB file is refused, not sent
     return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from ._redact import redact
 
 ErrorKind = Literal[
     "parse_failure",  # the judge answered, but no offered label could be read from it
@@ -64,6 +66,12 @@ class Verdict(BaseModel):
     jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
     decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
     confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
+
+    @field_validator("error")
+    @classmethod
+    def _no_secret(cls, error: str | None) -> str | None:
+        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials: never kept."""
+        return redact(error)
 
     @property
     def ok(self) -> bool:
