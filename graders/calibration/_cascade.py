@@ -167,6 +167,8 @@ async def fit_cascade(
     async def ask_all(judge: Any, reaching: list[int]) -> list[Any]:
         """Every row's opinion, or BreakerTripped as soon as the judge is seen to be broken (a grade run's breaker:
         the same rules), with the rows still in flight cancelled rather than retried to the end."""
+        if not reaching:
+            return []
         breaker = Breaker(endpoint=(getattr(judge, "base_url", None), getattr(judge, "model", None)))
         with breaker_scope(breaker):
             tasks = [asyncio.ensure_future(ask(judge, i, breaker)) for i in reaching]
