@@ -1,0 +1,62 @@
+"""Issue 35, docs and small defects the newcomer hit: hidden cards that show, a breaker that names no judge,
+the fake's default reply in tags and json_object modes, ..."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from judge import Judge, load_rubric
+from judge.testing import FakeProvider
+
+ROOT = Path(__file__).resolve().parent.parent
+STATIC = ROOT / "graders" / "view" / "static"
+
+
+def test_every_hidden_section_of_the_view_stays_hidden_whatever_its_display_rule() -> None:
+    """`#labelling { display: flex }` beat the `hidden` attribute, so the labelling cards showed on every view and report."""
+    css = (STATIC / "view.css").read_text(encoding="utf-8")
+    html = (STATIC / "index.html").read_text(encoding="utf-8")
+    hidden = re.findall(r'<[a-z]+ id="([\w-]+)"[^>]*\bhidden\b', html)
+    displayed = [i for i in hidden if re.search(rf"#{re.escape(i)}\b[^{{]*\{{[^}}]*display:\s*(?!none)", css)]
+    assert "labelling" in displayed  # the case this is about: a hidden element with a display rule of its own
+    assert re.search(r"\[hidden\]\s*\{\s*display:\s*none\s*!important", css), displayed
+
+
+def test_a_breaker_tripped_by_a_refused_parameter_names_the_judge(tmp_path) -> None:
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"q{i}?", "references": ["x"], "prediction": "x"}) + "\n" for i in range(5)))
+    with FakeProvider(dialect="openai-reasoning") as fake:
+        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(rows), "-r", "semantic_equivalence_en", "-o",
+                               str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache",
+                               "--temperature", "0.5", "--model", "o3-mini"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert f"the judge at {fake.base_url} (model o3-mini) looks broken" in done.stderr
+    assert "(unknown URL)" not in done.stderr and "model unknown" not in done.stderr
+
+
+@pytest.mark.parametrize("rubric", ["semantic_equivalence_en", "semantic_equivalence_zh", "correctness_3way"])
+@pytest.mark.parametrize("mode", ["json_object", "tags"])
+def test_the_fakes_default_reply_holds_a_verdict_in_tags_and_json_object_modes(rubric, mode) -> None:
+    from judge.testing._fake_provider import auto_reply
+
+    spec = load_rubric(rubric)
+    row = {k: (["x"] if v.type == "list" else "x") for k, v in spec.variables.items()}
+    body = {"messages": spec.render(row, mode), **({"response_format": {"type": "json_object"}} if mode == "json_object" else {})}
+    content = auto_reply(body).content or ""
+    assert any(label in content for label in spec.labels), content
+
+
+async def test_a_dialect_that_refuses_json_schema_still_gets_a_verdict_from_the_fake() -> None:
+    with FakeProvider(dialect="deepseek-reasoner") as fake:
+        judge = Judge("deepseek-reasoner", base_url=fake.base_url, api_key="k")
+        try:
+            verdict = await judge.judge(load_rubric("semantic_equivalence_en"), {"question": "q", "references": ["x"], "prediction": "x"})
+        finally:
+            await judge.aclose()
+    assert verdict.ok and verdict.mode == "json_object" and verdict.label == "correct", verdict
