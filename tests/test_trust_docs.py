@@ -60,3 +60,21 @@ async def test_a_dialect_that_refuses_json_schema_still_gets_a_verdict_from_the_
         finally:
             await judge.aclose()
     assert verdict.ok and verdict.mode == "json_object" and verdict.label == "correct", verdict
+
+
+def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sandbox_it_runs_in(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    from .test_evals_api import EVAL
+
+    (tmp_path / "eval.json").write_text(json.dumps(EVAL))
+    done = CliRunner().invoke(app, ["validate", str(tmp_path / "eval.json"), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    (code,) = [name for name in report["testing_criteria"] if name.startswith("code-")]
+    assert list(report["sandbox"]) == [code]  # the python criterion, and only it
+    assert any(word in report["sandbox"][code] for word in ("bubblewrap", "namespaces", "rlimits"))
+    text = CliRunner().invoke(app, ["validate", str(tmp_path / "eval.json")])
+    assert text.exit_code == 0 and "sandbox:" in text.stdout and code in text.stdout.split("sandbox:")[1]
