@@ -78,3 +78,22 @@ def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sand
     assert any(word in report["sandbox"][code] for word in ("bubblewrap", "namespaces", "rlimits"))
     text = CliRunner().invoke(app, ["validate", str(tmp_path / "eval.json")])
     assert text.exit_code == 0 and "sandbox:" in text.stdout and code in text.stdout.split("sandbox:")[1]
+
+
+def test_the_bedrock_lambda_stores_a_plain_reference_answer_under_answer_too(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from graders.cli import app
+
+    from .test_foundry_bedrock import lambda_call
+
+    grader = {"type": "normalized_match", "name": "capital", "expression": "{{references.answer}}", "correct": 1, "wrong": 0}
+    (tmp_path / "grader.json").write_text(json.dumps(grader))
+    done = CliRunner().invoke(app, ["export", str(tmp_path / "grader.json"), "--to", "bedrock-lambda", "-o", str(tmp_path / "l.py")])
+    assert done.exit_code == 0, done.output
+    records = [{"id": f"s-{n}", "messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": answer}],
+                **({"metadata": {"reference_answer": "Paris"}} if n == 0 else {"reference_answer": "Paris"})}
+               for n, answer in enumerate(["Paris", "paris.", "Lyon"])]
+    ran = lambda_call(tmp_path, (tmp_path / "l.py").read_text(encoding="utf-8"), records)
+    assert ran.returncode == 0, ran.stderr
+    assert [r["aggregate_reward_score"] for r in json.loads(ran.stdout)] == [1.0, 1.0, 0.0]
