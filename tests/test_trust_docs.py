@@ -97,3 +97,10 @@ def test_the_bedrock_lambda_stores_a_plain_reference_answer_under_answer_too(tmp
     ran = lambda_call(tmp_path, (tmp_path / "l.py").read_text(encoding="utf-8"), records)
     assert ran.returncode == 0, ran.stderr
     assert [r["aggregate_reward_score"] for r in json.loads(ran.stdout)] == [1.0, 1.0, 0.0]
+
+
+def test_the_readme_says_to_activate_the_venv_before_its_first_bare_gradekit_command() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    activate = text.find("source .venv/bin/activate")
+    bare = re.search(r"^gradekit ", text, re.M)
+    assert activate != -1 and bare is not None and activate < bare.start()
