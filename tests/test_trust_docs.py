@@ -104,3 +104,38 @@ def test_the_readme_says_to_activate_the_venv_before_its_first_bare_gradekit_com
     activate = text.find("source .venv/bin/activate")
     bare = re.search(r"^gradekit ", text, re.M)
     assert activate != -1 and bare is not None and activate < bare.start()
+
+
+def _documented_curls() -> list[tuple[str, str, dict]]:
+    """(path, body, answer) of each `curl -s localhost:8000...` block of docs/server.md with its `# {...}` answer."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "server.md").read_text(encoding="utf-8"), re.S):
+        if not block.startswith("curl -s localhost:8000"):
+            continue
+        command, _, answer = block.partition("\n# ")
+        path = re.match(r"curl -s localhost:8000(\S*)", command).group(1)  # type: ignore[union-attr]
+        body = command[command.index("-d '") + 4:command.rindex("'")]
+        found.append((path, body, json.loads(answer.strip())))  # single-quoted in the shell: the text is literal
+    return found
+
+
+def test_the_server_pages_curls_answer_as_shown_with_the_config_it_names() -> None:
+    import urllib.request
+
+    curls = _documented_curls()
+    assert len(curls) >= 4
+    page = (ROOT / "docs" / "server.md").read_text(encoding="utf-8")
+    assert "gradekit serve --config configs/grader_config.yaml" in page
+    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "configs/grader_config.yaml", "--port", "0"],
+                            cwd=ROOT / "examples" / "server", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
+        for path, body, answer in curls:
+            request = urllib.request.Request(url.rstrip("/") + (path or "/"), data=body.encode(), method="POST",
+                                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert json.loads(response.read()) == answer, (path, body)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
