@@ -33,6 +33,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
+from ._redact import redact, redact_url
+
 # Error kinds a broken judge produces. A row that ended in one of them is not written while the
 # breaker may still trip (an outage must leave no error rows behind); the rows of a tripped run
 # are cut at the first of them.
@@ -53,6 +55,12 @@ class Trip:
     base_url: str | None = None
     model: str | None = None
     endpoints: tuple[str, ...] = ()  # a fleet's trip: each endpoint and why it is out ("URL: why")
+
+    def __post_init__(self) -> None:
+        # A trip is printed, put in --json and in the stop message: its URL and example carry no secret.
+        object.__setattr__(self, "base_url", redact_url(self.base_url))
+        object.__setattr__(self, "example", redact(self.example) or "")
+        object.__setattr__(self, "endpoints", tuple(redact(e) or "" for e in self.endpoints))
 
     def describe(self) -> str:
         if self.endpoints:
@@ -78,7 +86,8 @@ class BreakerTripped(RuntimeError):
 class Breaker:
     """Watches a run's requests and rows; ``tripped`` is set once the judge is seen to be broken."""
 
-    def __init__(self, *, window: int = 50, share: float = 0.8, first_rows: int = 3) -> None:
+    def __init__(self, *, window: int = 50, share: float = 0.8, first_rows: int = 3,
+                 endpoint: tuple[str | None, str | None] = (None, None)) -> None:
         self.window = window
         self.share = share
         self.first_rows = first_rows
@@ -88,7 +97,7 @@ class Breaker:
         self._first: list[tuple[str, str] | None] = []
         self._replies: list[str] = []  # the first parse failure's reply, for a trip's example
         # The endpoint and model of the latest request, whatever it answered: a trip always names them.
-        self._endpoint: tuple[str | None, str | None] = (None, None)
+        self._endpoint: tuple[str | None, str | None] = (endpoint[0] or None, endpoint[1] or None)
 
     def request(self, failure: tuple[str, str] | None, *, base_url: str | None = None, model: str | None = None) -> None:
         """One request's outcome: None when the judge answered (or the request was at fault), else (error kind, message).

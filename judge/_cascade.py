@@ -23,13 +23,16 @@ logprobs              one judgement with top logprobs: the probability mass of t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from ._jury import Panel, Usage, member_concurrency
 from ._rubric import AskMode, Rubric
@@ -59,7 +62,7 @@ class CascadeJudge(BaseModel):
     model: str
     base_url: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    threshold: float | None = None  # None: never trusted (no threshold passed); grading does not ask it
+    threshold: float | None = Field(None, gt=0, le=1)  # a confidence in (0, 1]; None: never trusted, grading does not ask it
     calibration_rows: int = 0  # labelled rows that reached this judge in the fit
     trusted_rows: int = 0  # of those, rows at or above the threshold
     trusted_agreement: float | None = None  # their agreement with the human label
@@ -76,19 +79,22 @@ class CascadeSpec(BaseModel):
     version: int = CASCADE_VERSION
     rubric: str  # the rubric's name or path as given to the fit
     rubric_fingerprint: str | None = None  # judge._rubric.rubric_fingerprint: grading with an edited rubric warns
-    samples: int  # K
+    samples: int = Field(ge=1)  # K
     confidence: ConfidenceMethod = "agreement"
-    target: float  # the agreement with humans guaranteed on trusted rows
-    delta: float  # the guarantee holds with probability >= 1 - delta
-    delta_per_judge: float  # the level each judge's fixed-sequence test ran at (delta, or delta / judges with --split-delta)
+    target: float = Field(gt=0, lt=1)  # the agreement with humans guaranteed on trusted rows
+    delta: float = Field(gt=0, lt=1)  # the guarantee holds with probability >= 1 - delta
+    delta_per_judge: float = Field(gt=0, lt=1)  # the level each judge's test ran at (delta, or delta / judges with --split-delta)
     human_column: str = "label"
-    calibration_n: int  # labelled rows the fit tested on (those used as demonstrations excluded)
+    calibration_n: int = Field(ge=0)  # labelled rows the fit tested on (those used as demonstrations excluded)
     calibration_coverage: float | None = None  # share of those some judge was trusted with
     calibration_agreement: float | None = None  # agreement of the trusted ones with the human label
-    judges: list[CascadeJudge]
+    judges: list[CascadeJudge] = Field(min_length=1)
     thresholds: list[float | None] = Field(default_factory=list)  # each judge's threshold, in order (a copy of judges[i].threshold)
     demonstrations: list[dict[str, Any]] = Field(default_factory=list)  # simulated-annotators: {"row": {...}, "label": ...}
     demonstrations_per_annotator: int = 0
+    # What the guarantee was fitted on, one sha256 (16 hex) per field (see guarantee_fields), written by the fit:
+    # a file whose thresholds, target, samples, judges... were edited after the fit no longer matches and is refused.
+    digest: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _thresholds_follow_the_judges(self) -> CascadeSpec:
@@ -96,15 +102,64 @@ class CascadeSpec(BaseModel):
         self.thresholds = [j.threshold for j in self.judges]
         return self
 
+    @field_serializer("digest")
+    def _digest_of_what_is_written(self, digest: dict[str, str] | None) -> dict[str, str]:
+        """A spec built in Python and written carries the digest of its values, as the fit's does."""
+        return digest if digest is not None else guarantee_digest(self)
+
+    def seal(self) -> CascadeSpec:
+        """Record the digest of what the guarantee was fitted on (the fit calls it last)."""
+        self.digest = guarantee_digest(self)
+        return self
+
     @classmethod
     def read(cls, path: str | Path) -> CascadeSpec:
-        """Load a cascade.json; ValueError naming the file when it is not one."""
+        """Load a cascade.json; ValueError naming the file (and the field) when it is not one, or not the one fitted."""
         try:
-            return cls.model_validate_json(Path(path).read_bytes())
+            raw = Path(path).read_bytes()
+            spec = cls.model_validate_json(raw)
         except OSError as e:
             raise ValueError(f"{path}: cannot read the cascade: {e.strerror or e}") from e
         except ValueError as e:
             raise ValueError(f"{path}: not a cascade file (from `gradekit cascade fit`): {_first_problem(e)}") from e
+        if spec.digest is None:
+            logging.getLogger("gradekit.judge").warning(
+                "%s: the cascade carries no digest of its fit (written by hand or by an older gradekit): "
+                "its guarantee cannot be checked against what it was fitted on", path)
+        else:
+            changed = [name for name, value in guarantee_digest(spec).items() if spec.digest.get(name) != value]
+            changed += [name for name in spec.digest if name not in guarantee_fields(spec)]
+            if changed:
+                raise ValueError(f"{path}: {', '.join(changed)} changed after the fit (the file's digest does not match): "
+                                 "its guarantee was measured on other values; fit the cascade again (gradekit cascade fit) "
+                                 "rather than edit the file")
+        given = json.loads(raw).get("thresholds")
+        if given and given != spec.thresholds:  # the copy edited: the judges' thresholds would silently win
+            raise ValueError(f"{path}: thresholds {given} differ from the judges' thresholds {spec.thresholds}: "
+                             "the file was edited after the fit; fit the cascade again (gradekit cascade fit)")
+        return spec
+
+
+def guarantee_fields(spec: CascadeSpec) -> dict[str, Any]:
+    """What a cascade's guarantee depends on, by field name: the fit's settings, its sample and each judge as fitted."""
+    fields: dict[str, Any] = {name: getattr(spec, name) for name in (
+        "rubric", "rubric_fingerprint", "samples", "confidence", "target", "delta", "delta_per_judge", "human_column",
+        "calibration_n", "calibration_coverage", "calibration_agreement", "demonstrations", "demonstrations_per_annotator")}
+    fields["judges"] = len(spec.judges)
+    for i, judge in enumerate(spec.judges):
+        for name in ("model", "params", "threshold"):
+            fields[f"judges[{i}].{name}"] = getattr(judge, name)
+    return fields
+
+
+def guarantee_digest(spec: CascadeSpec) -> dict[str, str]:
+    def sha(value: Any) -> str:
+        if isinstance(value, float) and not math.isfinite(value):
+            value = repr(value)
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {name: sha(value) for name, value in guarantee_fields(spec).items()}
 
 
 def _first_problem(e: ValueError) -> str:

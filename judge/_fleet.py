@@ -24,7 +24,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ._redact import check_base_url, redact, redact_url, remember, remember_url
 
 import openai
 
@@ -70,7 +72,9 @@ class Endpoint(BaseModel):
 
     def resolved_key(self) -> str | None:
         """The key itself: ``$NAME`` read from the environment (an unset variable is an error, not no key)."""
-        return key_from_env(self.api_key, f"endpoint {self.base_url}")
+        key = key_from_env(self.api_key, f"endpoint {redact_url(self.base_url)}")
+        remember(key)  # judge._redact: the key is masked wherever it would be shown
+        return key
 
 
 def key_from_env(key: str | None, owner: str) -> str | None:
@@ -98,6 +102,11 @@ class EndpointStats(BaseModel):
     state: EndpointState = "up"
     reason: str | None = None  # why it is out, when it is
 
+    @field_validator("base_url", "reason")
+    @classmethod
+    def _no_secret(cls, text: str | None) -> str | None:
+        return redact(text)  # the endpoints report is printed and put in --json: no URL credential, no echoed key
+
 
 def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[str] | None,
                  endpoints: Iterable[Endpoint | Mapping[str, Any]] | None) -> list[Endpoint] | None:
@@ -109,11 +118,18 @@ def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[s
         if base_url:
             raise ValueError("give base_url or endpoints, not both")
         fleet = [e if isinstance(e, Endpoint) else Endpoint.model_validate(dict(e)) for e in endpoints]
+        for endpoint in fleet:
+            check_base_url(endpoint.base_url)
+            remember_url(endpoint.base_url)
         if not fleet:
             raise ValueError("endpoints: give at least one endpoint")
         return fleet
     urls = [base_url] if isinstance(base_url, str) else [u for u in base_url or [] if u]
     keys = [api_key] if isinstance(api_key, str) else [k for k in api_key or [] if k]
+    for url in urls:  # judge._redact: a URL without a scheme fails before any request; its credentials are masked
+        check_base_url(url)
+        remember_url(url)
+    remember(*keys, os.environ.get("OPENAI_API_KEY"))
     if len(urls) <= 1 and len(keys) <= 1:
         return None
     if len(keys) > 1 and len(keys) != max(1, len(urls)):

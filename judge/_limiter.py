@@ -23,13 +23,26 @@ _MEDIA_TOKENS = 1_000  # an image or clip in a prompt, whatever its bytes: its b
 def estimate_tokens(text: str | list) -> int:
     """A cheap upper-ish estimate: one token per CJK character, one per four other characters.
 
-    Content parts (a list) count their text parts so, and each image or audio part as ``_MEDIA_TOKENS``.
+    Content parts (a list) count their text parts so, each image as OpenAI bills it (judge._media.image_tokens:
+    its size and detail), and each audio part as ``_MEDIA_TOKENS``.
     """
     if isinstance(text, list):
-        return sum(estimate_tokens(p.get("text") or "") if isinstance(p, dict) and p.get("type") == "text" else _MEDIA_TOKENS
-                   for p in text)
+        return sum(_part_tokens(p) for p in text)
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def _part_tokens(part: Any) -> int:
+    if not isinstance(part, dict):
+        return _MEDIA_TOKENS
+    if part.get("type") == "text":
+        return estimate_tokens(part.get("text") or "")
+    image = part.get("image_url")
+    if part.get("type") == "image_url" and isinstance(image, dict):
+        from ._media import image_tokens
+
+        return image_tokens(str(image.get("url") or ""), image.get("detail"))
+    return _MEDIA_TOKENS
 
 
 class RequestLimiter(Protocol):

@@ -49,6 +49,11 @@ def is_transient(exc: BaseException) -> bool:
 
 
 RATE_LIMIT_BUDGET_S = 600.0  # seconds of 429 waits one request may spend; no hint holds longer
+# No provider documents a Retry-After over a minute (their limits are per minute: OpenAI's and Anthropic's
+# windows, Azure's 60 s): a longer hint is a broken one. It is read as this ceiling, so the process probes the
+# endpoint again after it instead of stalling (one 429 with Retry-After: 100000 held a 60-row run for 600 s).
+HINT_CEILING_S = 60.0
+_said_broken: set[str] = set()  # broken hints already reported: each is said once per process
 
 _log = logging.getLogger("gradekit.judge")
 
@@ -93,9 +98,9 @@ def retry_after_seconds(exc: BaseException | None, now: float | None = None, *,
 
     Read from ``retry-after-ms``, ``Retry-After`` (seconds or an HTTP date), or, for Gemini, which
     sends no header, the ``google.rpc.RetryInfo`` ``retryDelay`` ("20s") in the error body. A hint
-    that does not parse (``Retry-After: garbage``, ``nan``) is no hint; a hint beyond ``cap`` (the
-    429 budget: ``Retry-After: 100000``, a date in 2099) is capped and logged, so no reply can hold
-    the process longer than a request may wait anyway.
+    that does not parse (``Retry-After: garbage``, ``nan``) is no hint; a hint beyond ``HINT_CEILING_S``
+    (``Retry-After: 100000``, ``retry-after-ms: 1e12``, a date in 2099) is a broken one, read as that
+    ceiling and said once; any hint beyond ``cap`` (the caller's budget) is capped and logged.
     """
     now = now if now is not None else time.time()
     response = getattr(exc, "response", None)
@@ -118,6 +123,12 @@ def retry_after_seconds(exc: BaseException | None, now: float | None = None, *,
             seconds, said = _finite(delay[:-1]), f"retryDelay: {delay}"
     if seconds is None:
         return None
+    if seconds > HINT_CEILING_S:
+        if said not in _said_broken and len(_said_broken) < 1000:
+            _said_broken.add(said)
+            _log.warning("the provider asked to wait %.0f s (%s): no provider documents a wait over %.0f s, so the hint is "
+                         "taken as broken; waiting %.0f s, then asking again", seconds, said, HINT_CEILING_S, min(cap, HINT_CEILING_S))
+        seconds = HINT_CEILING_S
     if seconds > cap:
         # Marked on the 429 itself (one is read twice: for the wait and for the hold); an id() would be
         # reused by a later exception once this one is collected, and that one would go unwarned.

@@ -263,6 +263,13 @@ class Rubric(BaseModel):
         if not messages or messages[-1]["role"] != "user":
             raise RubricError(f"rubric {self.name!r}: template {self.template!r} must define a non-empty user block")
         media = [m for var, spec in self.variables.items() if spec.type == "media" for m in context[var]]
+        if len(media) > 1:
+            from ._media import check_request_images
+
+            try:
+                check_request_images(media)
+            except ValueError as e:
+                raise RubricInputError(f"rubric {self.name!r}: {e}", next(v for v, s in self.variables.items() if s.type == "media")) from None
         if media:  # the chat API's content parts: the rendered text first, then each image or clip in order
             messages[-1] = {"role": "user", "content": [{"type": "text", "text": messages[-1]["content"]}, *(m.part() for m in media)]}
         return messages

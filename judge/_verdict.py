@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from ._redact import redact
 
 from ._criteria import CriterionVerdict
 
@@ -70,6 +72,12 @@ class Verdict(BaseModel):
     # A checklist rubric (judge._checklist): each criterion's verdict, in the rubric's order; ``score``
     # is the weighted mean of those read, ``label`` is None. None for every other rubric.
     criteria: list[CriterionVerdict] | None = None
+
+    @field_validator("error")
+    @classmethod
+    def _no_secret(cls, error: str | None) -> str | None:
+        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials: never kept."""
+        return redact(error)
 
     @property
     def ok(self) -> bool:

@@ -370,7 +370,7 @@ def test_anthropic_needs_n_1_and_does_not_return_extended_thinking(serve) -> Non
     assert _error(lambda: client.chat.completions.create(model="c", messages=HI, n=2)).status_code == 400
     message = client.chat.completions.create(model="c", messages=HI,
                                              extra_body={"thinking": {"type": "enabled", "budget_tokens": 2000}}).choices[0].message
-    assert _field(message, "reasoning_content") is None and message.content == "auto reply"
+    assert _field(message, "reasoning_content") is None and message.content == "auto reply\n<answer>Yes</answer>"  # the default reply answers the tags it is asked for
 
 
 def test_anthropic_sends_its_own_rate_limit_headers_and_retry_after(serve) -> None:

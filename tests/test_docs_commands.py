@@ -77,7 +77,7 @@ def _workspace(tmp_path: Path, fake_url: str, graded: Path) -> tuple[Path, dict[
         (work / name).symlink_to(ROOT / name)
     shutil.copytree(ROOT / "examples", work / "examples")  # a block may cd there and write: copied
     for folder in (work, work / "examples" / "graders"):  # the placeholders, where a page's commands run
-        for name in ("rows.jsonl", "data.jsonl", "samples.jsonl"):
+        for name in ("rows.jsonl", "data.jsonl"):  # not samples.jsonl: examples/graders ships it, and a page must not run a missing file
             (folder / name).write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
         (folder / "human.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HUMAN), encoding="utf-8")
         (folder / "human.csv").write_text("id,label\n" + "".join(f"{r['id']},{r['label']}\n" for r in HUMAN), encoding="utf-8")

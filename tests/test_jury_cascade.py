@@ -453,5 +453,6 @@ def test_cascade_fit_gives_each_judge_its_own_base_url_and_a_judge_that_never_an
         refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))
         failed = CliRunner().invoke(app, ["cascade", "fit", str(rows), "-r", RUBRIC, "--model", "a", "--samples", "2",
                                           "--base-url", refusing.base_url, "-o", str(tmp_path / "d.json"), "--api-key", "k", "--no-cache"])
-    assert failed.exit_code == 2 and "a answered none of the 40 labelled rows" in failed.output and "401" in failed.output
+    # Issue 35: the fit has the breaker every run has: the first rows' same 401 stops it (exit 3), naming the judge.
+    assert failed.exit_code == 3 and "looks broken" in failed.output and "401" in failed.output and "(model a)" in failed.output
     assert not (tmp_path / "d.json").exists()

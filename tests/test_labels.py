@@ -146,7 +146,10 @@ def test_label_30_rows_blind_and_active_then_kill_calibrate_and_restart(graded: 
 def test_annotate_refuses_what_it_cannot_use(graded: Path, tmp_path: Path) -> None:
     unknown = run("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "nope", "--no-browser")
     assert unknown.returncode == 2 and "nope" in unknown.stderr and "question" in unknown.stderr  # names the columns
-    no_values = run("view", str(graded), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "id", "--no-browser")
+    # No --label-values, no --rubric, an empty store and no judge label column in the file: nothing to offer.
+    unjudged = tmp_path / "unjudged.jsonl"
+    unjudged.write_text("".join(json.dumps({"id": f"q{i}", "question": "q?"}) + "\n" for i in range(3)), encoding="utf-8")
+    no_values = run("view", str(unjudged), "--annotate", "--labels", str(tmp_path / "l.jsonl"), "--on", "id", "--no-browser")
     assert no_values.returncode == 2 and "--label-values" in no_values.stderr
     target = tmp_path / "real.jsonl"
     target.write_text("", encoding="utf-8")

@@ -41,9 +41,10 @@ def _refused(fake: FakeProvider, reply: Reply) -> openai.APIStatusError:
     pytest.param({"Retry-After": "nan"}, None, id="nan_is_no_hint"),
     pytest.param({"Retry-After": "-5"}, None, id="negative_is_no_hint"),
     pytest.param({"retry-after-ms": "soon", "Retry-After": "2"}, 2.0, id="bad_ms_falls_back_to_seconds"),
-    pytest.param({"Retry-After": "100000"}, 600.0, id="huge_seconds_capped"),
-    pytest.param({"retry-after-ms": "1e12"}, 600.0, id="huge_ms_capped"),
-    pytest.param({"Retry-After": "Thu, 01 Jan 2099 00:00:00 GMT"}, 600.0, id="date_in_2099_capped"),
+    pytest.param({"Retry-After": "100000"}, 60.0, id="huge_seconds_taken_as_the_60_s_ceiling"),
+    pytest.param({"retry-after-ms": "1e12"}, 60.0, id="huge_ms_taken_as_the_60_s_ceiling"),
+    pytest.param({"Retry-After": "Thu, 01 Jan 2099 00:00:00 GMT"}, 60.0, id="date_in_2099_taken_as_the_60_s_ceiling"),
+    pytest.param({"Retry-After": "45"}, 45.0, id="under_a_minute_honoured"),
 ])
 def test_retry_hints_are_read_capped_or_ignored(fake, headers: dict[str, str], expected: float | None) -> None:
     exc = _refused(fake, Reply(status=429, headers=headers))
@@ -85,7 +86,7 @@ async def test_a_garbage_retry_after_is_retried_not_a_server_error(fake, make_ju
     pytest.param({"retry-after-ms": "1e12"}, id="retry_after_ms_1e12"),
     pytest.param({"Retry-After": "Thu, 01 Jan 2099 00:00:00 GMT"}, id="http_date_2099"),
 ])
-async def test_a_huge_hint_holds_the_process_no_longer_than_the_429_budget(fake, make_judge, waits, caplog,
+async def test_a_huge_hint_holds_the_process_no_longer_than_the_hint_ceiling(fake, make_judge, waits, caplog,
                                                                            headers: dict[str, str]) -> None:
     limiter = Limiter(concurrency=4, sleep=Waits())
     fake.push(Reply(status=429, headers=headers))
@@ -98,9 +99,8 @@ async def test_a_huge_hint_holds_the_process_no_longer_than_the_429_budget(fake,
     finally:
         logger.removeHandler(caplog.handler)
     assert verdict.ok, verdict
-    assert 0 < limiter.held_seconds <= 600
-    assert all(w <= 600 for w in waits)
-    assert any("capped at 600 s" in r.getMessage() for r in caplog.records)
+    assert 0 < limiter.held_seconds <= 60  # issue 35: a hint over a minute is broken; 600 s held a whole run
+    assert all(w <= 60 for w in waits)
 
 
 async def test_geminis_retry_delay_holds_the_process(fake, make_judge) -> None:

@@ -181,13 +181,14 @@ def test_duplicate_column_names_stop_before_any_request(tmp_path, suffix) -> Non
     assert ("'id'" if suffix == ".csv" else "'prediction'") in result.output
 
 
-def test_a_header_only_csv_graded_to_jsonl_writes_an_empty_jsonl(tmp_path) -> None:
+def test_a_header_only_csv_is_exit_2_no_rows_to_grade(tmp_path) -> None:
+    # Issue 35: a 0-row "success" (exit 0, an empty output) hid a wrong file; it is now exit 2 saying so.
     source, output = tmp_path / "in.csv", tmp_path / "out.jsonl"
     source.write_text(",".join(HEADER) + "\n", encoding="utf-8")
     with FakeProvider(responder=reference_judge) as fake:
         result = _grade(fake, tmp_path, source, output)
-    assert result.exit_code == 0, result.output
-    assert output.read_bytes() == b""
+    assert result.exit_code == 2 and "no rows to grade" in result.output, result.output
+    assert not output.exists()
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])

@@ -127,6 +127,7 @@ class PairwiseReport(BaseModel):
     n: int
     convention: PairConvention
     labelled: bool
+    orders: int = 2  # 1: a one-order (--no-swap) file: Acc is the input order's, and no Agr, conflicts or bias exist
     acc: float | None = None  # mean over the two orders of winner == label (LLMBar's Acc)
     acc_ab: float | None = None
     acc_ba: float | None = None
@@ -507,6 +508,31 @@ def pairwise_report(
     return report
 
 
+def one_order_report(winner_ab: Sequence[Any], labels: Sequence[Any] | None = None, *, convention: PairConvention = "llmbar",
+                     bootstrap: int = 0, confidence: float = 0.95, seed: int = 0) -> PairwiseReport:
+    """The figures a pairwise judge asked in the input order only (``--no-swap``) has: that order's accuracy.
+
+    There is no swapped order, so no Agr, no conflicts and no position bias (one order cannot tell a
+    first-position preference from the better output being first); reading the missing order as
+    failed would halve the accuracy and report an Agr of 0.
+    """
+    n = len(winner_ab)
+    ab = [as_label(v) for v in winner_ab]
+    report = PairwiseReport(n=n, convention=convention, labelled=labels is not None, orders=1)
+    report.failures_ab = sum(v is None for v in ab)
+    report.ties = sum(v == "tie" for v in ab)
+    if labels is None:
+        return report
+    gold = [as_label(v) for v in labels]
+    hit = np.array([a is not None and a == g for a, g in zip(ab, gold)], dtype=float)
+    report.correct_ab = int(hit.sum())
+    if convention == "skip":
+        hit = np.array([h for h, a in zip(hit, ab) if a is not None])
+    report.acc = report.acc_ab = _ratio(int(hit.sum()), len(hit))
+    report.acc_ci = _bootstrap((hit,), np.mean, vectorized=True, resamples=bootstrap, confidence=confidence, seed=seed)
+    return report
+
+
 # ----------------------------------------------------------------------------------------------
 # Several judges
 # ----------------------------------------------------------------------------------------------
@@ -798,7 +824,14 @@ def calibrate_rows(
     result = FileCalibration(kind="pairwise" if pairwise else "single", human_column=human_column,
                              judge_column=judge_column, key=on, rows=len(graded), labels_without_graded_row=orphans,
                              classification=classification, human_scores=human_scores, judge_scores=judge_scores)
-    if pairwise:
+    # A --no-swap file: no row holds a swapped order's winner and its verdicts were decided by the one order.
+    one_order = pairwise and not any(as_label(r.get("winner_ba")) is not None for r in graded) and any(
+        r.get("decided_by") == "single" for r in graded)
+    if one_order:
+        labelled = [i for i, h in enumerate(human_labels) if h is not None]
+        result.pairwise = one_order_report([graded[i].get("winner_ab") for i in labelled], [human_labels[i] for i in labelled],
+                                           convention=convention, bootstrap=bootstrap, seed=seed)
+    elif pairwise:
         labelled = [i for i, h in enumerate(human_labels) if h is not None]
         result.pairwise = pairwise_report([graded[i].get("winner_ab") for i in labelled],
                                           [graded[i].get("winner_ba") for i in labelled],

@@ -24,10 +24,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from judge import Rubric
+from judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from judge._cascade import CascadeJudge, CascadeSpec, ConfidenceMethod, ThresholdTest, asked, opinion
 from judge._rubric import rubric_fingerprint
 
 from ._agreement import as_label
+
+
+def _stopped(trip: Trip) -> BreakerTripped:
+    return BreakerTripped(trip, f"{trip.describe()}. Stopped early: nothing written; fix the judge and run the same command "
+                                "again (with a cache, the judgements made so far come back from it)")
 
 
 def clopper_pearson_lower(agree: int, n: int, delta: float) -> float:
@@ -55,7 +61,7 @@ def fixed_sequence(confidences: Sequence[float], correct: Sequence[bool], *, tar
     chosen: float | None = None
     n = agree = 0
     i = 0
-    for t in sorted(set(confidences), reverse=True):
+    for t in sorted({c for c in confidences if c > 0}, reverse=True):  # confidence 0 (no logprobs) is never trusted
         while i < len(pairs) and pairs[i][0] >= t:
             n, agree, i = n + 1, agree + bool(pairs[i][1]), i + 1
         bound = clopper_pearson_lower(agree, n, delta)
@@ -145,17 +151,42 @@ async def fit_cascade(
     rubrics = asked(rubric, samples=samples, method=confidence, spec=spec)
     gate = asyncio.Semaphore(max(1, concurrency))
 
-    async def ask(judge: Any, i: int):
+    async def ask(judge: Any, i: int, breaker: Breaker):
         async with gate:
+            if breaker.tripped is not None:
+                raise _stopped(breaker.tripped)
             found = await opinion(judge, rubric, rows[i], method=confidence, rubrics=rubrics)
+        v = found.verdict
+        breaker.row(v.status, v.error_kind, v.error, v.raw)
+        if breaker.tripped is not None:
+            raise _stopped(breaker.tripped)
         if on_row is not None:
             on_row()
         return found
 
+    async def ask_all(judge: Any, reaching: list[int]) -> list[Any]:
+        """Every row's opinion, or BreakerTripped as soon as the judge is seen to be broken (a grade run's breaker:
+        the same rules), with the rows still in flight cancelled rather than retried to the end."""
+        if not reaching:
+            return []
+        breaker = Breaker(endpoint=(getattr(judge, "base_url", None), getattr(judge, "model", None)))
+        with breaker_scope(breaker):
+            tasks = [asyncio.ensure_future(ask(judge, i, breaker)) for i in reaching]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]
+            return [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     reaching = indices
     trusted: list[bool] = []
     for judge, fitted in zip(judges, spec.judges):
-        found = await asyncio.gather(*(ask(judge, i) for i in reaching))
+        found = await ask_all(judge, reaching)
         fitted.calibration_rows = len(reaching)
         fitted.requests = sum(f.verdict.attempts for f in found)
         answered = [(i, f) for i, f in zip(reaching, found) if f.verdict.status == "ok" and f.confidence is not None]
@@ -181,4 +212,4 @@ async def fit_cascade(
     spec.thresholds = [j.threshold for j in spec.judges]
     spec.calibration_coverage = len(trusted) / len(indices)
     spec.calibration_agreement = sum(trusted) / len(trusted) if trusted else None
-    return spec
+    return spec.seal()

@@ -127,8 +127,54 @@ def read_labels(path: str | Path, on: str) -> LabelState:
 
 
 def looks_like_store(path: str | Path) -> bool:
-    """A JSONL labels file is read as a store (last line per key wins); CSV and Parquet are tables."""
+    """A JSONL labels file may be a store (last line per key wins); CSV and Parquet are tables."""
     return Path(path).suffix.lower() in (".jsonl", ".ndjson")
+
+
+STORE_FIELDS = ("labeller", "time")  # what every act the viewer writes carries, and a plain labels table does not
+
+
+def read_label_file(path: str | Path, on: str, column: str = "label") -> LabelState:
+    """Every command's reader of a human labels file (calibrate, view, report): its labelled keys, one record each.
+
+    A JSONL file whose lines carry the store's ``labeller``/``time`` is the viewer's labels store: the last
+    line per key wins (:func:`read_labels`). Anything else, a CSV, a Parquet file or a JSONL table of key and
+    label, is a table read by the run's reader (a CSV's ``yes``/``no`` stay text, never booleans): a key
+    labelled twice with different labels is a LabelsError naming the key, since no line says which one is
+    meant (the same label twice is one label). ``keyless`` counts rows without ``on``.
+    """
+    from ..runs._io import InputError, RowError, read_rows
+
+    path = Path(path)
+    _refuse_link(path)
+    if not path.is_file():
+        raise LabelsError(f"{path}: no such labels file")
+    if looks_like_store(path):
+        state = read_labels(path, on)
+        if state.records and any(field in r for r in state.records for field in STORE_FIELDS):
+            return state
+    records: dict[str, dict[str, Any]] = {}
+    where: dict[str, int] = {}
+    keyless = 0
+    try:
+        for number, row in enumerate(read_rows(path), start=1):
+            if isinstance(row, RowError):
+                raise LabelsError(f"labels file {path}: {row}")
+            key = _key(row.get(on))
+            if key is None:
+                keyless += 1
+                continue
+            label = _key(row.get(column))
+            if key in records:
+                first = _key(records[key].get(column))
+                if label != first:
+                    raise LabelsError(f"labels file {path}: key {on}={key!r} is labelled twice with different labels "
+                                      f"({first!r} on row {where[key]}, {label!r} on row {number}): keep one")
+                continue
+            records[key], where[key] = {**row, on: key}, number
+    except InputError as e:
+        raise LabelsError(f"labels file {path}: {e}") from None
+    return LabelState(records=list(records.values()), acts=len(records), keyless=keyless)
 
 
 class LabelStore:

@@ -54,8 +54,9 @@ def calibrate(
     With --ppi: the mean human score over every graded row, estimated from the judge's scores and the
     human labels of some rows (PPI, Angelopoulos et al. 2023), beside the human-only and judge-only means.
     Labels with a recorded draw probability `p` (from `gradekit view --annotate`) are weighted by it
-    (IPW PPI, as in Zrnic and Candès 2024). A JSONL labels file is read as a labels store: the last
-    line per key wins. Human labels sharing no value with the judge's are an error (see --label-map).
+    (IPW PPI, as in Zrnic and Candès 2024). A labels store (JSONL lines with labeller and time, as
+    `view --annotate` writes them): the last line per key wins; a plain labels table (CSV, Parquet or
+    JSONL of key and label) labelling a key twice with different labels is exit 2. Human labels sharing no value with the judge's are an error (see --label-map).
     Exit status: 0 done, 2 bad input or option."""
     from ..calibration._agreement import calibrate_rows
     from ..runs._io import InputError
@@ -72,7 +73,7 @@ def calibrate(
     try:
         pairs = parse_label_map(label_map)
         graded_rows = _load(graded, "graded file")
-        label_rows = _labels(labels, on) if labels is not None else None
+        label_rows = _labels(labels, on, human_column) if labels is not None else None
         if label_rows is not None:
             label_rows = mapped(label_rows, human_column, pairs)
         elif pairs:
@@ -159,21 +160,22 @@ def _calibrate_checklist(graded: Path, labels: Path | None, on: str | None, colu
                       markup=False)
 
 
-def _labels(path: Path, on: str | None) -> list[dict]:
-    """The labels file's rows; a JSONL one read as a labels store (last line per key wins, a torn line skipped)."""
-    from ..calibration._labels import LabelsError, looks_like_store, read_labels
+def _labels(path: Path, on: str | None, column: str = "label") -> list[dict]:
+    """The labels file's rows, read as every command reads one (graders/calibration/_labels.py: a labels store's last
+    line per key wins; a table's key labelled twice with different labels is an error naming it)."""
+    from ..calibration._labels import LabelsError, read_label_file
     from ..runs._io import InputError
 
-    if not looks_like_store(path) or not on:
+    if not on:
         return _load(path, "labels file")
     if not path.is_file():
         raise InputError(f"{path}: no such labels file")
     try:
-        state = read_labels(path, on)
+        state = read_label_file(path, on, column)
     except LabelsError as e:
         raise InputError(str(e)) from None
-    if state.keyless:
-        return _load(path, "labels file")  # lines without --on's key: read as a table, whose errors name the columns
+    if state.keyless and not state.records:
+        return _load(path, "labels file")  # no row has --on's key: read as a table, whose errors name the columns
     for warning in state.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if not state.records:
@@ -246,7 +248,7 @@ def _plots(result: FileCalibration, folder: Path) -> list[str]:
     if pairs:
         written.append(folder / "scores.png")
         plot_scores([h for h, _ in pairs], [j for _, j in pairs], written[-1])
-    if result.pairwise is not None:
+    if result.pairwise is not None and result.pairwise.orders == 2:
         written.append(folder / "position_bias.png")
         plot_position_bias({"judge": result.pairwise}, written[-1])
     return [str(p) for p in written]
@@ -289,7 +291,10 @@ def _print(result: FileCalibration, console: Console, show: int) -> None:
             line += f"; per-group mean Spearman {_num(r.spearman_group_mean)}, Kendall {_num(r.kendall_group_mean)} ({r.groups} groups)"
         table.add_row("correlation", line)
     p = result.pairwise
-    if p is not None:
+    if p is not None and p.orders == 1:
+        table.add_row("pairwise", f"Acc {_pct(p.acc, p.acc_ci)} (one order: the input order only, graded with --no-swap); "
+                                  "no Agr, conflicts or position bias without the swapped order")
+    elif p is not None:
         table.add_row("pairwise", f"Acc {_pct(p.acc, p.acc_ci)} (order ab {_pct(p.acc_ab)}, ba {_pct(p.acc_ba)}), "
                                   f"Agr {_pct(p.agr)} [{p.convention}]")
         table.add_row("position bias", f"first-shown output wins {_pct(p.first_position_win_rate)} of "

@@ -35,7 +35,8 @@ def fit(
 
     Each judge sees the rows no earlier judge was trusted with; a judge no threshold passes for is
     never trusted (and never asked by `grade --cascade`). The guarantee holds for rows drawn from
-    the same population as LABELLED (docs/juries.md). Exit status: 0 fitted, 2 bad input or option.
+    the same population as LABELLED (docs/juries.md). Exit status: 0 fitted, 2 bad input or option, 3 a judge
+    looks broken (the breaker every run has stopped the fit early; nothing written).
     """
     import asyncio
 
@@ -116,11 +117,15 @@ def fit(
             for j in judges:
                 await j.aclose()
 
+    from judge import BreakerTripped
+
     try:
         with opts.traffic():
             fitted = asyncio.run(run())
     except ValueError as e:
         raise fail(str(e)) from e
+    except BreakerTripped as e:  # the judge is broken, not the input: exit 3, as `grade` stops
+        raise fail(str(e), 3) from None
     except KeyboardInterrupt:
         err.print("interrupted: nothing written; the judgements made so far come back from the cache", highlight=False)
         raise typer.Exit(130) from None

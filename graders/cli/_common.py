@@ -14,19 +14,25 @@ JSON_VERSION = 1
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    from judge._redact import redact
+
+    typer.echo(f"error: {redact(message)}", err=True)  # an error may quote a URL with credentials or an echoed key
     return typer.Exit(code)
 
 
 def print_json(payload: dict[str, Any]) -> None:
-    typer.echo(json.dumps({"version": JSON_VERSION, **payload}, ensure_ascii=False, indent=2))
+    from judge._redact import redact
+
+    typer.echo(redact(json.dumps({"version": JSON_VERSION, **payload}, ensure_ascii=False, indent=2)))
 
 
 class _Echo(logging.Handler):
     """Library warnings (a checkpoint started over, a corrupt cache moved aside) as plain lines on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        typer.echo(self.format(record), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
+        from judge._redact import redact
+
+        typer.echo(redact(self.format(record)), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
 
 
 def warnings_to_stderr() -> None:

@@ -127,6 +127,9 @@ def grade(
         # Resolved once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request.
         source = RunInput.resolve(input, encoding)
         check_not_input(source, output)
+        if not _has_rows(source):  # a silent 0-row "success" hides a wrong file or a failed export upstream
+            raise InputError(f"{input}: no rows to grade (the input is empty{', or only a header' if source.format == 'csv' else ''}); "
+                             "nothing was sent and no output written")
         if encoding is not None:
             codec(encoding)  # an unknown name fails here, before any request
     except (RubricError, InputError) as e:
@@ -285,6 +288,17 @@ def grade(
         _print_summary(summary, output, Console(), endpoints)
         print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
+
+
+def _has_rows(source) -> bool:
+    """Whether the input holds one row (read lazily: the first row, or the first unreadable one, answers)."""
+    from ..runs._io import read_rows
+
+    rows = read_rows(source)
+    try:
+        return next(rows, None) is not None
+    finally:
+        rows.close()
 
 
 def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge | None = None) -> typer.Exit:

@@ -207,21 +207,42 @@ def _validate_definition(path: Path, json_output: bool) -> None:
         raise fail(f"{path}: not an eval definition (no testing_criteria); a grader config takes --grader, --example and --response")
     problems = [f"openai SDK: {p}" for p in sdk_problems(data)]
     names: list[str] = []
+    sandbox: dict[str, str] = {}
+    warnings: list[str] = []
     try:
         built = load_grader(path, judge=lambda: Judge(None, api_key="unused"))  # built, never asked: nothing is judged
         if isinstance(built.grader, EvalGrader):
             names = built.grader.names
+        # Where each python criterion's code will run: the same report `validate --grader` gives.
+        sandbox, warnings = sandbox_report(_by_criterion(getattr(built, "sandboxes", {}) or {}, names))
         asyncio.run(aclose_grader(built))
     except GraderConfigError as e:
         problems.append(f"gradekit: {e}")
     if json_output:
-        print_json({"definition": str(path), "valid": not problems, "problems": problems, "testing_criteria": names})
+        print_json({"definition": str(path), "valid": not problems, "problems": problems, "testing_criteria": names,
+                    "sandbox": sandbox, "warnings": warnings})
     else:
         for problem in problems:
             typer.echo(f"error: {problem}", err=True)
         if not problems:
             typer.echo(f"{path}: a valid eval; testing criteria: {', '.join(names)}")
+            if sandbox:
+                typer.echo("sandbox:")
+                width = max(len(name) for name in sandbox)
+                for name, where in sandbox.items():
+                    typer.echo(f"  {name.ljust(width)}  {where}")
+            for warning in warnings:
+                typer.echo(f"WARNING: {warning}", err=True)
     raise typer.Exit(2 if problems else 0)
+
+
+def _by_criterion(sandboxes: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """``testing_criteria.2`` named as the criterion is (its name), where the definition gives one."""
+    out = {}
+    for where, isolation in sandboxes.items():
+        index = where.rpartition(".")[2]
+        out[names[int(index)] if where.startswith("testing_criteria.") and index.isdigit() and int(index) < len(names) else where] = isolation
+    return out
 
 
 def _print(result: dict[str, Any]) -> None:

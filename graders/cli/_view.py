@@ -45,7 +45,7 @@ def view(
     no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser."),
     annotate: bool = typer.Option(False, "--annotate", help="Labelling mode: label rows in the page into --labels FILE (a JSONL labels store, created if missing), keyed by --on."),
     blind: bool = typer.Option(False, "--blind", help="With --annotate: hide the judge's verdict, score, rationale and raw reply of a row until it is labelled (page and API)."),
-    label_values: str = typer.Option(None, "--label-values", help="With --annotate: the labels to choose from, comma-separated [default: --rubric's labels, else those already in FILE]."),
+    label_values: str = typer.Option(None, "--label-values", help="With --annotate: the labels to choose from, comma-separated [default: --rubric's labels, else those already in FILE and in OUTPUT's label column]."),
     labeller: str = typer.Option(None, "--labeller", help="With --annotate: the name stored with each label [default: the OS user]."),
 ) -> None:
     """Serve a page over OUTPUT: rows table with paging, sorting, filters and search, a row view, a summary.
@@ -149,10 +149,15 @@ def _annotator(results: Any, labels: Path, on: str, blind: bool, label_values: s
 
         values = list(dict.fromkeys(str(r["label"]).strip() for r in existing.records
                                     if usable_label(r) and r.get("label") is not None))
+        try:  # then the labels the judge gave in the graded file (its own `label` column): the rubric's vocabulary in use
+            values += results.label_vocabulary()
+        except Exception as e:  # noqa: BLE001  (a file DuckDB cannot read is reported when it is copied)
+            typer.echo(f"warning: could not read the labels of {results.path}: {str(e).splitlines()[0]}", err=True)
     values = list(dict.fromkeys(values))
     if not values:
         store.close()
-        raise fail(f"no label values: pass --label-values a,b,c (or --rubric NAME for its labels); {labels} holds no labels yet")
+        raise fail(f"no label values: pass --label-values a,b,c (or --rubric NAME for its labels); {labels} holds no labels "
+                   f"yet and {results.path} no judge label column to take them from")
     scores = None
     if rubric is not None and results.kind != "pairwise":
         scores = dict(rubric.labels)

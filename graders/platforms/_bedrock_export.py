@@ -111,6 +111,9 @@ def _request(record):
     if isinstance(fields.get("reference_answer"), dict):
         item.update(fields["reference_answer"])
         item["reference_answer"] = fields["reference_answer"]
+    elif fields.get("reference_answer") is not None:
+        # The one reference rule (docs/platforms.md): a plain value also goes under "answer", which it wins.
+        item["answer"] = fields["reference_answer"]
     item["messages"] = messages[:-1]
     final = messages[-1]
     sample = {"output_text": _text(final.get("content")), "choices": [{"index": 0, "message": final, "finish_reason": "stop"}]}

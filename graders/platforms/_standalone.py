@@ -241,6 +241,8 @@ def _bedrock_context(record):
     if isinstance(gold, dict):
         references.update(gold)
         references["reference_answer"] = gold
+    elif gold is not None:  # the one reference rule (docs/platforms.md): a plain value also goes under "answer"
+        references["answer"] = gold
     return _Context(answer.text, prompt, system, references, dict(fields, id=record.get("id")), final=answer)
 
 

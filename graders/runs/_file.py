@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, model_serializer
 
 from judge import Judge, Rubric, Verdict
 from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
+from judge._redact import redact_url
 from judge._rubric import rubric_fingerprint
 from judge._pacing import Pacing
 
@@ -243,7 +244,7 @@ def column_types(source: Path | RunInput, destination: Path, header: list[str] |
 
 def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **extra: Any) -> dict[str, Any]:
     """What decides a rubric run's output rows: a checkpoint from other settings is not resumed."""
-    return {"rubric": rubric_fingerprint(rubric), "model": judge.model, "base_url": judge.base_url, "sampling": judge.sampling,
+    return {"rubric": rubric_fingerprint(rubric), "model": judge.model, "base_url": redact_url(judge.base_url), "sampling": judge.sampling,
             "logprobs": judge.logprobs, "mapping": dict(mapping), **extra}
 
 
@@ -516,7 +517,9 @@ async def run_file(
             on_row(_Written(old))
         return old
 
-    breaker = None if keep_going else Breaker()
+    # The run's judge, named by its settings from the start: a trip before any request reached the wire (a parameter
+    # the dialect already refuses) still says which judge it is.
+    breaker = None if keep_going else Breaker(endpoint=(settings.get("base_url"), settings.get("model")))
     trip: Trip | None = None
     finished = False
     saved: list[Mapping[str, Any] | None] = [mark]  # the last mark a checkpoint holds: where the output is whole

@@ -69,6 +69,7 @@ class Labels(BaseModel):
 
 
 FOLDER_PREFIX = "gradekit-view-"
+VOCABULARY_LIMIT = 20  # distinct judge labels a file may hold for `view --annotate` to offer them as the label values
 _NOT_TEXT = {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
              "UHUGEINT", "FLOAT", "DOUBLE", "DATE", "TIME", "INTERVAL"}
 
@@ -258,6 +259,7 @@ class ResultsFile:
         self._count_failure: ViewError | None = None
         self._failure: ViewError | None = None
         self._types: dict[str, str] = {}
+        self._human: dict[str, str] = {}  # key -> human label from --labels, read once when the file is opened
         self._loader: threading.Thread | None = None
         self._counter: threading.Thread | None = None
         if background:  # the count reads the file while the caller goes on (DuckDB and file reads release the GIL)
@@ -428,43 +430,34 @@ class ResultsFile:
         self._query(f"CREATE OR REPLACE TABLE {TABLE} AS SELECT *, {searched} AS {TEXT} FROM {reader}")
 
     def _check_labels(self) -> None:
-        """Fail now, not in the background, when --labels cannot be joined: a wrong key or column is a typo to fix."""
-        import duckdb
-
+        """Fail now, not in the background, when --labels cannot be joined: a wrong key or column, a key labelled
+        twice, is a mistake to fix (exit 2), not a viewer answering errors."""
         if self.labels is None:
             return
         if self.labels.on not in self.columns:
             raise ViewError(f"{self.path}: no column {self.labels.on!r} to join the labels on (--on)")
-        if self._store_labels() is not None:
-            return
-        try:
-            names = [row[0] for row in self._db.cursor().execute(f"DESCRIBE SELECT * FROM {_reader(self.labels.path, True)}").fetchall()]
-        except (duckdb.Error, InputError) as e:
-            raise ViewError(f"labels file {self.labels.path}: {str(e).splitlines()[0]}") from None
-        for name in (self.labels.on, self.labels.column):
-            if name not in names:
-                raise ViewError(f"labels file {self.labels.path}: no column {name!r} (it has: {', '.join(names)})")
+        self._human = self._read_human_labels()
 
-    def _store_labels(self) -> dict[str, str] | None:
-        """A JSONL labels file read as a labels store (last line per key wins, torn lines skipped with a warning):
-        key -> label; None for a CSV or Parquet labels table."""
-        from ..calibration._labels import LabelsError, looks_like_store, read_labels
+    def _read_human_labels(self) -> dict[str, str]:
+        """key -> human label, read as calibrate reads the file (graders/calibration/_labels.py: a labels store's
+        last line per key wins; a table is read as text, so a CSV's yes/no are not booleans)."""
+        from ..calibration._labels import LabelsError, read_label_file
 
-        if self.labels is None or not looks_like_store(self.labels.path):
-            return None
+        assert self.labels is not None
+        path, on, column = self.labels.path, self.labels.on, self.labels.column
         try:
-            state = read_labels(self.labels.path, self.labels.on)
+            state = read_label_file(path, on, column)
         except LabelsError as e:
-            raise ViewError(f"labels file {e}") from None
-        column = self.labels.column
+            message = str(e)
+            raise ViewError(message if message.startswith("labels file") else f"labels file {message}") from None
         if state.keyless and not state.records:
-            raise ViewError(f"labels file {self.labels.path}: no line has the key {self.labels.on!r} (--on)")
+            raise ViewError(f"labels file {path}: no row has the key {on!r} (--on)")
         if state.records and not any(column in r for r in state.records):
-            raise ViewError(f"labels file {self.labels.path}: no column {column!r} (it has: {', '.join(state.records[0])})")
+            raise ViewError(f"labels file {path}: no column {column!r} (it has: {', '.join(state.records[0])})")
         for warning in state.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)
-        return {str(r[self.labels.on]): str(r[column]).strip() for r in state.records
+        return {str(r[on]): str(r[column]).strip() for r in state.records
                 if r.get(column) is not None and str(r[column]).strip()}
 
     def _attach_human_labels(self, db: Any) -> None:
@@ -476,20 +469,14 @@ class ResultsFile:
             labels, on, column = self.labels.path, self.labels.on, self.labels.column
             if on not in self._types:
                 raise ViewError(f"{self.path}: no column {on!r} to join the labels on (--on)")
-            store = self._store_labels()
+            import pyarrow as pa
+
+            human_labels = pa.table({"k": pa.array(list(self._human), pa.string()),  # noqa: F841  (DuckDB reads it by name)
+                                     "v": pa.array(list(self._human.values()), pa.string())})
             try:
-                if store is not None:
-                    db.execute("CREATE TABLE human (k VARCHAR, v VARCHAR)")
-                    if store:
-                        db.executemany("INSERT INTO human VALUES (?, ?)", list(store.items()))
-                else:
-                    db.execute(f"CREATE TABLE human AS SELECT CAST({_quote(on)} AS VARCHAR) AS k, "
-                               f"NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {_reader(labels, True)}")
+                db.execute("CREATE TABLE human AS SELECT k, v FROM human_labels")
             except duckdb.Error as e:
                 raise ViewError(f"labels file {labels}: {str(e).splitlines()[0]}") from None
-            twice = db.execute("SELECT k FROM human WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 LIMIT 1").fetchone()
-            if twice is not None:
-                raise ViewError(f"labels file {labels}: key {on}={twice[0]!r} appears twice")
             source = f"(SELECT h.v FROM human h WHERE h.k = CAST({TABLE}.{_quote(on)} AS VARCHAR))"
         else:
             gold = "label" if self.kind == "pairwise" else "input_label"
@@ -556,6 +543,19 @@ class ResultsFile:
     def judge_column(self) -> str | None:
         column = "winner" if self.kind == "pairwise" else "label"
         return column if column in self.columns else None
+
+    def label_vocabulary(self, limit: int = VOCABULARY_LIMIT) -> list[str]:
+        """The judge's labels this file holds (``winner``'s 1/2/tie for a pairwise file), sorted; [] when there are
+        none or more than ``limit`` (free text, not a vocabulary). Read off the file itself, so it works before the copy."""
+        if self.kind == "pairwise":
+            return ["1", "2", "tie"]
+        column = self.judge_column
+        if column is None:
+            return []
+        found = self._fetch(f"SELECT DISTINCT NULLIF(trim(CAST({_quote(column)} AS VARCHAR)), '') AS v FROM {self._reader} "
+                            f"WHERE {_quote(column)} IS NOT NULL LIMIT {limit + 1}")
+        values = sorted(r["v"] for r in found if r["v"] is not None)
+        return values if len(values) <= limit else []
 
     @property
     def has_human_labels(self) -> bool:
@@ -631,11 +631,7 @@ class ResultsFile:
             if self.labels is not None:  # look up only this page's keys in the labels file
                 rows = self._fetch(f"SELECT *, CAST({_quote(self.labels.on)} AS VARCHAR) AS {key} FROM {self._reader} {window}")
                 keys = sorted({row[key] for row in rows if row[key] is not None})
-                store = self._store_labels()
-                found = {k: store[k] for k in keys if k in store} if store is not None else dict(self._db.cursor().execute(
-                    f"SELECT CAST({_quote(self.labels.on)} AS VARCHAR), NULLIF(trim(CAST({_quote(self.labels.column)} AS VARCHAR)), '') "
-                    f"FROM {_reader(self.labels.path, True)} WHERE CAST({_quote(self.labels.on)} AS VARCHAR) "
-                    f"IN ({', '.join('?' * len(keys))})", keys).fetchall()) if keys else {}
+                found = {k: self._human[k] for k in keys if k in self._human}
                 return [{**{k: v for k, v in row.items() if k != key}, HUMAN: found.get(row[key])} for row in rows]
             gold = "label" if self.kind == "pairwise" else "input_label"
             human = f", NULLIF(trim(CAST({_quote(gold)} AS VARCHAR)), '') AS {HUMAN}" if gold in self.columns else ""

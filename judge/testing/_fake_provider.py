@@ -23,6 +23,7 @@ import ipaddress
 import itertools
 import json
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -109,8 +110,11 @@ def auto_reply(body: dict[str, Any]) -> Reply:
     A forced tool call (``tool_choice`` naming a function, or ``"required"``) gets that tool's
     parameters filled in; a ``json_schema`` response format gets its schema filled in (enum ->
     first value, string -> "auto reply", number/integer -> 0 clamped into its bounds,
-    boolean -> true); ``json_object`` gets ``{"rationale": "auto reply"}``; anything else gets
-    the plain content ``"auto reply"``.
+    boolean -> true); ``json_object`` gets ``{"rationale": "auto reply"}`` plus the field the prompt's
+    last line asks for with its first offered value (``"judgement", whose value is either "correct"
+    ...`` -> ``"judgement": "correct"``); a prompt whose last line offers tags
+    (``<judgement>correct</judgement> or ...``) gets ``auto reply`` and the first of them; anything
+    else gets the plain content ``"auto reply"``.
     """
     tool = _forced_tool(body)
     if tool is not None:
@@ -121,9 +125,53 @@ def auto_reply(body: dict[str, Any]) -> Reply:
     if rf.get("type") == "json_schema":
         schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
         return Reply(content=json.dumps(_fill(schema)))
+    asked = _instruction(body)
     if rf.get("type") == "json_object":
-        return Reply(content=json.dumps({"rationale": AUTO_TEXT}))
+        # The JSON the prompt's last instruction asks for, with its first offered value: the default reply holds a
+        # verdict in every ask mode, so a dialect that refuses json_schema can still be demonstrated offline.
+        return Reply(content=json.dumps({"rationale": AUTO_TEXT, **_json_asked(asked)}, ensure_ascii=False))
+    tagged = _tag_asked(asked)
+    if tagged is not None:  # tags mode: reasoning, then the verdict tag with the first label offered
+        tag, value = tagged
+        return Reply(content=f"{AUTO_TEXT}\n<{tag}>{value}</{tag}>")
     return Reply(content=AUTO_TEXT)
+
+
+_QUOTED = re.compile(r'["\u201c]([^"\u201d]+)["\u201d]')
+
+
+def _json_asked(line: str) -> dict[str, str]:
+    """``first "rationale", then "judgement", whose value is either "correct" or ...`` -> {"judgement": "correct"}."""
+    tokens = [t for t in _QUOTED.findall(line) if t != "rationale"]
+    return {tokens[0]: tokens[1]} if len(tokens) >= 2 and re.fullmatch(r"[A-Za-z_]\w*", tokens[0]) else {}
+
+
+def _tag_asked(line: str) -> tuple[str, str] | None:
+    """The verdict tag the line asks for (the last one, not the rationale's) and the first label it offers:
+    ``<judgement>correct</judgement> or ...``, ``<grade></grade>: CORRECT, ...``, ``<judgement></judgement> 中只写“正确”...``."""
+    names = [n for n in dict.fromkeys(re.findall(r"<([A-Za-z_][\w-]*)>", line)) if n != "rationale"]
+    if not names:
+        return None
+    tag = names[-1]
+    inline = re.search(rf"<{re.escape(tag)}>([^<>]+)</{re.escape(tag)}>", line)
+    if inline:
+        return tag, inline.group(1)
+    rest = line[line.rfind(f"</{tag}>") + len(tag) + 3:]
+    found = _QUOTED.search(rest) or re.search(r"([^\s:,.;\uff0c\u3002\uff1a\u3001]+)", rest)
+    return (tag, found.group(1)) if found else None
+
+
+def _instruction(body: dict[str, Any]) -> str:
+    """The last line of the last user message: where the shipped rubrics say how to reply (never the row's data)."""
+    messages = body.get("messages") or []
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            lines = [line for line in str(content or "").splitlines() if line.strip()]
+            return lines[-1] if lines else ""
+    return ""
 
 
 def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,0 +1,80 @@
+"""Issue 35, inputs refused before a request is sent: data: URIs that are empty or not images, a local image over
+the provider's size limit, image tokens the budget sees, a --base-url without a scheme, an empty input file."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+from typer.testing import CliRunner
+
+from graders.cli import app
+from judge.testing import FakeProvider
+
+from .test_evals_api import EVAL, items, responder, write_images
+
+runner = CliRunner()
+
+
+def _png(width: int, height: int) -> str:
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return "data:image/png;base64," + base64.b64encode(head + b"\0" * 16).decode()
+
+
+@pytest.mark.parametrize("image, said", [
+    pytest.param("data:image/png;base64,", "is empty", id="empty_data_uri"),
+    pytest.param("data:text/plain;base64," + base64.b64encode(b"hello").decode(), "'text/plain' is not an image", id="not_an_image_type"),
+    pytest.param("big.png", "over the provider's 20 MB per image", id="a_200_MB_local_image"),
+    pytest.param("notes.txt", "is not an image the judge takes", id="a_local_file_that_is_no_image"),
+])
+def test_an_image_the_provider_would_refuse_is_the_rows_error_and_sends_nothing(tmp_path, image, said) -> None:
+    write_images(tmp_path)
+    with open(tmp_path / "big.png", "wb") as big:  # sparse: 200 MB on paper, nothing on disk or in memory
+        big.truncate(200 * 1024 * 1024)
+    (tmp_path / "notes.txt").write_text("not an image")
+    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": image}}]
+    (tmp_path / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with FakeProvider(responder=responder) as fake:
+        result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(tmp_path / "eval.json"), "-o",
+                                     str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"])
+        sent = fake.chat_requests()
+    assert result.exit_code == 1, result.output
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out[1]["status"] == "invalid" and said in out[1]["error"], out[1]
+    assert len(sent) == 1  # only the good row was sent
+
+
+def test_image_tokens_are_estimated_as_the_provider_bills_them() -> None:
+    from judge._limiter import estimate_tokens
+
+    def prompt(url: str, detail: str | None = None) -> list[dict]:
+        return [{"type": "text", "text": "abcd"}, {"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}}]
+
+    assert estimate_tokens(prompt(_png(1024, 1024))) == 1 + 765  # OpenAI's worked example: 4 tiles -> 85 + 4 x 170
+    assert estimate_tokens(prompt(_png(2048, 4096))) == 1 + 1105  # scaled to 768 x 1536: 6 tiles
+    assert estimate_tokens(prompt(_png(4000, 4000), "low")) == 1 + 85
+    assert estimate_tokens(prompt("https://example.com/a.png")) == 1 + 1445  # size unknown: the most an image costs
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000/v1", "localhost:8000/v1"])
+def test_a_base_url_without_a_scheme_is_exit_2_with_the_fix_before_any_request(fake, tmp_path, url) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"question": "q?", "references": ["x"], "prediction": "x"}) + "\n")
+    done = runner.invoke(app, ["grade", str(source), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"),
+                               "--base-url", url, "--api-key", "k", "--no-cache"])
+    assert done.exit_code == 2, done.output
+    assert f"did you mean 'http://{url}'" in " ".join(done.output.split())
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("content, name", [("", "in.jsonl"), ("question,references,prediction\n", "in.csv")],
+                         ids=["empty_jsonl", "csv_header_only"])
+def test_an_empty_input_file_is_exit_2_saying_so(fake, tmp_path, content, name) -> None:
+    (tmp_path / name).write_text(content)
+    done = runner.invoke(app, ["grade", str(tmp_path / name), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"),
+                               "--base-url", fake.base_url, "--api-key", "k", "--no-cache"])
+    assert done.exit_code == 2 and "no rows to grade" in done.output, done.output
+    assert not (tmp_path / "o.jsonl").exists() and not fake.chat_requests()
