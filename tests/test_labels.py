@@ -289,7 +289,7 @@ def test_store_lines_without_a_usable_label_leave_their_rows_unlabelled(graded: 
     proc, url = start_view(str(graded), "--annotate", "--labels", str(path), "--on", "id")  # the values come from the file
     try:
         progress = call(url + "/api/labels")[1]
-        assert progress["values"] == ["correct"] and progress["labelled"] == 1
+        assert "correct" in progress["values"] and progress["labelled"] == 1  # the store's and the graded file's own labels
         assert sum("neither a text nor a number" in w for w in progress["warnings"]) == 3
         assert [call(url + f"/api/rows/{i}")[1]["labelled"] for i in (1, 2, 3, 5, 6)] == [True, False, False, False, False]
         assert call(url + "/api/rows?limit=10")[0] == 200

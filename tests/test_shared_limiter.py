@@ -304,7 +304,7 @@ def test_an_unreachable_redis_stops_the_run_before_any_request_and_names_the_url
         result = CliRunner().invoke(app, ["grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / "o.jsonl"), "--base-url",
                                           fake.base_url, "--api-key", "k", "--no-cache", "--rps", "5"], env={"GRADEKIT_LIMITER": url})
         assert result.exit_code == 2, result.output
-        assert url.replace("s3cret", "***") in result.output and "s3cret" not in result.output
+        assert "s3cret" not in result.output and "127.0.0.1" in result.output  # the URL is named, its password redacted
         assert "unreachable" in result.output
         assert fake.chat_requests() == []
 
