@@ -27,6 +27,7 @@ bomb would not be stopped. Whether all this works is probed once per process.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import json
 import os
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -114,6 +116,24 @@ def _python() -> tuple[str, list[str]]:
     return exe, sorted(roots)
 
 
+@functools.lru_cache(maxsize=1)
+def _distributions() -> Mapping[str, list[str]]:
+    import importlib.metadata
+
+    return importlib.metadata.packages_distributions()
+
+
+def _dist_info(distribution: str) -> str | None:
+    """The installed ``*.dist-info`` folder of a distribution (what ``importlib.metadata.version`` reads)."""
+    import importlib.metadata
+
+    try:
+        path = getattr(importlib.metadata.distribution(distribution), "_path", None)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return os.path.realpath(path) if path is not None and os.path.isdir(path) else None
+
+
 def package_paths(packages: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Each declared top-level package's folder (or single file), found without importing it."""
     found: dict[str, str] = {}
@@ -128,6 +148,10 @@ def package_paths(packages: list[str] | tuple[str, ...]) -> dict[str, str]:
         else:
             continue  # built in: nothing to bind
         found[name] = path
+        for dist in _distributions().get(name, ()):  # its metadata too: a package may read its own or a peer's version
+            meta = _dist_info(dist)
+            if meta is not None:
+                found[os.path.basename(meta)] = meta
         libs = os.path.join(os.path.dirname(path), f"{name}.libs")  # wheels' bundled shared libraries
         if os.path.isdir(libs):
             found[f"{name}.libs"] = os.path.realpath(libs)
