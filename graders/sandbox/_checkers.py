@@ -385,7 +385,9 @@ class CheckerPool:
                     if fd == self._wake_r:
                         continue
                     slot = by_fd[fd]
-                    if slot.proc is not None and slot.proc.stdout is not None and slot.proc.stdout.fileno() == fd:
+                    stdout = slot.proc.stdout if slot.proc is not None else None
+                    # a worker replaced earlier in this round (its write failed) has a closed pipe: not this fd any more
+                    if stdout is not None and not stdout.closed and stdout.fileno() == fd:
                         self._read(slot)
         except BaseException as e:  # noqa: BLE001 - the thread must never leave a Future unanswered
             self._fail_all(f"{self.name}: the checker pool failed ({type(e).__name__}: {e})")
