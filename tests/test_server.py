@@ -616,7 +616,10 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(serve) -> None:
 
 def test_past_max_connections_the_longest_waiting_idle_connection_makes_room(serve) -> None:
     url = serve(Recorder(), {"server": {"header_timeout_s": 600, "max_connections": 20}})
-    slow = [_slow_client(url) for _ in range(30)]
+    slow = []
+    for _ in range(30):  # one at a time: accepted together, their order at the server is not the order they connected in
+        slow.append(_slow_client(url))
+        time.sleep(0.05)
     for sock in slow[:10]:  # the ten that waited longest are closed to make room (the header deadline is far away)
         assert _closed_by_server(sock)
     status, _, body = call(url, "/compute_reward", {"response": "r"})  # a newcomer is answered while 20 slow ones are held
