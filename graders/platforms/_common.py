@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from .._config import load_grader
-from .._sample import Grade, Grader
+from .._sample import Grade, Grader, aclose_grader
 
 GraderSource = Grader | str | Path | Mapping[str, Any]
 RaisePolicy = Literal["raise"]
@@ -35,6 +36,38 @@ def resolve_grader(grader: GraderSource) -> Grader:
     if not callable(grader):
         raise TypeError(f"expected a grader (an async callable), a config file or a config mapping, got {type(grader).__name__}")
     return grader
+
+
+class PrivateGrader:
+    """A grader on one private event loop in a thread (judge's SyncRunner), started on first use:
+    sync trainers call it from any thread, with or without a running loop of their own.
+
+    A config file or mapping is kept as ``_source``, so that a pickled copy (Ray, process pools)
+    can rebuild it.
+    """
+
+    def __init__(self, grader: GraderSource) -> None:
+        self._source = grader if isinstance(grader, (str, Path, Mapping)) else None
+        self.grader: Grader = resolve_grader(grader)
+        self._runner: Any = None
+        self._lock = threading.Lock()
+
+    def run(self, coro: Any) -> Any:
+        from judge import SyncRunner
+
+        with self._lock:
+            if self._runner is None:
+                self._runner = SyncRunner()
+            runner = self._runner
+        return runner.run(coro)
+
+    def close(self) -> None:
+        """Close the grader (python workers, a judge the config built) and stop the loop thread."""
+        with self._lock:
+            runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.run(aclose_grader(self.grader))
+            runner.close()
 
 
 def grader_name(grader: Any, default: str = "gradekit") -> str:

@@ -10,7 +10,8 @@ from typing import Any
 
 from .._sample import Sample
 from ._common import check_fixed, plain, reference_dict
-from ._trainers import FailurePolicy, _failure, _graded, _Private
+from ._common import PrivateGrader
+from ._trainers import FailurePolicy, _failure, _graded
 
 # ---- SkyRL --------------------------------------------------------------------------------------
 
@@ -40,7 +41,7 @@ except ImportError:  # the same three methods, so the adapter works (and is test
             pass
 
 
-_SKYRL_SHARED: dict[str, _Private] = {}
+_SKYRL_SHARED: dict[str, PrivateGrader] = {}
 
 
 class GradekitTextEnv(_TextEnvBase):  # type: ignore[misc, valid-type]
@@ -60,7 +61,7 @@ class GradekitTextEnv(_TextEnvBase):  # type: ignore[misc, valid-type]
             raise ValueError("the gradekit SkyRL environment needs env_config.grader (a grader config file)")
         key = str(source)
         if key not in _SKYRL_SHARED:  # one grader (and judge, and limiter) per process, not per episode
-            _SKYRL_SHARED[key] = _Private(str(source))
+            _SKYRL_SHARED[key] = PrivateGrader(str(source))
         self.private = _SKYRL_SHARED[key]
         self.on_error: FailurePolicy = _get(env_config, "on_error", "raise")
         check_fixed(self.on_error, "on_error")

@@ -40,38 +40,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from judge import SyncRunner
-
 from .._members import GroupPolicy, MemberPolicy, decide
-from .._sample import Grade, Grader, Sample, aclose_grader
-from ._common import GraderSource, GradingError, check_fixed, grader_name, plain, reference_dict, resolve_grader
+from .._sample import Grade, Grader, Sample
+from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, grader_name, plain, reference_dict, resolve_grader
 
 FailurePolicy = float | str  # "raise" or a fixed score in [-1, 1]
-
-
-class _Private:
-    """A grader on one private event loop in a thread (judge's SyncRunner): sync trainers call it
-    from any thread, with or without a running loop of their own."""
-
-    def __init__(self, grader: GraderSource) -> None:
-        self._source = grader if isinstance(grader, (str, Path, Mapping)) else None
-        self.grader: Grader = resolve_grader(grader)
-        self._runner: SyncRunner | None = None
-        self._lock = threading.Lock()
-
-    def run(self, coro: Any) -> Any:
-        with self._lock:
-            if self._runner is None:
-                self._runner = SyncRunner()
-            runner = self._runner
-        return runner.run(coro)
-
-    def close(self) -> None:
-        with self._lock:
-            runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.run(aclose_grader(self.grader))
-            runner.close()
 
 
 def _failure(grade: Grade, policy: FailurePolicy, where: str) -> float:
@@ -91,7 +64,7 @@ async def _graded(grader: Grader, sample: Sample, deadline_s: float | None) -> G
 
 # ---- AReaL --------------------------------------------------------------------------------------
 
-_AREAL_SHARED: dict[str, _Private] = {}  # per process: AsyncRewardWrapper pickles the function for every call
+_AREAL_SHARED: dict[str, PrivateGrader] = {}  # per process: AsyncRewardWrapper pickles the function for every call
 _AREAL_LOCK = threading.Lock()
 
 
@@ -114,11 +87,11 @@ class AReaLReward:
         self.source = str(grader) if isinstance(grader, Path) else grader
         self.deadline_s, self.on_error, self.on_invalid, self.answer_key = deadline_s, on_error, on_invalid, answer_key
 
-    def _private(self) -> _Private:
+    def _private(self) -> PrivateGrader:
         key = repr(sorted(self.source.items())) if isinstance(self.source, Mapping) else str(self.source)
         with _AREAL_LOCK:
             if key not in _AREAL_SHARED:
-                _AREAL_SHARED[key] = _Private(self.source)
+                _AREAL_SHARED[key] = PrivateGrader(self.source)
             return _AREAL_SHARED[key]
 
     def sample(self, prompt: Any, completions: Any, data: Mapping[str, Any]) -> Sample:
@@ -255,7 +228,7 @@ class ROLLRewards:
 
     def __init__(self, grader: GraderSource, *, on_member_error: MemberPolicy = "renormalize", min_members: int = 2,
                  group_deadline_s: float | None = None) -> None:
-        self.private = _Private(grader)
+        self.private = PrivateGrader(grader)
         self.policy = GroupPolicy(on_member_error=on_member_error, min_members=min_members, group_deadline_s=group_deadline_s)
 
     def __call__(self, prompts: Sequence[str], responses: Sequence[str], ground_truths: Sequence[Any],

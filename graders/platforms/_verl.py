@@ -24,15 +24,11 @@ score, or ``"raise"`` (the default, as verl has no channel for "could not grade"
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from judge import SyncRunner
-
-from .._sample import Grade, Grader, Sample, aclose_grader
-from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, plain, reference_dict, resolve_grader
+from .._sample import Grade, Sample
+from ._common import GraderSource, GradingError, PrivateGrader, RaisePolicy, check_fixed, plain, reference_dict
 
 VerlPolicy = float | RaisePolicy
 RESULT_KEYS = ("score", "reward", "ok", "invalid", "judge_error")
@@ -45,7 +41,7 @@ def verl_references(ground_truth: Any, reference_key: str | None = "answer") -> 
     return reference_dict(ground_truth, "ground_truth", answer_key=reference_key)
 
 
-class VerlReward:
+class VerlReward(PrivateGrader):
     """verl's ``compute_score`` (call it) and its batch form (:meth:`batch`) over one grader.
 
     Build it with :func:`verl_compute_score`. Grading runs on one private event loop in a
@@ -57,13 +53,9 @@ class VerlReward:
                  reference_key: str | None = "answer", prompt_keys: Sequence[str] = ("prompt", "question")) -> None:
         check_fixed(on_invalid, "on_invalid")
         check_fixed(on_error, "on_error")
-        # A config file or mapping is kept so that a pickled copy (Ray, process pools) rebuilds it.
-        self._source = grader if isinstance(grader, (str, Path, Mapping)) else None
-        self.grader: Grader = resolve_grader(grader)
+        super().__init__(grader)
         self.on_invalid, self.on_error = on_invalid, on_error
         self.reference_key, self.prompt_keys = reference_key, tuple(prompt_keys)
-        self._runner: SyncRunner | None = None
-        self._lock = threading.Lock()
 
     # ---- the two call shapes ------------------------------------------------------------------
 
@@ -78,7 +70,7 @@ class VerlReward:
             return self.batch(**kwargs)
         if not isinstance(solution_str, str):
             raise TypeError(f"compute_score needs solution_str as a string, got {type(solution_str).__name__}")
-        grade = self._run(self.grader(self.sample(data_source, solution_str, ground_truth, extra_info)))
+        grade = self.run(self.grader(self.sample(data_source, solution_str, ground_truth, extra_info)))
         return self.result(grade, where="")
 
     def batch(self, data_sources: Sequence[Any], solution_strs: Sequence[str], ground_truths: Sequence[Any],
@@ -95,7 +87,7 @@ class VerlReward:
         async def all_of() -> list[Grade]:
             return list(await asyncio.gather(*(self.grader(s) for s in samples)))
 
-        grades = self._run(all_of())
+        grades = self.run(all_of())
         return [self.result(g, where=f"batch item {i}: ") for i, g in enumerate(grades)]
 
     # ---- conversion -------------------------------------------------------------------------
@@ -120,23 +112,6 @@ class VerlReward:
             score = float(policy)
         return {"score": score, "reward": score, "ok": float(grade.ok), "invalid": float(grade.status == "invalid"),
                 "judge_error": float(grade.status == "error")}
-
-    # ---- the private loop -------------------------------------------------------------------
-
-    def _run(self, coro: Any) -> Any:
-        with self._lock:
-            if self._runner is None:
-                self._runner = SyncRunner()
-            runner = self._runner
-        return runner.run(coro)
-
-    def close(self) -> None:
-        """Close the grader (python workers, a judge the config built) and stop the loop thread."""
-        with self._lock:
-            runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.run(aclose_grader(self.grader))
-            runner.close()
 
     def __getstate__(self) -> dict[str, Any]:
         if self._source is None:
