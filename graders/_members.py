@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,10 +55,14 @@ def timeout_grade(deadline_s: float) -> Grade:
     return Grade.failed("error", f"not graded within group_deadline_s ({deadline_s:g} s)", error_kind="timeout")
 
 
-async def gather_members(calls: Sequence[Callable[[], Awaitable[Grade]]], deadline_s: float | None,
-                         *, started: float | None = None) -> list[Grade]:
+R = TypeVar("R")
+
+
+async def gather_members(calls: Sequence[Callable[[], Awaitable[R]]], deadline_s: float | None,
+                         *, started: float | None = None, on_timeout: Callable[[float], R] = timeout_grade) -> list[R]:
     """Run every member at once; when the deadline passes, the members still waiting are cancelled
-    and failed as ``timeout``. ``started`` (loop time) lets retries share one deadline."""
+    and failed as ``on_timeout(deadline_s)`` (a ``timeout`` Grade; the server's group routes give
+    their response). ``started`` (loop time) lets retries share one deadline."""
     loop = asyncio.get_running_loop()
     tasks = [asyncio.ensure_future(call()) for call in calls]
     if not tasks:
@@ -74,18 +78,18 @@ async def gather_members(calls: Sequence[Callable[[], Awaitable[Grade]]], deadli
         t.cancel()
     if pending:
         await asyncio.wait(pending, timeout=CANCEL_GRACE_S)  # bounded: a member that ignores cancellation is left behind
-    grades: list[Grade] = []
+    results: list[R] = []
     for t in tasks:
         if t in pending:
-            grades.append(timeout_grade(deadline_s or 0.0))
+            results.append(on_timeout(deadline_s or 0.0))
             continue
         exc = t.exception()
         if exc is not None:  # a grader that raised (a bug, not a judge error): nothing of the group is kept running
             for other in tasks:
                 other.cancel()
             raise exc
-        grades.append(t.result())
-    return grades
+        results.append(t.result())
+    return results
 
 
 def is_failed(grade: Grade) -> bool:

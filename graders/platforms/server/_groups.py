@@ -12,9 +12,10 @@ An invalid member (it can never be graded) is not renormalized: its route refuse
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..._members import CANCEL_GRACE_S, GroupPolicy, decide
+from ..._members import GroupPolicy, decide, gather_members
 from ._models import RewardRequest, RewardResponse
 
 
@@ -29,32 +30,7 @@ def _failed(response: RewardResponse) -> bool:
 
 async def _run(compute: Callable[[RewardRequest], Awaitable[RewardResponse]], requests: Sequence[RewardRequest],
                deadline_s: float | None, started: float) -> list[RewardResponse]:
-    loop = asyncio.get_running_loop()
-    tasks = [asyncio.ensure_future(compute(r)) for r in requests]
-    if not tasks:
-        return []
-    remaining = None if deadline_s is None else max(0.0, deadline_s - (loop.time() - started))
-    try:
-        _done, pending = await asyncio.wait(tasks, timeout=remaining)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        raise
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
-    out = []
-    for t in tasks:
-        if t in pending:
-            out.append(_timeout(deadline_s or 0.0))
-        elif t.exception() is not None:
-            for other in tasks:
-                other.cancel()
-            raise t.exception()  # type: ignore[misc]
-        else:
-            out.append(t.result())
-    return out
+    return await gather_members([functools.partial(compute, r) for r in requests], deadline_s, started=started, on_timeout=_timeout)
 
 
 async def compute_group(compute: Callable[[RewardRequest], Awaitable[RewardResponse]], requests: Sequence[RewardRequest],
