@@ -197,6 +197,11 @@ class Judge:
         """Each endpoint's requests, answers, rate and state so far (one entry without a fleet)."""
         return self._fleet.endpoints()
 
+    @property
+    def held_seconds(self) -> float:
+        """Seconds its limiters held requests so far, over every endpoint of a fleet."""
+        return self._fleet.held_seconds
+
     def pacing(self) -> Pacing:
         """How the judge paces now: its limiter's pacing; for a fleet, the summed rate of its endpoints."""
         return self._fleet.pacing()

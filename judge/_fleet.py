@@ -385,6 +385,11 @@ class Fleet:
     def endpoints(self) -> list[EndpointStats]:
         return [member.snapshot() for member in self.members]
 
+    @property
+    def held_seconds(self) -> float:
+        """Seconds the endpoints' limiters held requests, summed (a limiter that does not count adds 0)."""
+        return sum(float(getattr(m.limiter, "held_seconds", 0.0) or 0.0) for m in self.members)
+
     def pacing(self) -> Pacing:
         """One endpoint's limiter's pacing; for several, the summed rate of those up."""
         if self.router is None:

@@ -74,6 +74,9 @@ async def test_requests_follow_each_endpoints_limit() -> None:
     assert [e.base_url for e in stats] == [slow.base_url, fast.base_url]
     assert [e.ok for e in stats] == answered and all(e.state == "up" for e in stats)
     assert judge.pacing().mode == "headers" and judge.pacing().rps > 20  # the fleet's rate is the sum of its endpoints'
+    # What the limiters held is every endpoint's (the reward server's /metrics reports it), not the first one's alone.
+    held = [m.limiter.held_seconds for m in judge._fleet.members]
+    assert judge.held_seconds == pytest.approx(sum(held)) and held[0] > 0
 
 
 async def test_the_cache_key_does_not_depend_on_the_endpoint(pair, tmp_path: Path) -> None:

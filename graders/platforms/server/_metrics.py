@@ -121,8 +121,8 @@ class _JudgeCollector:
                 requests.add_metric([endpoint, "rate_limited"], stats.rate_limited)
                 requests.add_metric([endpoint, "error"], stats.errors)
                 breaker.add_metric([endpoint], BREAKER.get(stats.state, 2.0))
-            for member in getattr(judge, "_members", None) or [judge]:
-                held += float(getattr(getattr(member, "limiter", None), "held_seconds", 0.0) or 0.0)
+            for member in getattr(judge, "members", None) or [judge]:  # a Jury's or a Cascade's judges, or the judge
+                held += float(getattr(member, "held_seconds", 0.0) or 0.0)
         waits.add_metric([], held)
         yield requests
         yield breaker
