@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ._policy import Isolation, Policy, SandboxUnavailable, SandboxWarning, package_paths, resolve, zygote_argv
+from ._pool import kill_group
 
 DEPTH = 4  # requests in flight per worker: enough to hide the round trip, few to re-send after a kill
 START_TIMEOUT = 60.0  # seconds a worker may take to load its libraries
@@ -67,23 +68,6 @@ class _Slot:
     inflight: collections.deque = field(default_factory=collections.deque)
     out: bytearray = field(default_factory=bytearray)
     buf: bytearray = field(default_factory=bytearray)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for stream in (proc.stdin, proc.stdout):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 class CheckerPool:
@@ -170,7 +154,7 @@ class CheckerPool:
     def _shutdown(slots: list[_Slot], home: tempfile.TemporaryDirectory, wake_w: int) -> None:
         for slot in slots:
             if slot.proc is not None:
-                _kill(slot.proc)
+                kill_group(slot.proc)
                 slot.proc = None
         home.cleanup()
 
@@ -210,7 +194,7 @@ class CheckerPool:
     def _retire(self, slot: _Slot, head_reply: dict[str, Any] | None, count: str) -> None:
         """Kill the slot's worker; the head request gets ``head_reply``; the rest go back to the queue front."""
         if slot.proc is not None:
-            _kill(slot.proc)
+            kill_group(slot.proc)
             slot.proc = None
         self.counts[count] += 1
         jobs = list(slot.inflight)
@@ -396,7 +380,7 @@ class CheckerPool:
             self._fail_all(f"{self.name} is closed")
             for slot in self._slots:
                 if slot.proc is not None:
-                    _kill(slot.proc)
+                    kill_group(slot.proc)
                     slot.proc = None
 
 

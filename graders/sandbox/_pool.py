@@ -49,6 +49,24 @@ class _Died(Exception):
     pass
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a worker with its whole process group (its own session: grandchildren too), close its pipes, reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class _Worker:
     """One child process and its two pipes."""
 
@@ -102,20 +120,7 @@ class _Worker:
         return f"exit code {code}"
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_group(self.proc)
 
 
 def _shutdown(live: dict[int, _Worker], executor: ThreadPoolExecutor, home: tempfile.TemporaryDirectory[str]) -> None:
