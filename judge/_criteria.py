@@ -106,22 +106,29 @@ def check_criteria(criteria: Sequence[Criterion]) -> list[Criterion]:
     return list(criteria)
 
 
+def literal_cell(text: str) -> Any:
+    """A CSV cell's value: its JSON, else the Python literal pandas' ``to_csv`` writes for a list;
+    None when it is neither. Literals only: nothing in the cell is run."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+
+
 def criteria_from_cell(value: Any) -> list[Criterion]:
     """A row's criteria: a list (or JSON text of one, or pandas' repr) of statements or criterion objects.
 
     A bare statement gets the id ``c<position>`` (c1, c2, ...). Raises ValueError saying what is wrong.
     """
     if isinstance(value, str):
-        text = value.strip()
-        parsed: Any = None
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                parsed = ast.literal_eval(text)  # literals only: nothing in the cell is run
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                raise ValueError("criteria must be a list of statements or {id, statement, weight, labels, required} "
-                                 "objects; the cell is not a JSON list") from None
+        parsed = literal_cell(value)
+        if parsed is None:
+            raise ValueError("criteria must be a list of statements or {id, statement, weight, labels, required} "
+                             "objects; the cell is not a JSON list")
         value = parsed
     if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
         value = value.tolist()  # numpy / pyarrow arrays from pandas

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import json
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults
+from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults, literal_cell
 from ._specs import RubricError, read_spec, rubric_index, spec_path
 
 if TYPE_CHECKING:  # Jinja loads on the first render: listing or loading rubrics does not need it
@@ -314,13 +313,7 @@ def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
     if isinstance(value, str):
         text = value.strip()
         if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
-            try:
-                parsed = json.loads(text)
-            except json.JSONDecodeError:
-                try:
-                    parsed = ast.literal_eval(text)  # literals only: nothing in the cell is run
-                except (ValueError, SyntaxError, MemoryError, RecursionError):
-                    parsed = None
+            parsed = literal_cell(text)
             if isinstance(parsed, list):
                 return [str(x) for x in parsed]
         return [value]
