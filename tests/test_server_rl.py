@@ -22,21 +22,10 @@ import yaml
 from openai.types.responses import Response
 
 from graders.platforms.server._metrics import safe_endpoint
-from judge.testing import FakeProvider, Reply
+from judge.testing import FakeProvider
 
-from .conftest import reference_judge
 from .test_server import call, judge_grader, serve  # noqa: F401  (serve is a fixture)
-
-HANG = Reply(delay=3600.0, content="{}")
-
-
-def responder(body: dict) -> Reply:
-    text = body["messages"][-1]["content"]
-    if "HANG" in text:
-        return HANG
-    if "FAIL" in text:
-        return Reply(content="I cannot tell.")
-    return reference_judge(body)
+from .test_trainers_2026 import responder  # the reference judge; FAIL unparseable, HANG never answered
 
 
 # ---- slime / miles: remote_rm, verbatim from THUDM/slime 624b824 slime/rollout/rm_hub/__init__.py ---------
