@@ -276,17 +276,24 @@ def test_a_local_image_outside_the_input_folder_is_refused(tmp_path) -> None:
     assert len(sent) == 1  # the refused row sent nothing
 
 
-def test_a_data_uri_that_is_not_base64_is_the_rows_error_and_sends_nothing(tmp_path) -> None:
-    write_images(tmp_path)
-    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": "data:image/png;base64,not base64!"}}]
+def grade_with_image(tmp_path, image: str):
+    """Grade a good row and one whose image cell is ``image`` with the image criterion against the fake:
+    the CLI's result, the output rows and the requests the fake received."""
+    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": image}}]
     (tmp_path / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
     (tmp_path / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     with FakeProvider(responder=responder) as fake:
         result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(tmp_path / "eval.json"), "-o",
                                      str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"])
         sent = fake.chat_requests()
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()] if (tmp_path / "out.jsonl").exists() else []
+    return result, out, sent
+
+
+def test_a_data_uri_that_is_not_base64_is_the_rows_error_and_sends_nothing(tmp_path) -> None:
+    write_images(tmp_path)
+    result, out, sent = grade_with_image(tmp_path, "data:image/png;base64,not base64!")
     assert result.exit_code == 1, result.output
-    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out[1]["status"] == "invalid" and "not valid base64" in out[1]["error"]
     assert len(sent) == 1
 

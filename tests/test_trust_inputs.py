@@ -11,9 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graders.cli import app
-from judge.testing import FakeProvider
 
-from .test_evals_api import EVAL, items, responder, write_images
+from .test_evals_api import grade_with_image, write_images
 
 runner = CliRunner()
 
@@ -34,15 +33,8 @@ def test_an_image_the_provider_would_refuse_is_the_rows_error_and_sends_nothing(
     with open(tmp_path / "big.png", "wb") as big:  # sparse: 200 MB on paper, nothing on disk or in memory
         big.truncate(200 * 1024 * 1024)
     (tmp_path / "notes.txt").write_text("not an image")
-    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": image}}]
-    (tmp_path / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
-    (tmp_path / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with FakeProvider(responder=responder) as fake:
-        result = runner.invoke(app, ["grade", str(tmp_path / "items.jsonl"), "--grader", str(tmp_path / "eval.json"), "-o",
-                                     str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"])
-        sent = fake.chat_requests()
+    result, out, sent = grade_with_image(tmp_path, image)
     assert result.exit_code == 1, result.output
-    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out[1]["status"] == "invalid" and said in out[1]["error"], out[1]
     assert len(sent) == 1  # only the good row was sent
 
