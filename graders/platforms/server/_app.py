@@ -344,10 +344,11 @@ class _Admission:
 
 
 class _RequestLog:
-    """One log line per request: method, route, status, outcome and latency (also as record fields)."""
+    """The outermost middleware: each request timed with its status, then one log line (method, route,
+    status, outcome and latency, also as record fields) when ``log``, and told to ``observe`` (/metrics)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, log: bool, observe: Callable[[str, int, float], None]) -> None:
+        self.app, self.log, self.observe = app, log, observe
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -366,11 +367,14 @@ class _RequestLog:
         try:
             await self.app(scope, receive, capture)
         finally:
-            ms = (time.perf_counter() - started) * 1000
-            outcome = state.get("gradekit_outcome") or ("ok" if 200 <= status < 300 else "error")
+            seconds = time.perf_counter() - started
             route = scope["path"]
-            logger.info("%s %s -> %d %s in %.1f ms", scope["method"], route, status, outcome, ms,
-                        extra={"route": route, "status": status, "outcome": outcome, "latency_ms": ms})
+            self.observe(route, status, seconds)
+            if self.log:
+                ms = seconds * 1000
+                outcome = state.get("gradekit_outcome") or ("ok" if 200 <= status < 300 else "error")
+                logger.info("%s %s -> %d %s in %.1f ms", scope["method"], route, status, outcome, ms,
+                            extra={"route": route, "status": status, "outcome": outcome, "latency_ms": ms})
 
 
 # ---- the app ------------------------------------------------------------------------------------
@@ -549,8 +553,6 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
     token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None
     if token:
         app.add_middleware(_BearerAuth, token=token)
-    if cfg.logging.enable:
-        app.add_middleware(_RequestLog)  # added last: outermost, so it times and logs 401s too
-    metrics_middleware, options = app.state.metrics_middleware
-    app.add_middleware(metrics_middleware, **options)
+    # added last: outermost, so it times, logs and counts 401s, 413s and 503s too
+    app.add_middleware(_RequestLog, log=cfg.logging.enable, observe=app.state.observe_request)
     return app

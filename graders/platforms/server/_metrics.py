@@ -32,7 +32,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 KNOWN_ROUTES = frozenset({"/health", "/compute_reward", "/api/v1", "/", "/get_reward", "/grade", "/slime", "/verify",
                           "/metrics", "/stats"})
@@ -132,32 +131,6 @@ class _JudgeCollector:
         yield in_flight
 
 
-class _RequestMetrics:
-    """Counts and times every HTTP request by route and status code."""
-
-    def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram) -> None:
-        self.app, self.requests, self.latency = app, requests, latency
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
-        started, status = time.perf_counter(), 500
-
-        async def capture(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            self.latency.labels(route).observe(time.perf_counter() - started)
-            self.requests.labels(route, str(status)).inc()
-
-
 def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
     """``GET /metrics`` and ``GET /stats`` on the app; every reward the engine computes is counted and timed."""
     registry = CollectorRegistry(auto_describe=True)
@@ -199,7 +172,12 @@ def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
     async def stats() -> Response:
         return JSONResponse(times.report())
 
-    # create_app adds this last, so it is outermost: a 503, 413 or 401 is counted too.
-    app.state.metrics_middleware = (_RequestMetrics, {"requests": requests, "latency": latency})
+    def observe(path: str, status: int, seconds: float) -> None:
+        """One HTTP request, told by the server's outermost middleware (so a 503, 413 or 401 counts too)."""
+        route = path if path in KNOWN_ROUTES else "other"
+        latency.labels(route).observe(seconds)
+        requests.labels(route, str(status or 500)).inc()  # no response started: the app raised
+
+    app.state.observe_request = observe
     app.state.reward_times = times
     return times
