@@ -364,8 +364,11 @@
       }, `${i + 1} ${v}`)));
     }
     async function next() {
+      const before = location.hash;
       try {
         const drawn = await api("/api/next?strategy=" + $("label-strategy").value);
+        // Opened a row meanwhile (a link, j/k, the back button): that choice stands, the draw is dropped.
+        if (location.hash !== before) return;
         openRow(drawn.index);
       } catch (e) { $("label-status").textContent = e.message; }
     }
