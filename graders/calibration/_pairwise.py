@@ -36,8 +36,9 @@ from judge import Judge, Rubric, Verdict
 
 from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
-from ..runs._io import InputError, RowWriter, input_columns
+from ..runs._io import InputError, RowWriter, RunInput
 from ..runs._lock import output_lock
+from ..runs._plan import Grading, RunPlan
 
 ConflictRule = Literal["tie", "first", "third", "vote"]
 CONFLICT_RULES: tuple[str, ...] = ("tie", "first", "third", "vote")
@@ -319,7 +320,7 @@ def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verd
 async def grade_pairwise_file(
     judge: Judge,
     rubric: Rubric,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str],
     *,
@@ -337,42 +338,43 @@ async def grade_pairwise_file(
     LLMBar's Acc and Agr and the position-bias figures, computed with :func:`pairwise_report`.
     The output is locked while it is written, as for any file run.
     """
+    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
     with output_lock(source, destination):
-        return await _pairwise_file(judge, rubric, source, destination, mapping, swap=swap, on_conflict=on_conflict,
-                                    tiebreak=tiebreak, label_column=label_column, convention=convention, on_row=on_row,
-                                    encoding=encoding)
+        grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
+        check_columns(source, rubric, mapping)
+        result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if hasattr(judge, "jurors") else PAIRWISE_COLUMNS
+        # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
+        workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
+        # No checkpoint (a pairwise run is not resumed), so no settings and no Parquet types.
+        grading = Grading(result_columns, {}, {}, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
+                          judge_row=grade, input_error=_pair_input_error, to_row=pair_row)
+        return await _pairwise_file(RunPlan(source, destination, grading, on_row=on_row), label_column=label_column,
+                                    convention=convention, swap=swap)
 
 
-async def _pairwise_file(judge: Judge, rubric: Rubric, source: Path, destination: Path, mapping: Mapping[str, str], *,
-                         swap: bool, on_conflict: ConflictRule, tiebreak: Judge | None, label_column: str | None,
-                         convention: Literal["llmbar", "skip"], on_row: Callable[[PairVerdict], None] | None,
-                         encoding: str | None) -> PairwiseRunSummary:
-    grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
-    check_columns(source, rubric, mapping, encoding)
-    header = input_columns(source, encoding)
-    result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if hasattr(judge, "jurors") else PAIRWISE_COLUMNS
-    columns = output_columns(header, result_columns) if header is not None else None
+def _pair_input_error(message: str) -> PairVerdict:
+    failed = Verdict(status="error", error_kind="input", error=message)
+    return PairVerdict(ab=failed, status="error", error_kind="input", error=message)
+
+
+async def _pairwise_file(plan: RunPlan[PairVerdict], *, label_column: str | None, convention: Literal["llmbar", "skip"],
+                         swap: bool) -> PairwiseRunSummary:
+    header = plan.input.columns
+    columns = output_columns(header, plan.grading.columns) if header is not None else None
     try:
-        writer = RowWriter(destination, columns=columns)
+        writer = RowWriter(plan.output, columns=columns)
     except OSError as e:  # a read-only file or folder: before any request
-        raise InputError(f"cannot write {destination}: {e.strerror or e}") from e
+        raise InputError(f"cannot write {plan.output}: {e.strerror or e}") from e
     outcomes: dict[int, tuple[Any, PairVerdict | None]] = {}
     started = time.perf_counter()
 
-    def input_error(message: str) -> PairVerdict:
-        failed = Verdict(status="error", error_kind="input", error=message)
-        return PairVerdict(ab=failed, status="error", error_kind="input", error=message)
-
     def emit(number: int, out_row: dict[str, Any], pair: PairVerdict) -> dict[str, Any]:
         outcomes[number] = (out_row.get(label_column) if label_column else None, pair)
-        if on_row is not None:
-            on_row(pair)
-        return pair_row(out_row, pair)
+        if plan.on_row is not None:
+            plan.on_row(pair)
+        return plan.grading.to_row(out_row, pair)
 
-    # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
-    workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
-    await stream_in_order(source, writer, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
-                          judge_row=grade, input_error=input_error, emit=emit, encoding=encoding)
+    await stream_in_order(plan, writer, emit)
     # Acc / Agr need both orders: without the swap there is nothing to compare.
     return _summarise([outcomes[k] for k in sorted(outcomes)], label_column if swap else None, convention,
                       time.perf_counter() - started)

@@ -45,7 +45,7 @@ def fit(
 
     from ..calibration._cascade import fit_cascade
     from ..runs._file import _variables, check_columns, resolve_mapping
-    from ..runs._io import InputError, RowError, RunInput, read_rows
+    from ..runs._io import InputError, RowError, RunInput
 
     warnings_to_stderr()
     opts.check()
@@ -73,7 +73,7 @@ def fit(
         source = RunInput.resolve(labelled)
         check_columns(source, spec, variables)
         rows, human = [], []
-        for number, row in enumerate(read_rows(source), start=1):
+        for number, row in enumerate(source.read(), start=1):
             if isinstance(row, RowError):
                 raise InputError(f"{labelled}: {row}")
             if human_column not in row:

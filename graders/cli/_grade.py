@@ -290,11 +290,9 @@ def grade(
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
 
-def _has_rows(source) -> bool:
+def _has_rows(source: RunInput) -> bool:
     """Whether the input holds one row (read lazily: the first row, or the first unreadable one, answers)."""
-    from ..runs._io import read_rows
-
-    rows = read_rows(source)
+    rows = source.read()
     try:
         return next(rows, None) is not None
     finally:
@@ -321,15 +319,11 @@ class _Show:
                  fleet: Callable[[], str] | None = None) -> None:
         self.err, self.bar, self.every, self.done, self.encoding, self.fleet = err, bar, every, done, encoding, fleet
 
-    def progress(self, source: Path | RunInput):  # -> RunProgress
-        from ..runs._io import count_rows
+    def progress(self, source: RunInput):  # -> RunProgress
         from ._progress import RunProgress
 
         # Counting is a pass over the input: a bar needs it now, the lines only once the first is due.
-        def count() -> int:
-            return count_rows(source, self.encoding)
-
-        return RunProgress(count() if self.bar else count, self.err, every=self.every, bar=self.bar, done=self.done,
+        return RunProgress(source.count_rows() if self.bar else source.count_rows, self.err, every=self.every, bar=self.bar, done=self.done,
                            fleet=self.fleet)
 
 

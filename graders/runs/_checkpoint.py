@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import InputError, RunInput, fingerprint, tail_hash, text_rows_before
+from ._io import InputError, RunInput, tail_hash, text_rows_before
 
 
 class Checkpoint:
@@ -20,10 +20,10 @@ class Checkpoint:
 
     warning: str | None = None  # why load() did not trust the checkpoint it found
 
-    def __init__(self, source: Path | RunInput, destination: Path, settings: Mapping[str, Any]) -> None:
+    def __init__(self, source: RunInput, destination: Path, settings: Mapping[str, Any]) -> None:
         self.path = destination.with_name(destination.name + ".checkpoint.json")
         self.destination = destination
-        self.identity = {"input": fingerprint(source), "settings": json.loads(json.dumps(settings, default=str))}
+        self.identity = {"input": source.fingerprint, "settings": json.loads(json.dumps(settings, default=str))}
 
     def load(self) -> dict[str, Any] | None:
         """The saved state, if it belongs to this input, these settings and the output as it is now.

@@ -9,6 +9,7 @@ cache, so no request is sent twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -17,12 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
 from judge import Judge, Rubric, Verdict
-from judge._breaker import TRANSIENT, Breaker, BreakerTripped, Trip, breaker_scope
+from judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from judge._redact import redact_url
 from judge._rubric import rubric_fingerprint
 from judge._pacing import Pacing
@@ -30,8 +31,9 @@ from judge._pacing import Pacing
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
-from ._io import InputError, RowError, RowWriter, RunInput, file_format, input_columns, input_format, parquet_schema, read_rows, written_rows
+from ._io import InputError, RowError, RowWriter, RunInput, file_format, written_rows
 from ._lock import output_lock
+from ._plan import Grading, O, RunOptions, RunPlan
 from .._spread import SpreadReport, SpreadTally
 
 logger = logging.getLogger("gradekit.runs")
@@ -39,6 +41,8 @@ logger = logging.getLogger("gradekit.runs")
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached",
                   "raw_reply", "attempts"]
 RAW_REPLY_CHARS = 2000  # an error row keeps this much of the judge's reply: enough to see why, not a whole essay
+# The error kinds --retry-errors grades again: nothing about the row itself caused them.
+TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
 
 
 class RunSummary(BaseModel):
@@ -105,17 +109,17 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def check_columns(path: Path | RunInput, rubric: Rubric, mapping: Mapping[str, str], encoding: str | None = None) -> None:
+def check_columns(source: RunInput, rubric: Rubric, mapping: Mapping[str, str]) -> None:
     """Fail before any request when a CSV header or Parquet schema lacks a column the rubric needs.
 
     Every missing column is named in the one message, so a user fixes them all in one run.
     """
-    header = input_columns(path, encoding)
+    header = source.columns
     if header is None:
         return
     missing = {var: column for var, column in mapping.items() if rubric.variables[var].required and column not in header}
     if missing:
-        raise InputError(f"{path}: {_lacking(missing, rubric, 'column')} not in the file; "
+        raise InputError(f"{source}: {_lacking(missing, rubric, 'column')} not in the file; "
                          f"columns are {', '.join(header) or '(none)'}; {_map_hint(missing, header, mapping)}")
 
 
@@ -224,7 +228,7 @@ def panel_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
     return cells
 
 
-def column_types(source: Path | RunInput, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
+def column_types(source: RunInput, destination: Path, header: list[str] | None, result_types: Mapping[str, str],
                  result_columns: list[str]) -> dict[str, Any]:
     """Arrow types for a Parquet output: the input's own schema, and fixed types for the results."""
     if file_format(destination) != "parquet":
@@ -232,9 +236,9 @@ def column_types(source: Path | RunInput, destination: Path, header: list[str] |
     import pyarrow as pa
 
     types: dict[str, Any] = {name: pa.type_for_alias(alias) for name, alias in result_types.items()}
-    kind = input_format(source)
+    kind = source.format
     if kind == "parquet":
-        for field in parquet_schema(source):
+        for field in source.schema:
             types[f"input_{field.name}" if field.name in result_columns else field.name] = field.type
     elif kind == "csv":
         for name in header or []:
@@ -277,8 +281,8 @@ async def grade_file(
     the rows an earlier run left with a transient error. See :func:`run_file`. ``source`` may be
     a :class:`RunInput` the caller resolved already.
     """
-    source = RunInput.resolve(source, encoding)
-    check_columns(source, rubric, mapping, encoding)
+    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
+    check_columns(source, rubric, mapping)
     extra: dict[str, Any] = {"encoding": encoding} if encoding else {}
     columns, types, to_row = RESULT_COLUMNS, RESULT_TYPES, result_row
     if keep_reasoning:  # the judge's thinking, for reading next to the verdict; never parsed
@@ -292,14 +296,20 @@ async def grade_file(
         to_row = lambda row, verdict: {**plain(row, verdict), **panel_cells(verdict, panel)}  # noqa: E731
     if rubric.is_checklist:
         columns, types, to_row = _checklist_output(rubric, destination, columns, types, to_row)
-    return await run_file(
-        source, destination, columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
+    grading = Grading(
+        columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
         judge_row=(lambda values: _invalid_as_error(rubric, judge.judge(rubric, values))) if rubric.invalid_labels
         else (lambda values: judge.judge(rubric, values)),
-        input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-        to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors, encoding=encoding,
+        input_error=verdict_input_error, to_row=to_row,
     )
+    options = RunOptions(resume=resume, keep_going=keep_going, retry_errors=retry_errors, group_by=group_by)
+    return await run_file(RunPlan(source, destination, grading, options, on_row=on_row))
+
+
+def verdict_input_error(message: str) -> Verdict:
+    """A rubric run's row that cannot be graded (unreadable, or lacking a variable): an error row of kind input."""
+    return Verdict(status="error", error_kind="input", error=message)
 
 
 def _checklist_output(rubric: Rubric, destination: Path, columns: list[str], types: dict[str, str],
@@ -388,8 +398,7 @@ async def grade_file_with(
     The judges of the grader's LLM nodes report to the run's circuit breaker as in
     :func:`grade_file`; ``keep_going`` and ``retry_errors`` are as there.
     """
-    source = RunInput.resolve(source, encoding)
-    rows = RowMapping.build(mapping, input_columns(source, encoding))
+    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
     extra = grader_columns(grader)
 
     async def run(sample: Sample) -> Grade:
@@ -398,59 +407,47 @@ async def grade_file_with(
         except Exception as e:  # a grader bug is that row's error, not the end of the run
             return Grade.failed("error", f"the grader raised {type(e).__name__}: {e}", error_kind="exception")
 
-    return await run_file(
-        source, destination, [*GRADER_COLUMNS, *extra], {**GRADER_TYPES, **{c: "string" for c in extra}},
-        {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
-         **({"encoding": encoding} if encoding else {})},
-        concurrency,
+    settings = {"grader": getattr(grader, "__name__", type(grader).__name__), "mapping": dict(mapping or {}), **(settings or {}),
+                **({"encoding": encoding} if encoding else {})}
+    grading = grader_grading(source, mapping, settings, concurrency, run, extra)
+    options = RunOptions(resume=resume, keep_going=keep_going, retry_errors=retry_errors, group_by=group_by)
+    return await run_file(RunPlan(source, destination, grading, options, on_row=on_row))
+
+
+def grader_grading(source: RunInput, mapping: Mapping[str, str] | None, settings: Mapping[str, Any], workers: int,
+                   judge_row: Callable[[Sample], Awaitable[Grade]], extra: tuple[str, ...] = ()) -> Grading[Grade]:
+    """A grader run's rows: samples by ``mapping`` (see :class:`RowMapping`), grades as rows with the grader's columns."""
+    rows = RowMapping.build(mapping, source.columns)
+    return Grading(
+        [*GRADER_COLUMNS, *extra], {**GRADER_TYPES, **{c: "string" for c in extra}}, settings, workers,
         prepare=lambda row, number: rows.sample(row, f"{source} row {number}"),
-        judge_row=run,
+        judge_row=judge_row,
         input_error=lambda message: Grade.failed("error", message, error_kind="input"),
-        to_row=lambda row, grade: grader_row(row, grade, extra), on_row=on_row, group_by=group_by, resume=resume, keep_going=keep_going,
-        retry_errors=retry_errors, encoding=encoding,
+        to_row=lambda row, grade: grader_row(row, grade, extra),
     )
 
 
-async def run_file(
-    source: Path | RunInput,
-    destination: Path,
-    result_columns: list[str],
-    result_types: Mapping[str, str],
-    settings: Mapping[str, Any],
-    workers: int,
-    *,
-    prepare: Callable[[dict[str, Any], int], Any],
-    judge_row: Callable[[Any], Awaitable[O]],
-    input_error: Callable[[str], O],
-    to_row: Callable[[dict[str, Any], O], dict[str, Any]],
-    on_row: Callable[[O], None] | None = None,
-    group_by: str | None = None,
-    resume: bool = True,
-    keep_going: bool = False,
-    retry_errors: bool = False,
-    encoding: str | None = None,
-    lock: bool = True,
-    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
-) -> RunSummary:
+async def run_file(plan: RunPlan[Any], *, lock: bool = True) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
-    Unless ``keep_going``, the run has a circuit breaker (:mod:`judge._breaker`): once the judge is
-    seen to be broken it stops, the output ends before the first row that failed for it, the
-    checkpoint is saved and :class:`BreakerTripped` is raised, so the same call resumes once the
-    judge is fixed. ``retry_errors`` grades again, in place, the rows of an earlier run's output
+    Unless ``plan.options.keep_going``, the run has a circuit breaker (:mod:`judge._breaker`): once
+    the judge is seen to be broken it stops, the output ends before the first row that failed for
+    it, the checkpoint is saved and :class:`BreakerTripped` is raised, so the same call resumes once
+    the judge is fixed. ``retry_errors`` grades again, in place, the rows of an earlier run's output
     (finished or not) that failed for a transient reason, and keeps every other row as it is.
 
     It holds the output's lock (see :func:`output_lock`) unless ``lock=False`` says the caller
-    already does. ``reader`` yields the input's rows from a skip (``--ray`` reads them with Ray Data).
+    already does (the Batch API run holds it from its first upload).
     """
-    source = RunInput.resolve(source, encoding)
-    if lock:
-        with output_lock(source, destination):
-            return await run_file(source, destination, result_columns, result_types, settings, workers, prepare=prepare,
-                                  judge_row=judge_row, input_error=input_error, to_row=to_row, on_row=on_row,
-                                  group_by=group_by, resume=resume, keep_going=keep_going, retry_errors=retry_errors,
-                                  encoding=encoding, lock=False, reader=reader)
-    header = input_columns(source, encoding)
+    with output_lock(plan.input, plan.output) if lock else contextlib.nullcontext():
+        return await _run_locked(plan)
+
+
+async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
+    source, destination, grading, options = plan.input, plan.output, plan.grading, plan.options
+    settings, result_columns, result_types, to_row, on_row = grading.settings, grading.columns, grading.types, grading.to_row, plan.on_row
+    group_by, resume, keep_going, retry_errors = options.group_by, options.resume, options.keep_going, options.retry_errors
+    header = source.columns
     if group_by is not None and header is not None and group_by not in header:
         raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
     checkpoint = Checkpoint(source, destination, settings)
@@ -496,7 +493,7 @@ async def run_file(
     spread = (_spread_of(writer.written(), group_by) if done else SpreadTally()) if group_by is not None else None
     started = time.perf_counter()
     timed = _RowTimes()
-    judge_row = timed.wrap(judge_row)
+    timed_plan = plan.judged_by(timed.wrap(grading.judge_row))
 
     def emit(number: int, out_row: dict[str, Any], outcome: O) -> dict[str, Any]:
         timed.emitted(number, out_row, outcome)
@@ -532,9 +529,8 @@ async def run_file(
         try:
             with breaker_scope(breaker):
                 trip = await stream_in_order(
-                    source, writer, workers, prepare=prepare, judge_row=judge_row, input_error=input_error, emit=emit, skip=done,
-                    on_mark=save_mark if previous is None else None, close=False,
-                    breaker=breaker, previous=previous, reuse=reuse, encoding=encoding, reader=reader)
+                    timed_plan, writer, emit, skip=done, on_mark=save_mark if previous is None else None, close=False,
+                    breaker=breaker, previous=previous, reuse=reuse)
             finished = trip is None
         finally:
             if previous is None and not finished and trip is not None:
@@ -655,13 +651,6 @@ def _spread_of(rows: Iterable[Mapping[str, Any]], group_by: str) -> SpreadTally:
     return spread
 
 
-class _Outcome(Protocol):
-    status: str
-    error: str | None
-
-
-O = TypeVar("O", bound=_Outcome)
-
 MARK_EVERY_S = 0.25  # how often a checkpoint is written while rows flow (a flush and a small JSON file)
 # Rows finished after an error row that waits for the breaker's verdict, at most: past this the
 # held rows are written anyway, so memory stays bounded when a provider never answers well again.
@@ -669,30 +658,23 @@ HOLD_ROWS = 10_000
 
 
 async def stream_in_order(
-    source: Path | RunInput,
+    plan: RunPlan[O],
     writer: RowWriter,
-    workers: int,
-    *,
-    prepare: Callable[[dict[str, Any], int], Any],
-    judge_row: Callable[[Any], Awaitable[O]],
-    input_error: Callable[[str], O],
     emit: Callable[[int, dict[str, Any], O], dict[str, Any]],
+    *,
     skip: int = 0,
     on_mark: Callable[[dict[str, Any]], None] | None = None,
     close: bool = True,
     breaker: Breaker | None = None,
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
-    encoding: str | None = None,
-    reader: Callable[[RunInput, int, str | None], Iterator[dict[str, Any] | RowError]] = read_rows,
 ) -> Trip | None:
-    """Judge every row of ``source`` and write ``emit``'s row for each, in input order.
+    """Judge every row of the plan's input and write ``emit``'s row for each, in input order.
 
-    Workers pull rows from one shared reader, so memory is bounded by the concurrency, not the
-    file; finished rows wait in a small reorder buffer until every earlier row is written. A row
-    that cannot be read or lacks a variable still gets its row, from ``input_error``. ``prepare``
-    turns a row (and its number) into what ``judge_row`` takes, raising RowError; the first
-    ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
+    The plan's ``workers`` pull rows from one shared reader, so memory is bounded by the
+    concurrency, not the file; finished rows wait in a small reorder buffer until every earlier row
+    is written. A row that cannot be read or lacks a variable still gets its row, from the plan's
+    ``input_error``; the first ``skip`` rows are already in the output; ``on_mark`` is told each durable point reached;
     ``close=False`` leaves closing the writer to a caller that must know whether the run finished.
     ``emit`` is called as each row is written, in input order, so whatever it counts at a mark
     is exactly the rows written: a resumed run's summary counts each output row once.
@@ -703,7 +685,9 @@ async def stream_in_order(
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
     judge it again) make a run that keeps some of an earlier output's rows.
     """
-    rows = enumerate(reader(RunInput.resolve(source, encoding), skip, encoding), start=skip + 1)
+    grading = plan.grading
+    prepare, judge_row, input_error = grading.prepare, grading.judge_row, grading.input_error
+    rows = enumerate(plan.reader(plan.input, skip), start=skip + 1)
     pending: dict[int, tuple[dict[str, Any], Any, int]] = {}  # number -> (row, outcome, breaker successes when it finished)
     kept: dict[int, dict[str, Any]] = {}
     next_to_write = skip + 1
@@ -764,7 +748,7 @@ async def stream_in_order(
             flush()
 
     try:
-        await asyncio.gather(*(worker() for _ in range(workers)))
+        await asyncio.gather(*(worker() for _ in range(grading.workers)))
         trip = breaker.tripped if breaker is not None else None
         if trip is not None:
             assert breaker is not None

@@ -82,12 +82,12 @@ def file_format(path: Path) -> str:
 OUTPUT_MARKS = (".checkpoint.json", ".lock", ".parts")  # beside a file gradekit writes (see _checkpoint, _lock, RowWriter)
 
 
-def input_files(source: Path | RunInput) -> list[Path]:
+def input_files(source: Path) -> list[Path]:
     """The files an INPUT names: itself, or every CSV/JSONL/Parquet file of a folder, in sorted path order.
 
-    See :func:`_walk` for the folder rules; a :class:`RunInput` answers from what it resolved.
+    See :func:`_walk` for the folder rules; past a run's door its :class:`RunInput` answers (``files``).
     """
-    return list(source.files) if isinstance(source, RunInput) else _walk(source)
+    return _walk(source)
 
 
 def _walk(source: Path, outputs: list[Path] | None = None) -> list[Path]:
@@ -143,22 +143,16 @@ def _is_output(file: Path) -> bool:
     return bool(dot) and file.with_name(f"{stem}.{rest}.lock").exists()
 
 
-def input_format(source: Path | RunInput) -> str:
-    """csv, jsonl or parquet: a file's, or the one format of a folder's files."""
-    if isinstance(source, RunInput):
-        return source.format
-    return file_format(input_files(source)[0]) if source.is_dir() else file_format(source)
-
 
 @dataclass(frozen=True, eq=False)
 class RunInput:
-    """A run's input (a file or a folder), resolved once and passed down the run.
+    """A run's input (a file or a folder): resolved once at the run's door, the only input type past it.
 
     The folder is walked once (``files``); what each step asks of the input afterwards (its
-    columns, fingerprint, Parquet schema, row counts) is worked out on first need and kept, so
-    the lock, the checkpoint, the column check and the reader all see the same files and no step
-    walks the folder or reads a header again. Build it with :meth:`resolve`; a str() of it is the
-    path, so messages read as before.
+    rows, columns, fingerprint, Parquet schema, row counts) is asked of this object, worked out
+    on first need and kept, so the lock, the checkpoint, the column check and the reader all see
+    the same files and no step walks the folder or reads a header again. Build it with
+    :meth:`resolve`; a str() of it is the path, so messages read as before.
     """
 
     source: Path
@@ -187,14 +181,46 @@ class RunInput:
     def is_folder(self) -> bool:
         return len(self.files) != 1 or self.files[0] != self.source
 
+    def read(self, skip: int = 0) -> Iterator[dict[str, Any] | RowError]:
+        """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
+
+        The files are read as one stream. ``skip`` passes over rows a resumed run has already
+        written, without parsing them where the format allows (JSONL lines, Parquet row groups,
+        whole files of a folder whose rows are counted). A row with bytes that do not decode, a
+        CSV cell over ``CSV_CELL_LIMIT``, JSON nested past the parser's depth or a damaged Parquet
+        page is that row's RowError, never the end of the file.
+        """
+        if not self.is_folder:
+            yield from _file_rows(self.source, skip, self.encoding)
+            return
+        for file in self.files:
+            if skip:
+                rows = self.rows_in(file)
+                if rows <= skip:
+                    skip -= rows  # a whole file already written: not parsed again (JSONL, Parquet) or only counted (CSV)
+                    continue
+            yield from _file_rows(file, skip, self.encoding)
+            skip = 0
+
     @cached_property
     def columns(self) -> list[str] | None:
-        """The columns every row has (CSV header, Parquet schema), checked as :func:`input_columns` says."""
+        """The columns every row has, when the format says so up front (CSV header, Parquet schema).
+
+        Asked before any request, it also stops a file that cannot be a good input: one whose
+        first rows are not in its encoding, or whose columns repeat a name. Every file of a folder
+        is checked, and a CSV or Parquet folder's files must have the same columns (Parquet: of the
+        same types), since the output has one set of columns; a JSONL folder's rows may differ as
+        a JSONL file's may.
+        """
         return _columns(self.files, self.encoding, self._schema)
 
     @cached_property
     def fingerprint(self) -> dict[str, Any]:
-        """See :func:`fingerprint`."""
+        """Enough to tell that the input is the one a checkpoint was written for.
+
+        A folder's covers every file it is read from (relative path, size, mtime): a file added,
+        removed or changed since the checkpoint makes a resumed run start over, as for one file.
+        """
         if self.is_folder:
             files = [[f.relative_to(self.source).as_posix(), (st := f.stat()).st_size, st.st_mtime_ns] for f in self.files]
             return {"path": str(self.source.resolve()), "files": files}
@@ -203,7 +229,7 @@ class RunInput:
 
     @cached_property
     def schema(self) -> Any:
-        """A Parquet input's schema: its first file's (the others are held to it by ``columns``)."""
+        """A Parquet input's schema; a folder's is its first file's (``columns`` holds the others to it)."""
         return _file_schema(self.files[0])
 
     def _schema(self, file: Path) -> Any:
@@ -265,29 +291,9 @@ def _utf8_lines(handle: IO[bytes], name: str) -> Iterator[bytes]:
     text.detach()
 
 
-def read_rows(path: Path | RunInput, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
-    """Yield each data row as a dict, or a RowError for a row that cannot be parsed.
-
-    ``path`` is a file or a folder of files (see :func:`input_files`), read as one stream.
-    ``skip`` passes over rows a resumed run has already written, without parsing them where
-    the format allows (JSONL lines, Parquet row groups, whole files of a folder whose rows are
-    counted). A row with bytes that do not decode, a CSV cell over ``CSV_CELL_LIMIT``, JSON
-    nested past the parser's depth or a damaged Parquet page is that row's RowError, never the
-    end of the file.
-    """
-    source = RunInput.resolve(path, encoding)
-    encoding = source.encoding if isinstance(path, RunInput) else encoding
-    if not source.is_folder:
-        yield from _file_rows(source.source, skip, encoding)
-        return
-    for file in source.files:
-        if skip:
-            rows = source.rows_in(file)
-            if rows <= skip:
-                skip -= rows  # a whole file already written: not parsed again (JSONL, Parquet) or only counted (CSV)
-                continue
-        yield from _file_rows(file, skip, encoding)
-        skip = 0
+def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
+    """The rows of a file or folder (see :meth:`RunInput.read`), for a caller that holds a path, not a run."""
+    yield from RunInput.resolve(path, encoding).read(skip)
 
 
 def _file_rows(path: Path, skip: int, encoding: str | None) -> Iterator[dict[str, Any] | RowError]:
@@ -485,17 +491,6 @@ def _parquet_rows(source: IO[bytes], path: str, skip: int) -> Iterator[dict[str,
             start += size
 
 
-def input_columns(path: Path | RunInput, encoding: str | None = None) -> list[str] | None:
-    """The columns every row has, when the format says so up front (CSV header, Parquet schema).
-
-    Called before any request, it also stops a file that cannot be a good input: one whose
-    first rows are not in its encoding, or whose columns repeat a name. Every file of a folder
-    is checked, and a CSV or Parquet folder's files must have the same columns (Parquet: of the
-    same types), since the output has one set of columns; a JSONL folder's rows may differ as
-    a JSONL file's may.
-    """
-    return RunInput.resolve(path, encoding).columns
-
 
 def _columns(files: tuple[Path, ...], encoding: str | None, schema: Any) -> list[str] | None:
     found = [(file, _file_columns(file, encoding, schema)) for file in files]
@@ -544,7 +539,7 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
     """Stop before any request when the header or first rows of a CSV/JSONL file do not decode.
 
     Such a file is in another encoding (an Excel export in Latin-1, say), and every row would
-    fail; a bad byte further on is only that row's error (see :func:`read_rows`).
+    fail; a bad byte further on is only that row's error (see :meth:`RunInput.read`).
     """
     name = codec(encoding)
     offset = 0
@@ -570,12 +565,6 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
                 return
 
 
-def parquet_schema(path: Path | RunInput) -> Any:
-    """A Parquet file's schema; a folder's is its first file's (:func:`input_columns` holds the others to it)."""
-    if isinstance(path, RunInput):
-        return path.schema
-    return _file_schema(input_files(path)[0] if path.is_dir() else path)
-
 
 def _file_schema(path: Path) -> Any:
     import pyarrow.parquet as pq
@@ -585,12 +574,6 @@ def _file_schema(path: Path) -> Any:
     except Exception as e:
         raise InputError(f"{path}: not a readable Parquet file ({e})") from e
 
-
-def count_rows(path: Path | RunInput, encoding: str | None = None) -> int:
-    """Rows a run will produce, for the progress bar (CSV cells may span lines, so parse); a folder's in all."""
-    if isinstance(path, RunInput) or path.is_dir():
-        return RunInput.resolve(path, encoding).count_rows()
-    return _count_file(path, encoding)
 
 
 def _count_file(path: Path, encoding: str | None) -> int:
@@ -607,23 +590,10 @@ def _count_file(path: Path, encoding: str | None) -> int:
 
 def written_rows(path: Path) -> Iterator[dict[str, Any]]:
     """Every row of a finished output file."""
-    for row in read_rows(path):
+    for row in _file_rows(path, 0, None):
         if isinstance(row, dict):
             yield row
 
-
-def fingerprint(path: Path | RunInput) -> dict[str, Any]:
-    """Enough to tell that an input file is the one a checkpoint was written for.
-
-    A folder's covers every file it is read from (relative path, size, mtime): a file added,
-    removed or changed since the checkpoint makes a resumed run start over, as for one file.
-    """
-    if isinstance(path, RunInput):
-        return path.fingerprint
-    if path.is_dir():
-        return RunInput.resolve(path).fingerprint
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 TAIL_BYTES = 4096

@@ -24,27 +24,23 @@ def lock_path(destination: Path) -> Path:
     return destination.with_name(destination.name + ".lock")
 
 
-def check_not_input(source: Path | RunInput, destination: Path) -> None:
+def check_not_input(source: RunInput, destination: Path) -> None:
     """Refuse an output that is the input, by path or by inode (a hard link, a symlink).
 
     For a folder input, refuse an output that is one of its files. An output inside the folder
     that does not exist yet, or that an earlier run wrote (its checkpoint beside it), is fine:
     the folder's reader skips gradekit's outputs (see :func:`input_files`).
     """
-    if isinstance(source, RunInput):
-        if source.is_folder:
-            _check_not_in_folder(source, destination)
-            return
-        source = source.source
-    elif source.is_dir():
-        _check_not_in_folder(RunInput.resolve(source), destination)
+    if source.is_folder:
+        _check_not_in_folder(source, destination)
         return
+    path = source.source
     try:
-        same = destination.resolve() == source.resolve() or (destination.exists() and os.path.samefile(source, destination))
+        same = destination.resolve() == path.resolve() or (destination.exists() and os.path.samefile(path, destination))
     except OSError:
         return  # the input's own absence is reported by the reader, with its name
     if same:
-        raise InputError(f"{destination} is the same file as the input {source}; writing it would destroy the input. "
+        raise InputError(f"{destination} is the same file as the input {path}; writing it would destroy the input. "
                          "Choose another output path")
 
 
@@ -70,14 +66,15 @@ def _check_not_in_folder(source: RunInput, destination: Path) -> None:
 
 
 @contextlib.contextmanager
-def output_lock(source: Path | RunInput, destination: Path) -> Iterator[None]:
+def output_lock(source: RunInput | Path, destination: Path) -> Iterator[None]:
     """Hold ``<output>.lock`` (``fcntl.flock``, the pid inside) while a run writes ``destination``.
 
     The kernel drops a flock when its process dies, so a SIGKILLed run never leaves a stale lock;
     a second run fails at once (no waiting) naming the pid that holds it. Raises InputError for
-    an output that is the input or a folder that cannot be written (exit 2 in the CLI).
+    an output that is the input or a folder that cannot be written (exit 2 in the CLI). A run
+    passes its resolved input; a caller holding only a path (a test, a script) has it resolved here.
     """
-    check_not_input(source, destination)
+    check_not_input(RunInput.resolve(source), destination)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

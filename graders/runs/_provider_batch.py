@@ -53,9 +53,11 @@ from ._file import (
     result_row,
     rubric_settings,
     run_file,
+    verdict_input_error,
 )
-from ._io import InputError, RowError, fingerprint, read_rows
+from ._io import InputError, RowError, RunInput
 from ._lock import output_lock
+from ._plan import Grading, RunOptions, RunPlan
 
 ENDPOINT = "/v1/chat/completions"
 MAX_BATCH_BYTES = 190_000_000  # the Batch API takes files up to 200 MB; keep a margin for the multipart wrapping
@@ -100,7 +102,7 @@ def state_path_for(destination: Path) -> Path:
 async def grade_file_batch(
     judge: Judge,
     rubric: Rubric,
-    source: Path,
+    source: Path | RunInput,
     destination: Path,
     mapping: Mapping[str, str],
     *,
@@ -135,8 +137,9 @@ async def grade_file_batch(
         raise ValueError("max_requests_per_batch and max_batch_bytes must be positive")
     if rubric.pairwise is not None:
         raise InputError(f"rubric {rubric.name!r} is pairwise: batch mode grades single-output rubrics only")
-    if not source.exists():
+    if not isinstance(source, RunInput) and not source.exists():
         raise InputError(f"{source}: no such file")
+    source = RunInput.resolve(source)  # the run's door: past it the input is this RunInput
     with output_lock(source, destination):  # held from the first upload to the last row written
         check_columns(source, rubric, mapping)
         run = _BatchRun(judge, rubric, source, destination, mapping, state_path or state_path_for(destination),
@@ -147,7 +150,7 @@ async def grade_file_batch(
 
 
 class _BatchRun:
-    def __init__(self, judge: Judge, rubric: Rubric, source: Path, destination: Path, mapping: Mapping[str, str],
+    def __init__(self, judge: Judge, rubric: Rubric, source: RunInput, destination: Path, mapping: Mapping[str, str],
                  state_path: Path, *, poll_interval: float, max_poll_interval: float, max_lines: int, max_bytes: int,
                  group_by: str | None, on_event: Callable[[str], None]) -> None:
         self.judge, self.rubric, self.source, self.destination, self.mapping = judge, rubric, source, destination, mapping
@@ -159,7 +162,7 @@ class _BatchRun:
         self.group_by = group_by
         self.say = on_event
         self.settings = rubric_settings(judge, rubric, mapping, batch=True)
-        self.identity = json.loads(json.dumps({"input": fingerprint(source), "settings": self.settings}, default=str))
+        self.identity = json.loads(json.dumps({"input": source.fingerprint, "settings": self.settings}, default=str))
         self.state = BatchState(identity=self.identity)
         self.db: sqlite3.Connection | None = None
         self.resumed = False  # a resumed writing phase continues the output; a fresh one starts it over
@@ -226,7 +229,7 @@ class _BatchRun:
         handle: IO[bytes] | None = None
         size = 0
         settled = {"cache": 0, "input": 0}
-        for number, row in enumerate(read_rows(self.source), start=1):
+        for number, row in enumerate(self.source.read(), start=1):
             mode = None
             if r > 0:
                 found = db.execute("SELECT fallback FROM verdicts WHERE row = ? AND round = ? AND fallback IS NOT NULL",
@@ -382,13 +385,11 @@ class _BatchRun:
             verdict = self._get(number)
             return verdict or Verdict(status="error", error_kind="server_error", error="no batch result was recorded for this row")
 
-        summary = await run_file(
-            self.source, self.destination, RESULT_COLUMNS, RESULT_TYPES, self.settings, 1,
-            prepare=prepare, judge_row=stored,
-            input_error=lambda message: Verdict(status="error", error_kind="input", error=message),
-            to_row=result_row, group_by=self.group_by, resume=self.resumed, lock=False,
-            keep_going=True,  # the results are in already: there is no judge left to stop sending to
-        )
+        grading = Grading(RESULT_COLUMNS, RESULT_TYPES, self.settings, 1, prepare=prepare, judge_row=stored,
+                          input_error=verdict_input_error, to_row=result_row)
+        # keep_going: the results are in already, there is no judge left to stop sending to.
+        options = RunOptions(resume=self.resumed, keep_going=True, group_by=self.group_by)
+        summary = await run_file(RunPlan(self.source, self.destination, grading, options), lock=False)
         summary.wall_s = time.perf_counter() - self.started
         summary.judgements_per_s = summary.rows / summary.wall_s if summary.wall_s > 0 else 0.0
         summary.already_complete = False

@@ -32,6 +32,8 @@ RAY_EXTRA = "pip install 'gradekit[ray]'"
 NAMESPACE = "gradekit"
 MAX_WORKERS = 64
 ROW_ATTEMPTS = 3  # a row whose actor died this many times gets an error row instead of a fourth actor
+# That row's error kind: a run's, not a judge's (no judge answered or failed), so judge.ErrorKind does not name it.
+WORKER_LOST = "worker_lost"
 
 
 class RayMissing(RuntimeError):
@@ -220,7 +222,7 @@ async def run_on_pool(pool: ActorPool, run: Callable[[Callable[[Any], Awaitable[
         pool.close()
 
 
-async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapping: Mapping[str, str], *, workers: int,
+async def grade_file_ray(spec: WorkerSpec, source: Path | RunInput, destination: Path, mapping: Mapping[str, str], *, workers: int,
                          settings: Mapping[str, Any], group_by: str | None = None, resume: bool = True,
                          on_row: Callable[[Any], None] | None = None, batch: int | None = None, encoding: str | None = None) -> Any:
     """A rubric (``spec.rubric``) or grader config (``spec.grader_config``) over a file, judged on the cluster.
@@ -229,41 +231,28 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
     command resumes a run killed with or without ``--ray``. ``source`` is a file or a folder;
     Ray Data reads it (``encoding`` for CSV/JSONL as in a local run).
     """
-    from .._sample import Grade
-    from ._file import GRADER_COLUMNS, GRADER_TYPES, RESULT_COLUMNS, RESULT_TYPES, _variables, check_columns, grader_row, result_row, run_file
-    from ._io import RunInput, input_columns
+    from ._file import RESULT_COLUMNS, RESULT_TYPES, _variables, check_columns, grader_grading, result_row, run_file, verdict_input_error
+    from ._io import RunInput
+    from ._plan import Grading, RunOptions, RunPlan
     from ._ray_input import ray_rows
-    from ._rows import RowMapping
-    from judge import Verdict
 
     # A judge request dwarfs an actor call: batches as large as an actor's concurrency keep few rows
     # in a killed actor's hands. A grader may be pure CPU: 64 rows per call pay for the call.
     size = batch or (spec.concurrency + 2 if spec.rubric is not None else max(spec.concurrency + 2, 64))
     cpus = cluster_cpus()
-    source = RunInput.resolve(source, encoding)
+    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
     if spec.rubric is not None:
         rubric = spec.rubric
-        check_columns(source, rubric, mapping, encoding)
-        columns, types, to_row = RESULT_COLUMNS, RESULT_TYPES, result_row
-
-        def error(message: str) -> Any:
-            return Verdict(status="error", error_kind="input", error=message)
-
-        def prepare(row: dict[str, Any], number: int) -> Any:
-            return _variables(row, rubric, mapping, number)
+        check_columns(source, rubric, mapping)
+        grading: Grading[Any] = Grading(RESULT_COLUMNS, RESULT_TYPES, settings, 0, prepare=lambda row, number: _variables(row, rubric, mapping, number),
+                                        judge_row=_unjudged, input_error=verdict_input_error, to_row=result_row)
     else:
-        rows = RowMapping.build(mapping, input_columns(source, encoding))
-        columns, types, to_row = GRADER_COLUMNS, GRADER_TYPES, grader_row
-
-        def error(message: str) -> Any:
-            return Grade.failed("error", message, error_kind="input")
-
-        def prepare(row: dict[str, Any], number: int) -> Any:
-            return rows.sample(row, f"{source} row {number}")
+        grading = grader_grading(source, mapping, settings, 0, _unjudged)
+    plan = RunPlan(source, destination, grading, RunOptions(resume=resume, group_by=group_by), on_row=on_row, reader=ray_rows)
 
     def lost(message: str) -> Any:
-        outcome = error(message)
-        outcome.error_kind = "worker_lost"
+        outcome = grading.input_error(message)
+        outcome.error_kind = WORKER_LOST
         return outcome
 
     pool = ActorPool(spec, workers, batch=size, lost=lost, cpus_per_actor=min(1.0, cpus / workers))
@@ -274,10 +263,13 @@ async def grade_file_ray(spec: WorkerSpec, source: Path, destination: Path, mapp
         raise
 
     async def run(judge_row: Callable[[Any], Awaitable[Any]], inflight: int) -> Any:
-        return await run_file(source, destination, columns, types, settings, inflight, prepare=prepare, judge_row=judge_row,
-                              input_error=error, to_row=to_row, on_row=on_row, group_by=group_by, resume=resume, encoding=encoding,
-                              reader=ray_rows)
+        return await run_file(plan.judged_by(judge_row, inflight))  # the pool judges: its actors' rows in flight
 
     return await run_on_pool(pool, run)
+
+
+async def _unjudged(values: Any) -> Any:
+    """A Ray plan's rows are judged by its pool (``RunPlan.judged_by``), never here."""
+    raise AssertionError("a --ray plan is judged by its actor pool")
 
 

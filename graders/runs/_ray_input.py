@@ -9,7 +9,7 @@ run's, error rows included, needs the local parser. So the read is a Ray Data
 run :func:`graders.runs._io.rows_of` on them; the rows reach the driver pickled (a Parquet row
 keeps its Arrow-derived values, a bad row stays a RowError with its message), in input order
 (``DataContext.execution_options.preserve_order``), and the driver drops the rows a resumed
-run already has. A folder is listed on the driver (:func:`input_files`), so the files, their
+run already has. A folder is listed on the driver (:class:`RunInput`), so the files, their
 order and the checkpoint's fingerprint are a local run's.
 """
 
@@ -61,7 +61,7 @@ class RowsDatasource(FileBasedDatasource):
             yield pa.table({"rows": pa.array([pickle.dumps(chunk, protocol=5)], pa.large_binary())})
 
 
-def ray_rows(source: Path | RunInput, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
+def ray_rows(source: RunInput | Path, skip: int = 0, encoding: str | None = None) -> Iterator[dict[str, Any] | RowError]:
     """The rows of ``source`` (a file or folder), read by Ray Data, in order: :func:`read_rows`'s stream.
 
     A resumed run's leading files that are wholly written are not read at all (counted on the
@@ -69,7 +69,7 @@ def ray_rows(source: Path | RunInput, skip: int = 0, encoding: str | None = None
     """
     import ray
 
-    source = RunInput.resolve(source, encoding)
+    source = RunInput.resolve(source, encoding)  # a run passes its RunInput; a caller holding a path has it resolved here
     files, kind, encoding = list(source.files), source.format, source.encoding
     start = 0
     while skip and start < len(files):
