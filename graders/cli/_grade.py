@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -83,48 +84,104 @@ def grade(
     not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable), 130 on
     Ctrl-C (resumable).
     """
-    import asyncio
-
-    from judge import RubricError, load_rubric
-    from judge._breaker import BreakerTripped
-    from judge._client import DEFAULT_MODEL
-
-    from .._config import GraderConfigError
-    from ..calibration._pairwise import CONFLICT_RULES, PairwiseRunSummary
-    from ..runs._file import RunSummary, resolve_mapping
-    from ..runs._io import InputError, RunInput, codec, file_format
-    from ..runs._lock import check_not_input
-    from ..runs._provider_batch import BatchRunError
-    from ._progress import already_written
-
-    from ._panel import build_panel, check_cascade_rubric, check_panel, panel_summary, print_panel
-
+    args = _GradeArgs(**locals())  # the command line as one value, which each step below reads
     warnings_to_stderr()
+    command = _parse(args)  # the options' own rules, the rubric and the mapping (exit 2)
+    source = _resolve(command)  # the input, resolved once: every later step takes this RunInput
+    _check_run(command)  # the rules between the options, the rubric and the run's kind (exit 2)
+    # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
+    cache = opts.open_cache()
+    if ray_address is not None:
+        return _run_on_ray(command, source, cache)
+    judges = _judges(command, cache)  # the run's judge (a grader config builds it on first need)
+    plan = _plan(command, judges, source)  # which run, its options and how it is shown
+    summary = _run_plan(plan, command, judges, cache)
+    _report(command, judges, summary)
+
+
+@dataclass
+class _GradeArgs:
+    """``grade``'s parameters, by name, as typer parsed them."""
+
+    input: Path
+    rubric: str | None
+    grader_file: Path | None
+    output: Path
+    mapping: list[str]
+    json_output: bool
+    no_swap: bool
+    on_conflict: str
+    tiebreak_model: str | None
+    restart: bool
+    batch: bool
+    batch_poll: float
+    group_by: str | None
+    keep_going: bool
+    retry_errors: bool
+    progress_every: float
+    encoding: str | None
+    ray_address: str | None
+    ray_workers: int | None
+    jury: str | None
+    quorum: int | None
+    cascade: Path | None
+    keep_reasoning: bool
+    opts: JudgeOptions
+
+
+@dataclass
+class _Command:
+    """What the command line asks, checked: the rubric (``spec``; None with --grader) and the mapping."""
+
+    args: _GradeArgs
+    spec: Any
+    variables: dict[str, str]
+    cascade_spec: Any  # a --cascade file's CascadeSpec
+    panel: bool  # a jury (--model given several times) or a cascade
+    model: str | None  # the one --model, else None
+
+
+def _parse(args: _GradeArgs) -> _Command:
+    """The options' own rules, then the rubric and the mapping: everything that fails without the input."""
+    from judge import RubricError, load_rubric
+
+    from ..runs._file import resolve_mapping
+    from ..runs._io import InputError
+    from ._panel import check_panel
+
+    opts, rubric = args.opts, args.rubric
     opts.check()
-    cascade_spec = check_panel(opts, jury, quorum, cascade)
-    if rubric is None and grader_file is None and cascade_spec is not None:
+    cascade_spec = check_panel(opts, args.jury, args.quorum, args.cascade)
+    if rubric is None and args.grader_file is None and cascade_spec is not None:
         rubric = cascade_spec.rubric  # the rubric the cascade was fitted with
-    if (rubric is None) == (grader_file is None):
+    if (rubric is None) == (args.grader_file is None):
         raise fail("give a rubric (-r/--rubric) or a grader config (--grader), one of the two")
     panel = len(opts.model) > 1 or cascade_spec is not None
-    if cascade_spec is not None and grader_file is not None:
+    if cascade_spec is not None and args.grader_file is not None:
         raise fail("--cascade grades with a rubric (-r): its thresholds were fitted on that rubric's verdicts")
     if len(opts.model) > 1:
         opts.per_member(len(opts.model), "jury")  # --base-url: one for every juror or one per --model (exit 2 otherwise)
     model = opts.model[0] if len(opts.model) == 1 else None
-    base_url, api_key, timeout = opts.first_base_url, opts.first_api_key, opts.timeout
-    rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
-    record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
-    cache_path = opts.resolved_cache_path()
     try:
         spec = load_rubric(rubric) if rubric is not None else None
-        variables = resolve_mapping(spec, mapping) if spec is not None else sample_mapping(mapping)
+        variables = resolve_mapping(spec, args.mapping) if spec is not None else sample_mapping(args.mapping)
+    except (RubricError, InputError) as e:
+        raise fail(str(e)) from e
+    return _Command(args, spec, variables, cascade_spec, panel, model)
+
+
+def _resolve(command: _Command) -> RunInput:
+    """The input, once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request."""
+    from ..runs._io import InputError, RunInput, codec, file_format
+    from ..runs._lock import check_not_input
+
+    input, output, encoding = command.args.input, command.args.output, command.args.encoding
+    try:
         if not input.is_dir():
             file_format(input)
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
-        # Resolved once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request.
         source = RunInput.resolve(input, encoding)
         check_not_input(source, output)
         if not _has_rows(source):  # a silent 0-row "success" hides a wrong file or a failed export upstream
@@ -132,9 +189,20 @@ def grade(
                              "nothing was sent and no output written")
         if encoding is not None:
             codec(encoding)  # an unknown name fails here, before any request
-    except (RubricError, InputError) as e:
+    except InputError as e:
         raise fail(str(e)) from e
-    if on_conflict not in CONFLICT_RULES or (on_conflict == "third") != bool(tiebreak_model):
+    return source
+
+
+def _check_run(command: _Command) -> None:
+    """The rules between the options, the rubric and the kind of run (batch, pairwise, jury, Ray): exit 2 before any request."""
+    from ..calibration._pairwise import CONFLICT_RULES
+    from ._panel import check_cascade_rubric
+
+    a, spec, opts, panel, cascade_spec = command.args, command.spec, command.args.opts, command.panel, command.cascade_spec
+    record, replay, max_cost, max_tokens = opts.record, opts.replay, opts.max_cost, opts.max_tokens
+    batch, ray_address = a.batch, a.ray_address
+    if a.on_conflict not in CONFLICT_RULES or (a.on_conflict == "third") != bool(a.tiebreak_model):
         raise fail("--on-conflict is tie, first, vote, or third together with --tiebreak-model")
     if panel and (batch or ray_address is not None):
         raise fail("a jury (--model given several times) or a --cascade judges live: it excludes --batch and --ray")
@@ -146,8 +214,8 @@ def grade(
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
-        check_cascade_rubric(cascade, cascade_spec, spec)
-    if batch and encoding:
+        check_cascade_rubric(a.cascade, cascade_spec, spec)
+    if batch and a.encoding:
         raise fail("--batch reads UTF-8 input; convert the file first (iconv -f ENCODING -t UTF-8)")
     if batch and len(opts.base_url) > 1:
         raise fail("--batch submits to one endpoint's Batch API: give one --base-url (a fleet sends live requests)")
@@ -155,18 +223,18 @@ def grade(
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
         raise fail("--max-cost and --max-tokens cap live requests; a --batch run is priced by the provider when it is submitted")
-    if spec is None and (batch or tiebreak_model):
+    if spec is None and (batch or a.tiebreak_model):
         raise fail("--batch and --tiebreak-model work with a rubric (-r), not with --grader")
-    if retry_errors and (restart or batch or (spec is not None and spec.pairwise is not None)):
+    if a.retry_errors and (a.restart or batch or (spec is not None and spec.pairwise is not None)):
         raise fail("--retry-errors grades again the error rows of an earlier live run: it excludes --restart, --batch and pairwise rubrics")
-    if progress_every < 0:
+    if a.progress_every < 0:
         raise fail("--progress-every takes seconds >= 0 (0: no progress lines)")
-    if ray_workers is not None and ray_address is None:
+    if a.ray_workers is not None and ray_address is None:
         raise fail("--ray-workers needs --ray ADDRESS")
-    if ray_workers is not None and not 1 <= ray_workers <= 1024:
+    if a.ray_workers is not None and not 1 <= a.ray_workers <= 1024:
         raise fail("--ray-workers is a number of actors from 1 to 1024")
     if ray_address is not None:
-        if batch or record or replay or max_cost is not None or max_tokens is not None or tiebreak_model or group_by:
+        if batch or record or replay or max_cost is not None or max_tokens is not None or a.tiebreak_model or a.group_by:
             raise fail("--ray works without --batch, --record/--replay, --max-cost/--max-tokens, --tiebreak-model and --group-by")
         if spec is not None and spec.pairwise is not None:
             raise fail("--ray grades single-answer rubrics and graders; a pairwise rubric runs without --ray")
@@ -177,18 +245,45 @@ def grade(
         except RayMissing as e:
             raise fail(str(e)) from e
 
-    # A cassette must see every request, so record/replay bypass the cache unless --cache is explicit.
-    cache = opts.open_cache()
-    if ray_address is not None:
-        prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
-        try:
-            return _grade_on_ray(ray_address, ray_workers, spec, grader_file, source, output, variables, model=model,
-                                 base_url=opts.base_url if len(opts.base_url) > 1 else base_url,
-                                 api_key=opts.api_key if len(opts.api_key) > 1 else api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
-                                 concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                                 resume=not restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
-        except BreakerTripped as e:
-            raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
+
+def _run_on_ray(command: _Command, source: RunInput, cache) -> None:
+    """``grade --ray``: the judge's options go to the actors, this process prices and reports the run."""
+    from judge._breaker import BreakerTripped
+
+    a, opts, spec, variables, model = command.args, command.args.opts, command.spec, command.variables, command.model
+    grader_file, output, json_output, encoding = a.grader_file, a.output, a.json_output, a.encoding
+    base_url, api_key, timeout = opts.first_base_url, opts.first_api_key, opts.timeout
+    rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
+    cache_path = opts.resolved_cache_path()
+    prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
+    try:
+        return _grade_on_ray(a.ray_address, a.ray_workers, spec, grader_file, source, output, variables, model=model,
+                             base_url=opts.base_url if len(opts.base_url) > 1 else base_url,
+                             api_key=opts.api_key if len(opts.api_key) > 1 else api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
+                             concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
+                             resume=not a.restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
+    except BreakerTripped as e:
+        raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
+
+
+@dataclass
+class _Judges:
+    """The run's judges, as the judge-building step leaves them."""
+
+    limiter: Any
+    budget: Budget
+    made: list  # the run's judge, once built (a grader config builds it on first need)
+    make_judge: Callable[..., Judge]
+    judge: Judge | None  # a rubric run's judge (None with --grader)
+    tiebreak: Judge | None
+
+
+def _judges(command: _Command, cache) -> _Judges:
+    """The run's judge from the command line (and a grader file's ``judge:`` block, on first need)."""
+    from ._panel import build_panel
+
+    a, opts, spec, cascade_spec, model = command.args, command.args.opts, command.spec, command.cascade_spec, command.model
+    jury, quorum, tiebreak_model = a.jury, a.quorum, a.tiebreak_model
     limiter = opts.limiter(model)
     budget = opts.budget()
 
@@ -223,39 +318,70 @@ def grade(
         tiebreak = opts.judge(tiebreak_model, limiter=limiter, cache=cache) if tiebreak_model else None
     except ValueError as e:
         raise fail(str(e)) from e
+    return _Judges(limiter, budget, made, make_judge, judge, tiebreak)
 
+
+@dataclass
+class _Plan:
+    """Which run the command is (grader, batch, pairwise or rubric), ready to start."""
+
+    start: Callable[[], Any]  # the run's coroutine, made when the run starts
+    traffic: Any  # --record/--replay: the cassette held open around the run
+    err: Console
+
+
+def _plan(command: _Command, judges: _Judges, source: RunInput) -> _Plan:
+    """The run's options and how it is shown, and which of the four runs takes them."""
+    from judge._client import DEFAULT_MODEL
+
+    from ._progress import already_written
+
+    a, opts, spec, variables, output = command.args, command.args.opts, command.spec, command.variables, command.args.output
+    judge, model, panel = judges.judge, command.model, command.panel
     traffic = opts.traffic()
     err = Console(stderr=True)
-    show = _Show(err, bar=sys.stderr.isatty() and not json_output, every=0.0 if sys.stderr.isatty() else progress_every,
-                 done=0 if retry_errors else already_written(output, restart), encoding=encoding,
-                 fleet=lambda: fleet_text(made[0]) if made else "")
-    run_options = {"group_by": group_by, "resume": not restart, "keep_going": keep_going, "retry_errors": retry_errors,
-                   "encoding": encoding}
-    if keep_reasoning:
-        if spec is None or spec.pairwise is not None or batch:
+    made = judges.made
+    show = _Show(err, bar=sys.stderr.isatty() and not a.json_output, every=0.0 if sys.stderr.isatty() else a.progress_every,
+                 done=0 if a.retry_errors else already_written(output, a.restart), fleet=lambda: fleet_text(made[0]) if made else "")
+    run_options = {"group_by": a.group_by, "resume": not a.restart, "keep_going": a.keep_going, "retry_errors": a.retry_errors,
+                   "encoding": a.encoding}
+    if a.keep_reasoning:
+        if spec is None or spec.pairwise is not None or a.batch:
             raise fail("--keep-reasoning works with a single-answer rubric (-r), not with --grader, pairwise rubrics or --batch")
         run_options["keep_reasoning"] = True
+    if spec is None:
+        endpoint = {"model": ", ".join(opts.model) if panel else model or DEFAULT_MODEL, "base_url": opts.first_base_url,
+                    **({"jury": a.jury, "quorum": a.quorum} if panel else {})}
+        # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
+        return _Plan(lambda: _run_grader(a.grader_file, judges.make_judge, endpoint, source, output, variables,
+                                         opts.concurrency * max(1, len(opts.base_url)), show, run_options), traffic, err)
+    if a.batch:
+        return _Plan(lambda: _run_batch(judge, spec, source, output, variables, a.batch_poll, a.group_by, not a.restart,
+                                        None if a.json_output else err), traffic, err)
+    if spec.pairwise is not None:
+        return _Plan(lambda: _run_pairwise(judge, spec, source, output, variables, not a.no_swap, a.on_conflict, judges.tiebreak,
+                                           a.encoding), traffic, err)
+    return _Plan(lambda: _run(judge, spec, source, output, variables, show, run_options), traffic, err)
+
+
+def _run_plan(plan: _Plan, command: _Command, judges: _Judges, cache):  # -> RunSummary | PairwiseRunSummary
+    """Run it; what stops a run becomes its exit status (2 bad input, 3 a broken judge, 130 Ctrl-C)."""
+    import asyncio
+
+    from judge._breaker import BreakerTripped
+
+    from .._config import GraderConfigError
+    from ..runs._io import InputError
+    from ..runs._provider_batch import BatchRunError
+
+    output, made, err = command.args.output, judges.made, plan.err
     try:
-        with traffic:
-            if spec is None:
-                endpoint = {"model": ", ".join(opts.model) if panel else model or DEFAULT_MODEL, "base_url": base_url,
-                            **({"jury": jury, "quorum": quorum} if panel else {})}
-                # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
-                summary = asyncio.run(_run_grader(grader_file, make_judge, endpoint, source, output, variables,
-                                                  concurrency * max(1, len(opts.base_url)),
-                                                  show, run_options))
-            elif batch:
-                summary = asyncio.run(_run_batch(judge, spec, input, output, variables, batch_poll, group_by, not restart,
-                                                 None if json_output else err))
-            elif spec.pairwise is not None:
-                summary = asyncio.run(_run_pairwise(judge, spec, input, output, variables, not no_swap, on_conflict, tiebreak,
-                                                    encoding))
-            else:
-                summary = asyncio.run(_run(judge, spec, source, output, variables, show, run_options))
+        with plan.traffic:
+            return asyncio.run(plan.start())
     except (InputError, BatchRunError, GraderConfigError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
-        raise _breaker_exit(e, output, json_output, err, made[0] if made else None) from None
+        raise _breaker_exit(e, output, command.args.json_output, err, made[0] if made else None) from None
     except KeyboardInterrupt:
         # Without a cache the rows judged but not yet written have nowhere to come back from: do not promise hits.
         again = "rows already judged come back from the cache" if cache is not None else "without a cache, rows not yet written are judged again"
@@ -265,6 +391,18 @@ def grade(
     finally:
         if cache is not None:
             cache.close()
+
+
+def _report(command: _Command, judges: _Judges, summary) -> None:
+    """The summary on the terminal or as --json, then the exit status: 1 when some rows carry an error."""
+    from judge._client import DEFAULT_MODEL
+
+    from ..calibration._pairwise import PairwiseRunSummary
+    from ..runs._file import RunSummary
+    from ._panel import panel_summary, print_panel
+
+    a, opts, spec, output, model = command.args, command.args.opts, command.spec, command.args.output, command.model
+    made, judge, budget, limiter = judges.made, judges.judge, judges.budget, judges.limiter
     # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
     pacing = made[0].pacing() if made and hasattr(made[0], "pacing") else limiter.pacing()
     endpoints = [e.model_dump() for e in made[0].endpoints] if made else []
@@ -276,8 +414,8 @@ def grade(
             block = panel_summary(judge, summary, budget.prices)
             summary.cost_usd = block["cost_usd"] if block is not None else summary.cost_usd  # priced per member model
     name = "jury" if len(opts.model) > 1 else "cascade"
-    if json_output:
-        what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
+    if a.json_output:
+        what = {"rubric": spec.name} if spec is not None else {"grader": str(a.grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
                     "pacing": pacing.model_dump(), "endpoints": endpoints, **({name: block} if block is not None else {}),
                     # a cascade's headline figures at the top too, beside rows/ok/abstained
@@ -288,7 +426,6 @@ def grade(
         _print_summary(summary, output, Console(), endpoints)
         print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
-
 
 def _has_rows(source: RunInput) -> bool:
     """Whether the input holds one row (read lazily: the first row, or the first unreadable one, answers)."""
@@ -315,9 +452,8 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge
 class _Show:
     """How the command shows a live run: a bar on a terminal, else a line every ``every`` seconds."""
 
-    def __init__(self, err: Console, *, bar: bool, every: float, done: int, encoding: str | None = None,
-                 fleet: Callable[[], str] | None = None) -> None:
-        self.err, self.bar, self.every, self.done, self.encoding, self.fleet = err, bar, every, done, encoding, fleet
+    def __init__(self, err: Console, *, bar: bool, every: float, done: int, fleet: Callable[[], str] | None = None) -> None:
+        self.err, self.bar, self.every, self.done, self.fleet = err, bar, every, done, fleet
 
     def progress(self, source: RunInput):  # -> RunProgress
         from ._progress import RunProgress
