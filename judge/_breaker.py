@@ -39,8 +39,6 @@ from ._redact import redact, redact_url
 # breaker may still trip (an outage must leave no error rows behind); the rows of a tripped run
 # are cut at the first of them.
 JUDGE_FAILURES = frozenset({"server_error", "timeout", "rate_limited", "bad_request"})
-# The kinds `--retry-errors` grades again: nothing about the row itself caused them.
-TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
 
 _ROW_PREFIX = re.compile(r"^(?:row \d+: )+")
 
@@ -57,7 +55,7 @@ class Trip:
     endpoints: tuple[str, ...] = ()  # a fleet's trip: each endpoint and why it is out ("URL: why")
 
     def __post_init__(self) -> None:
-        # A trip is printed, put in --json and in the stop message: its URL and example carry no secret.
+        # A trip is printed, put in a run's summary and in the stop message: its URL and example carry no secret.
         object.__setattr__(self, "base_url", redact_url(self.base_url))
         object.__setattr__(self, "example", redact(self.example) or "")
         object.__setattr__(self, "endpoints", tuple(redact(e) or "" for e in self.endpoints))

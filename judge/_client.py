@@ -529,7 +529,7 @@ class Judge:
     def prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode | None = None) -> Prepared | Verdict:
         """Build the request ``judge`` would send first for this row, without sending it.
 
-        For front doors that deliver requests another way (graders' ``--batch``): the request,
+        For front doors that deliver requests another way (a provider Batch API run): the request,
         cache key and ask mode are the live path's own, so both paths share one cache. A cache
         hit or a row that does not render comes back as the Verdict ``judge`` would return, so
         such a row is never sent. ``mode`` overrides the mode ``judge`` would start with (the

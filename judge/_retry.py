@@ -22,7 +22,7 @@ from tenacity import (
 
 
 class NotRecorded(RuntimeError):
-    """--replay met a request its cassette does not hold."""
+    """A replayed run met a request its cassette does not hold."""
 
 
 def is_not_recorded(exc: BaseException) -> bool:

@@ -18,10 +18,9 @@ ErrorKind = Literal[
     "timeout",  # the request timed out — after retries
     "rate_limited",  # 429 until the retry budget ran out
     "bad_request",  # 400/401/403/404/422: fix the request, model name or key
-    "not_recorded",  # --replay: the cassette has no reply for this request
+    "not_recorded",  # a replayed run: the cassette has no reply for this request
     "input",  # the row lacks a variable the rubric needs
     "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
-    "worker_lost",  # --ray: every Ray actor that took this row died before answering (see graders/runs/_ray.py)
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
 ]
