@@ -199,20 +199,9 @@ def grade(
         if panel_judge is not None:
             made.append(panel_judge)
             return made[-1]
-        if settings is not None and settings.jury is not None and not opts.model and not opts.base_url:
-            # A grader file's jury (judge: {jury: [...]}) is the run's judge unless the command line names judges itself.
-            made.append(settings.build(cache=cache, budget=budget))
-            return made[-1]
-        # A grader file's judge.model, base_url and endpoints (its fleet) hold unless the command line names its own;
-        # the file's params are sent beneath the command line's.
-        fleet = settings.endpoints if settings is not None and not opts.base_url else None
-        own: dict = {"endpoints": fleet} if fleet else {}
-        if settings is not None and settings.base_url and not opts.base_url:
-            own["base_url"] = settings.base_url
-        if settings is not None and settings.params:
-            own["params"] = {**settings.params, **opts.params}
-        made.append(opts.judge(model or (settings.model if settings is not None else None), limiter=limiter, cache=cache,
-                               budget=budget, **own))
+        # A grader file's judge: (its model, endpoint or fleet, params, or its jury) holds beneath what the command line names.
+        wanted = opts.spec(model) if settings is None else settings.under(opts.spec(model))
+        made.append(wanted.build(limiter=limiter, cache=cache, budget=budget))
         return made[-1]
 
     make_judge.reads_settings = True  # type: ignore[attr-defined]
@@ -518,8 +507,8 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
 
-    from judge import Judge
     from judge._client import DEFAULT_MODEL
+    from judge._spec import JudgeSpec
 
     from .._config import GraderConfigError
     from ..runs._file import rubric_settings
@@ -554,7 +543,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                 raise fail(str(e)) from e
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
         if spec is not None:
-            probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout, params=params)
+            probe = JudgeSpec.of(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout, params=params or None).build()
             settings = rubric_settings(probe, spec, variables, **({"encoding": encoding} if encoding else {}))
         else:
             if not grader_file.exists():
