@@ -38,10 +38,14 @@ class WorkerSpec(BaseModel):
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
     params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
+    judge: Any = None  # the judge as one judge._spec.JudgeSpec (the command line's); it wins over the fields above
 
     def judge_spec(self) -> JudgeSpec:
         """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
         from judge._spec import JudgeSpec, Limits
+
+        if self.judge is not None:
+            return self.judge
 
         limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=self.adapt, url=self.limiter, key=self.limiter_key)
         return JudgeSpec.of(self.model, base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, params=self.params or None,
