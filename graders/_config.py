@@ -120,12 +120,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from judge import Judge, RubricError
+from judge._spec import JudgeSpec, JurySpec
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._fleet import Endpoint, key_from_env
 from judge._files import read_data_file
@@ -411,23 +413,39 @@ class JudgeSettings(BaseModel):
             raise ValueError(f"quorum {self.quorum} is more than the jury's {len(self.jury)} jurors")
         return self
 
+    def spec(self) -> JudgeSpec | JurySpec:
+        """The judge (or jury) this block describes, as a spec: only what the file gives is set."""
+        if self.jury is None:
+            return self._block()
+        block = JudgeSpec.of(None, base_url=self.base_url, params=self.params, timeout=self.timeout,
+                             max_prompt_tokens=self.max_prompt_tokens)
+        # A juror's params replace the block's (not merged key by key): a juror on another provider may refuse them.
+        jurors = [replace(block.merge(JudgeSpec.of(j.model, base_url=j.base_url, endpoints=j.endpoints,
+                                                   api_key=None if j.endpoints else j.key(), timeout=j.timeout)),
+                          params=self.params if j.params is None else j.params)
+                  for j in self.jury]
+        return JurySpec(tuple(jurors), aggregate=self.aggregate, quorum=self.quorum)
+
+    def _block(self) -> JudgeSpec:
+        """The block's own judge (its model, endpoint and params; no jurors)."""
+        given = self.model_fields_set
+        own: dict[str, Any] = {"timeout": self.timeout} if "timeout" in given else {}
+        if "max_prompt_tokens" in given and self.max_prompt_tokens is not None:
+            own["max_prompt_tokens"] = self.max_prompt_tokens
+        return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
+
     def build(self, **common: Any) -> Any:
         """The Judge, or the Jury, these settings describe (``common``: what every judge shares, e.g. the run's cache and budget)."""
-        if self.jury is None:
-            return Judge(self.model, base_url=self.base_url, endpoints=self.endpoints, timeout=self.timeout,
-                         max_prompt_tokens=self.max_prompt_tokens, params=self.params, **common)
-        from judge import Jury
-        from judge._limiters import limiter_from_url
+        return self.spec().build(**common)
 
-        jurors = []
-        for juror in self.jury:
-            # Each juror paces itself (its own limiter): one slow or rate-limited provider does not hold back the others.
-            jurors.append(Judge(juror.model, base_url=None if juror.endpoints else juror.base_url or self.base_url,
-                                endpoints=juror.endpoints, api_key=None if juror.endpoints else juror.key(),
-                                timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
-                                params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None),
-                                **common))
-        return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)
+    def under(self, command_line: JudgeSpec) -> JudgeSpec | JurySpec:
+        """This block beneath a command line's judge: what the command line gives wins (its params key by key).
+
+        A file's jury stays the run's judge unless the command line names a model or an endpoint itself.
+        """
+        if self.jury is not None and command_line.model is None and not command_line.base_url:
+            return self.spec()
+        return self._block().merge(command_line)
 
     @model_validator(mode="after")
     def _one_way_to_the_judge(self) -> JudgeSettings:

@@ -29,6 +29,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from ._jury import Panel, Usage, member_concurrency
 from ._rubric import AskMode, Rubric
+from ._spec import JudgeSpec
 from ._verdict import Verdict
 
 ConfidenceMethod = Literal["agreement", "simulated-annotators", "logprobs"]
@@ -69,6 +71,11 @@ class CascadeJudge(BaseModel):
     lower_bound: float | None = None
     requests: int = 0  # requests the fit sent to this judge (cache hits not counted)
     tests: list[ThresholdTest] = Field(default_factory=list)
+
+    @classmethod
+    def fitted(cls, judge: Any) -> CascadeJudge:
+        """The entry of a judge the fit asked: its model, endpoint and parameters as it sent them."""
+        return cls(model=judge.model, base_url=getattr(judge, "base_url", None), params=dict(getattr(judge, "sampling", {})))
 
 
 class CascadeSpec(BaseModel):
@@ -111,6 +118,15 @@ class CascadeSpec(BaseModel):
         """Record the digest of what the guarantee was fitted on (the fit calls it last)."""
         self.digest = guarantee_digest(self)
         return self
+
+    def judge_spec(self, i: int, over: JudgeSpec | None = None) -> JudgeSpec:
+        """Judge ``i`` as fitted (model, endpoint, params) with what ``over`` gives put over it, asked the way
+        the fit asked it (top logprobs with ``confidence: logprobs``)."""
+        fitted = self.judges[i]
+        spec = JudgeSpec.of(fitted.model, base_url=fitted.base_url, params=fitted.params)
+        spec = spec if over is None else spec.merge(over)
+        params = {k: v for k, v in (spec.params or {}).items() if k not in ("logprobs", "top_logprobs")}  # logprobs sets them again
+        return replace(spec, params=params, logprobs=LOGPROBS_TOP if self.confidence == "logprobs" else None)
 
     @classmethod
     def read(cls, path: str | Path) -> CascadeSpec:

@@ -363,7 +363,7 @@ class Fleet:
             key = (endpoint.resolved_key() if configured else endpoint.api_key) or os.environ.get("OPENAI_API_KEY")
             if not key:
                 if "api.openai.com" in endpoint.base_url:
-                    raise ValueError("no API key: set OPENAI_API_KEY or pass --api-key (or point --base-url at a local server)")
+                    raise ValueError("no API key: set OPENAI_API_KEY or pass `api_key` (or point `base_url` at a local server)")
                 key = "not-needed"
             own = limiter if len(endpoints) == 1 and endpoint.rps is None and endpoint.tpm is None else \
                 endpoint_limiter(limiter, member_id(endpoint.base_url, key), rps=endpoint.rps, tpm=endpoint.tpm)

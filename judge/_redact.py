@@ -89,10 +89,10 @@ def check_base_url(url: str) -> str:
     try:
         parts = urllib.parse.urlsplit(text)
     except ValueError as e:
-        raise ValueError(f"--base-url {redact_url(text)!r} is not a URL ({e})") from None
+        raise ValueError(f"`base_url` {redact_url(text)!r} is not a URL ({e})") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         hint = f"http://{text}" if not parts.scheme or "://" not in text else f"https://{text.split('://', 1)[1]}"
-        raise ValueError(f"--base-url {redact_url(text)!r} has no http:// or https:// scheme and host; "
+        raise ValueError(f"`base_url` {redact_url(text)!r} has no http:// or https:// scheme and host; "
                          f"did you mean {redact_url(hint)!r}? (the API root, often ending in /v1)")
     return url
 

@@ -100,3 +100,24 @@ def test_grade_on_jsonl_loads_no_calibration_or_server_stack(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-2000:]
     assert "openai" in names  # the run really reached the judge client
     assert not names & {"scipy", "sklearn", "matplotlib", *SERVER}, sorted(names & {"scipy", "sklearn", "matplotlib", *SERVER})
+
+
+# Modules in sys.modules when `gradekit --help` has printed (347 at 2026-12-02, this venv). The count is exact and
+# repeatable, not a time: a refactor that pulls a few dozen modules into the help path (+19% was 354 -> 392)
+# fails here even when every module it pulls is on the allow-list above. Lower it when start-up gets lighter.
+HELP_MODULES_BOUND = 365
+_COUNT = """
+import atexit, sys
+atexit.register(lambda: print("MODULES", len(sys.modules), file=sys.stderr))
+sys.argv = ["gradekit", "--help"]
+from graders.cli import main
+main()
+"""
+
+
+def test_help_loads_a_bounded_number_of_modules() -> None:
+    done = subprocess.run([sys.executable, "-c", _COUNT], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("GRADEKIT_")})
+    assert done.returncode == 0 and "grade" in done.stdout, done.stderr[-2000:]
+    count = int(done.stderr.rsplit("MODULES", 1)[1].split()[0])
+    assert count <= HELP_MODULES_BOUND, f"`gradekit --help` loads {count} modules, more than {HELP_MODULES_BOUND}: what joined its path?"

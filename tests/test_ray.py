@@ -403,3 +403,43 @@ def test_grade_dataset_adds_grade_columns_lazily(cluster: str) -> None:
     assert all(r["status"] == "ok" for i, r in enumerate(out) if i != 3)
     assert out[3]["status"] == "error" and out[3]["error_kind"] == "input"
     assert {"score", "label", "status", "error_kind", "question"} <= set(out[0])
+
+
+def test_a_grader_files_judge_block_holds_on_the_cluster_as_it_does_locally(cluster: str, tmp_path: Path) -> None:
+    """The file's judge: (its endpoint, model, params, prompt cap) reaches the actors: same bodies, same checkpoint, same rows.
+
+    The command line names no endpoint or model, so a worker that ignored the block would send to the default
+    endpoint (nothing answers there) with another model and without the params.
+    """
+    with FakeProvider() as fake:
+        config = tmp_path / "judge.yaml"
+        config.write_text(f"""type: llm
+rubric: {RUBRIC}
+map: {{question: prompt, references: references.answer, prediction: response}}
+judge:
+  model: file-judge
+  base_url: {fake.base_url}
+  params: {{seed: 7, reasoning_effort: low}}
+  max_prompt_tokens: 4000
+""", encoding="utf-8")
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps({"prompt": f"g-{i:03d}", "response": "y", "answer": "x"}) + "\n" for i in range(12)),
+                          encoding="utf-8")
+        outputs, bodies, checkpoints = [], [], []
+        for where, extra in (("local", []), ("ray", ["--ray", cluster, "--ray-workers", "2"])):
+            before = len(fake.chat_requests())
+            output = tmp_path / f"{where}.jsonl"
+            done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(config), "-o", str(output),
+                                   "--api-key", "k", "--judge-param", "temperature=0", "--no-cache", "--json", *extra],
+                                  env=_env(), capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+            outputs.append([{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "judge_latency_s"}} for r in rows])
+            checkpoints.append(json.loads(output.with_name(output.name + ".checkpoint.json").read_text(encoding="utf-8")))
+            bodies.append(sorted(json.dumps(r.body, sort_keys=True) for r in fake.chat_requests()[before:]))
+    assert len(bodies[0]) == 12 and bodies[0] == bodies[1]
+    sent = json.loads(bodies[0][0])
+    assert (sent["model"], sent["seed"], sent["reasoning_effort"], sent["temperature"]) == ("file-judge", 7, "low", 0)
+    assert outputs[0] == outputs[1] and {r["status"] for r in outputs[0]} == {"ok"}
+    assert {k: v for k, v in checkpoints[0].items() if k not in ("input", "output", "mark", "updated")} == \
+        {k: v for k, v in checkpoints[1].items() if k not in ("input", "output", "mark", "updated")}

@@ -129,8 +129,7 @@ async def fit_cascade(
     spec = CascadeSpec(rubric=rubric_name or rubric.name, rubric_fingerprint=rubric_fingerprint(rubric), samples=samples,
                        confidence=confidence, target=target, delta=delta,
                        delta_per_judge=delta / len(judges) if split_delta else delta, human_column=human_column,
-                       calibration_n=0, judges=[CascadeJudge(model=j.model, base_url=getattr(j, "base_url", None),
-                                                             params=dict(getattr(j, "sampling", {}))) for j in judges])
+                       calibration_n=0, judges=[CascadeJudge.fitted(j) for j in judges])
     if confidence == "simulated-annotators":
         need = samples * demonstrations
         if len(indices) < need + 1:

@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
+from judge import JudgeCache, ParseFailure, Rubric, load_rubric, parse_reply
+from judge._spec import JudgeSpec, Limits
 from judge.testing import FakeProvider, Reply
 
 from ._agreement import PairwiseReport, pairwise_report
@@ -520,8 +521,8 @@ async def replay_grade(
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         destination = output if output is not None else Path(tmp) / "graded.jsonl"
         with FakeProvider(responder=responder, model=model) as server:
-            async with Judge(model, base_url=server.base_url, api_key="replay", limiter=Limiter(concurrency=concurrency),
-                             cache=cache) as judge:
+            asked = JudgeSpec.of(model, base_url=server.base_url, api_key="replay", limits=Limits(concurrency=concurrency))
+            async with asked.build(cache=cache) as judge:
                 summary = await grade_pairwise_file(judge, spec, source, destination, {v: v for v in spec.variables},
                                                     on_conflict=on_conflict, label_column="label", convention="llmbar")
     return ReplayResult(run=f"{run.subset} {run.judge}/{run.strategy}", rubric=spec.name, model=model,

@@ -97,11 +97,11 @@ def fit(
     cache = opts.open_cache()
     budget = opts.budget()
     try:
-        from judge import Judge
+        from dataclasses import replace
 
         # As in `grade --cascade`: one --base-url for every judge, or one per --model in order (never one judge on all of them).
-        judges = [Judge(m, base_url=url, api_key=key, timeout=opts.timeout, params=opts.params, limiter=opts.limiter(m), cache=cache,
-                        budget=budget, **({"logprobs": LOGPROBS_TOP} if confidence == "logprobs" else {}))
+        judges = [replace(opts.spec(m, base_url=url, api_key=key), logprobs=LOGPROBS_TOP if confidence == "logprobs" else None)
+                  .build(cache=cache, budget=budget)
                   for m, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "cascade"))]
     except ValueError as e:
         raise fail(str(e)) from e

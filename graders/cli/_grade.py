@@ -18,6 +18,7 @@ from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
     from judge import Budget, Judge
+    from judge._spec import JudgeSpec
 
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._file import RunSummary
@@ -251,19 +252,13 @@ def _run_on_ray(command: _Command, source: RunInput, cache) -> None:
     from judge._breaker import BreakerTripped
 
     a, opts, spec, variables, model = command.args, command.args.opts, command.spec, command.variables, command.model
-    grader_file, output, json_output, encoding = a.grader_file, a.output, a.json_output, a.encoding
-    base_url, api_key, timeout = opts.first_base_url, opts.first_api_key, opts.timeout
-    rps, tpm, concurrency, limiter_url, limiter_key = opts.rps, opts.tpm, opts.concurrency, opts.limiter_url, opts.limiter_key
-    cache_path = opts.resolved_cache_path()
     prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
     try:
-        return _grade_on_ray(a.ray_address, a.ray_workers, spec, grader_file, source, output, variables, model=model,
-                             base_url=opts.base_url if len(opts.base_url) > 1 else base_url,
-                             api_key=opts.api_key if len(opts.api_key) > 1 else api_key, timeout=timeout, limiter_url=limiter_url, limiter_key=limiter_key, rps=rps, tpm=tpm,
-                             concurrency=concurrency, cache_path=cache_path, cache=cache, json_output=json_output,
-                             resume=not a.restart, adapt=not opts.no_adapt, encoding=encoding, params=opts.params, prices=prices)
+        return _grade_on_ray(a.ray_address, a.ray_workers, spec, a.grader_file, source, a.output, variables, judge=opts.spec(model),
+                             cache_path=opts.resolved_cache_path(), cache=cache, json_output=a.json_output, resume=not a.restart,
+                             encoding=a.encoding, prices=prices)
     except BreakerTripped as e:
-        raise _breaker_exit(e, output, json_output, Console(stderr=True)) from None
+        raise _breaker_exit(e, a.output, a.json_output, Console(stderr=True)) from None
 
 
 @dataclass
@@ -294,20 +289,9 @@ def _judges(command: _Command, cache) -> _Judges:
         if panel_judge is not None:
             made.append(panel_judge)
             return made[-1]
-        if settings is not None and settings.jury is not None and not opts.model and not opts.base_url:
-            # A grader file's jury (judge: {jury: [...]}) is the run's judge unless the command line names judges itself.
-            made.append(settings.build(cache=cache, budget=budget))
-            return made[-1]
-        # A grader file's judge.model, base_url and endpoints (its fleet) hold unless the command line names its own;
-        # the file's params are sent beneath the command line's.
-        fleet = settings.endpoints if settings is not None and not opts.base_url else None
-        own: dict = {"endpoints": fleet} if fleet else {}
-        if settings is not None and settings.base_url and not opts.base_url:
-            own["base_url"] = settings.base_url
-        if settings is not None and settings.params:
-            own["params"] = {**settings.params, **opts.params}
-        made.append(opts.judge(model or (settings.model if settings is not None else None), limiter=limiter, cache=cache,
-                               budget=budget, **own))
+        # A grader file's judge: (its model, endpoint or fleet, params, or its jury) holds beneath what the command line names.
+        wanted = opts.spec(model) if settings is None else settings.under(opts.spec(model))
+        made.append(wanted.build(limiter=limiter, cache=cache, budget=budget))
         return made[-1]
 
     make_judge.reads_settings = True  # type: ignore[attr-defined]
@@ -640,16 +624,14 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
 
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
-                  variables: dict[str, str], *, model: str | None, base_url: str | list[str] | None, api_key: str | list[str] | None,
-                  timeout: float,
-                  limiter_url: str | None, limiter_key: str | None, rps: float | None, tpm: float | None, concurrency: int,
-                  cache_path: str | None, cache, json_output: bool, resume: bool, adapt: bool = True,
-                  encoding: str | None = None, params: dict | None = None, prices: dict | None = None) -> None:
+                  variables: dict[str, str], *, judge: JudgeSpec, cache_path: str | None, cache, json_output: bool, resume: bool,
+                  encoding: str | None = None, prices: dict | None = None) -> None:
     """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
     import asyncio
+    from dataclasses import replace
 
-    from judge import Judge
     from judge._client import DEFAULT_MODEL
+    from judge._spec import Limits
 
     from .._config import GraderConfigError
     from ..runs._file import rubric_settings
@@ -661,8 +643,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     no_cache = cache is None
     if cache is not None:
         cache.close()  # the actors open their own; this process sends no request
-    first_url = base_url[0] if isinstance(base_url, list) else base_url  # a fleet is named by its first endpoint
-    key = limiter_key or f"{first_url or 'default'}|{model or 'default'}"
+    model, first_url = judge.model, judge.first_base_url  # a fleet is named by its first endpoint
     try:
         gcs = connect(address)
     except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
@@ -674,17 +655,15 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     try:
         count = workers or default_workers()
         # Without --limiter, --rps/--tpm and Retry-After holds are the cluster's one limiter actor.
-        limiter = limiter_url or "ray"
-        if limiter == "ray" and (rps or tpm):
-            from judge import limiter_from_url
-
+        judge = replace(judge, limits=replace(judge.limits, url=judge.limits.url or "ray"))
+        if judge.limits.url == "ray" and (judge.limits.rps or judge.limits.tpm):
             try:
-                limiter_from_url("ray", rps=rps, tpm=tpm, concurrency=concurrency, key=key, adapt=adapt)  # the actor exists before the first row
+                judge.limiter()  # the actor exists before the first row
             except (ValueError, ConnectionError) as e:
                 raise fail(str(e)) from e
         # The checkpoint's settings are a local run's, so a run killed with or without --ray resumes either way.
         if spec is not None:
-            probe = Judge(model, base_url=base_url, api_key=api_key or "unused", timeout=timeout, params=params)
+            probe = replace(judge, api_key=judge.api_key or ("unused",), limits=Limits()).build()
             settings = rubric_settings(probe, spec, variables, **({"encoding": encoding} if encoding else {}))
         else:
             if not grader_file.exists():
@@ -700,9 +679,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
                         "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": first_url,
                         **({"encoding": encoding} if encoding else {})}
-        ws = worker_spec(rubric=spec, grader_config=grader_file, model=model, base_url=base_url, api_key=api_key, timeout=timeout,
-                         limiter=limiter, limiter_key=key, rps=rps, tpm=tpm, concurrency=concurrency,
-                         cache=cache_path, no_cache=no_cache, adapt=adapt, params=params)
+        ws = worker_spec(rubric=spec, grader_config=grader_file, judge=judge, cache=cache_path, no_cache=no_cache)
         try:
             summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
                                                  encoding=encoding))

@@ -24,6 +24,7 @@ from ._common import fail
 
 if TYPE_CHECKING:  # the library loads when a command runs, not for --help
     from judge import Budget, Judge, JudgeCache
+    from judge._spec import JudgeSpec
 
 PANEL = "Judge options"
 
@@ -201,13 +202,8 @@ class JudgeOptions:
 
     def limiter(self, model: str | None = None):
         """The process's limiter for these options (shared through --limiter when given)."""
-        from judge import limiter_from_url
-
         try:
-            # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
-            return limiter_from_url(self.limiter_url, rps=self.rps, tpm=self.tpm, concurrency=self.concurrency,
-                                    adapt=not self.no_adapt,
-                                    key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
+            return self.spec(model).limiter()
         except (ValueError, ConnectionError) as e:  # a bad URL, or a Redis that does not answer: before any request
             raise fail(str(e)) from e
 
@@ -220,17 +216,35 @@ class JudgeOptions:
         except ValueError as e:
             raise fail(str(e)) from e
 
+    def spec(self, model: str | None = None, *, base_url: str | None = None, api_key: str | None = None) -> JudgeSpec:
+        """The judge these options describe, as a spec: only what the command line gives is set.
+
+        ``base_url``/``api_key``: one member's of a jury or cascade (``per_member``); by default all of them (a fleet).
+        """
+        from judge._spec import JudgeSpec, Limits
+
+        limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=not self.no_adapt, url=self.limiter_url,
+                        # The budget is named by the endpoint, so runs against another provider or model never share one by accident.
+                        key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
+        keys = api_key or self.api_key or ("replay" if self.replay else None)
+        return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
+                            timeout=self.timeout, limits=limits)
+
     def judge(self, model: str | None, **parts: Any) -> Judge:
-        """A Judge for ``model`` with these options (``parts``: limiter, cache, budget, ...).
+        """A Judge for ``model`` with these options (``parts``: limiter, cache, budget).
 
         Several ``--base-url`` make it a fleet: each endpoint gets its own limiter built like ``limiter``.
         """
-        from judge import Judge
+        return self.spec(model).build(**parts)
 
-        parts.setdefault("params", self.params)
-        base_url = self.base_url or parts.pop("base_url", None) or None  # the command line's, else the caller's (a grader file's)
-        return Judge(model, base_url=base_url, api_key=self.api_key or ("replay" if self.replay else None),
-                     timeout=self.timeout, **parts)
+    def file_judge(self, model: str | None, **parts: Any) -> Callable[[Any], Any]:
+        """The judge a grader file's LLM nodes get, built on first need: the file's ``judge:`` beneath these options."""
+        def make(settings: Any = None) -> Any:
+            spec = self.spec(model) if settings is None else settings.under(self.spec(model))
+            return spec.build(**parts)
+
+        make.reads_settings = True  # type: ignore[attr-defined]
+        return make
 
     def traffic(self) -> contextlib.AbstractContextManager[Any]:
         """The cassette the run records to or replays from, or nothing."""

@@ -72,26 +72,16 @@ def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spe
                 cache: Any, budget: Budget | None) -> Any:
     """A Jury (several --model), a Cascade (a spec), or None (one judge: the caller builds it)."""
     if spec is not None:
-        from judge import Cascade, Judge
-        from judge._cascade import LOGPROBS_TOP
+        from judge import Cascade
 
-        judges = []
-        for fitted, (url, key) in zip(spec.judges, opts.per_member(len(spec.judges), "cascade")):
-            params = {**fitted.params, **opts.params}
-            params.pop("logprobs", None), params.pop("top_logprobs", None)  # Judge(logprobs=) sets them again
-            judges.append(Judge(fitted.model, base_url=url or fitted.base_url, api_key=key, timeout=opts.timeout, params=params,
-                                limiter=opts.limiter(fitted.model), cache=cache, budget=budget,
-                                logprobs=LOGPROBS_TOP if spec.confidence == "logprobs" else None))
+        judges = [spec.judge_spec(i, opts.spec(fitted.model, base_url=url, api_key=key)).build(cache=cache, budget=budget)
+                  for i, (fitted, (url, key)) in enumerate(zip(spec.judges, opts.per_member(len(spec.judges), "cascade")))]
         return Cascade(judges, spec)
     if len(opts.model) > 1:
-        from judge import Jury
+        from judge._spec import JurySpec
 
-        from judge import Judge
-
-        jurors = [Judge(model, base_url=url, api_key=key, timeout=opts.timeout, params=opts.params, limiter=opts.limiter(model),
-                        cache=cache, budget=budget)
-                  for model, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "jury"))]
-        return Jury(jurors, aggregate=jury, quorum=quorum)  # type: ignore[arg-type]
+        jurors = tuple(opts.spec(model, base_url=url, api_key=key) for model, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "jury")))
+        return JurySpec(jurors, aggregate=jury, quorum=quorum).build(cache=cache, budget=budget)
     return None
 
 

@@ -145,8 +145,6 @@ def validate(
     """
     import asyncio
 
-    from judge import Judge
-
     from .._config import GraderConfigError
 
     if definition is not None:
@@ -166,8 +164,7 @@ def validate(
     cache = opts.open_cache(by_default=False)  # one example: cached only when --cache asks for it
     limiter, budget = opts.limiter(model), opts.budget()
 
-    def judge_factory() -> Judge:
-        return opts.judge(model, limiter=limiter, cache=cache, budget=budget)
+    judge_factory = opts.file_judge(model, limiter=limiter, cache=cache, budget=budget)  # the file's judge: beneath the options
 
     try:
         with opts.traffic():
@@ -191,7 +188,7 @@ def _validate_definition(path: Path, json_output: bool) -> None:
     """Exit 0 when the openai SDK's types accept the eval and gradekit builds every criterion, else 2."""
     import asyncio
 
-    from judge import Judge
+    from judge._spec import JudgeSpec
 
     from .._config import GraderConfigError, load_grader
     from .._evals import EvalGrader, sdk_problems
@@ -210,7 +207,7 @@ def _validate_definition(path: Path, json_output: bool) -> None:
     sandbox: dict[str, str] = {}
     warnings: list[str] = []
     try:
-        built = load_grader(path, judge=lambda: Judge(None, api_key="unused"))  # built, never asked: nothing is judged
+        built = load_grader(path, judge=lambda: JudgeSpec.of(api_key="unused").build())  # built, never asked: nothing is judged
         if isinstance(built.grader, EvalGrader):
             names = built.grader.names
         # Where each python criterion's code will run: the same report `validate --grader` gives.

@@ -21,12 +21,18 @@ import itertools
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from ._ray_worker import JudgeWorker, WorkerSpec
+
+if TYPE_CHECKING:
+    from judge._spec import JudgeSpec
+
+    from ._io import RunInput
 
 RAY_EXTRA = "pip install 'gradekit[ray]'"
 NAMESPACE = "gradekit"
@@ -202,16 +208,19 @@ class ActorPool:
                 pass
 
 
-def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, model: str | None, base_url: str | list[str] | None,
-                api_key: str | list[str] | None, timeout: float, limiter: str | None, limiter_key: str, rps: float | None, tpm: float | None,
-                concurrency: int, cache: str | None, no_cache: bool, adapt: bool = True,
-                params: dict[str, Any] | None = None) -> WorkerSpec:
-    """The actors' settings; the API key is read here, on the driver, so nodes need no secret of their own."""
-    return WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, model=model,
-                      base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY"), timeout=timeout,
-                      limiter=limiter, limiter_key=limiter_key, rps=rps, tpm=tpm, concurrency=concurrency, cache=cache,
-                      params=dict(params or {}),
-                      no_cache=no_cache, adapt=adapt)
+def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, judge: JudgeSpec | None = None, cache: str | None,
+                no_cache: bool, **fields: Any) -> WorkerSpec:
+    """The actors' settings: ``judge`` (a spec), or its fields one by one (model, base_url, api_key, timeout, limiter,
+    limiter_key, rps, tpm, concurrency, adapt, params). The API key is read here, on the driver, so nodes need no secret
+    of their own."""
+    spec = WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, cache=cache,
+                      no_cache=no_cache, **fields)
+    judge = judge if judge is not None else spec.judge_spec()
+    key = os.environ.get("OPENAI_API_KEY")
+    if not judge.api_key and key:
+        judge = replace(judge, api_key=(key,))
+    spec.judge, spec.concurrency = judge, judge.limits.concurrency or spec.concurrency
+    return spec
 
 
 async def run_on_pool(pool: ActorPool, run: Callable[[Callable[[Any], Awaitable[Any]], int], Awaitable[Any]]) -> Any:

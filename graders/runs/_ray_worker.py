@@ -7,9 +7,12 @@ and the actor's code is the same whether the file runner or :func:`grade_dataset
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from judge._spec import JudgeSpec
 
 
 class WorkerSpec(BaseModel):
@@ -35,6 +38,18 @@ class WorkerSpec(BaseModel):
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
     params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
+    judge: Any = None  # the judge as one judge._spec.JudgeSpec (the command line's); it wins over the fields above
+
+    def judge_spec(self) -> JudgeSpec:
+        """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
+        from judge._spec import JudgeSpec, Limits
+
+        if self.judge is not None:
+            return self.judge
+
+        limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=self.adapt, url=self.limiter, key=self.limiter_key)
+        return JudgeSpec.of(self.model, base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, params=self.params or None,
+                            limits=limits)
 
 
 class JudgeWorker:
@@ -45,17 +60,18 @@ class JudgeWorker:
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from judge import Judge, limiter_from_url, open_cache
+        from judge import open_cache
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
-        self.limiter = limiter_from_url(spec.limiter, rps=spec.rps, tpm=spec.tpm, concurrency=spec.concurrency, key=spec.limiter_key,
-                                       adapt=spec.adapt)
+        judge = spec.judge_spec()
+        self.limiter = judge.limiter()
 
-        def make_judge() -> Judge:
-            return Judge(spec.model, base_url=spec.base_url, api_key=spec.api_key, timeout=spec.timeout, limiter=self.limiter,
-                         cache=self.cache, params=spec.params)
+        def make_judge(settings: Any = None) -> Any:
+            wanted = judge if settings is None else settings.under(judge)
+            return wanted.build(limiter=self.limiter, cache=self.cache)
 
+        make_judge.reads_settings = True  # type: ignore[attr-defined]
         self.judge = make_judge() if spec.rubric is not None else None
         if spec.grader_config is not None:
             from .._config import load_grader

@@ -1,0 +1,151 @@
+"""What a judge is, as data: one spec that every front door produces and one place that builds it.
+
+The command line, a grader file's ``judge:`` block, a cascade.json judge and a Ray worker each
+describe a judge; they all say it as a :class:`JudgeSpec` (or a :class:`JurySpec`), layer them with
+:meth:`JudgeSpec.merge`, and get the judge from :meth:`JudgeSpec.build`, the one caller of
+``Judge(...)``. A field left ``None`` is *not given*: a merge keeps the other side's, a build sends
+nothing for it (the Judge's default holds), so "unset" never turns into a value on the wire.
+
+Errors name spec fields (``params``, ``limits.concurrency``); a front door that has flags maps a
+field to its own flag (graders/cli's flag table), so the judge core never names one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._budget import Budget
+    from ._cache import JudgeCache
+    from ._client import Judge
+    from ._fleet import Endpoint
+    from ._jury import Jury
+    from ._limiter import RequestLimiter
+
+
+def _merged(mine: Any, theirs: Any) -> Any:
+    return mine if theirs is None else theirs
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How fast a judge may send: told rates, requests in flight, self-pacing, and where the limit is shared."""
+
+    rps: float | None = None  # requests per second (per endpoint of a fleet)
+    tpm: float | None = None  # tokens per minute (likewise)
+    concurrency: int | None = None  # requests in flight at once [16]
+    adapt: bool | None = None  # pace to the provider's rate-limit headers and 429s [True]
+    url: str | None = None  # where the limit is shared: None (this process), redis://..., "ray"
+    key: str | None = None  # the shared budget's name [base_url|model]
+
+    def merge(self, other: Limits) -> Limits:
+        """These limits with every field ``other`` gives put over them."""
+        return Limits(**{f.name: _merged(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+    def limiter(self, default_key: str = "default") -> RequestLimiter:
+        """A limiter with these limits (``default_key`` names a shared one when ``key`` is not given)."""
+        from ._limiters import limiter_from_url
+
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"limits.concurrency must be at least 1, not {self.concurrency}")
+        return limiter_from_url(self.url, rps=self.rps, tpm=self.tpm, concurrency=16 if self.concurrency is None else self.concurrency,
+                                adapt=True if self.adapt is None else self.adapt, key=self.key or default_key)
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """One judge model and how to reach and ask it; ``None`` everywhere means "not given".
+
+    ``base_url``/``api_key`` (one, or one per replica: a fleet) and ``endpoints`` (a declared fleet)
+    are one choice of *where*: a merge that gives either replaces both.
+    """
+
+    model: str | None = None  # [$GRADEKIT_MODEL, else the default model]
+    base_url: tuple[str, ...] | None = None
+    api_key: tuple[str, ...] | None = None
+    endpoints: tuple[Endpoint, ...] | None = None
+    params: Mapping[str, Any] | None = None  # request parameters sent as given; merged key by key
+    timeout: float | None = None  # seconds per request [60]
+    limits: Limits = field(default_factory=Limits)
+    max_prompt_tokens: int | None = None  # [the Judge's default]; above it a row is an input error
+    logprobs: int | None = None  # top logprobs per token, asked with every request
+
+    @classmethod
+    def of(cls, model: str | None = None, *, base_url: str | Sequence[str] | None = None,
+           api_key: str | Sequence[str] | None = None, endpoints: Sequence[Endpoint | Mapping[str, Any]] | None = None,
+           **rest: Any) -> JudgeSpec:
+        """A spec from the loose shapes front doors hold (a URL or a list of them, endpoint mappings)."""
+        from ._fleet import Endpoint
+
+        def many(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+            value = [value] if isinstance(value, str) else [v for v in value or [] if v]
+            return tuple(value) or None
+
+        fleet = None if endpoints is None else tuple(e if isinstance(e, Endpoint) else Endpoint.model_validate(dict(e))
+                                                     for e in endpoints)
+        return cls(model=model, base_url=many(base_url), api_key=many(api_key), endpoints=fleet, **rest)
+
+    def merge(self, other: JudgeSpec) -> JudgeSpec:
+        """This spec with what ``other`` gives put over it: the one rule every layering of judge settings uses.
+
+        A field ``other`` gives wins; ``params`` and ``limits`` merge field by field (``other``'s keys
+        win); where the judge is (``base_url``/``endpoints``) is replaced as a whole.
+        """
+        where = ({"base_url": other.base_url, "endpoints": other.endpoints} if other.base_url or other.endpoints
+                 else {"base_url": self.base_url, "endpoints": self.endpoints})
+        params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
+        simple = {name: _merged(getattr(self, name), getattr(other, name))
+                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs")}
+        return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
+
+    @property
+    def first_base_url(self) -> str | None:
+        """The (first) endpoint's URL: a fleet is named by it."""
+        if self.base_url:
+            return self.base_url[0]
+        return self.endpoints[0].base_url if self.endpoints else None
+
+    def limiter(self) -> RequestLimiter:
+        """A limiter of its own, built from ``limits`` (its shared budget named ``base_url|model``)."""
+        return self.limits.limiter(f"{self.first_base_url or 'default'}|{self.model or 'default'}")
+
+    def build(self, *, cache: JudgeCache | None = None, budget: Budget | None = None,
+              limiter: RequestLimiter | None = None) -> Judge:
+        """The Judge this spec describes, sharing the run's ``cache``, ``budget`` and ``limiter``.
+
+        Without ``limiter``: one built from ``limits`` when any is given, else the process's limiter.
+        """
+        from ._client import Judge
+
+        if limiter is None and self.limits.given:
+            limiter = self.limiter()
+        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens))
+                 if value is not None}
+        base_url: Any = list(self.base_url) if self.base_url else None
+        api_key: Any = list(self.api_key) if self.api_key else None
+        return Judge(self.model, base_url=base_url, api_key=api_key, endpoints=list(self.endpoints) if self.endpoints else None,
+                     params=dict(self.params or {}), logprobs=self.logprobs, limiter=limiter, cache=cache, budget=budget, **given)
+
+
+@dataclass(frozen=True)
+class JurySpec:
+    """Several judges on one row and the rule that turns their verdicts into one (judge._jury)."""
+
+    jurors: tuple[JudgeSpec, ...]
+    aggregate: str | None = None  # majority, mean, min, unanimous [majority for labels, mean for scores]
+    quorum: int | None = None  # [a majority of the jury]
+
+    def build(self, *, cache: JudgeCache | None = None, budget: Budget | None = None,
+              limiter: RequestLimiter | None = None) -> Jury:
+        """The Jury; each juror paces itself with a limiter of its own (``limiter`` is not shared with jurors):
+        one slow or rate-limited provider does not hold back the others."""
+        from ._jury import Jury
+
+        return Jury([j.build(cache=cache, budget=budget, limiter=j.limiter()) for j in self.jurors],
+                    aggregate=self.aggregate, quorum=self.quorum)  # type: ignore[arg-type]
