@@ -53,7 +53,7 @@ class Limits:
         from ._limiters import limiter_from_url
 
         if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"limits.concurrency must be at least 1, not {self.concurrency}")
+            raise ValueError(f"`limits.concurrency` must be at least 1, not {self.concurrency}")
         return limiter_from_url(self.url, rps=self.rps, tpm=self.tpm, concurrency=16 if self.concurrency is None else self.concurrency,
                                 adapt=True if self.adapt is None else self.adapt, key=self.key or default_key)
 

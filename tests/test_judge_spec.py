@@ -1,0 +1,59 @@
+"""One judge spec: the merge rule every layering uses, and the field names the judge core's errors carry.
+
+The spec is built and merged for real and then built into a Judge that speaks HTTP to the fake provider,
+so what is asserted is what the provider saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from typer.testing import CliRunner
+
+from graders.cli import app
+from judge import load_rubric
+from judge._spec import JudgeSpec, Limits
+from judge.testing import FakeProvider
+
+ROW = {"question": "q", "references": ["a"], "prediction": "a"}
+
+
+def test_merge_gives_the_other_sides_fields_params_key_by_key_and_the_endpoint_whole() -> None:
+    file = JudgeSpec.of("file-judge", endpoints=[{"base_url": "http://a.example/v1"}], params={"seed": 7, "top_p": 0.5},
+                        max_prompt_tokens=4000)
+    line = JudgeSpec.of(None, base_url="http://b.example/v1", params={"top_p": 0.9}, timeout=5, limits=Limits(rps=2))
+    merged = file.merge(line)
+    assert (merged.model, merged.base_url, merged.endpoints) == ("file-judge", ("http://b.example/v1",), None)
+    assert merged.params == {"seed": 7, "top_p": 0.9}
+    assert (merged.timeout, merged.max_prompt_tokens, merged.limits.rps, merged.limits.tpm) == (5, 4000, 2, None)
+    assert file.merge(JudgeSpec()) == file  # nothing given: nothing changes
+    assert JudgeSpec().merge(file) == file
+
+
+def test_a_built_spec_sends_its_params_and_nothing_for_what_is_unset() -> None:
+    rubric = load_rubric("semantic_equivalence_en")
+
+    async def ask(spec: JudgeSpec) -> None:
+        async with spec.build() as judge:
+            assert (await judge.judge(rubric, ROW)).ok
+
+    with FakeProvider() as fake:
+        base = JudgeSpec.of("fake-judge", base_url=fake.base_url, api_key="k")
+        asyncio.run(ask(base))
+        asyncio.run(ask(base.merge(JudgeSpec.of(params={"seed": 7, "reasoning_effort": "low"}))))
+        first, second = (r.body for r in fake.chat_requests())
+    assert "seed" not in first and "reasoning_effort" not in first
+    assert (second["seed"], second["reasoning_effort"]) == (7, "low")
+    assert {k: v for k, v in second.items() if k not in ("seed", "reasoning_effort")} == first
+
+
+def test_the_judge_core_names_the_field_and_the_command_line_its_flag(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"^`base_url` 'localhost:8000/v1' has no http"):
+        JudgeSpec.of("m", base_url="localhost:8000/v1").build()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "q", "references": ["a"], "prediction": "a"}\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["grade", str(rows), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "out.jsonl"),
+                                      "--base-url", "localhost:8000/v1", "--api-key", "k", "--no-cache"])
+    assert result.exit_code == 2, result.output
+    assert "--base-url 'localhost:8000/v1' has no http" in " ".join(result.output.split()) and "`" not in result.output
