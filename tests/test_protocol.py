@@ -82,3 +82,15 @@ async def test_judge_jury_and_cascade_each_answer_the_protocol_and_a_panel_is_it
         assert rubric_settings(cascade, rubric, {})["sampling"]["cascade"]["samples"] == 3
         for one in (jury, cascade):
             await one.aclose()
+
+
+def test_no_grader_or_run_probes_its_judge() -> None:
+    """Graders and runs read the protocol; a probe (``hasattr(judge, ...)``) would let a panel pose as a Judge again."""
+    import re
+    from pathlib import Path
+
+    probe = re.compile(r"\b(hasattr|getattr)\(\s*(self\.)?(judge|made_judge|panel|jury|cascade)\b")
+    root = Path(__file__).resolve().parent.parent / "graders"
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if probe.search(line)]
+    assert found == []
