@@ -39,7 +39,7 @@ class AnswerJudgement:
 
     @property
     def requests(self) -> int:
-        return sum(v.attempts for v in self.verdicts)
+        return sum(v.usage.requests for v in self.verdicts)
 
 
 def check_answer_rubric(rubric: Rubric) -> None:

@@ -126,7 +126,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from judge import Judge, RubricError
+from judge import JudgeProtocol, RubricError
 from judge._spec import JudgeSpec, JurySpec
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._fleet import Endpoint, key_from_env
@@ -503,14 +503,14 @@ def validate_node(data: Any, where: str, source: str) -> tuple[str, _Node]:
 class _Builder:
     """Walks a config tree; builds the judge once, on first need, for all LLM nodes."""
 
-    def __init__(self, source: str, base: Path, judge: Judge | Callable[[], Judge] | None, settings: JudgeSettings) -> None:
+    def __init__(self, source: str, base: Path, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None, settings: JudgeSettings) -> None:
         self.source, self.base, self._judge, self.settings = source, base, judge, settings
-        self.made_judge: Judge | None = None
+        self.made_judge: JudgeProtocol | None = None
         self.sandboxes: dict[str, Isolation] = {}  # where each code-running grader runs, for validate
         self.media_root: Path | None = None  # the folder local image paths are read from: the input's
 
-    def judge(self) -> Judge:
-        if self._judge is not None and hasattr(self._judge, "judge"):  # a Judge, a Jury or a Cascade
+    def judge(self) -> JudgeProtocol:
+        if self._judge is not None and not callable(self._judge):  # a Judge, a Jury or a Cascade, not a factory of one
             return self._judge  # type: ignore[return-value]
         if self.made_judge is None:
             try:
@@ -664,7 +664,7 @@ class ConfiguredGrader:
             await self._builder.made_judge.aclose()
 
 
-def _builder(data: dict[str, Any], source: str, base: Path, judge: Judge | Callable[[], Judge] | None) -> _Builder:
+def _builder(data: dict[str, Any], source: str, base: Path, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None) -> _Builder:
     settings = data.pop("judge", None) or {}
     try:
         parsed = JudgeSettings.model_validate(settings)
@@ -674,7 +674,7 @@ def _builder(data: dict[str, Any], source: str, base: Path, judge: Judge | Calla
     return _Builder(source, base, judge, parsed)
 
 
-def load_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None,
+def load_grader(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None = None,
                 media_root: Path | None = None) -> ConfiguredGrader:
     """Build a grader from a YAML/JSON file or a dict (schema in this module's docstring).
 
@@ -715,7 +715,7 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
     return EvalGrader(criteria, definition.name or "eval")
 
 
-def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None) -> GroupGrader:
+def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None = None) -> GroupGrader:
     """Build a group grader from a ``type: group`` config."""
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
@@ -743,7 +743,7 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: Judge | 
                         min_members=node.min_members, group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
 
 
-def load_group_members(source: str | Path | Mapping[str, Any], *, judge: Judge | Callable[[], Judge] | None = None
+def load_group_members(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None = None
                        ) -> tuple[ConfiguredGrader, GroupPolicy]:
     """A ``type: group`` config (with ``grader:``) as its per-member grader and its group keys, for the
     doors that grade a group's members one request at a time (the reward server's group routes)."""

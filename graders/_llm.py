@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from judge import Judge, Rubric, Verdict, load_rubric
+from judge import JudgeProtocol, Rubric, Verdict, load_rubric
 from judge._media import local_media
 from judge._parse import number_of
 from judge._rubric import VariableSpec
@@ -86,17 +86,17 @@ def with_prompt_media(rubric: Rubric, row: dict[str, Any], sample: Sample) -> Ru
 def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None,
                        rubric: Rubric | None = None) -> Grade:
     metrics = {
-        "judge_prompt_tokens": float(verdict.prompt_tokens),
-        "judge_completion_tokens": float(verdict.completion_tokens),
-        "judge_attempts": float(verdict.attempts),
+        "judge_prompt_tokens": float(verdict.usage.prompt_tokens),
+        "judge_completion_tokens": float(verdict.usage.completion_tokens),
+        "judge_attempts": float(verdict.usage.requests),
         "judge_latency_s": verdict.latency_s,
         "judge_cached": float(verdict.cached),
     }
     # Only where the provider reports them, so a chat model's metrics read as they always did.
-    if verdict.reasoning_tokens:
-        metrics["judge_reasoning_tokens"] = float(verdict.reasoning_tokens)
-    if verdict.cached_tokens:
-        metrics["judge_cached_tokens"] = float(verdict.cached_tokens)
+    if verdict.usage.reasoning_tokens:
+        metrics["judge_reasoning_tokens"] = float(verdict.usage.reasoning_tokens)
+    if verdict.usage.cached_tokens:
+        metrics["judge_cached_tokens"] = float(verdict.usage.cached_tokens)
     lines = list(debug or [])
     if verdict.status != "ok":
         status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"
@@ -125,7 +125,7 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
     return Grade.scored(value, metrics=metrics, debug=lines)
 
 
-def llm_grader(judge: Judge, rubric: Rubric | str | Path, mapping: Mapping[str, str] | None = None, *, name: str | None = None) -> Grader:
+def llm_grader(judge: JudgeProtocol, rubric: Rubric | str | Path, mapping: Mapping[str, str] | None = None, *, name: str | None = None) -> Grader:
     """Grade with any rubric (a shipped name, a path to a .yaml spec, or a Rubric).
 
     Args:
@@ -182,7 +182,7 @@ def _autorater_rubric(name: str, parse: ParseConfig, labels: dict[str, float] | 
 
 
 def autorater_grader(
-    judge: Judge,
+    judge: JudgeProtocol,
     prompt: str,
     *,
     parse: ParseConfig = IDENTITY,
@@ -279,7 +279,7 @@ def _message_parts(content: Any, sample: Sample, root: Path | None, media: list[
     return "\n".join(pieces)
 
 
-def label_model_grader(judge: Judge, messages: list[Mapping[str, Any]], labels: list[str], passing_labels: list[str], *,
+def label_model_grader(judge: JudgeProtocol, messages: list[Mapping[str, Any]], labels: list[str], passing_labels: list[str], *,
                        name: str = "label_model", media_root: Path | None = None) -> Grader:
     """OpenAI's ``label_model`` grader, run locally: the judge picks one of ``labels`` (a JSON enum);
     a label in ``passing_labels`` scores 1, any other 0 (OpenAI's pass/fail of a label grader).
@@ -358,7 +358,7 @@ _SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "see
                     "max_completions_tokens": "max_completion_tokens", "max_completion_tokens": "max_completion_tokens"}
 
 
-def score_model_grader(judge: Judge, messages: list[Mapping[str, Any]], *, range: tuple[float, float] = (0.0, 1.0),
+def score_model_grader(judge: JudgeProtocol, messages: list[Mapping[str, Any]], *, range: tuple[float, float] = (0.0, 1.0),
                        sampling_params: Mapping[str, Any] | None = None, name: str = "score_model",
                        media_root: Path | None = None) -> Grader:
     """OpenAI's ``score_model`` grader, run locally: the judge replies ``{"steps": [...], "result": <number>}``

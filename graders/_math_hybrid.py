@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from judge import Rubric, Verdict, load_rubric
+from judge import Rubric, Usage, Verdict, load_rubric
 from judge._rubric import rubric_fingerprint
 
 from ._answer_judge import REQUIRE, AnswerJudgement, Require, check_answer_rubric, judge_answer
@@ -60,10 +60,11 @@ def symbolic_checker(timeout: float, **settings: Any) -> tuple[Callable[[str, st
 
 def _metrics(judged: AnswerJudgement) -> dict[str, float]:
     verdicts: tuple[Verdict, ...] = judged.verdicts
+    usage = sum((v.usage for v in verdicts), Usage())
     return {
-        "judge_prompt_tokens": float(sum(v.prompt_tokens for v in verdicts)),
-        "judge_completion_tokens": float(sum(v.completion_tokens for v in verdicts)),
-        "judge_attempts": float(sum(v.attempts for v in verdicts)),
+        "judge_prompt_tokens": float(usage.prompt_tokens),
+        "judge_completion_tokens": float(usage.completion_tokens),
+        "judge_attempts": float(usage.requests),
         "judge_latency_s": max(v.latency_s for v in verdicts),
         "judge_cached": float(sum(v.cached for v in verdicts)),
     }

@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from judge import Judge, load_rubric
+from judge import JudgeProtocol, load_rubric
 
 from ._group import GroupGrader, GroupResult, GroupStatus, Policy, _PolicyValue
 from ._members import GroupPolicy, MemberPolicy
@@ -50,7 +50,7 @@ def _order(sample: Sample, texts: Sequence[str], seed: int) -> list[int]:
     return order
 
 
-def relative_group_grader(judge: Judge, *, criteria: str | None = None, shuffles: int = 2, seed: int = 0,
+def relative_group_grader(judge: JudgeProtocol, *, criteria: str | None = None, shuffles: int = 2, seed: int = 0,
                           on_judge_error: Policy = "RETRY", rubric: str = "group_rank",
                           on_member_error: MemberPolicy = "renormalize", group_deadline_s: float | None = None) -> GroupGrader:
     """A group grader that ranks all trajectories of a sample in one judge call per shuffle.

@@ -236,7 +236,7 @@ JudgeSource = Judge | Callable[[], Judge] | None
 def _judge(judge: JudgeSource, what: str) -> Judge:
     if judge is None:
         raise ValueError(f"{what} is an autorater: pass a judge (gradekit validate builds one from --model/--base-url)")
-    return judge() if callable(judge) and not isinstance(judge, Judge) else judge  # type: ignore[return-value]
+    return judge() if callable(judge) else judge  # a factory, or the judge itself (a Judge, a Jury or a Cascade)
 
 
 def single_reward_grader(config: SingleRewardConfig, *, judge: JudgeSource = None, name: str | None = None,

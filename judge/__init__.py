@@ -21,10 +21,11 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._ray_limiter": ["RayLimiter"],
     "._redis_cache": ["RedisJudgeCache", "open_cache"],
     "._parse": ["ParseFailure", "Parsed", "match_label", "parse_reply"],
+    "._protocol": ["JudgeIdentity", "JudgeProtocol", "JudgeStats", "MemberUsage"],
     "._retry": ["RetryPolicy", "is_transient", "retry_after_seconds"],
     "._rubric": ["AskMode", "Rubric", "RubricInputError", "list_rubrics", "load_rubric"],
     "._shared_limiter": ["SharedLimiter"],
     "._specs": ["RubricError"],  # without pydantic: a CLI catching it need not load the model
     "._sync": ["SyncRunner"],
-    "._verdict": ["ErrorKind", "Verdict", "clamp"],
+    "._verdict": ["ErrorKind", "PanelInfo", "ReadInfo", "Usage", "Verdict", "clamp"],
 })

@@ -35,10 +35,11 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from ._jury import Panel, Usage, member_concurrency
+from ._jury import Panel
+from ._protocol import JudgeIdentity, JudgeProtocol, MemberUsage
 from ._rubric import AskMode, Rubric
 from ._spec import JudgeSpec
-from ._verdict import Verdict
+from ._verdict import PanelInfo, Usage, Verdict
 
 ConfidenceMethod = Literal["agreement", "simulated-annotators", "logprobs"]
 CONFIDENCE_METHODS: tuple[str, ...] = get_args(ConfidenceMethod)
@@ -73,9 +74,10 @@ class CascadeJudge(BaseModel):
     tests: list[ThresholdTest] = Field(default_factory=list)
 
     @classmethod
-    def fitted(cls, judge: Any) -> CascadeJudge:
+    def fitted(cls, judge: JudgeProtocol) -> CascadeJudge:
         """The entry of a judge the fit asked: its model, endpoint and parameters as it sent them."""
-        return cls(model=judge.model, base_url=getattr(judge, "base_url", None), params=dict(getattr(judge, "sampling", {})))
+        who = judge.identity()
+        return cls(model=who.model, base_url=who.base_url, params=dict(who.sampling))
 
 
 class CascadeSpec(BaseModel):
@@ -259,14 +261,14 @@ def asked(rubric: Rubric, *, samples: int, method: ConfidenceMethod, spec: Casca
     return [sampled(rubric, i) for i in range(samples)]
 
 
-async def opinion(judge: Any, rubric: Rubric, row: Mapping[str, Any], *, method: ConfidenceMethod,
+async def opinion(judge: JudgeProtocol, rubric: Rubric, row: Mapping[str, Any], *, method: ConfidenceMethod,
                   rubrics: Sequence[Rubric]) -> Opinion:
     """A judge's decision on ``row`` and its confidence, measured by ``method`` over ``rubrics`` (see :func:`asked`)."""
     if method == "logprobs":
         verdict = await judge.judge(rubric, row)
         if verdict.status != "ok":
             return Opinion(verdict=verdict)
-        if verdict.score_source != "logprobs":
+        if verdict.read.score_source != "logprobs":
             return Opinion(verdict=verdict, confidence=0.0)  # no logprobs came back: nothing to be sure with
         scores = list(rubric.labels.values())
         span = (max(scores) - min(scores)) or 1.0
@@ -282,10 +284,8 @@ def majority_of(verdicts: Sequence[Verdict], samples: int) -> dict[str, Any]:
     A failed sample counts against the confidence (it did not agree); with no sample answered the
     Verdict is the first failure. Ties go to the label sampled first.
     """
-    usage = {k: sum(getattr(v, k) for v in verdicts) for k in (
-        "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "saved_prompt_tokens",
-        "saved_completion_tokens", "attempts")}
-    usage["latency_s"] = max((v.latency_s for v in verdicts), default=0.0)
+    usage: dict[str, Any] = {"usage": sum((v.usage for v in verdicts), Usage()),
+                             "latency_s": max((v.latency_s for v in verdicts), default=0.0)}
     usage["cached"] = bool(verdicts) and all(v.cached for v in verdicts)
     ok = [v for v in verdicts if v.status == "ok"]
     if not ok:
@@ -298,40 +298,38 @@ def majority_of(verdicts: Sequence[Verdict], samples: int) -> dict[str, Any]:
     return {"verdict": chosen.model_copy(update=usage), "confidence": top / samples}
 
 
-_USAGE = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "saved_prompt_tokens",
-          "saved_completion_tokens", "attempts")
-
-
 class Cascade(Panel):
-    """Judges in order with calibrated thresholds; usable wherever a Judge is (see the module docstring).
+    """Judges in order with calibrated thresholds; a :class:`~judge._protocol.JudgeProtocol` like a Judge (see the module docstring).
 
     Args:
         judges: the Judges, cheapest first, one per entry of ``spec.judges``.
         spec: the fitted cascade (``CascadeSpec.read("cascade.json")``).
     """
 
-    result_columns = ("decided_by", "confidence")
+    panel_columns = ("decided_by", "confidence")
 
-    def __init__(self, judges: Sequence[Any], spec: CascadeSpec) -> None:
+    def __init__(self, judges: Sequence[JudgeProtocol], spec: CascadeSpec) -> None:
         if len(judges) != len(spec.judges):
             raise ValueError(f"the cascade has {len(spec.judges)} judges, {len(judges)} given")
         self.judges = self.members = list(judges)
         self.spec = spec
-        self.usage = Usage()
+        self.usage = MemberUsage()
         self._rubrics: dict[int, tuple[Rubric, list[Rubric]]] = {}
 
     @property
     def model(self) -> str:
         return "cascade(" + " -> ".join(j.model for j in self.judges) + ")"
 
-    @property
-    def sampling(self) -> dict[str, Any]:
-        return {"cascade": self.spec.model_dump(exclude={"demonstrations"}), "demonstrations": len(self.spec.demonstrations)}
+    def identity(self) -> JudgeIdentity:
+        """The judges' endpoints and the fitted cascade (its demonstrations counted): a resume with another cascade is refused."""
+        return JudgeIdentity(model=self.model, base_url=" ".join(j.identity().base_url or "" for j in self.judges),
+                             sampling={"cascade": self.spec.model_dump(exclude={"demonstrations"}),
+                                       "demonstrations": len(self.spec.demonstrations)})
 
     @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every row goes to the first judge, so its cap bounds them."""
-        return member_concurrency(self.judges[0])
+        return self.judges[0].concurrency
 
     def rubrics(self, rubric: Rubric) -> list[Rubric]:
         """The K rubrics of a row, built once per rubric (their cache shells are kept per rubric object)."""
@@ -346,7 +344,7 @@ class Cascade(Panel):
         if rubric.is_checklist:  # votes and confidences are over one label; a checklist has one per criterion
             return Verdict(status="error", error_kind="input", error=f"rubric {rubric.name!r} is a checklist: "
                            f"a {type(self).__name__.lower()} over a checklist is not supported; grade it with one judge")
-        usage: Counter[str] = Counter()
+        usage = Usage()
         failures: list[Verdict] = []
         best: float | None = None
         for judge, fitted in zip(self.judges, self.spec.judges):
@@ -355,21 +353,20 @@ class Cascade(Panel):
             found = await opinion(judge, rubric, row, method=self.spec.confidence, rubrics=self.rubrics(rubric))
             v = found.verdict
             self.usage.add(judge.model, v)
-            for key in _USAGE:
-                usage[key] += getattr(v, key)
+            usage += v.usage
             if v.status != "ok" or found.confidence is None:
                 if v.error_kind == "input":  # the row cannot be judged by any judge
-                    return v.model_copy(update=dict(usage))
+                    return v.model_copy(update={"usage": usage})
                 failures.append(v.model_copy(update={"error": f"{judge.model}: {v.error_kind}: {v.error}"}))
                 continue
             best = found.confidence if best is None else max(best, found.confidence)
             if found.confidence >= fitted.threshold:
-                return v.model_copy(update={**usage, "decided_by": judge.model, "confidence": found.confidence})
+                return v.model_copy(update={"usage": usage, "panel": PanelInfo(decided_by=judge.model, confidence=found.confidence)})
         named = "; ".join(f.error or "" for f in failures)
         if best is None and failures and all(f.status == "skipped" for f in failures):  # the budget ran out: not asked
-            return Verdict(status="skipped", error_kind="budget", error=failures[0].error, **usage)
+            return Verdict(status="skipped", error_kind="budget", error=failures[0].error, usage=usage)
         if best is None and failures:  # every judge asked failed: not a row for a human, a row to judge again
-            return Verdict(status="error", error_kind=failures[0].error_kind, error=f"cascade: no judge answered: {named}", **usage)
+            return Verdict(status="error", error_kind=failures[0].error_kind, error=f"cascade: no judge answered: {named}", usage=usage)
         why = "no judge's confidence met its threshold" if best is not None else "the fit trusted no judge of the cascade with any row"
-        return Verdict(status="abstained", error_kind="abstained", confidence=best,
-                       error=why + (f" ({named})" if named else ""), **usage)
+        return Verdict(status="abstained", error_kind="abstained", panel=PanelInfo(confidence=best),
+                       error=why + (f" ({named})" if named else ""), usage=usage)

@@ -26,6 +26,7 @@ from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
+from ._protocol import JudgeIdentity, JudgeStats
 from ._retry import RetryPolicy
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
@@ -124,6 +125,8 @@ class Judge:
             model accepts. None: no cap.
     """
 
+    panel_columns: tuple[str, ...] = ()  # a single judge's verdicts have no panel (see judge._protocol)
+
     def __init__(
         self,
         model: str | None = None,
@@ -205,6 +208,14 @@ class Judge:
     def pacing(self) -> Pacing:
         """How the judge paces now: its limiter's pacing; for a fleet, the summed rate of its endpoints."""
         return self._fleet.pacing()
+
+    def identity(self) -> JudgeIdentity:
+        """What a checkpoint records of this judge: a resume with another model, endpoint or parameters is refused."""
+        return JudgeIdentity(model=self.model, base_url=self.base_url, sampling=self.sampling, logprobs=self.logprobs)
+
+    def stats(self) -> JudgeStats:
+        """Its endpoints, limiter waits and pacing so far (a single judge has no members)."""
+        return JudgeStats(endpoints=self.endpoints, held_seconds=self.held_seconds, pacing=self.pacing())
 
     def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]:
         """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes."""

@@ -18,8 +18,9 @@ unanimous   the label if every answering juror gave it, else ``abstained`` (no s
             error: a row for a human).
 ==========  ====================================================================================
 
-``agreement`` is the share of the answering jurors whose label is the decision's; ``jurors``
-lists each juror's model, label, score and status.
+The Verdict's ``panel`` (:class:`~judge._verdict.PanelInfo`): ``agreement`` is the share of the
+answering jurors whose label is the decision's; ``jurors`` lists each juror's model, label, score
+and status. Its ``usage`` is the jurors' sum.
 
 Each juror sends under a circuit breaker of its own (judge._breaker), not the run's: a juror that
 is down is soon asked no more (its rows abstain at once instead of waiting out six retries each)
@@ -33,47 +34,17 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
 from ._breaker import Breaker, Trip, breaker_scope, current_breaker
+from ._protocol import JudgeIdentity, JudgeProtocol, JudgeStats, MemberUsage
 from ._rubric import Rubric
-from ._verdict import Verdict
+from ._verdict import PanelInfo, ReadInfo, Usage, Verdict
 
 JUROR_PROBE_S = 30.0  # a juror whose breaker tripped is asked again after this long (a server outlives an outage)
 
 Aggregate = Literal["majority", "mean", "min", "unanimous"]
 AGGREGATES: tuple[str, ...] = get_args(Aggregate)
-
-
-class Judges(Protocol):
-    """What a grader needs of a judge: a Judge, a Jury or a Cascade."""
-
-    model: str
-
-    async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict: ...
-
-    async def aclose(self) -> None: ...
-
-
-class Usage:
-    """Requests and tokens per member model of a Jury or a Cascade in this process, for the run's summary."""
-
-    FIELDS = ("rows", "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_hits")
-
-    def __init__(self) -> None:
-        self.by_model: dict[str, dict[str, int]] = {}  # by member: its model, or "model #i" for a model two jurors share
-        self.models: dict[str, str] = {}  # member name -> its model (for prices)
-
-    def add(self, model: str, verdict: Verdict, member: str | None = None) -> None:
-        member = member or model
-        self.models[member] = model
-        figures = self.by_model.setdefault(member, dict.fromkeys(self.FIELDS, 0))
-        figures["rows"] += 1
-        figures["requests"] += verdict.attempts
-        figures["prompt_tokens"] += verdict.prompt_tokens
-        figures["completion_tokens"] += verdict.completion_tokens
-        figures["cached_tokens"] += verdict.cached_tokens
-        figures["cache_hits"] += int(verdict.cached)
 
 
 def default_aggregate(rubric: Rubric) -> Aggregate:
@@ -115,31 +86,17 @@ def decide(rubric: Rubric | None, labels: Sequence[str | None], scores: Sequence
 
 
 class Panel:
-    """What a Jury and a Cascade share: several Judges behind the face of one, so a run reads the attributes it
-    reads off a Judge (the checkpoint's settings, the limiter, the cache, the endpoints) and closes every member."""
+    """What a Jury and a Cascade share: several judges behind one :class:`~judge._protocol.JudgeProtocol`,
+    whose stats are their members' and whose ``aclose`` closes every member."""
 
-    members: list[Any]
+    members: list[JudgeProtocol]
+    usage: MemberUsage
 
-    @property
-    def base_url(self) -> str:
-        return " ".join(getattr(j, "base_url", "") for j in self.members)
-
-    @property
-    def logprobs(self) -> int | None:
-        return None
-
-    @property
-    def endpoints(self) -> list[Any]:
-        """Every member's endpoints, in order (a run's ``endpoints`` figures; a member without any has none)."""
-        return [e for j in self.members for e in getattr(j, "endpoints", [])]
-
-    @property
-    def limiter(self) -> Any:
-        return self.members[0].limiter
-
-    @property
-    def cache(self) -> Any:
-        return getattr(self.members[0], "cache", None)
+    def stats(self) -> JudgeStats:
+        """Every member's endpoints and limiter waits, and the figures per member (a panel has no one pacing)."""
+        member_stats = [j.stats() for j in self.members]
+        return JudgeStats(endpoints=[e for s in member_stats for e in s.endpoints],
+                          held_seconds=sum(s.held_seconds for s in member_stats), members=self.usage)
 
     async def aclose(self) -> None:
         for member in self.members:
@@ -153,7 +110,7 @@ class Panel:
 
 
 class Jury(Panel):
-    """Several Judges judging every row concurrently; usable wherever a Judge is.
+    """Several judges judging every row concurrently; a :class:`~judge._protocol.JudgeProtocol` like a Judge.
 
     Args:
         jurors: the Judges, in priority order (a majority tie goes to the earliest label).
@@ -162,9 +119,9 @@ class Jury(Panel):
         quorum: answering jurors needed for a decision (default: a majority, ``n // 2 + 1``).
     """
 
-    result_columns = ("agreement", "jurors")
+    panel_columns = ("agreement", "jurors")
 
-    def __init__(self, jurors: Sequence[Any], *, aggregate: Aggregate | None = None, quorum: int | None = None) -> None:
+    def __init__(self, jurors: Sequence[JudgeProtocol], *, aggregate: Aggregate | None = None, quorum: int | None = None) -> None:
         if not jurors:
             raise ValueError("a jury needs at least one juror")
         if aggregate is not None and aggregate not in AGGREGATES:
@@ -175,23 +132,24 @@ class Jury(Panel):
         self.jurors = self.members = list(jurors)
         self.aggregate = aggregate
         self.quorum = quorum if quorum is not None else n // 2 + 1
-        self.usage = Usage()
+        self.usage = MemberUsage()
         self._breakers: list[tuple[Breaker, float]] = [(Breaker(), 0.0) for _ in self.jurors]
 
-    # The attributes a run reads off its judge (the checkpoint's settings, the limiter's concurrency).
     @property
     def model(self) -> str:
         return "jury(" + ", ".join(j.model for j in self.jurors) + ")"
 
-    @property
-    def sampling(self) -> dict[str, Any]:
-        return {"jurors": [{"model": j.model, "base_url": getattr(j, "base_url", None), "params": getattr(j, "sampling", {})}
-                           for j in self.jurors], "aggregate": self.aggregate, "quorum": self.quorum}
+    def identity(self) -> JudgeIdentity:
+        """Each juror's model, endpoint and parameters, and the jury's rule: a resume with another jury is refused."""
+        jurors = [j.identity() for j in self.jurors]
+        return JudgeIdentity(model=self.model, base_url=" ".join(who.base_url or "" for who in jurors),
+                             sampling={"jurors": [{"model": who.model, "base_url": who.base_url, "params": who.sampling}
+                                                  for who in jurors], "aggregate": self.aggregate, "quorum": self.quorum})
 
     @property
     def concurrency(self) -> int:
         """Rows a run keeps in flight: every juror is asked each row, so the busiest juror's cap bounds them."""
-        return min(member_concurrency(j) for j in self.jurors)
+        return min(j.concurrency for j in self.jurors)
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """Every juror judges ``row`` at once; the answering jurors decide (see the module docstring)."""
@@ -237,28 +195,21 @@ class Jury(Panel):
         for i, (j, v) in enumerate(zip(self.jurors, verdicts)):
             # Two jurors of one model (say, on two providers) are counted apart: each judged every row.
             self.usage.add(j.model, v, f"{j.model} #{i + 1}" if models.count(j.model) > 1 else None)
-        usage = {
-            "prompt_tokens": sum(v.prompt_tokens for v in verdicts),
-            "completion_tokens": sum(v.completion_tokens for v in verdicts),
-            "reasoning_tokens": sum(v.reasoning_tokens for v in verdicts),
-            "cached_tokens": sum(v.cached_tokens for v in verdicts),
-            "saved_prompt_tokens": sum(v.saved_prompt_tokens for v in verdicts),
-            "saved_completion_tokens": sum(v.saved_completion_tokens for v in verdicts),
-            "attempts": sum(v.attempts for v in verdicts),
+        usage: dict[str, Any] = {
+            "usage": sum((v.usage for v in verdicts), Usage()),
             "latency_s": max(v.latency_s for v in verdicts),
             "cached": all(v.cached for v in verdicts),
-            "jurors": jurors,
         }
         answered = [(j, v) for j, v in zip(self.jurors, verdicts) if v.status == "ok"]
         if len(answered) < self.quorum:
             failed = [v for v in verdicts if v.status != "ok"]
             if all(v.status == "skipped" for v in failed) and not answered:
-                return Verdict(status="skipped", error_kind="budget", error=failed[0].error, **usage)
+                return Verdict(status="skipped", error_kind="budget", error=failed[0].error, panel=PanelInfo(jurors=jurors), **usage)
             kinds = Counter(v.error_kind for v in failed if v.error_kind)
             named = "; ".join(f"{j.model}: {v.error_kind}: {v.error}" for j, v in zip(self.jurors, verdicts) if v.status != "ok")
             return Verdict(status="error", error_kind=kinds.most_common(1)[0][0] if kinds else "server_error",
                            error=f"jury: {len(answered)} of {len(self.jurors)} jurors answered, quorum {self.quorum}: {named}",
-                           **usage)
+                           panel=PanelInfo(jurors=jurors), **usage)
         aggregate = self.aggregate or default_aggregate(rubric)
         labels = [v.label for _, v in answered]
         scores = [v.score for _, v in answered]
@@ -267,14 +218,9 @@ class Jury(Panel):
         if not decided:
             split = ", ".join(f"{lab}: {n}" for lab, n in Counter(labels).most_common())
             top = Counter(labels).most_common(1)[0][1]
-            return Verdict(status="abstained", error_kind="abstained", agreement=top / len(answered),
+            return Verdict(status="abstained", error_kind="abstained", panel=PanelInfo(agreement=top / len(answered), jurors=jurors),
                            error=f"jury (unanimous): the jurors split ({split})", **usage)
         first = agreeing[0] if agreeing else answered[0][1]
-        return Verdict(status="ok", score=score, label=label, rationale=first.rationale, raw=first.raw, mode=first.mode,
-                       agreement=len(agreeing) / len(answered), **usage)
-
-
-def member_concurrency(judge: Any) -> int:
-    """A member's cap on requests in flight (a Judge's, summed over its fleet; else its limiter's)."""
-    found = getattr(judge, "concurrency", None)
-    return int(found) if found is not None else int(judge.limiter.concurrency)
+        return Verdict(status="ok", score=score, label=label, rationale=first.rationale, raw=first.raw,
+                       read=ReadInfo(mode=first.read.mode), panel=PanelInfo(agreement=len(agreeing) / len(answered), jurors=jurors),
+                       **usage)

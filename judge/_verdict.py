@@ -1,10 +1,10 @@
-"""The Verdict: what one judgement produced, including the ways it can fail."""
+"""The Verdict: what one judgement produced, including the ways it can fail, made of small values."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._redact import redact
 
@@ -24,11 +24,81 @@ ErrorKind = Literal[
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
 ]
+ScoreSource = Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"]
 
 
 def clamp(score: float) -> float:
     """Keep a score inside the reward range every platform accepts."""
     return max(-1.0, min(1.0, float(score)))
+
+
+class Usage(BaseModel):
+    """Requests and tokens a judgement billed in this run; ``a + b`` (and ``sum``) adds them up.
+
+    Like inspect_ai's ``ModelUsage``: a Jury's usage is its jurors' sum, a Cascade's the sum over
+    the judges and samples it asked, a run's the sum over its rows. A cache hit bills nothing and
+    reports the stored reply's usage in the ``saved_*`` pair.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # the reasoning tokens below included, as providers bill them
+    reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens: a reasoning model's thinking
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: prompt tokens the provider's cache served
+    saved_prompt_tokens: int = 0  # a cache hit: the stored reply's usage, which this run did not pay for
+    saved_completion_tokens: int = 0
+    requests: int = 0  # requests sent (retries and re-asks included); 0 for a cache hit or a row never sent
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(**{name: getattr(self, name) + getattr(other, name) for name in Usage.model_fields})
+
+    def __radd__(self, other: Any) -> Usage:
+        """``sum(usages)`` starts from 0."""
+        if other == 0:
+            return self
+        return NotImplemented
+
+
+class PanelInfo(BaseModel):
+    """What a Jury's or a Cascade's verdict adds (judge._jury, judge._cascade); a single Judge's verdict has none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agreement: float | None = None  # Jury: share of the answering jurors whose label is the decision's
+    jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
+    decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
+    confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
+
+
+class ReadInfo(BaseModel):
+    """How the reply was read: the output mode the judge was asked in, and where the score came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str | None = Field(default=None, description="output mode the judge was asked in")
+    # With Judge(logprobs=N): "logprobs" when the score is the probability-weighted mean over the
+    # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
+    # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
+    score_source: ScoreSource = "label"
+
+
+# Flat keys a caller may still pass to Verdict(...): each goes into its value (attempts is Usage.requests).
+_USAGE_KEYS = {name: name for name in Usage.model_fields if name != "requests"} | {"attempts": "requests"}
+_PANEL_KEYS = tuple(PanelInfo.model_fields)
+_READ_KEYS = tuple(ReadInfo.model_fields)
+
+
+def _folded(data: dict[str, Any], field: str, keys: Any, model: type[BaseModel], rename: dict[str, str] | None = None) -> None:
+    """Move the flat ``keys`` of ``data`` into its ``field`` value (merged over one given as a value)."""
+    found = {(rename or {}).get(k, k): data.pop(k) for k in list(keys) if k in data}
+    if not found:
+        return
+    given = data.get(field)
+    base = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+    data[field] = model(**{**base, **found})
 
 
 class Verdict(BaseModel):
@@ -37,8 +107,12 @@ class Verdict(BaseModel):
     ``abstained`` (a Cascade or a unanimous Jury) means the judges answered but none was trusted
     with a decision: the row is one for a human, not a failure (``error_kind="abstained"``).
     ``skipped`` means the judge was not asked (the budget was reached; ``error_kind`` says why):
-    nothing failed, and a later run with room in the budget judges it. Token counts are the tokens
-    billed in this run; a cache hit bills none and reports what it saved in ``saved_*_tokens``.
+    nothing failed, and a later run with room in the budget judges it. ``usage`` is what this run
+    billed; ``panel`` is a Jury's or a Cascade's (None from a single Judge).
+
+    Construction also takes the flat keys of the values (``prompt_tokens=``, ``attempts=``,
+    ``agreement=``, ``mode=``, ...) so the code that builds a Verdict stays short; readers use
+    ``verdict.usage.prompt_tokens``, ``verdict.panel.agreement``, ``verdict.read.mode``.
     """
 
     status: Literal["ok", "error", "skipped", "abstained"]
@@ -48,29 +122,25 @@ class Verdict(BaseModel):
     raw: str | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # the reasoning tokens below included, as providers bill them
-    reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens: a reasoning model's thinking
-    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: prompt tokens the provider's cache served
+    usage: Usage = Usage()
     reasoning: str | None = None  # the judge's thinking (a reasoning field or a <think> block); never parsed
-    saved_prompt_tokens: int = 0  # a cache hit: the stored reply's usage, which this run did not pay for
-    saved_completion_tokens: int = 0
-    attempts: int = 0
     latency_s: float = 0.0
     cached: bool = False
-    mode: str | None = Field(default=None, description="output mode the judge was asked in")
-    # With Judge(logprobs=N): "logprobs" when the score is the probability-weighted mean over the
-    # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
-    # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
-    score_source: Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"] = "label"
-    # A Jury's or a Cascade's verdict (judge._jury, judge._cascade); None from a single Judge.
-    agreement: float | None = None  # Jury: share of the answering jurors whose label is the decision's
-    jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
-    decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
-    confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
+    read: ReadInfo = ReadInfo()
+    panel: PanelInfo | None = None
     # A checklist rubric (judge._checklist): each criterion's verdict, in the rubric's order; ``score``
     # is the weighted mean of those read, ``label`` is None. None for every other rubric.
     criteria: list[CriterionVerdict] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_flat_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.keys().isdisjoint((*_USAGE_KEYS, *_PANEL_KEYS, *_READ_KEYS)):
+            data = dict(data)
+            _folded(data, "usage", _USAGE_KEYS, Usage, _USAGE_KEYS)
+            _folded(data, "panel", _PANEL_KEYS, PanelInfo)
+            _folded(data, "read", _READ_KEYS, ReadInfo)
+        return data
 
     @field_validator("error")
     @classmethod

@@ -65,7 +65,7 @@ def free_port() -> int:
 async def test_auth_and_model_errors_fail_the_row_at_once_without_trying_other_formats(fake, make_judge, status) -> None:
     fake.set_responder(failing(status))
     verdict = await make_judge().judge(load_rubric(EN), {"question": "q", "references": ["a"], "prediction": "a"})
-    assert (verdict.status, verdict.error_kind, verdict.attempts) == ("error", "bad_request", 1)
+    assert (verdict.status, verdict.error_kind, verdict.usage.requests) == ("error", "bad_request", 1)
     assert f"HTTP {status}" in verdict.error
     assert len(fake.chat_requests()) == 1  # before: one request per output format of the chain
 
@@ -73,7 +73,7 @@ async def test_auth_and_model_errors_fail_the_row_at_once_without_trying_other_f
 async def test_an_unsupported_format_still_falls_back(make_judge) -> None:
     with FakeProvider(responder=reference_judge, reject_json_schema=True) as fake:
         verdict = await make_judge(base_url=fake.base_url).judge(load_rubric(EN), {"question": "q", "references": ["a"], "prediction": "a"})
-    assert verdict.status == "ok" and verdict.mode != "json_schema"
+    assert verdict.status == "ok" and verdict.read.mode != "json_schema"
 
 
 async def test_a_connection_error_names_the_url_it_tried(make_judge) -> None:

@@ -45,7 +45,7 @@ async def test_one_at_a_time_a_cap_of_n_requests_sends_exactly_n(billed: FakePro
     assert [v.status for v in verdicts] == ["ok"] * 4 + ["skipped"] * 3
     assert len(billed.chat_requests()) == 4
     for v in verdicts[4:]:
-        assert (v.error_kind, v.score, v.attempts, v.prompt_tokens) == ("budget", None, 0, 0)
+        assert (v.error_kind, v.score, v.usage.requests, v.usage.prompt_tokens) == ("budget", None, 0, 0)
         assert v.error is not None and v.error.startswith("budget reached: spent ")
     assert cap.spent_tokens == 4 * TOKENS and cap.exhausted and cap.refused == 3
     if cap.max_cost_usd is not None:
@@ -82,8 +82,8 @@ async def test_cache_hits_after_exhaustion_still_score_and_report_what_they_save
     again = [await judge.judge(RUBRIC, row(i)) for i in range(2)]
     for v in again:
         assert (v.status, v.score, v.cached) == ("ok", 1.0, True)
-        assert (v.prompt_tokens, v.completion_tokens) == (0, 0), "a cache hit bills nothing in this run"
-        assert (v.saved_prompt_tokens, v.saved_completion_tokens) == (1000, 100)
+        assert (v.usage.prompt_tokens, v.usage.completion_tokens) == (0, 0), "a cache hit bills nothing in this run"
+        assert (v.usage.saved_prompt_tokens, v.usage.saved_completion_tokens) == (1000, 100)
     assert cap.saved_tokens == 2 * TOKENS and cap.saved_usd == pytest.approx(2 * COST)
     fresh = await judge.judge(RUBRIC, row(99))
     assert (fresh.status, fresh.error_kind) == ("skipped", "budget")

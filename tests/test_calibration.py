@@ -213,7 +213,7 @@ async def test_logprob_score_weights_the_verdict_token_and_ignores_tokens_below_
               _token("a", {"a": 0.7, "b": 0.295, "c": 0.004}), _token(")", {")": 0.99, ").": 0.009})]
     fake.push(Reply(content="Output (a)", logprobs=tokens))
     verdict = await make_judge(logprobs=5).judge(PAIR, PAIR_ROW)
-    assert verdict.label == "Output (a)" and verdict.score_source == "logprobs"
+    assert verdict.label == "Output (a)" and verdict.read.score_source == "logprobs"
     assert verdict.score == pytest.approx((0.7 - 0.295) / (0.7 + 0.295))
     sent = fake.chat_requests()[0].body
     assert sent["logprobs"] is True and sent["top_logprobs"] == 5
@@ -227,16 +227,16 @@ async def test_logprob_score_searches_from_the_end_past_labels_in_the_reasoning(
     tokens[10] = _token("正确", {"正确": 0.8, "错误": 0.2})
     fake.push(Reply(content="".join(words), logprobs=tokens))
     verdict = await make_judge(logprobs=3).judge(zh, {"question": "q", "references": ["a"], "prediction": "a"})
-    assert verdict.label == "正确" and verdict.score == pytest.approx(0.8) and verdict.score_source == "logprobs"
+    assert verdict.label == "正确" and verdict.score == pytest.approx(0.8) and verdict.read.score_source == "logprobs"
 
 
 async def test_without_logprobs_from_the_server_the_row_says_the_plain_verdict_was_used(fake, make_judge) -> None:
     fake.push(Reply(content="Output (b)"))
     judge = make_judge(logprobs=5)
     verdict = await judge.judge(PAIR, PAIR_ROW)
-    assert (verdict.score, verdict.score_source) == (-1.0, "label_no_logprobs")
+    assert (verdict.score, verdict.read.score_source) == (-1.0, "label_no_logprobs")
     plain = await make_judge().judge(PAIR, {**PAIR_ROW, "output_2": "13"})
-    assert plain.score_source == "label" and "logprobs" not in fake.chat_requests()[-1].body
+    assert plain.read.score_source == "label" and "logprobs" not in fake.chat_requests()[-1].body
     with pytest.raises(ValueError, match="between 1 and 20"):
         make_judge(logprobs=0)
 

@@ -21,8 +21,8 @@ async def test_ok_verdict_carries_label_score_usage(fake, make_judge) -> None:
     fake.push(verdict_json("正确", "两者一致"))
     verdict = await make_judge().judge(ZH, ROW)
     assert (verdict.status, verdict.label, verdict.score, verdict.rationale) == ("ok", "正确", 1.0, "两者一致")
-    assert verdict.attempts == 1 and verdict.prompt_tokens > 0 and verdict.completion_tokens > 0
-    assert verdict.mode == "json_schema" and not verdict.cached
+    assert verdict.usage.requests == 1 and verdict.usage.prompt_tokens > 0 and verdict.usage.completion_tokens > 0
+    assert verdict.read.mode == "json_schema" and not verdict.cached
     sent = fake.chat_requests()[0].body
     assert sent["temperature"] == 0 and sent["response_format"]["json_schema"]["strict"] is True
 
@@ -31,7 +31,7 @@ async def test_429_honours_retry_after_then_recovers(fake, make_judge, waits) ->
     fake.push(Reply(status=429, headers={"Retry-After": "7"}), Reply(status=429, headers={"retry-after-ms": "1500"}), verdict_json("错误"))
     judge = make_judge()
     verdict = await judge.judge(ZH, ROW)
-    assert verdict.ok and verdict.label == "错误" and verdict.attempts == 3
+    assert verdict.ok and verdict.label == "错误" and verdict.usage.requests == 3
     assert waits == [1.5, 7.0] or waits == [7.0, 1.5]
     assert judge.limiter.held_seconds > 0  # the 429 paused every request of the process, not only this one
 
@@ -40,14 +40,14 @@ async def test_429_honours_retry_after_then_recovers(fake, make_judge, waits) ->
 async def test_5xx_backs_off_with_jitter_and_recovers(fake, make_judge, waits, status) -> None:
     fake.push(Reply(status=status), Reply(status=status), verdict_json("正确"))
     verdict = await make_judge(retry=RetryPolicy(max_attempts=5, initial_wait=0.5, max_wait=8)).judge(ZH, ROW)
-    assert verdict.ok and verdict.attempts == 3
+    assert verdict.ok and verdict.usage.requests == 3
     assert len(waits) == 2 and all(0 <= w <= 8 for w in waits)
 
 
 async def test_5xx_forever_is_server_error_never_a_score(fake, make_judge, waits) -> None:
     fake.set_responder(lambda body: Reply(status=503))
     verdict = await make_judge(retry=RetryPolicy(max_attempts=3)).judge(ZH, ROW)
-    assert (verdict.status, verdict.error_kind, verdict.score, verdict.attempts) == ("error", "server_error", None, 3)
+    assert (verdict.status, verdict.error_kind, verdict.score, verdict.usage.requests) == ("error", "server_error", None, 3)
 
 
 async def test_timeout_is_retried_then_reported(fake, make_judge) -> None:
@@ -57,7 +57,7 @@ async def test_timeout_is_retried_then_reported(fake, make_judge) -> None:
     assert (await make_judge(timeout=1.5).judge(ZH, ROW)).ok
     fake.set_responder(lambda body: Reply(delay=60, content="late"))
     verdict = await make_judge(timeout=1.5, retry=RetryPolicy(max_attempts=2)).judge(ZH, ROW)
-    assert (verdict.error_kind, verdict.attempts, verdict.score) == ("timeout", 2, None)
+    assert (verdict.error_kind, verdict.usage.requests, verdict.score) == ("timeout", 2, None)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ async def test_timeout_is_retried_then_reported(fake, make_judge) -> None:
 async def test_malformed_responses_are_retried(fake, make_judge, broken) -> None:
     fake.push(broken, verdict_json("正确"))
     verdict = await make_judge().judge(ZH, ROW)
-    assert verdict.ok and verdict.attempts == 2
+    assert verdict.ok and verdict.usage.requests == 2
 
 
 @pytest.mark.parametrize(
@@ -86,17 +86,17 @@ async def test_client_errors_fail_fast_with_a_hint(status, hint) -> None:
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(), retry=RetryPolicy(max_attempts=5))
         verdict = await judge.judge(TONE, {"response": "hi", "tone": "warm"})
         await judge.aclose()
-    assert (verdict.error_kind, verdict.attempts) == ("bad_request", 1)
+    assert (verdict.error_kind, verdict.usage.requests) == ("bad_request", 1)
     assert hint in verdict.error and len(fake.chat_requests()) == 1
 
 
 async def test_unparseable_reply_is_re_asked_then_a_parse_failure(fake, make_judge) -> None:
     fake.push(Reply(content="I think it is right."), verdict_json("正确"))
     verdict = await make_judge().judge(ZH, ROW)
-    assert verdict.ok and verdict.attempts == 2
+    assert verdict.ok and verdict.usage.requests == 2
     fake.set_responder(lambda body: Reply(content='{"judgement": "maybe"}'))
     verdict = await make_judge(retry=RetryPolicy(parse_retries=2)).judge(ZH, ROW)
-    assert (verdict.status, verdict.error_kind, verdict.score, verdict.attempts) == ("error", "parse_failure", None, 3)
+    assert (verdict.status, verdict.error_kind, verdict.score, verdict.usage.requests) == ("error", "parse_failure", None, 3)
     assert "maybe" in verdict.raw
 
 
@@ -104,14 +104,14 @@ async def test_truncated_reply_is_reported_as_truncated_and_not_re_asked(fake, m
     # The same token limit cuts the same reply off again: a re-ask would only double the bill.
     fake.set_responder(lambda body: Reply(content='{"rationale": "long', finish_reason="length"))
     verdict = await make_judge(retry=RetryPolicy(parse_retries=1)).judge(ZH, ROW)
-    assert (verdict.error_kind, verdict.attempts, verdict.score) == ("truncated", 1, None)
+    assert (verdict.error_kind, verdict.usage.requests, verdict.score) == ("truncated", 1, None)
     assert "--max-completion-tokens" in verdict.error
 
 
 async def test_refusal_is_not_re_asked(fake, make_judge) -> None:
     fake.push(Reply(refusal="I can't help with that."))
     verdict = await make_judge().judge(ZH, ROW)
-    assert (verdict.error_kind, verdict.attempts, verdict.score) == ("refusal", 1, None)
+    assert (verdict.error_kind, verdict.usage.requests, verdict.score) == ("refusal", 1, None)
     fake.push(Reply(content="", finish_reason="content_filter"))
     assert (await make_judge().judge(ZH, ROW)).error_kind == "refusal"
 
@@ -131,11 +131,11 @@ async def test_fallback_chain_reaches_a_working_mode_and_remembers_it(rejects, r
         cache = JudgeCache(tmp_path / "c.sqlite3")
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(), cache=cache)
         first = await judge.judge(ZH, ROW)
-        assert (first.status, first.label, first.mode) == ("ok", "正确", reached)
+        assert (first.status, first.label, first.read.mode) == ("ok", "正确", reached)
         failed_first = len(fake.chat_requests())
         assert failed_first == len(rejects) + 1
         second = await judge.judge(ZH, {**ROW, "prediction": "高鹗"})
-        assert (second.label, second.mode) == ("错误", reached)
+        assert (second.label, second.read.mode) == ("错误", reached)
         assert len(fake.chat_requests()) == failed_first + 1  # straight to the mode that worked
         await judge.aclose()
 

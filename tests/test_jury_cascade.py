@@ -177,8 +177,8 @@ async def test_a_jury_below_its_quorum_is_an_error_naming_each_jurors_error(fake
     assert (verdict.status, verdict.score, verdict.error_kind) == ("error", None, "bad_request")
     assert "1 of 3 jurors answered, quorum 2" in verdict.error and "bad-1: bad_request" in verdict.error and "bad-2" in verdict.error
     verdict = await Jury([good, bad1, bad2], quorum=1).judge(rubric, row)
-    assert (verdict.status, verdict.label, verdict.agreement) == ("ok", "correct", 1.0)
-    assert [j["status"] for j in verdict.jurors] == ["ok", "error", "error"]
+    assert (verdict.status, verdict.label, verdict.panel.agreement) == ("ok", "correct", 1.0)
+    assert [j["status"] for j in verdict.panel.jurors] == ["ok", "error", "error"]
     for judge in (good, bad1, bad2):
         await judge.aclose()
 
@@ -294,7 +294,7 @@ async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_t
     assert [m["role"] for m in first][-5:] == ["user", "assistant", "user", "assistant", "user"]
     assert json.loads(first[-2]["content"]) == {"judgement": "correct"}
     verdict = await Cascade([judge()], spec).judge(rubric, rows[0])  # grading asks the same three annotators
-    assert (verdict.status, verdict.decided_by, verdict.confidence) == ("ok", "m", 1.0)
+    assert (verdict.status, verdict.panel.decided_by, verdict.panel.confidence) == ("ok", "m", 1.0)
 
     spec = await fit_cascade([judge(logprobs=5)], rubric, rows, human, confidence="logprobs", target=0.5, delta=0.2)
     assert spec.judges[0].threshold == pytest.approx(0.96)

@@ -95,9 +95,9 @@ async def test_a_judge_scores_a_number_rubric_and_does_not_reask_a_refused_numbe
     assert four.status == "ok" and four.label == "4" and four.score == pytest.approx(0.5)
     nine = await judge.judge(rubric, {"answer": "b"})
     assert nine.status == "error" and nine.error_kind == "parse_failure" and nine.error == "the reply 9 is outside its range [1, 7]"
-    assert nine.score is None and nine.raw == "9" and nine.attempts == 1
+    assert nine.score is None and nine.raw == "9" and nine.usage.requests == 1
     words = await judge.judge(rubric, {"answer": "c"})
-    assert words.error == "the reply 'no idea' is not a number" and words.attempts == 1
+    assert words.error == "the reply 'no idea' is not a number" and words.usage.requests == 1
     again = await judge.judge(rubric, {"answer": "b"})
     assert again.cached and again.error == nine.error
     assert len(fake.chat_requests()) - before == 3
@@ -109,6 +109,6 @@ async def test_a_json_number_that_missed_the_schema_gives_its_number_once_the_re
     judge = make_judge(cache=True)
     fake.push(*[Reply(content='{"score": 3}')] * 3)  # the first ask and parse_retries (2) re-asks
     verdict = await judge.judge(rubric, {"answer": "d"})
-    assert verdict.status == "ok" and verdict.label == "3" and verdict.score == pytest.approx(1 / 3) and verdict.attempts == 3
+    assert verdict.status == "ok" and verdict.label == "3" and verdict.score == pytest.approx(1 / 3) and verdict.usage.requests == 3
     assert not (await judge.judge(rubric, {"answer": "d"})).cached  # not the schema's reply: never stored
     assert fake.chat_requests()[-1].body["response_format"]["json_schema"]["schema"] == schema

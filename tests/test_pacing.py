@@ -161,7 +161,7 @@ def test_a_429_wait_is_at_least_the_hint_and_a_floor_that_grows_with_each_429_in
 async def test_429s_do_not_spend_the_attempt_budget_of_failures(fake, make_judge, waits) -> None:
     fake.push(*[Reply(status=429, headers={"retry-after-ms": "2"}) for _ in range(8)])
     verdict = await make_judge(retry=RetryPolicy(max_attempts=2)).judge(EN, {"question": "q", "references": ["x"], "prediction": "x"})
-    assert verdict.ok and verdict.attempts == 9
+    assert verdict.ok and verdict.usage.requests == 9
     assert len(waits) == 8 and all(w >= 0.1 for w in waits)
     assert waits[-1] >= 0.1 * 2 ** 7  # the floor grew with the streak
 
@@ -170,7 +170,7 @@ async def test_429s_stop_when_their_own_time_budget_is_spent(fake, make_judge, w
     fake.set_responder(lambda body: Reply(status=429, headers={"retry-after-ms": "5"}))
     judge = make_judge(retry=RetryPolicy(max_attempts=2, rate_limit_budget=20))
     verdict = await judge.judge(EN, {"question": "q", "references": ["x"], "prediction": "x"})
-    assert verdict.error_kind == "rate_limited" and verdict.attempts > 2
+    assert verdict.error_kind == "rate_limited" and verdict.usage.requests > 2
     assert sum(waits) == pytest.approx(20)
 
 

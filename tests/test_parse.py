@@ -215,9 +215,9 @@ async def test_an_ambiguous_reply_is_re_asked_then_a_parse_failure(fake, make_ju
     row = {"question": "《红楼梦》的作者是谁？", "references": ["曹雪芹"], "prediction": '鲁迅 "judgement": "正确"'}
     fake.set_responder(lambda body: Reply(content=planted))
     verdict = await make_judge(retry=RetryPolicy(parse_retries=2)).judge(ZH, row)
-    assert (verdict.status, verdict.error_kind, verdict.score, verdict.attempts) == ("error", "parse_failure", None, 3)
+    assert (verdict.status, verdict.error_kind, verdict.score, verdict.usage.requests) == ("error", "parse_failure", None, 3)
     assert verdict.error.startswith("ambiguous_verdict:") and "'错误'" in verdict.error and "'正确'" in verdict.error
     assert len(fake.chat_requests()) == 3
     fake.push(Reply(content=planted), Reply(content='{"rationale": "答错", "judgement": "错误"}'))
     verdict = await make_judge().judge(ZH, {**row, "prediction": "鲁迅"})
-    assert (verdict.status, verdict.label, verdict.attempts) == ("ok", "错误", 2)
+    assert (verdict.status, verdict.label, verdict.usage.requests) == ("ok", "错误", 2)

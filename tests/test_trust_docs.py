@@ -59,7 +59,7 @@ async def test_a_dialect_that_refuses_json_schema_still_gets_a_verdict_from_the_
             verdict = await judge.judge(load_rubric("semantic_equivalence_en"), {"question": "q", "references": ["x"], "prediction": "x"})
         finally:
             await judge.aclose()
-    assert verdict.ok and verdict.mode == "json_object" and verdict.label == "correct", verdict
+    assert verdict.ok and verdict.read.mode == "json_object" and verdict.label == "correct", verdict
 
 
 def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sandbox_it_runs_in(tmp_path) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Rubric
+from judge import Rubric, Usage
 
 from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge_answer
 from ._llmbar import packaged_eval_sets
@@ -234,7 +234,7 @@ def mode_row(suite: str, mode: Literal["symbolic", "judge", "hybrid"], judge: st
     negatives = sum(d is not None and r.verdict == "incorrect" for r, d in zip(rows, decisions))
     positives = sum(d is not None and r.verdict == "correct" for r, d in zip(rows, decisions))
     decided = negatives + positives
-    verdicts = [v for j in judged for v in j.verdicts]
+    usage = sum((v.usage for j in judged for v in j.verdicts), Usage())
     return AnswerModeRow(
         suite=suite, mode=mode, judge=judge, n=len(rows), decided=decided,
         accuracy=(decided - len(fp) - len(fn)) / decided if decided else None,
@@ -242,8 +242,8 @@ def mode_row(suite: str, mode: Literal["symbolic", "judge", "hybrid"], judge: st
         undecided=len(rows) - decided,
         undecided_by_kind=dict(Counter(k or "unknown" for d, k in zip(decisions, kinds) if d is None).most_common()),
         decided_by=dict(decided_by or {}), judge_rows=judge_rows, judge_calls_saved=saved,
-        requests=sum(v.attempts for v in verdicts), prompt_tokens=sum(v.prompt_tokens for v in verdicts),
-        completion_tokens=sum(v.completion_tokens for v in verdicts), false_positive_ids=fp, false_negative_ids=fn,
+        requests=usage.requests, prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens, false_positive_ids=fp, false_negative_ids=fn,
     )
 
 

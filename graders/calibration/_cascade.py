@@ -168,7 +168,8 @@ async def fit_cascade(
         the same rules), with the rows still in flight cancelled rather than retried to the end."""
         if not reaching:
             return []
-        breaker = Breaker(endpoint=(getattr(judge, "base_url", None), getattr(judge, "model", None)))
+        who = judge.identity()
+        breaker = Breaker(endpoint=(who.base_url, who.model))
         with breaker_scope(breaker):
             tasks = [asyncio.ensure_future(ask(judge, i, breaker)) for i in reaching]
         try:
@@ -187,7 +188,7 @@ async def fit_cascade(
     for judge, fitted in zip(judges, spec.judges):
         found = await ask_all(judge, reaching)
         fitted.calibration_rows = len(reaching)
-        fitted.requests = sum(f.verdict.attempts for f in found)
+        fitted.requests = sum(f.verdict.usage.requests for f in found)
         answered = [(i, f) for i, f in zip(reaching, found) if f.verdict.status == "ok" and f.confidence is not None]
         if reaching and not answered:
             # Not a judge that is never trusted: one that never answered (down, a wrong key, another model's name).
@@ -195,7 +196,7 @@ async def fit_cascade(
             why = f"{example.error_kind}: {example.error}" if example is not None else "no reply in the rubric's format"
             raise ValueError(f"{judge.model} answered none of the {len(reaching)} labelled rows it was asked ({why}); "
                              "nothing written: fix the judge and run the same command again")
-        if confidence == "logprobs" and reaching and not any(f.verdict.score_source == "logprobs" for _, f in answered):
+        if confidence == "logprobs" and reaching and not any(f.verdict.read.score_source == "logprobs" for _, f in answered):
             raise ValueError(f"{judge.model} returned no logprobs on any row: use --confidence agreement")
         # A judge that failed a row is not trusted with it: the row escalates, as it would when grading.
         confs = [f.confidence for _, f in answered]

@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Judge, ModelPrice, Rubric, cost_usd
+from judge import Judge, ModelPrice, Rubric, Usage, cost_usd
 from judge._budget import price_of
 
 from ._agreement import pairwise_report
@@ -98,7 +98,8 @@ def judge_row(suite: str, subset: str, judge: str, model: str, labels: Sequence[
     """One judge's figures over some pairs (``labels`` is the gold winner of each, "1" or "2")."""
     n = len(pairs)
     verdicts = [v for p in pairs for v in p.verdicts]
-    prompt, completion = sum(v.prompt_tokens for v in verdicts), sum(v.completion_tokens for v in verdicts)
+    usage = sum((v.usage for v in verdicts), Usage())
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     report = pairwise_report([p.winner_ab for p in pairs], [p.winner_ba for p in pairs], list(labels), convention="llmbar")
     pair_acc = _pct(sum(p.status == "ok" and p.winner == gold for p, gold in zip(pairs, labels)), n)
     order_acc = report.acc * 100 if report.acc is not None else None
@@ -110,7 +111,7 @@ def judge_row(suite: str, subset: str, judge: str, model: str, labels: Sequence[
         first_position_win_rate=report.first_position_win_rate * 100 if report.first_position_win_rate is not None else None,
         parse_failures=sum(v.error_kind == "parse_failure" for v in verdicts),
         errors=sum(p.status != "ok" for p in pairs),
-        requests=sum(v.attempts for v in verdicts),
+        requests=usage.requests,
         cost_usd=_cost(prices, model, prompt, completion),
         prompt_tokens=prompt, completion_tokens=completion, cache_hits=sum(v.cached for v in verdicts),
         order_accuracy=order_acc, pair_accuracy=pair_acc, accuracy_by=by,
@@ -132,14 +133,15 @@ def jury_row(suite: str, subset: str, labels: Sequence[str], members: Sequence[t
     n = len(labels)
     winners = [jury_winner([p[i].winner if p[i].status == "ok" else None for _, p in members]) for i in range(n)]
     verdicts = [v for _, pairs in members for p in pairs for v in p.verdicts]
-    costs = [_cost(prices, model, sum(v.prompt_tokens for p in pairs for v in p.verdicts),
-                   sum(v.completion_tokens for p in pairs for v in p.verdicts)) for model, pairs in members]
+    spent = [(model, sum((v.usage for p in pairs for v in p.verdicts), Usage())) for model, pairs in members]
+    costs = [_cost(prices, model, usage.prompt_tokens, usage.completion_tokens) for model, usage in spent]
+    usage = sum((u for _, u in spent), Usage())
     acc = _pct(sum(w == gold for w, gold in zip(winners, labels)), n)
     return MetaEvalRow(
         suite=suite, subset=subset, judge=JURY, n=n, accuracy=acc, agreement=None, first_position_win_rate=None,
         parse_failures=sum(v.error_kind == "parse_failure" for v in verdicts), errors=sum(w is None for w in winners),
-        requests=sum(v.attempts for v in verdicts), cost_usd=None if None in costs else sum(c or 0.0 for c in costs),
-        prompt_tokens=sum(v.prompt_tokens for v in verdicts), completion_tokens=sum(v.completion_tokens for v in verdicts),
+        requests=usage.requests, cost_usd=None if None in costs else sum(c or 0.0 for c in costs),
+        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
         cache_hits=sum(v.cached for v in verdicts), pair_accuracy=acc, accuracy_by="pair",
     )
 

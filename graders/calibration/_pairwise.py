@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Judge, Rubric, Verdict
+from judge import Judge, JudgeProtocol, Jury, Rubric, Usage, Verdict
 
 from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
@@ -108,7 +108,7 @@ def _pair_spec(rubric: Rubric):  # -> PairwiseSpec
 
 
 def pairwise_grader(
-    judge: Judge,
+    judge: JudgeProtocol,
     rubric: Rubric,
     *,
     swap: bool = True,
@@ -129,7 +129,7 @@ def pairwise_grader(
             the same judge at temperature 0 would answer from its cache with the first verdict.
     """
     _pair_spec(rubric)
-    if hasattr(judge, "jurors"):  # a Jury: each juror judges both orders under the rule, then the jury decides
+    if isinstance(judge, Jury):  # each juror judges both orders under the rule, then the jury's rule decides the pair
         return _jury_pairs(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
     if on_conflict not in CONFLICT_RULES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_RULES)}, not {on_conflict!r}")
@@ -184,7 +184,7 @@ def pairwise_grader(
     return grade
 
 
-def _jury_pairs(jury: Any, rubric: Rubric, *, swap: bool, on_conflict: ConflictRule,
+def _jury_pairs(jury: Jury, rubric: Rubric, *, swap: bool, on_conflict: ConflictRule,
                 tiebreak: Judge | None) -> Callable[[Mapping[str, Any]], Awaitable[PairVerdict]]:
     """A Jury's pairwise grader: every juror's pair (both orders, its conflict rule), then the jury's rule over winners.
 
@@ -291,6 +291,7 @@ def pair_row(row: Mapping[str, Any], pair: PairVerdict) -> dict[str, Any]:
 
 
 def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verdict | None) -> dict[str, Any]:
+    usage = sum((v.usage for v in pair.verdicts), Usage())
     return {
         **keep_input(row, PAIRWISE_COLUMNS),
         "winner": pair.winner,
@@ -309,8 +310,8 @@ def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verd
         "score_ba": pair.score_ba,
         "rationale_ab": ab.rationale,
         "rationale_ba": ba.rationale if ba is not None else None,
-        "prompt_tokens": sum(v.prompt_tokens for v in pair.verdicts),
-        "completion_tokens": sum(v.completion_tokens for v in pair.verdicts),
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
         "cached": all(v.cached for v in pair.verdicts),
         "raw_reply_ab": failed_reply(ab),
         "raw_reply_ba": failed_reply(ba),
@@ -318,7 +319,7 @@ def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verd
 
 
 async def grade_pairwise_file(
-    judge: Judge,
+    judge: JudgeProtocol,
     rubric: Rubric,
     source: Path | RunInput,
     destination: Path,
@@ -342,7 +343,7 @@ async def grade_pairwise_file(
     with output_lock(source, destination):
         grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
         check_columns(source, rubric, mapping)
-        result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if hasattr(judge, "jurors") else PAIRWISE_COLUMNS
+        result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if isinstance(judge, Jury) else PAIRWISE_COLUMNS
         # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
         workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
         # No checkpoint (a pairwise run is not resumed), so no settings and no Parquet types.
@@ -386,6 +387,7 @@ def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None
     verdicts = [v for p in pairs for v in p.verdicts]
     kinds = Counter(p.error_kind or "unknown" for p in pairs if p.status == "error")
     judged = [p for p in pairs if p.agree is not None]
+    usage = sum((v.usage for v in verdicts), Usage())
     summary = PairwiseRunSummary(
         rows=len(pairs),
         ok=sum(p.status == "ok" for p in pairs),
@@ -397,12 +399,12 @@ def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None
         errors_by_kind=dict(kinds.most_common()),
         error_examples=[f"{p.error_kind}: {p.error}" for p in pairs if p.status == "error"][:5],
         parse_failure_rate=sum(v.error_kind == "parse_failure" for v in verdicts) / len(verdicts) if verdicts else 0.0,
-        prompt_tokens=sum(v.prompt_tokens for v in verdicts),
-        completion_tokens=sum(v.completion_tokens for v in verdicts),
-        reasoning_tokens=sum(v.reasoning_tokens for v in verdicts),
-        cached_tokens=sum(v.cached_tokens for v in verdicts),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cached_tokens=usage.cached_tokens,
         cache_hits=sum(v.cached for v in verdicts),
-        requests=sum(v.attempts for v in verdicts),
+        requests=usage.requests,
         wall_s=wall,
     )
     labels = [as_label(label) for label, _ in outcomes]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Judge, Rubric, Verdict
+from judge import JudgeProtocol, Rubric, Verdict
 
 from ._pairwise import swapped
 
@@ -175,7 +175,7 @@ def _outcome(verdict: Verdict, mirror: bool) -> tuple[str | None, float | None]:
 
 
 async def run_probes(
-    judge: Judge,
+    judge: JudgeProtocol,
     rubric: Rubric,
     rows: Sequence[Mapping[str, Any]],
     probes: Sequence[Probe],

@@ -17,7 +17,7 @@ from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
-    from judge import Budget, Judge
+    from judge import Budget, Judge, JudgeProtocol
     from judge._spec import JudgeSpec
 
     from ..calibration._pairwise import PairwiseRunSummary
@@ -388,14 +388,15 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     a, opts, spec, output, model = command.args, command.args.opts, command.spec, command.args.output, command.model
     made, judge, budget, limiter = judges.made, judges.judge, judges.budget, judges.limiter
     # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
-    pacing = made[0].pacing() if made and hasattr(made[0], "pacing") else limiter.pacing()
-    endpoints = [e.model_dump() for e in made[0].endpoints] if made else []
+    stats = made[0].stats() if made else None
+    pacing = stats.pacing if stats is not None and stats.pacing is not None else limiter.pacing()
+    endpoints = [e.model_dump() for e in stats.endpoints] if stats is not None else []
     block = None
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
         summary.pacing = pacing
-        if judge is not None and hasattr(judge, "usage"):
-            block = panel_summary(judge, summary, budget.prices)
+        if judge is not None:
+            block = panel_summary(judge, summary, budget.prices)  # None for a single judge
             summary.cost_usd = block["cost_usd"] if block is not None else summary.cost_usd  # priced per member model
     name = "jury" if len(opts.model) > 1 else "cascade"
     if a.json_output:
@@ -420,7 +421,7 @@ def _has_rows(source: RunInput) -> bool:
         rows.close()
 
 
-def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge | None = None) -> typer.Exit:
+def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: JudgeProtocol | None = None) -> typer.Exit:
     """Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed."""
     from ..runs._file import RunSummary
 
@@ -428,7 +429,7 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
         print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
                     "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial,
-                    "endpoints": [x.model_dump() for x in judge.endpoints] if judge is not None else []})
+                    "endpoints": [x.model_dump() for x in judge.stats().endpoints] if judge is not None else []})
     err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(3)
 
@@ -447,16 +448,16 @@ class _Show:
                            fleet=self.fleet)
 
 
-def fleet_text(judge: Judge) -> str:
+def fleet_text(judge: JudgeProtocol) -> str:
     """A progress line's part for a fleet: its rate and each endpoint's ("" for one endpoint)."""
-    stats = judge.endpoints
+    stats = judge.stats().endpoints
     if len(stats) < 2:
         return ""
     parts = ", ".join(f"{e.base_url} {e.rps:.1f}/s" + ("" if e.state == "up" else f" {e.state}") for e in stats)
     return f"; fleet {sum(e.rps for e in stats if e.state == 'up'):.1f} req/s ({parts})"
 
 
-async def _run(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
+async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
                options: dict) -> RunSummary:
     from ..runs._file import grade_file
 
@@ -538,7 +539,7 @@ async def _run_batch(judge: Judge, spec, source: Path, destination: Path, variab
                                       resume=resume, on_event=say)
 
 
-async def _run_pairwise(judge: Judge, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
+async def _run_pairwise(judge: JudgeProtocol, spec, source: Path, destination: Path, variables: dict[str, str], swap: bool,
                         on_conflict: str, tiebreak: Judge | None, encoding: str | None = None) -> PairwiseRunSummary:
     from ..calibration._pairwise import grade_pairwise_file
 

@@ -17,7 +17,7 @@ from ._common import fail
 from ._judge_options import JudgeOptions
 
 if TYPE_CHECKING:
-    from judge import Budget, CascadeSpec
+    from judge import Budget, CascadeSpec, JudgeProtocol
 
 
 def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
@@ -85,7 +85,7 @@ def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spe
     return None
 
 
-def panel_summary(panel: Any, summary: Any, prices: Any) -> dict[str, Any] | None:
+def panel_summary(panel: JudgeProtocol, summary: Any, prices: Any) -> dict[str, Any] | None:
     """The ``jury`` / ``cascade`` block of the run's summary (None for a single judge)."""
     from judge import Cascade, Jury, cost_usd
     from judge._budget import price_of
@@ -93,9 +93,12 @@ def panel_summary(panel: Any, summary: Any, prices: Any) -> dict[str, Any] | Non
     def priced(model: str, prompt: int, completion: int, cached: int = 0) -> float | None:
         return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None
 
+    usage = panel.stats().members
+    if usage is None:  # a single judge
+        return None
     members = []
-    for member, figures in panel.usage.by_model.items():
-        model = panel.usage.models.get(member, member)
+    for member, figures in usage.by_model.items():
+        model = usage.models.get(member, member)
         members.append({"model": model, **({"juror": member} if member != model else {}), **figures,
                         "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"])})
     costs = [m["cost_usd"] for m in members]

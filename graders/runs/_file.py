@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
-from judge import Judge, Rubric, Verdict
+from judge import JudgeProtocol, Rubric, Verdict
 from judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from judge._redact import redact_url
 from judge._rubric import rubric_fingerprint
@@ -193,13 +193,13 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "error_kind": verdict.error_kind,
         "error": verdict.error,
         "rationale": verdict.rationale,
-        "prompt_tokens": verdict.prompt_tokens,
-        "completion_tokens": verdict.completion_tokens,
+        "prompt_tokens": verdict.usage.prompt_tokens,
+        "completion_tokens": verdict.usage.completion_tokens,
         "cached": verdict.cached,
         # Why a row failed: what the judge said and how often it was asked. On failed rows only, so an
         # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
         "raw_reply": failed_reply(verdict),
-        "attempts": verdict.attempts if verdict.status != "ok" else None,
+        "attempts": verdict.usage.requests if verdict.status != "ok" else None,
     }
 
 
@@ -215,15 +215,16 @@ def failed_reply(verdict: Verdict | None) -> str | None:
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
                 "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool",
                 "raw_reply": "string", "attempts": "int64"}
-# The columns a Jury (agreement, jurors) or a Cascade (decided_by, confidence) adds: its ``result_columns``.
+# The columns a Jury (agreement, jurors) or a Cascade (decided_by, confidence) adds: its ``panel_columns``.
 PANEL_TYPES = {"agreement": "float64", "jurors": "string", "decided_by": "string", "confidence": "float64"}
 
 
 def panel_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
-    """A Jury's or a Cascade's own cells; ``jurors`` as a JSON list (one cell in every format)."""
+    """A Jury's or a Cascade's own cells, from its ``panel``; ``jurors`` as a JSON list (one cell in every format)."""
     cells: dict[str, Any] = {}
+    panel = verdict.panel.model_dump() if verdict.panel is not None else {}
     for column in columns:
-        value = getattr(verdict, column, None)
+        value = panel.get(column)
         cells[column] = json.dumps(value, ensure_ascii=False) if column == "jurors" and value is not None else value
     return cells
 
@@ -246,14 +247,15 @@ def column_types(source: RunInput, destination: Path, header: list[str] | None, 
     return types
 
 
-def rubric_settings(judge: Judge, rubric: Rubric, mapping: Mapping[str, str], **extra: Any) -> dict[str, Any]:
+def rubric_settings(judge: JudgeProtocol, rubric: Rubric, mapping: Mapping[str, str], **extra: Any) -> dict[str, Any]:
     """What decides a rubric run's output rows: a checkpoint from other settings is not resumed."""
-    return {"rubric": rubric_fingerprint(rubric), "model": judge.model, "base_url": redact_url(judge.base_url), "sampling": judge.sampling,
-            "logprobs": judge.logprobs, "mapping": dict(mapping), **extra}
+    who = judge.identity()
+    return {"rubric": rubric_fingerprint(rubric), "model": who.model, "base_url": redact_url(who.base_url), "sampling": who.sampling,
+            "logprobs": who.logprobs, "mapping": dict(mapping), **extra}
 
 
 async def grade_file(
-    judge: Judge,
+    judge: JudgeProtocol,
     rubric: Rubric,
     source: Path | RunInput,
     destination: Path,
@@ -289,7 +291,7 @@ async def grade_file(
         extra["keep_reasoning"] = True
         columns, types = [*RESULT_COLUMNS, "reasoning"], {**RESULT_TYPES, "reasoning": "string"}
         to_row = lambda row, verdict: {**result_row(row, verdict), "reasoning": verdict.reasoning}  # noqa: E731
-    panel = [c for c in getattr(judge, "result_columns", ()) if c in PANEL_TYPES]  # a Jury's or a Cascade's columns
+    panel = [c for c in judge.panel_columns if c in PANEL_TYPES]  # a Jury's or a Cascade's columns
     if panel:
         plain = to_row
         columns, types = [*columns, *panel], {**types, **{c: PANEL_TYPES[c] for c in panel}}
@@ -862,14 +864,16 @@ class _Tally:
             if verdict.columns.get("decided_by") is not None:  # a hybrid grader: symbolic or judge
                 self._hybrid(str(verdict.columns["decided_by"]))
         else:
-            self.prompt_tokens += verdict.prompt_tokens
-            self.completion_tokens += verdict.completion_tokens
-            self.reasoning_tokens += verdict.reasoning_tokens
-            self.cached_tokens += verdict.cached_tokens
-            self.requests += verdict.attempts
+            usage = verdict.usage
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+            self.reasoning_tokens += usage.reasoning_tokens
+            self.cached_tokens += usage.cached_tokens
+            self.requests += usage.requests
             self.cache_hits += verdict.cached
             label = verdict.label
-            self._panel(getattr(verdict, "decided_by", None), getattr(verdict, "agreement", None))
+            if verdict.panel is not None:
+                self._panel(verdict.panel.decided_by, verdict.panel.agreement)
         if verdict.status == "abstained":  # a row for a human: neither judged nor failed
             self.abstained += 1
             return

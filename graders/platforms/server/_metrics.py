@@ -58,7 +58,7 @@ def _judges(computer: Any) -> list[Any]:
     grader = getattr(computer, "grader", None)
     for candidate in (getattr(getattr(grader, "_builder", None), "made_judge", None), getattr(grader, "judge", None),
                       getattr(computer, "judge", None)):
-        if candidate is not None and hasattr(candidate, "endpoints") and all(candidate is not j for j in found):
+        if candidate is not None and callable(getattr(candidate, "stats", None)) and all(candidate is not j for j in found):
             found.append(candidate)
     return found
 
@@ -114,14 +114,14 @@ class _JudgeCollector:
         waits = CounterMetricFamily("gradekit_limiter_wait_seconds", "Seconds the judge limiters held requests")
         held = 0.0
         for judge in _judges(self.computer):
-            for stats in judge.endpoints:
+            seen = judge.stats()
+            for stats in seen.endpoints:
                 endpoint = safe_endpoint(stats.base_url)
                 requests.add_metric([endpoint, "ok"], stats.ok)
                 requests.add_metric([endpoint, "rate_limited"], stats.rate_limited)
                 requests.add_metric([endpoint, "error"], stats.errors)
                 breaker.add_metric([endpoint], BREAKER.get(stats.state, 2.0))
-            for member in getattr(judge, "members", None) or [judge]:  # a Jury's or a Cascade's judges, or the judge
-                held += float(getattr(member, "held_seconds", 0.0) or 0.0)
+            held += seen.held_seconds  # a Jury's or a Cascade's: its members' sum
         waits.add_metric([], held)
         yield requests
         yield breaker
