@@ -422,7 +422,7 @@ class Judge:
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
                                           prompt_estimate=prepared.prompt_estimate)
-            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
+            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
