@@ -26,7 +26,7 @@ from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
 from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
@@ -474,7 +474,10 @@ class Judge:
                         except Exception as exc:
                             if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
                                 raise _Relearn() from exc  # not the row's failure, not the breaker's business
-                            if breaker is not None and not isinstance(exc, openai.RateLimitError):
+                            if breaker is not None and isinstance(exc, openai.RateLimitError):
+                                breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
+                                                base_url=", ".join(m.base_url for m in self._fleet.members))
+                            elif breaker is not None:
                                 breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                             raise
                         if breaker is not None:
