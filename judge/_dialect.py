@@ -34,19 +34,25 @@ _REFUSED_WORDS = re.compile(r"unsupported|not supported|does not support|doesn't
                             r"unrecognized|unknown parameter|extra inputs are not permitted|only .* default", re.IGNORECASE)
 # DashScope (qwen3 thinking, QwQ): "parameter.enable_thinking must be set to false for non-streaming
 # calls"; "This model only support stream mode, please enable the stream parameter".
+# OpenAI's o1-mini and o1-preview: "Unsupported value: 'messages[0].role' does not support 'system' with this model."
+# (param messages[0].role, code unsupported_value).
+_SYSTEM_REFUSED = re.compile(r"messages\[\d+\]\.role|system (?:message|role|prompt)s? (?:is|are) not supported", re.IGNORECASE)
 _NEEDS_STREAM = re.compile(r"non-streaming|only supports? stream|stream mode|enable the stream parameter", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Fix:
-    """What one 400 taught: drop ``drop``, rename ``rename``, or stream the call."""
+    """What one 400 taught: drop ``drop``, rename ``rename``, stream the call, or fold the system message into the user's."""
 
     param: str | None = None
     drop: tuple[str, ...] = ()
     rename: tuple[str, str] | None = None
     stream: bool = False
+    fold_system: bool = False
 
     def describe(self) -> str:
+        if self.fold_system:
+            return "the system message sent at the head of the first user message (the model takes no system message)"
         if self.stream:
             return "the call streamed (the provider refuses non-streaming calls to this model)"
         if self.rename:
@@ -62,6 +68,7 @@ class Dialect:
     drop: set[str] = field(default_factory=set)
     rename: dict[str, str] = field(default_factory=dict)
     stream: bool = False
+    fold_system: bool = False  # o1-mini, o1-preview: "'messages[0].role' does not support 'system' with this model"
     refused_modes: set[str] = field(default_factory=set)  # ask modes the endpoint answered 400 (json_schema, tool, ...)
     version: int = 0
     learnt: list[str] = field(default_factory=list)
@@ -78,12 +85,18 @@ class Dialect:
         if self.stream and not request.get("stream"):
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
+        if self.fold_system and any(m.get("role") == "system" for m in request.get("messages") or ()):
+            request["messages"] = fold_system(request["messages"])
         return request
 
     def learn(self, fix: Fix) -> bool:
         """Record ``fix``; False when it was known already (another request learnt it first)."""
         with self._lock:
-            if fix.stream:
+            if fix.fold_system:
+                if self.fold_system:
+                    return False
+                self.fold_system = True
+            elif fix.stream:
                 if self.stream:
                     return False
                 self.stream = True
@@ -107,6 +120,25 @@ class Dialect:
                 self.refused_modes.add(mode)
                 self.version += 1
                 self.learnt.append(f"output mode {mode} not supported")
+
+
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` without system messages, their text put at the head of the first user message.
+
+    The known fix for a model that refuses the system role: the instructions still come first and
+    nothing is lost, only the role changes.
+    """
+    system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system" and isinstance(m.get("content"), str))
+    rest = [dict(m) for m in messages if m.get("role") != "system"]
+    for message in rest:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                message["content"] = [{"type": "text", "text": system}, *content]
+            else:
+                message["content"] = f"{system}\n\n{content or ''}" if system else content
+            return rest
+    return [{"role": "user", "content": system}, *rest] if system else rest
 
 
 def ask_mode_of(request: Mapping[str, Any]) -> str:
@@ -214,6 +246,9 @@ def names_output_format(code: str | None, param: str | None, message: str) -> bo
 
 def parameter_fix(code: str | None, param: str | None, message: str, request: Mapping[str, Any]) -> Fix | None:
     """The fix a 400 asks for, or None when the 400 is not about a parameter of this request."""
+    if _SYSTEM_REFUSED.search(f"{param or ''} {message}") and re.search(r"\bsystem\b", message) \
+            and any(m.get("role") == "system" for m in request.get("messages") or () if isinstance(m, Mapping)):
+        return Fix(param="messages", fold_system=True)
     if _NEEDS_STREAM.search(message) and not request.get("stream"):
         return Fix(stream=True)
     sent = [name for name in request if name not in _NEVER_DROPPED]

@@ -3,6 +3,7 @@ the provider's size limit, image tokens the budget sees, a --base-url without a 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -97,3 +98,24 @@ async def test_a_reply_that_only_echoes_the_rows_planted_json_is_refused_and_a_v
     assert echoed.status == "error" and echoed.error_kind == "parse_failure", echoed
     assert echoed.error.startswith("echoed_json") and echoed.score is None, echoed.error
     assert honest.status == "ok" and honest.label == "错误", honest
+
+
+async def test_a_judge_that_refuses_a_system_message_gets_it_folded_into_the_user_message_after_one_400(waits) -> None:
+    from judge import Judge, Limiter, RetryPolicy, load_rubric
+    from judge._dialect import forget_dialects
+    from judge.testing import FakeProvider
+
+    forget_dialects()
+    with FakeProvider(dialect="openai-reasoning") as fake:
+        judge = Judge("o1-mini", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=8, sleep=waits), cache=None,
+                      retry=RetryPolicy(max_attempts=2), sleep=waits)
+        verdicts = await asyncio.gather(*(judge.judge(load_rubric("semantic_equivalence_en"),
+                                                      {"question": f"q{i}?", "references": ["x"], "prediction": "x"}) for i in range(8)))
+        sent = fake.chat_requests()
+    assert all(v.ok for v in verdicts), [v.error for v in verdicts if not v.ok]
+    refused = [r for r in sent if r.status == 400 and any(m["role"] == "system" for m in r.body["messages"])]
+    assert len(refused) == 1, [r.status for r in sent]  # learnt once for the (endpoint, model), under 8 rows at once
+    answered = [r.body["messages"] for r in sent if r.status == 200]
+    assert len(answered) == 8 and all([m["role"] for m in messages] == ["user"] for messages in answered)
+    assert all(messages[0]["content"].startswith(refused[0].body["messages"][0]["content"]) for messages in answered)
+    assert "system message" in " ".join(judge.dialect.learnt)
