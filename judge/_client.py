@@ -29,7 +29,7 @@ from ._parse import Reading, Unread, read_completion, read_missed_schema, reason
 from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
+from ._wire import ON_WIRE, Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -460,6 +460,7 @@ class Judge:
         dialect = self.dialect
         learning = route == "chat" and not dialect.gate.open and await dialect.gate.enter()
         settled = False
+        on_wire = ON_WIRE.set(dialect.gate.on_wire) if learning else None
         try:
             if route == "chat" and dialect_version is not None and dialect_version != dialect.version:
                 raise _Relearn()
@@ -500,6 +501,8 @@ class Judge:
             settled = True
             return completion
         finally:
+            if on_wire is not None:
+                ON_WIRE.reset(on_wire)
             if learning:
                 dialect.gate.leave(settled=settled)
 

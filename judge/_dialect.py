@@ -149,24 +149,33 @@ def ask_mode_of(request: Mapping[str, Any]) -> str:
     return "tool" if request.get("tools") else "text"
 
 
-# How long the requests behind the first one wait for its answer. A 400 for a refused parameter
-# comes back before any generation (milliseconds); an answer that takes longer is a model at work,
-# so the others need not wait for it. This bounds the cost of learning to once per process.
+# How long the requests behind the first one wait for its answer, from the moment it is on the wire.
+# A 400 for a refused parameter comes back before any generation (milliseconds); an answer that takes
+# longer is a model at work, so the others need not wait for it. This bounds the cost of learning to
+# once per process. The first request's own set-up (its client, its limiter slot, a starved core) is
+# not counted: the window starting before the request was sent ran out on a machine pinned to one busy
+# core, and every row in flight met the same 400.
 LEARN_WAIT_S = 2.0
+# The most the others wait for the first request to reach the wire at all (a safety net: it leaves
+# the gate whatever happens to it, and wakes them).
+SETUP_WAIT_S = 120.0
 
 
 class Gate:
-    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S).
+    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S
+    once it is on the wire, :meth:`on_wire`).
 
     Loop-agnostic on purpose: a Judge may be called from a new event loop per call (Ark's
     harness, sync wrappers), so waiters are woken through their own loop.
     """
 
-    def __init__(self, wait_s: float = LEARN_WAIT_S) -> None:
+    def __init__(self, wait_s: float = LEARN_WAIT_S, setup_s: float = SETUP_WAIT_S) -> None:
         self.open = False
         self.wait_s = wait_s
+        self.setup_s = setup_s
         self._lock = threading.Lock()
-        self._busy_since: float | None = None
+        self._learning_since: float | None = None  # a request is out to learn, since then
+        self._sent_at: float | None = None  # ... and on the wire since then
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     async def enter(self) -> bool:
@@ -176,10 +185,13 @@ class Gate:
                 if self.open:
                     return False
                 now = time.monotonic()
-                if self._busy_since is None:
-                    self._busy_since = now
+                if self._learning_since is None:
+                    self._learning_since, self._sent_at = now, None
                     return True
-                left = self._busy_since + self.wait_s - now
+                if self._sent_at is None:
+                    left = self._learning_since + self.setup_s - now
+                else:
+                    left = self._sent_at + self.wait_s - now
                 if left <= 0:
                     return False  # the first request is generating: it was not refused
                 event = asyncio.Event()
@@ -190,18 +202,31 @@ class Gate:
                 return False
         return False
 
+    def on_wire(self) -> None:
+        """The learning request is being sent: its answer is due within ``wait_s`` from now."""
+        with self._lock:
+            if self._learning_since is None or self._sent_at is not None:
+                return
+            self._sent_at = time.monotonic()
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)  # they wait again, for the window from now
+
     def leave(self, *, settled: bool) -> None:
         """The learning request is done: open the gate (``settled``) or let the next one try."""
         with self._lock:
-            self._busy_since = None
+            self._learning_since = self._sent_at = None
             self.open = self.open or settled
             waiters, self._waiters = self._waiters, []
-        for loop, event in waiters:
-            if not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(event.set)
-                except RuntimeError:  # closed between the check and the call
-                    pass
+        _wake(waiters)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    for loop, event in waiters:
+        if not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # closed between the check and the call
+                pass
 
 
 _DIALECTS: dict[tuple[str, str], Dialect] = {}

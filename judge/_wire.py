@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import openai
@@ -21,6 +22,10 @@ from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 
 Route = Literal["chat", "embeddings"]
+
+# Called as a request goes on the wire (its client built, its limiter slot taken): the learning gate's
+# window starts then (judge._dialect.Gate.on_wire), not while the request is still being set up.
+ON_WIRE: ContextVar[Callable[[], None] | None] = ContextVar("gradekit_on_wire", default=None)
 
 
 class Failed(Exception):
@@ -205,6 +210,9 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     or reasoning deltas that never ends would hold the row for ever. Past it the request is an
     ``APITimeoutError``, as the SDK's own timeout is, and the row ends as ``timeout``.
     """
+    notify = ON_WIRE.get()
+    if notify is not None:
+        notify()
     seconds = whole_request_seconds(client)
     if seconds is None:
         return await _post(client, request, route)
