@@ -1,5 +1,6 @@
 """Issue 35, inputs refused before a request is sent: data: URIs that are empty or not images, a local image over
-the provider's size limit, image tokens the budget sees, a --base-url without a scheme, an empty input file."""
+the provider's size limit, image tokens the budget sees, a --base-url without a scheme, an empty input file; and
+a reply that only echoes the row's planted JSON, a judge that refuses a system message."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import struct
 import pytest
 from typer.testing import CliRunner
 
-from judge.testing import Reply
-
 from graders.cli import app
+from judge.testing import Reply
 
 from .test_evals_api import grade_with_image, write_images
 
