@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -217,6 +218,9 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     if seconds is None:
         return await _post(client, request, route)
     try:
+        if sys.version_info >= (3, 11):  # no extra task per request (the client's hot path)
+            async with asyncio.timeout(seconds):
+                return await _post(client, request, route)
         return await asyncio.wait_for(_post(client, request, route), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         import httpx
