@@ -15,7 +15,12 @@ It trips on either rule:
 - more than ``share`` of the last ``window`` requests failed (connection refused, 5xx, timeouts,
   malformed bodies, 401/403/404). Counted per request, not per row: a row retries up to six
   times, so a row-level count would send hundreds of requests before it could decide. 429s
-  count neither way: the provider is alive and pacing is the limiter's job.
+  count neither way: the provider is alive and pacing is the limiter's job;
+- ``window`` requests in a row were all refused (429), none answered, over more than
+  ``refusal_span_s`` seconds and more than the longest wait the refusals asked for: the run waited
+  as told and nothing came back, a quota spent (OpenAI's ``insufficient_quota`` is a 429) or a fleet
+  whose every endpoint refuses. Pacing never looks like that: a limit that paces lets requests through
+  once its wait is over. Without the rule each row waited out its 429 budget (600 s) and the run never ended.
 
 Once tripped, a Judge sends no further request (retries in flight stop too) and the run stops
 taking rows; the run decides what to write and raises :class:`BreakerTripped`. Rows that failed
@@ -38,6 +43,9 @@ from ._redact import redact, redact_url
 # Error kinds a broken judge produces. A row that ended in one of them is not written while the
 # breaker may still trip (an outage must leave no error rows behind); the rows of a tripped run
 # are cut at the first of them.
+# Seconds a streak of nothing but 429s must last before it trips the run (and at least its longest hint).
+REFUSAL_SPAN_S = 10.0
+
 JUDGE_FAILURES = frozenset({"server_error", "timeout", "rate_limited", "bad_request"})
 
 _ROW_PREFIX = re.compile(r"^(?:row \d+: )+")
@@ -85,8 +93,14 @@ class Breaker:
     """Watches a run's requests and rows; ``tripped`` is set once the judge is seen to be broken."""
 
     def __init__(self, *, window: int = 50, share: float = 0.8, first_rows: int = 3,
-                 endpoint: tuple[str | None, str | None] = (None, None)) -> None:
+                 endpoint: tuple[str | None, str | None] = (None, None), refusal_span_s: float = REFUSAL_SPAN_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
+        self.refusal_span_s = refusal_span_s
+        self._clock = clock
+        self._refusals = 0  # 429s since the judge last answered
+        self._refused_since = 0.0
+        self._longest_hint = 0.0
         self.share = share
         self.first_rows = first_rows
         self.tripped: Trip | None = None
@@ -107,10 +121,24 @@ class Breaker:
         if base_url is not None or model is not None:
             self._endpoint = (base_url or self._endpoint[0], model or self._endpoint[1])
         if failure is None:
+            self._refusals = 0  # it answered: whatever 429s came before were pacing
             return
         failed = sum(self._recent)
         if self.tripped is None and len(self._recent) >= self.window and failed > self.share * self.window:
             self.tripped = Trip(failure[0], failure[1], f"{failed} of the last {len(self._recent)} requests failed",
+                                base_url or self._endpoint[0], model or self._endpoint[1])
+
+    def refused(self, message: str, *, hint: float | None = None, base_url: str | None = None, model: str | None = None) -> None:
+        """One 429 (``hint``: the wait it asked for). Trips when the judge has refused everything for long enough."""
+        now = self._clock()
+        if self._refusals == 0:
+            self._refused_since, self._longest_hint = now, 0.0
+        self._refusals += 1
+        self._longest_hint = max(self._longest_hint, hint or 0.0)
+        span = now - self._refused_since
+        if self.tripped is None and self._refusals >= self.window and span > max(self.refusal_span_s, self._longest_hint):
+            self.tripped = Trip("rate_limited", message, f"the last {self._refusals} requests were all refused (429) over "
+                                f"{span:.0f} s, each after the wait it asked for, and none was answered",
                                 base_url or self._endpoint[0], model or self._endpoint[1])
 
     def trip(self, trip: Trip) -> None:

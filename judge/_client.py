@@ -27,10 +27,10 @@ from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
 from ._protocol import JudgeIdentity, JudgeStats
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
+from ._wire import ON_WIRE, Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -433,7 +433,7 @@ class Judge:
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
                                           prompt_estimate=prepared.prompt_estimate)
-            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
+            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
@@ -471,6 +471,7 @@ class Judge:
         dialect = self.dialect
         learning = route == "chat" and not dialect.gate.open and await dialect.gate.enter()
         settled = False
+        on_wire = ON_WIRE.set(dialect.gate.on_wire) if learning else None
         try:
             if route == "chat" and dialect_version is not None and dialect_version != dialect.version:
                 raise _Relearn()
@@ -485,7 +486,10 @@ class Judge:
                         except Exception as exc:
                             if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
                                 raise _Relearn() from exc  # not the row's failure, not the breaker's business
-                            if breaker is not None and not isinstance(exc, openai.RateLimitError):
+                            if breaker is not None and isinstance(exc, openai.RateLimitError):
+                                breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
+                                                base_url=", ".join(m.base_url for m in self._fleet.members))
+                            elif breaker is not None:
                                 breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                             raise
                         if breaker is not None:
@@ -508,6 +512,8 @@ class Judge:
             settled = True
             return completion
         finally:
+            if on_wire is not None:
+                ON_WIRE.reset(on_wire)
             if learning:
                 dialect.gate.leave(settled=settled)
 

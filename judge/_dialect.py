@@ -34,19 +34,25 @@ _REFUSED_WORDS = re.compile(r"unsupported|not supported|does not support|doesn't
                             r"unrecognized|unknown parameter|extra inputs are not permitted|only .* default", re.IGNORECASE)
 # DashScope (qwen3 thinking, QwQ): "parameter.enable_thinking must be set to false for non-streaming
 # calls"; "This model only support stream mode, please enable the stream parameter".
+# OpenAI's o1-mini and o1-preview: "Unsupported value: 'messages[0].role' does not support 'system' with this model."
+# (param messages[0].role, code unsupported_value).
+_SYSTEM_REFUSED = re.compile(r"messages\[\d+\]\.role|system (?:message|role|prompt)s? (?:is|are) not supported", re.IGNORECASE)
 _NEEDS_STREAM = re.compile(r"non-streaming|only supports? stream|stream mode|enable the stream parameter", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Fix:
-    """What one 400 taught: drop ``drop``, rename ``rename``, or stream the call."""
+    """What one 400 taught: drop ``drop``, rename ``rename``, stream the call, or fold the system message into the user's."""
 
     param: str | None = None
     drop: tuple[str, ...] = ()
     rename: tuple[str, str] | None = None
     stream: bool = False
+    fold_system: bool = False
 
     def describe(self) -> str:
+        if self.fold_system:
+            return "the system message sent at the head of the first user message (the model takes no system message)"
         if self.stream:
             return "the call streamed (the provider refuses non-streaming calls to this model)"
         if self.rename:
@@ -62,6 +68,7 @@ class Dialect:
     drop: set[str] = field(default_factory=set)
     rename: dict[str, str] = field(default_factory=dict)
     stream: bool = False
+    fold_system: bool = False  # o1-mini, o1-preview: "'messages[0].role' does not support 'system' with this model"
     refused_modes: set[str] = field(default_factory=set)  # ask modes the endpoint answered 400 (json_schema, tool, ...)
     version: int = 0
     learnt: list[str] = field(default_factory=list)
@@ -78,12 +85,18 @@ class Dialect:
         if self.stream and not request.get("stream"):
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
+        if self.fold_system and any(m.get("role") == "system" for m in request.get("messages") or ()):
+            request["messages"] = fold_system(request["messages"])
         return request
 
     def learn(self, fix: Fix) -> bool:
         """Record ``fix``; False when it was known already (another request learnt it first)."""
         with self._lock:
-            if fix.stream:
+            if fix.fold_system:
+                if self.fold_system:
+                    return False
+                self.fold_system = True
+            elif fix.stream:
                 if self.stream:
                     return False
                 self.stream = True
@@ -109,6 +122,25 @@ class Dialect:
                 self.learnt.append(f"output mode {mode} not supported")
 
 
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` without system messages, their text put at the head of the first user message.
+
+    The known fix for a model that refuses the system role: the instructions still come first and
+    nothing is lost, only the role changes.
+    """
+    system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system" and isinstance(m.get("content"), str))
+    rest = [dict(m) for m in messages if m.get("role") != "system"]
+    for message in rest:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                message["content"] = [{"type": "text", "text": system}, *content]
+            else:
+                message["content"] = f"{system}\n\n{content or ''}" if system else content
+            return rest
+    return [{"role": "user", "content": system}, *rest] if system else rest
+
+
 def ask_mode_of(request: Mapping[str, Any]) -> str:
     """The ask mode a chat request was built for, read from its output-format parameters."""
     kind = (request.get("response_format") or {}).get("type")
@@ -117,24 +149,33 @@ def ask_mode_of(request: Mapping[str, Any]) -> str:
     return "tool" if request.get("tools") else "text"
 
 
-# How long the requests behind the first one wait for its answer. A 400 for a refused parameter
-# comes back before any generation (milliseconds); an answer that takes longer is a model at work,
-# so the others need not wait for it. This bounds the cost of learning to once per process.
+# How long the requests behind the first one wait for its answer, from the moment it is on the wire.
+# A 400 for a refused parameter comes back before any generation (milliseconds); an answer that takes
+# longer is a model at work, so the others need not wait for it. This bounds the cost of learning to
+# once per process. The first request's own set-up (its client, its limiter slot, a starved core) is
+# not counted: the window starting before the request was sent ran out on a machine pinned to one busy
+# core, and every row in flight met the same 400.
 LEARN_WAIT_S = 2.0
+# The most the others wait for the first request to reach the wire at all (a safety net: it leaves
+# the gate whatever happens to it, and wakes them).
+SETUP_WAIT_S = 120.0
 
 
 class Gate:
-    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S).
+    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S
+    once it is on the wire, :meth:`on_wire`).
 
     Loop-agnostic on purpose: a Judge may be called from a new event loop per call (Ark's
     harness, sync wrappers), so waiters are woken through their own loop.
     """
 
-    def __init__(self, wait_s: float = LEARN_WAIT_S) -> None:
+    def __init__(self, wait_s: float = LEARN_WAIT_S, setup_s: float = SETUP_WAIT_S) -> None:
         self.open = False
         self.wait_s = wait_s
+        self.setup_s = setup_s
         self._lock = threading.Lock()
-        self._busy_since: float | None = None
+        self._learning_since: float | None = None  # a request is out to learn, since then
+        self._sent_at: float | None = None  # ... and on the wire since then
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     async def enter(self) -> bool:
@@ -144,10 +185,13 @@ class Gate:
                 if self.open:
                     return False
                 now = time.monotonic()
-                if self._busy_since is None:
-                    self._busy_since = now
+                if self._learning_since is None:
+                    self._learning_since, self._sent_at = now, None
                     return True
-                left = self._busy_since + self.wait_s - now
+                if self._sent_at is None:
+                    left = self._learning_since + self.setup_s - now
+                else:
+                    left = self._sent_at + self.wait_s - now
                 if left <= 0:
                     return False  # the first request is generating: it was not refused
                 event = asyncio.Event()
@@ -158,18 +202,31 @@ class Gate:
                 return False
         return False
 
+    def on_wire(self) -> None:
+        """The learning request is being sent: its answer is due within ``wait_s`` from now."""
+        with self._lock:
+            if self._learning_since is None or self._sent_at is not None:
+                return
+            self._sent_at = time.monotonic()
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)  # they wait again, for the window from now
+
     def leave(self, *, settled: bool) -> None:
         """The learning request is done: open the gate (``settled``) or let the next one try."""
         with self._lock:
-            self._busy_since = None
+            self._learning_since = self._sent_at = None
             self.open = self.open or settled
             waiters, self._waiters = self._waiters, []
-        for loop, event in waiters:
-            if not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(event.set)
-                except RuntimeError:  # closed between the check and the call
-                    pass
+        _wake(waiters)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    for loop, event in waiters:
+        if not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # closed between the check and the call
+                pass
 
 
 _DIALECTS: dict[tuple[str, str], Dialect] = {}
@@ -214,6 +271,9 @@ def names_output_format(code: str | None, param: str | None, message: str) -> bo
 
 def parameter_fix(code: str | None, param: str | None, message: str, request: Mapping[str, Any]) -> Fix | None:
     """The fix a 400 asks for, or None when the 400 is not about a parameter of this request."""
+    if _SYSTEM_REFUSED.search(f"{param or ''} {message}") and re.search(r"\bsystem\b", message) \
+            and any(m.get("role") == "system" for m in request.get("messages") or () if isinstance(m, Mapping)):
+        return Fix(param="messages", fold_system=True)
     if _NEEDS_STREAM.search(message) and not request.get("stream"):
         return Fix(stream=True)
     sent = [name for name in request if name not in _NEVER_DROPPED]

@@ -29,7 +29,10 @@ Headers can lie (a gateway that forwards another key's headers, a stale limit): 
 replies are accepted within a minute than twice the stated per-minute limit allows, each such
 reply multiplies the header rate by 1.25 (trust falls as the contradiction grows; not beyond
 twice the rate actually used), and each 429 halves that factor again (down to the headers' own
-rate).
+rate). Token headers are weighed the same way: more tokens accepted within a minute than twice the
+stated per-minute token limit (plus one request's) contradict them, and the token family's rate is
+then the larger of its own and the rate replies are accepted at, times its own factor (a claimed
+1-token-per-minute budget pinned a run whose every request succeeded at 0.2 requests/s).
 
 A told limit (``--rps``) is a ceiling: headers may lower the rate, never raise it, and without
 headers a told limit stays fixed (mode ``fixed``).
@@ -158,7 +161,9 @@ class Pacer:
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.ceiling, self.adapt, self._clock, self._wall = ceiling, adapt, clock, wall
         self._doubt = 1.0  # how far above the headers' rate the replies have shown the server lets us go
-        self._ok: deque[float] = deque()  # 2xx replies of the last minute, to check the headers against
+        self._token_doubt = 1.0  # the same for the token headers
+        self._accepted_rps = 0.0  # replies accepted per second of late (the rate in use)
+        self._ok: deque[tuple[float, int]] = deque()  # 2xx replies of the last minute and their tokens, to check the headers against
         self._recent_ok: deque[float] = deque()  # ... and of the last couple of seconds: the rate in use
         self._mode: PacingMode = "fixed" if ceiling is not None or not adapt else "aimd"
         self._learnt: float | None = None  # None: nothing learnt yet
@@ -205,10 +210,11 @@ class Pacer:
         self._heard = True
         if tokens > 0:
             self._tokens_per_request = tokens if not self._tokens_per_request else 0.9 * self._tokens_per_request + 0.1 * tokens
-        from_headers = self._from_headers(headers)
-        if from_headers is not None:
-            self._weigh(status, headers, now)
-            self._set("headers", from_headers * self._doubt)
+        if self._from_headers(headers) is not None:
+            self._weigh(status, headers, now, tokens)
+            from_headers = self._from_headers(headers)
+            assert from_headers is not None
+            self._set("headers", from_headers)
             return
         if self._mode == "headers" or self.ceiling is not None:
             return  # a reply without headers from a server that sent them, or a told limit: keep it
@@ -232,29 +238,37 @@ class Pacer:
 
     # ---- internals -----------------------------------------------------------------------------
 
-    def _weigh(self, status: int, headers: Mapping[str, str], now: float) -> None:
+    def _weigh(self, status: int, headers: Mapping[str, str], now: float, tokens: int = 0) -> None:
         """Trust the headers less with each reply that contradicts them, more again with each 429.
 
         A token bucket stated at L requests per minute accepts at most its size (<= L) plus L within
         any minute; more accepted replies than 2L + 1 in the last minute mean the headers understate the
-        limit, so every further such reply lets the rate rise 25% above what they say.
+        limit, so every further such reply lets the rate rise 25% above what they say. Token headers
+        likewise, against the tokens the replies of the last minute used.
         """
         if status == 429:
             self._doubt = max(1.0, self._doubt / 2)
+            self._token_doubt = max(1.0, self._token_doubt / 2)
             return
         limit = _stated(headers, "requests", "limit")
-        if not (200 <= status < 300) or not limit:
+        token_limit = _stated(headers, "tokens", "limit")
+        if not (200 <= status < 300) or not (limit or token_limit):
             return
-        self._ok.append(now)
-        while self._ok and self._ok[0] < now - _MINUTE_S:
+        self._ok.append((now, tokens))
+        while self._ok and self._ok[0][0] < now - _MINUTE_S:
             self._ok.popleft()
         self._recent_ok.append(now)
         while self._recent_ok and self._recent_ok[0] < now - _WINDOW_S:
             self._recent_ok.popleft()
-        accepted = len(self._recent_ok) / min(_WINDOW_S, max(0.25, now - self._ok[0]))
+        accepted = len(self._recent_ok) / min(_WINDOW_S, max(0.25, now - self._ok[0][0]))
+        self._accepted_rps = accepted
         # Application-limited (the concurrency cap sets the pace): a rate nobody uses does not grow.
-        if len(self._ok) > 2 * limit + 1 and (self._learnt or 0.0) < 2 * accepted + START_RPS:
+        if (self._learnt or 0.0) >= 2 * accepted + START_RPS:
+            return
+        if limit and len(self._ok) > 2 * limit + 1:
             self._doubt = min(_MAX_DOUBT, self._doubt * _DOUBT_STEP)
+        if token_limit and sum(t for _, t in self._ok) > 2 * token_limit + self._tokens_per_request:
+            self._token_doubt = min(_MAX_DOUBT, self._token_doubt * _DOUBT_STEP)
 
     def _from_headers(self, headers: Mapping[str, str]) -> float | None:
         told = self.ceiling is not None
@@ -263,8 +277,12 @@ class Pacer:
         tokens = _bucket_rate(headers, "tokens", told=told, wall=wall)
         if tokens is not None and self._tokens_per_request > 0:
             tokens = tokens / self._tokens_per_request
+            if self._token_doubt > 1:  # contradicted: at least the rate replies are accepted at, grown by the doubt
+                tokens = max(tokens, self._accepted_rps) * self._token_doubt
         else:
             tokens = None
+        if requests is not None:
+            requests *= self._doubt
         rates = [r for r in (requests, tokens) if r is not None]
         return max(MIN_RPS, min(rates)) if rates else None
 

@@ -15,7 +15,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +63,13 @@ class AmbiguousVerdict(ParseFailure):
         self.verdicts = tuple(verdicts)
         seen = ", ".join(repr(v[:60]) for v in verdicts)
         super().__init__(f"ambiguous_verdict: {what} ({seen}); one may be quoted from the graded text, so none is taken")
+
+
+class EchoedVerdict(ParseFailure):
+    """The reply's JSON is JSON the prompt itself holds (a graded answer's planted verdict, the instructions'
+    example), copied whole: the judge gave no verdict of its own, so none is taken."""
+
+    reason = "echoed_json"
 
 
 def _distinct(rubric: Rubric, answers: list[str]) -> list[str]:
@@ -416,14 +423,17 @@ class _Refused(Exception):
     pass
 
 
-def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode, *, logprobs: bool = False) -> Reading | Unread:
+def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode, *, logprobs: bool = False,
+                    prompt: Sequence[Mapping[str, Any]] | None = None) -> Reading | Unread:
     """The one reader of replies: a chat completion and the rubric it answers -> a Reading or an Unread.
 
     The verdict is read from the final answer only (the thinking is set apart first), in the ask
-    mode the request used; ``logprobs`` scores G-Eval style where the reply carries them.
+    mode the request used; ``logprobs`` scores G-Eval style where the reply carries them. With the
+    request's ``prompt`` (its messages), a JSON reply that only repeats a JSON object of the prompt
+    (a verdict planted in the graded answer, copied whole) is a parse_failure (``echoed_json``).
     """
     try:
-        parsed, thinking = _read(rubric, completion, mode)
+        parsed, thinking = _read(rubric, completion, mode, prompt)
     except _Refused as refusal:
         return Unread("refusal", str(refusal), raw_text(completion), reasoning_of(completion))
     except ParseFailure as failure:
@@ -437,7 +447,8 @@ def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode
     return Reading(parsed.label, score, parsed.rationale, raw_text(completion), thinking, source, parsed.problem, criteria=parsed.criteria)
 
 
-def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode) -> tuple[Parsed, str | None]:
+def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode,
+          prompt: Sequence[Mapping[str, Any]] | None = None) -> tuple[Parsed, str | None]:
     """The verdict of a completion, read from its final answer only, and the thinking set apart from it."""
     choice = (completion.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -460,11 +471,70 @@ def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode) -> tuple
         detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
         raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
     try:
-        return parse_reply(rubric, reply.answer, mode, tool_args), reply.thinking
+        parsed = parse_reply(rubric, reply.answer, mode, tool_args)
+        if prompt and mode in ("json_schema", "json_object", "tool") and not rubric.is_checklist:
+            _refuse_echo(rubric, tool_args if mode == "tool" else reply.answer, prompt)
+        return parsed, reply.thinking
     except ParseFailure as failure:
         if finish_reason == "length":
             raise _truncated(f"reply cut off at max_tokens (finish_reason=length): {failure}") from failure
         raise
+
+
+def _prompt_text(prompt: Sequence[Mapping[str, Any]]) -> str:
+    parts: list[str] = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "\n".join(parts)
+
+
+def _objects_in(text: str) -> list[dict[str, Any]]:
+    """Every JSON object written in ``text``, nested ones included."""
+    decoder = json.JSONDecoder()
+    found: list[dict[str, Any]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            found.append(value)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for brace in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, brace.start())
+        except json.JSONDecodeError:
+            continue
+        walk(value)
+    return found
+
+
+def _refuse_echo(rubric: Rubric, source: str | None, prompt: Sequence[Mapping[str, Any]]) -> None:
+    """Raise EchoedVerdict when the reply's verdict object is one the prompt already holds.
+
+    Only an object with more than its verdict key (a rationale, a score) can be told apart: two judges
+    agreeing on ``{"judgement": "正确"}`` write the same object, but no judge writes another's rationale
+    word for word. Cheap when the prompt never writes the verdict key, as almost every prompt does not.
+    """
+    field = rubric.output.field
+    text = _prompt_text(prompt)
+    if not source or not field or f'"{field}"' not in text:
+        return
+    try:
+        obj, _ = _json_reply(source, field)
+    except ParseFailure:
+        return
+    if len(obj) < 2 or field not in obj:
+        return
+    if any(planted == obj for planted in _objects_in(text)):
+        raise EchoedVerdict(f"echoed_json: the reply only repeats a JSON object the prompt itself holds "
+                            f"({json.dumps(obj, ensure_ascii=False)[:80]}), with no verdict of its own; none is taken")
 
 
 def _truncated(message: str) -> ParseFailure:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import openai
@@ -21,6 +23,10 @@ from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 
 Route = Literal["chat", "embeddings"]
+
+# Called as a request goes on the wire (its client built, its limiter slot taken): the learning gate's
+# window starts then (judge._dialect.Gate.on_wire), not while the request is still being set up.
+ON_WIRE: ContextVar[Callable[[], None] | None] = ContextVar("gradekit_on_wire", default=None)
 
 
 class Failed(Exception):
@@ -200,13 +206,52 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     """One request as the raw HTTP reply and its JSON body (a stream assembled into one body).
 
     The raw body, not the SDK's pydantic objects: the cache stores JSON anyway, and skipping model
-    construction halves the client's CPU per judgement.
+    construction halves the client's CPU per judgement. The client's timeout bounds the whole request
+    (first byte, every gap and the total): the SDK's own is per read, so a stream of keep-alive comments
+    or reasoning deltas that never ends would hold the row for ever. Past it the request is an
+    ``APITimeoutError``, as the SDK's own timeout is, and the row ends as ``timeout``.
     """
+    notify = ON_WIRE.get()
+    if notify is not None:
+        notify()
+    seconds = whole_request_seconds(client)
+    if seconds is None:
+        return await _post(client, request, route)
+    try:
+        if sys.version_info >= (3, 11):  # no extra task per request (the client's hot path)
+            async with asyncio.timeout(seconds):
+                return await _post(client, request, route)
+        return await asyncio.wait_for(_post(client, request, route), seconds)
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        import httpx
+
+        url = f"{str(getattr(client, 'base_url', '')).rstrip('/')}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
+        raise openai.APITimeoutError(request=httpx.Request("POST", url)) from None
+
+
+def whole_request_seconds(client: Any) -> float | None:
+    """The SDK client's timeout as seconds for a whole request (an ``httpx.Timeout``'s longest part), or None."""
+    timeout = getattr(client, "timeout", None)
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return float(timeout) if timeout > 0 else None
+    parts = [getattr(timeout, name, None) for name in ("connect", "read", "write", "pool")]
+    seconds = [float(p) for p in parts if isinstance(p, (int, float)) and p > 0]
+    return max(seconds) if seconds else None
+
+
+async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[Any, Any]:
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     else:
         raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
-    return raw, (await assemble_stream(raw) if request.get("stream") else json.loads(raw.content))
+    if not request.get("stream"):
+        return raw, json.loads(raw.content)
+    try:
+        return raw, await assemble_stream(raw)
+    finally:
+        close = getattr(getattr(raw, "http_response", None), "aclose", None)
+        if close is not None:
+            await close()  # a stream cut off at the deadline gives its connection back
 
 
 def add_usage(usage: dict[str, int], spent: Mapping[str, Any]) -> None:

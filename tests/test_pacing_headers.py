@@ -115,3 +115,40 @@ async def test_a_header_claiming_one_request_a_minute_does_not_pin_a_run_that_ev
     assert all(v.ok for v in verdicts) and refused == 0
     pacing = limiter.pacing()
     assert pacing.mode == "headers" and pacing.rps > 10 * MIN_RPS
+
+
+def token_lying() -> dict[str, str]:
+    """Headers claiming a budget of one token per minute, spent, whatever the server really lets through."""
+    return {"x-ratelimit-limit-tokens": "1", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "60s"}
+
+
+def test_token_headers_the_replies_contradict_are_trusted_less_and_less_like_request_headers() -> None:
+    clock = Clock()
+    pacer = Pacer(clock=clock)
+    waits = []
+    for _ in range(60):  # a 60-row run sent at the pacer's own pace, every reply accepted (120 tokens each)
+        rate = pacer.rate()
+        waits.append(1 / rate if rate else 0.0)
+        clock.now += waits[-1]
+        pacer.observe(200, token_lying(), tokens=120)
+    assert waits[1] == 1 / MIN_RPS, "the headers are believed at first"
+    assert sum(waits) < 60, sum(waits)  # was 59 waits of 5 s: 295 s for 60 rows that all succeeded
+    assert sum(w >= 1 / MIN_RPS for w in waits) < 10
+    before = pacer.rate()
+    pacer.observe(429, token_lying())
+    assert pacer.rate() < before  # a 429 restores some trust
+
+
+async def test_a_token_header_claiming_one_token_a_minute_does_not_pin_a_run_that_every_reply_contradicts() -> None:
+    def answer(body: dict) -> Reply:
+        return reference_judge(body).model_copy(update={"headers": token_lying()})
+
+    waits = Waits()
+    with FakeProvider(responder=answer) as fake:
+        limiter = Limiter(concurrency=4, sleep=waits)  # recorded pace waits: the test does not wait them out
+        async with Judge("fake-judge", base_url=fake.base_url, api_key="k", limiter=limiter) as judge:
+            verdicts = await _grade_rows(judge, 60)
+        refused = [r.status for r in fake.chat_requests()].count(429)
+    assert all(v.ok for v in verdicts) and refused == 0
+    pacing = limiter.pacing()
+    assert pacing.mode == "headers" and pacing.rps > 10 * MIN_RPS, pacing  # was pinned at MIN_RPS: 0.2 rows/s

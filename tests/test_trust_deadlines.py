@@ -56,3 +56,22 @@ def test_cascade_fit_against_a_judge_that_answers_500_stops_early_with_the_break
     # 120 rows x 2 samples x 4 attempts = 960 requests to the first judge alone without a breaker; it trips after 50.
     assert sent < 200, sent
     assert {r.body["model"] for r in fake.chat_requests()} == {"a"}  # the second judge was never asked
+
+
+async def test_the_learning_window_starts_when_the_first_request_is_on_the_wire_so_a_slow_set_up_costs_one_400() -> None:
+    from judge import Judge, RetryPolicy
+    from judge._dialect import LEARN_WAIT_S, forget_dialects
+    from judge.testing import FakeProvider
+
+    forget_dialects()
+    limiter = Limiter(concurrency=8)
+    with FakeProvider(dialect="openai-reasoning") as fake:
+        judge = Judge("o3", base_url=fake.base_url, api_key="k", limiter=limiter, cache=None, retry=RetryPolicy(max_attempts=2))
+        # The first request's set-up outlasts the learning window: a process-wide pause before anything is sent
+        # (a 429's Retry-After here; a starved core in the audit). The window must not run out before it is sent.
+        limiter.hold(LEARN_WAIT_S + 1.0)
+        verdicts = await asyncio.gather(*(judge.judge(EN, {"question": f"q{i}?", "references": ["x"], "prediction": "x"})
+                                          for i in range(8)))
+        statuses = [r.status for r in fake.chat_requests()]
+    assert all(v.ok for v in verdicts), [v.error for v in verdicts if not v.ok]
+    assert statuses.count(400) == 1, statuses  # was 8 x 400: every row in flight met the same refusal

@@ -99,6 +99,12 @@ _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 def _openai_reasoning_refuse(body: Mapping[str, Any]) -> Refusal | None:
     """One 400 per request, in a fixed order, as OpenAI answers the first parameter it rejects."""
+    model = str(body.get("model") or "")
+    if model.startswith(("o1-mini", "o1-preview")):  # the first o-series models take no system message
+        for i, message in enumerate(body.get("messages") or []):
+            if isinstance(message, Mapping) and message.get("role") == "system":
+                return Refusal(f"Unsupported value: 'messages[{i}].role' does not support 'system' with this model.",
+                               param=f"messages[{i}].role", code="unsupported_value")
     if body.get("max_tokens") is not None:
         return Refusal("Unsupported parameter: 'max_tokens' is not supported with this model. "
                        "Use 'max_completion_tokens' instead.", param="max_tokens", code="unsupported_parameter")
@@ -233,8 +239,11 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
                 "one error per request in that order. Takes reasoning_effort and max_completion_tokens; the "
                 "reasoning is hidden but billed (usage.completion_tokens_details.reasoning_tokens), cached prompt "
                 "tokens in prompt_tokens_details; a max_completion_tokens the reasoning uses up gives content \"\" "
-                "and finish_reason length.",
+                "and finish_reason length. Models named o1-mini* and o1-preview* refuse a system message "
+                "(400 unsupported_value, param messages[0].role).",
         sources=(_OPENAI_REASONING_DOCS,
+                 "https://github.com/microsoft/agent-framework/issues/1077",
+                 "https://github.com/CherryHQ/cherry-studio/issues/4973",
                  "https://github.com/griptape-ai/ComfyUI-Griptape/issues/312",
                  "https://github.com/OpenHands/OpenHands/issues/4131",
                  "https://community.openai.com/t/openai-o1-streaming-now-available-api-access-for-tiers-1-5/1025430/4"),

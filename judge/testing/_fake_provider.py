@@ -27,9 +27,9 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,6 +69,10 @@ class Reply(BaseModel):
         delay: Extra seconds before answering (non-blocking; other requests proceed).
         raw_body: Send exactly this text as the body (``application/json``), e.g. broken JSON.
         drop: Break the connection without completing the HTTP response.
+        endless: A streamed reply that never ends: ``"keep-alive"`` sends an SSE comment
+            (``: keep-alive``) every ``endless_every`` seconds, ``"deltas"`` a reasoning delta as often,
+            until the client goes away or the fake stops (a provider stuck thinking, or holding a stream open).
+        endless_every: Seconds between the events of an ``endless`` stream.
         usage: Override the token usage object.
         reasoning: The model's thinking before its answer. Each dialect puts it on the wire its way
             (a message field, ``<think>`` tags in the content, stream deltas) or drops it (OpenAI's
@@ -91,6 +95,8 @@ class Reply(BaseModel):
     delay: float = 0.0
     raw_body: str | None = None
     drop: bool = False
+    endless: Literal["keep-alive", "deltas"] | None = None
+    endless_every: float = 1.0
     usage: dict[str, Any] | None = None
     reasoning: str | None = None
 
@@ -803,6 +809,8 @@ class FakeProvider:
             texts = embedding_inputs(body)
             assert not isinstance(texts, str)  # refused in _embeddings_rejected
             return JSONResponse(embeddings_payload(body, texts, model=self.model), headers=reply.headers)
+        if stream and reply.endless is not None:
+            return StreamingResponse(self._endless(reply, body), media_type="text/event-stream", headers=reply.headers)
         if stream:
             events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in self._chunks(reply, body)]
             events.append("data: [DONE]\n\n")
@@ -810,6 +818,19 @@ class FakeProvider:
         payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
                                      dialect=self.dialect, cached_tokens=self._cached_tokens(body))
         return JSONResponse(payload, headers=reply.headers)
+
+    async def _endless(self, reply: Reply, body: dict[str, Any]) -> AsyncIterator[str]:
+        """An ``endless`` stream: its first chunk, then a keep-alive comment or a reasoning delta forever."""
+        first, *_ = self._chunks(reply.model_copy(update={"endless": None}), body)
+        yield f"data: {json.dumps(first, ensure_ascii=False)}\n\n"
+        field = self.dialect.reasoning_field or "reasoning_content"
+        while self._stopping is not None and not self._stopping.is_set():
+            await self._pause(reply.endless_every)
+            if reply.endless == "keep-alive":
+                yield ": keep-alive\n\n"
+            else:
+                delta = {**first, "choices": [{"index": 0, "delta": {field: "Let me think again. "}, "finish_reason": None}]}
+                yield f"data: {json.dumps(delta, ensure_ascii=False)}\n\n"
 
     def _chunks(self, reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
         return completion_chunks(reply, body, number=next(self._counter), model=self.model, dialect=self.dialect,

@@ -57,7 +57,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..._sample import Grader, sample_from_vertex
-from ._computers import BaseRewardComputer, GraderRewardComputer
+from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer
 from ._config import ServerConfig, load_health_check, parse_server_config
 from ._models import (
     DashScopeGroupRewardInput,
@@ -82,6 +82,7 @@ from ._models import (
 from ._groups import compute_group, fill_member_failed, prompt_groups
 from ._pool import Busy, WorkPool
 from ._rl_routes import RL_ROUTES, register_rl_routes
+from ._workers import ProcessWorkers
 
 logger = logging.getLogger("gradekit.server")
 
@@ -188,10 +189,12 @@ def _checked(result: Any, computer: Any) -> RewardResponse:
 class _Engine:
     """One computer behind one pool: every route's work goes through ``compute``."""
 
-    def __init__(self, computer: Any, pool: WorkPool) -> None:
-        self.computer, self.pool = computer, pool
+    def __init__(self, computer: Any, pool: WorkPool, workers: ProcessWorkers | None = None) -> None:
+        self.computer, self.pool, self.workers = computer, pool, workers
 
     async def compute(self, request: RewardRequest) -> RewardResponse:
+        if self.workers is not None:  # a plain def in worker processes: a call past its deadline is killed
+            return _checked(await self.workers.run(request), self.computer)
         return _checked(await self.pool.run(self.computer.compute_reward, request), self.computer)
 
     async def compute_all(self, requests: Sequence[RewardRequest]) -> list[RewardResponse]:
@@ -390,6 +393,23 @@ async def _close(computer: Any) -> None:
             return
 
 
+def _isolated(computer: Any, cfg: ServerConfig) -> bool:
+    """Whether the computer's plain ``def compute_reward`` runs in worker processes (:mod:`._workers`).
+
+    ``thread_pool.isolation`` decides; by default a ``reward.class`` does (a hung call is then killed
+    and replaced instead of keeping its worker), an object handed to :func:`create_app` does not (its
+    caller may read the instance's state). Async computers run on the loop either way; fork is POSIX only.
+    """
+    if inspect.iscoroutinefunction(computer.compute_reward) or isinstance(computer, (GraderRewardComputer, DefaultRewardComputer)):
+        return False
+    if sys.platform == "win32":
+        return False
+    isolation = cfg.thread_pool.isolation
+    if isolation is None:
+        return cfg.reward is not None and cfg.reward.class_ is not None
+    return isolation == "process"
+
+
 def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Mapping[str, Any] | None = None, *,
                health_check: Callable[[], Any] | None = None) -> FastAPI:
     """The reward server's ASGI app, serving all five contracts from one computer.
@@ -413,7 +433,8 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         computer = GraderRewardComputer(computer, invalid=invalid)
     health_fn = health_check or load_health_check(cfg)
     pool = WorkPool(cfg.thread_pool.max_workers, cfg.thread_pool.queue_size)
-    engine = _Engine(computer, pool)
+    workers = ProcessWorkers(computer.compute_reward, cfg.thread_pool.max_workers) if _isolated(computer, cfg) else None
+    engine = _Engine(computer, pool, workers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -422,6 +443,8 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
             yield
         finally:
             await asyncio.to_thread(pool.close)  # in-flight work is done: uvicorn waited for it
+            if workers is not None:
+                await asyncio.to_thread(workers.close)
             await _close(computer)
             logger.info("reward computer %s closed", type(computer).__name__)
 

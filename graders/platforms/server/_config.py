@@ -28,6 +28,7 @@
     thread_pool:
       max_workers: 64            # computations at once (threads, or a semaphore for async computers)
       queue_size: 256            # requests allowed to wait; beyond it: 503 with Retry-After
+      isolation: null            # a reward.class's plain def: process (default; a hung call is killed) | thread
     group:                       # the group routes (DashScope group_reward, OpenRLHF's batch by prompt)
       on_member_error: renormalize   # renormalize | drop_group | retry (graders._members)
       min_members: 2
@@ -122,6 +123,9 @@ class ThreadPoolSection(_Section):
     # A judge-backed grader mostly waits on the network, so 64 concurrent grades cost little.
     max_workers: int = Field(64, gt=0)
     queue_size: int = Field(256, ge=0)
+    # Where a plain ``def compute_reward`` runs: ``process`` (a forked worker per slot, killed and replaced
+    # when its call passes server.request_timeout_s) or ``thread``. Default: process for a reward.class.
+    isolation: Literal["process", "thread"] | None = None
 
 
 class LimiterSection(_Section):
