@@ -31,6 +31,7 @@ from ._redact import check_base_url, redact, redact_url, remember, remember_url
 import openai
 
 from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
+from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
 from ._pacing import Pacing
 from ._retry import RetryPolicy, retry_after_seconds
@@ -51,6 +52,10 @@ _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per 
 
 class _Skipped(Exception):
     """The endpoint this request waited for went out of the fleet before it was sent: route it again."""
+
+
+class _NoHedge(Exception):
+    """No endpoint but the first request's own could take the hedge: it is not sent."""
 
 
 class Endpoint(BaseModel):
@@ -99,6 +104,7 @@ class EndpointStats(BaseModel):
     rate_limited: int = 0  # answered 429
     errors: int = 0  # any other failure: connection, timeout, 5xx, 4xx
     rps: float = 0.0  # 2xx answers per second, from its first request to its last answer
+    hedges: HedgeStats = Field(default_factory=HedgeStats)  # hedges sent to this endpoint, and how they ended
     state: EndpointState = "up"
     reason: str | None = None  # why it is out, when it is
 
@@ -163,6 +169,7 @@ class Member:
         self.pending = 0  # requests routed here and not finished (waiting for a slot or in flight)
         self.answered = False  # any reply yet: until then its capacity is a guess
         self.latency = 0.0  # seconds per request, a moving average of its answers
+        self.tracker = LatencyTracker()  # its recent 2xx latencies: when a request to it is hedged
         self.stats = EndpointStats(base_url=endpoint.base_url)
         self._first_sent: float | None = None
         self._last_ok: float | None = None
@@ -226,6 +233,7 @@ class Member:
         self.latency = seconds if not self.answered else 0.9 * self.latency + 0.1 * seconds
         self.answered = True
         if 200 <= status < 300:
+            self.tracker.add(seconds)
             self.stats.ok += 1
             self._last_ok = time.monotonic()
         elif status == 429:
@@ -238,7 +246,7 @@ class Member:
         self.stats.errors += 1
 
     def snapshot(self) -> EndpointStats:
-        stats = self.stats.model_copy()
+        stats = self.stats.model_copy(update={"hedges": self.stats.hedges.model_copy()})
         if self._first_sent is not None and self._last_ok is not None and self._last_ok > self._first_sent:
             stats.rps = round(stats.ok / (self._last_ok - self._first_sent), 3)
         stats.state, stats.reason = self.breaker.state_now(), self.breaker.reason
@@ -344,15 +352,22 @@ class Fleet:
     holds (a 429's Retry-After holds the endpoint that said it), breaker and counts.
     """
 
-    def __init__(self, members: Sequence[Member], model: str, retry: RetryPolicy) -> None:
+    def __init__(self, members: Sequence[Member], model: str, retry: RetryPolicy,
+                 hedge: bool | HedgePolicy | Mapping[str, Any] | None = None) -> None:
         self.members = list(members)
         self.router = Router(self.members) if len(self.members) > 1 else None
         self.model = model
         self.retry = retry
+        # Hedging needs another endpoint to ask: one endpoint never hedges, whatever the setting.
+        self.hedge = HedgePolicy.of(hedge)
+        self.hedging = self.router is not None and self.hedge.enabled and self.hedge.max_extra > 0
+        self.hedge_budget = HedgeBudget(self.hedge.max_extra)
+        self.hedge_stats = HedgeStats()
 
     @classmethod
     def build(cls, endpoints: Sequence[Endpoint], *, model: str, retry: RetryPolicy, limiter: RequestLimiter,
-              client_options: Mapping[str, Any], configured: bool) -> Fleet:
+              client_options: Mapping[str, Any], configured: bool,
+              hedge: bool | HedgePolicy | Mapping[str, Any] | None = None) -> Fleet:
         """The members of ``endpoints``, each with its key and its own limiter (modelled on ``limiter``).
 
         ``configured``: a fleet given as endpoints (a file), whose ``$NAME`` keys are read from the
@@ -370,7 +385,7 @@ class Fleet:
             # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
             # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
             members.append(Member(endpoint, key, own, client_options))
-        return cls(members, model, retry)
+        return cls(members, model, retry, hedge)
 
     @property
     def limiter(self) -> RequestLimiter:
@@ -384,6 +399,10 @@ class Fleet:
 
     def endpoints(self) -> list[EndpointStats]:
         return [member.snapshot() for member in self.members]
+
+    def hedges(self) -> HedgeStats:
+        """Hedges sent so far over the fleet, won and lost (all 0 when it does not hedge)."""
+        return self.hedge_stats.model_copy()
 
     @property
     def held_seconds(self) -> float:
@@ -435,13 +454,39 @@ class Fleet:
                 raise
             member.breaker.success()
             return completion
+        if not self.hedging:
+            return await self._routed(router, request, estimate, usage, breaker, route)
+        return await self._race(request, estimate, usage, breaker, route)
+
+    async def _race(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
+                    route: Route) -> dict[str, Any]:
+        """One attempt, hedged: the request goes out; if it is still unanswered at its endpoint's hedge
+        deadline, the same request goes once to another endpoint, and the first answer wins (:class:`_Race`)."""
+        assert self.router is not None
+        race = _Race(self, asyncio.get_running_loop())
+        race.first = race.loop.create_task(self._routed(self.router, request, estimate, usage, breaker, route, race=race))
+        race.first.add_done_callback(race.settle)
+        race.args = (request, estimate, usage, breaker, route)
+        try:
+            return await race.outcome
+        finally:
+            await race.close()
+
+    async def _routed(self, router: Router, request: dict[str, Any], estimate: int, usage: dict[str, int],
+                      breaker: Breaker | None, route: Route, *, race: _Race | None = None,
+                      avoid: Member | None = None) -> dict[str, Any]:
+        """One attempt over the fleet: routed, and failed over to another endpoint when the one it went to
+        is broken. ``race``: the attempt is the first of a hedged race (its sends arm the hedge deadline);
+        ``avoid``: the attempt is the hedge of the request at that endpoint, which it never goes to."""
         tried: list[Member] = []
         last: BaseException | None = None
         turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
         try:
             while True:
-                picked = router.pick(tried)
+                picked = router.pick(tried if avoid is None else [*tried, avoid])
                 if picked is None:
+                    if avoid is not None:
+                        raise _NoHedge()  # no other endpoint takes it now: the first request alone decides
                     if router.all_broken():
                         raise self._down(breaker)
                     if router.all_down():
@@ -465,7 +510,8 @@ class Fleet:
                 turn = None
                 probe = router.take(member)
                 try:
-                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route)
+                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route,
+                                                     race=race, hedge=avoid is not None)
                 except _Skipped:
                     tried.append(member)
                     continue
@@ -505,7 +551,8 @@ class Fleet:
         return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
 
     async def _send_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
-                       breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
+                       breaker: Breaker | None, route: Route = "chat", *, race: _Race | None = None,
+                       hedge: bool = False) -> dict[str, Any]:
         """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
         limiter = member.limiter
         async with limiter.slot(estimate):
@@ -517,6 +564,15 @@ class Fleet:
                 raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
             usage["attempts"] += 1
             member.sent()
+            if hedge:
+                member.stats.hedges.sent += 1
+                self.hedge_stats.sent += 1
+                if race is not None:
+                    race.hedge_member = member
+            elif self.hedging:
+                self.hedge_budget.earned()
+                if race is not None:
+                    race.armed(member)
             sent_at = time.monotonic()
             try:
                 raw, completion = await post(member.client(), request, route)
@@ -542,3 +598,93 @@ class Fleet:
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         check_body(completion, request, route)
         return completion
+
+
+class _Race:
+    """One hedged attempt: the first request, the hedge if its deadline passes, and the answer that came first.
+
+    The hedge deadline is armed when the first request reaches the wire (again if it fails over to
+    another endpoint) on the loop's one :class:`~judge._hedge.Deadlines`; at the deadline the hedge
+    goes to another endpoint if the fleet's hedge budget has credit. The first success wins; the
+    other is cancelled (its HTTP request closed). A failure waits for the other contender, if any;
+    when both fail, the first request's error is the attempt's.
+    """
+
+    __slots__ = ("fleet", "loop", "outcome", "first", "hedge", "args", "member", "sent_at", "attempt", "winner", "error",
+                 "hedge_member")
+
+    def __init__(self, fleet: Fleet, loop: asyncio.AbstractEventLoop) -> None:
+        self.fleet = fleet
+        self.loop = loop
+        self.outcome: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.first: asyncio.Task[dict[str, Any]] | None = None
+        self.hedge: asyncio.Task[dict[str, Any]] | None = None
+        self.args: tuple[Any, ...] = ()
+        self.member: Member | None = None  # where the first request is now
+        self.sent_at = 0.0
+        self.attempt = 0
+        self.winner: asyncio.Task[dict[str, Any]] | None = None
+        self.error: BaseException | None = None
+        self.hedge_member: Member | None = None  # where the hedge was sent, once it is
+
+    def armed(self, member: Member) -> None:
+        """The first request reached the wire at ``member``: its hedge deadline starts now."""
+        self.member, self.sent_at = member, self.loop.time()
+        self.attempt += 1
+        after = member.tracker.hedge_after(self.fleet.hedge)
+        if after is not None and self.hedge is None:
+            attempt = self.attempt
+            deadlines().add(after, lambda: self.due(attempt))
+
+    def due(self, attempt: int) -> None:
+        """The deadline of the first request's send number ``attempt`` passed."""
+        if self.outcome.done() or self.hedge is not None or attempt != self.attempt:
+            return
+        fleet, member = self.fleet, self.member
+        assert fleet.router is not None and member is not None
+        if fleet.router.pick([member]) is None or not fleet.hedge_budget.spend():
+            return
+        self.hedge = self.loop.create_task(fleet._routed(fleet.router, *self.args, race=self, avoid=member))
+        self.hedge.add_done_callback(self.settle)
+
+    def settle(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        if self.outcome.done():
+            return
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is None:
+            self.winner = task
+            self.outcome.set_result(task.result())
+            return
+        if task is self.first:
+            self.error = error
+        other = self.hedge if task is self.first else self.first
+        if other is not None and not other.done():
+            return  # the other may still answer
+        self.outcome.set_exception(self.error or error)
+
+    async def close(self) -> None:
+        """Cancel the contender still running (closing its request), wait for it, and count the hedge."""
+        tasks = [t for t in (self.first, self.hedge) if t is not None]
+        running = [t for t in tasks if not t.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        for task in tasks:  # every contender's outcome is read (none logged as "never retrieved")
+            if not task.cancelled():
+                task.exception()
+        if self.hedge is None:
+            return
+        fleet, hedge_member = self.fleet, self.hedge_member
+        if hedge_member is None:
+            fleet.hedge_budget.refund()  # launched, never on the wire: it cost nothing
+            return
+        if self.winner is self.hedge:
+            fleet.hedge_stats.won += 1
+            hedge_member.stats.hedges.won += 1
+            if self.first in running and self.member is not None:
+                # The first request's latency is at least this: kept, so the tracker is not left with the fast ones only.
+                self.member.tracker.add(self.loop.time() - self.sent_at)
+        else:
+            fleet.hedge_stats.lost += 1
+            hedge_member.stats.hedges.lost += 1
