@@ -104,7 +104,8 @@ A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRe
 ``judge: {model: ..., base_url: ..., timeout: ..., params: {reasoning_effort: low}}`` for its LLM
 nodes (``params``: judge parameters sent with every request); the API key comes from the
 environment (OPENAI_API_KEY). ``judge: {endpoints: [{base_url, api_key, weight, rps, tpm}, ...]}``
-instead of ``base_url`` makes the judge a fleet (docs/fleets.md). A jury instead of one judge:
+instead of ``base_url`` makes the judge a fleet (docs/fleets.md), which hedges stragglers unless
+``hedge: false`` (``hedge: {max_extra: 0.05, ...}`` tunes it). A jury instead of one judge:
 ``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}``
 (docs/juries.md). An endpoint's or a juror's ``api_key`` is best written ``$NAME`` (read from that
 environment variable) rather than the key itself.
@@ -129,6 +130,7 @@ from judge import Judge, RubricError
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._fleet import Endpoint, key_from_env
 from judge._files import read_data_file
+from judge._hedge import HedgePolicy
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
@@ -393,6 +395,8 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     base_url: str | None = None
     endpoints: list[Endpoint] | None = Field(None, min_length=1)  # a fleet: one model, several endpoints (not with base_url)
+    # Hedged requests over a fleet (judge._hedge): true/false or a mapping of knobs; default on for two endpoints or more.
+    hedge: bool | HedgePolicy | None = None
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
@@ -415,7 +419,7 @@ class JudgeSettings(BaseModel):
         """The Judge, or the Jury, these settings describe (``common``: what every judge shares, e.g. the run's cache and budget)."""
         if self.jury is None:
             return Judge(self.model, base_url=self.base_url, endpoints=self.endpoints, timeout=self.timeout,
-                         max_prompt_tokens=self.max_prompt_tokens, params=self.params, **common)
+                         max_prompt_tokens=self.max_prompt_tokens, params=self.params, hedge=self.hedge, **common)
         from judge import Jury
         from judge._limiters import limiter_from_url
 
@@ -426,7 +430,7 @@ class JudgeSettings(BaseModel):
                                 endpoints=juror.endpoints, api_key=None if juror.endpoints else juror.key(),
                                 timeout=juror.timeout or self.timeout, max_prompt_tokens=self.max_prompt_tokens,
                                 params=self.params if juror.params is None else juror.params, limiter=limiter_from_url(None),
-                                **common))
+                                hedge=self.hedge, **common))
         return Jury(jurors, aggregate=self.aggregate, quorum=self.quorum)
 
     @model_validator(mode="after")

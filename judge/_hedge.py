@@ -140,7 +140,7 @@ class HedgeBudget:
         self.credit = min(self.cap, self.credit + self.share)
 
     def spend(self) -> bool:
-        if self.credit < 1.0:
+        if self.credit < 1.0 - 1e-9:  # ten tenths make one
             return False
         self.credit -= 1.0
         return True

@@ -211,6 +211,8 @@ def grade(
             own["base_url"] = settings.base_url
         if settings is not None and settings.params:
             own["params"] = {**settings.params, **opts.params}
+        if settings is not None and settings.hedge is not None:
+            own["hedge"] = settings.hedge
         made.append(opts.judge(model or (settings.model if settings is not None else None), limiter=limiter, cache=cache,
                                budget=budget, **own))
         return made[-1]
@@ -268,6 +270,8 @@ def grade(
     # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
     pacing = made[0].pacing() if made and hasattr(made[0], "pacing") else limiter.pacing()
     endpoints = [e.model_dump() for e in made[0].endpoints] if made else []
+    # Hedged requests (a fleet's stragglers sent once more): sent, won, lost; zeros when the judge does not hedge.
+    hedges = made[0].hedges.model_dump() if made and hasattr(made[0], "hedges") else {"sent": 0, "won": 0, "lost": 0}
     block = None
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
@@ -279,13 +283,13 @@ def grade(
     if json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump(), "endpoints": endpoints, **({name: block} if block is not None else {}),
+                    "pacing": pacing.model_dump(), "endpoints": endpoints, "hedges": hedges, **({name: block} if block is not None else {}),
                     # a cascade's headline figures at the top too, beside rows/ok/abstained
                     **({k: block[k] for k in ("coverage", "guarantee")} if block is not None and name == "cascade" else {})})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
-        _print_summary(summary, output, Console(), endpoints)
+        _print_summary(summary, output, Console(), endpoints, hedges)
         print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
@@ -454,7 +458,8 @@ def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> No
         console.print(f"  {example}", style="red", markup=False)
 
 
-def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None) -> None:
+def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None,
+                   hedges: dict | None = None) -> None:
     if s.already_complete:
         console.print(f"{output} is already complete ({s.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
     elif s.resumed_from:
@@ -488,6 +493,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
         table.add_row("endpoints", "; ".join(
             f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
             f"{e['errors']} errors), {e['rps']:g}/s" for e in endpoints))
+    if hedges and hedges.get("sent"):
+        table.add_row("hedges", f"{hedges['sent']} sent ({hedges['sent'] / max(1, s.requests):.1%} of {s.requests} requests), "
+                      f"{hedges['won']} answered first")
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
