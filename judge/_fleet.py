@@ -170,6 +170,8 @@ class Member:
         self.answered = False  # any reply yet: until then its capacity is a guess
         self.latency = 0.0  # seconds per request, a moving average of its answers
         self.tracker = LatencyTracker()  # its recent 2xx latencies: when a request to it is hedged
+        self.unarmed: list[tuple[_Race, int]] = []  # hedged races sent before the tracker could give a deadline
+        self.hedge_policy: HedgePolicy | None = None  # set by a fleet that hedges
         self.stats = EndpointStats(base_url=endpoint.base_url)
         self._first_sent: float | None = None
         self._last_ok: float | None = None
@@ -234,12 +236,24 @@ class Member:
         self.answered = True
         if 200 <= status < 300:
             self.tracker.add(seconds)
+            if self.unarmed and self.hedge_policy is not None:
+                self.arm_waiting(self.hedge_policy)
             self.stats.ok += 1
             self._last_ok = time.monotonic()
         elif status == 429:
             self.stats.rate_limited += 1
         else:
             self.stats.errors += 1
+
+    def arm_waiting(self, policy: HedgePolicy) -> None:
+        """The tracker can give deadlines now: arm the races sent before, each from its own send."""
+        after = self.tracker.hedge_after(policy)
+        if after is None:
+            return
+        waiting, self.unarmed = self.unarmed, []
+        for race, attempt in waiting:
+            if attempt == race.attempt and not race.outcome.done():
+                race.arm(attempt, after - (race.loop.time() - race.sent_at))
 
     def failed(self) -> None:
         """No HTTP answer (connection refused or reset, timeout) or a malformed body."""
@@ -363,6 +377,8 @@ class Fleet:
         self.hedging = self.router is not None and self.hedge.enabled and self.hedge.max_extra > 0
         self.hedge_budget = HedgeBudget(self.hedge.max_extra)
         self.hedge_stats = HedgeStats()
+        for member in self.members:
+            member.hedge_policy = self.hedge if self.hedging else None
 
     @classmethod
     def build(cls, endpoints: Sequence[Endpoint], *, model: str, retry: RetryPolicy, limiter: RequestLimiter,
@@ -628,13 +644,21 @@ class _Race:
         self.hedge_member: Member | None = None  # where the hedge was sent, once it is
 
     def armed(self, member: Member) -> None:
-        """The first request reached the wire at ``member``: its hedge deadline starts now."""
+        """The first request reached the wire at ``member``: its hedge deadline starts now.
+
+        Sent before the endpoint has enough answers to say when (a process's first wave), it waits
+        in the endpoint's ``unarmed`` list and gets its deadline, counted from its send, once it has.
+        """
         self.member, self.sent_at = member, self.loop.time()
         self.attempt += 1
         after = member.tracker.hedge_after(self.fleet.hedge)
-        if after is not None and self.hedge is None:
-            attempt = self.attempt
-            deadlines().add(after, lambda: self.due(attempt))
+        if after is None:
+            member.unarmed.append((self, self.attempt))
+        else:
+            self.arm(self.attempt, after)
+
+    def arm(self, attempt: int, after: float) -> None:
+        deadlines(self.loop).add(max(0.0, after), lambda: self.due(attempt))
 
     def due(self, attempt: int) -> None:
         """The deadline of the first request's send number ``attempt`` passed."""
@@ -642,6 +666,12 @@ class _Race:
             return
         fleet, member = self.fleet, self.member
         assert fleet.router is not None and member is not None
+        # The endpoint's deadline may have grown since this one was set (its first answers are its fastest): look again.
+        after = member.tracker.hedge_after(fleet.hedge)
+        late = self.loop.time() - self.sent_at
+        if after is not None and late < after * 0.99:
+            self.arm(attempt, after - late)
+            return
         if fleet.router.pick([member]) is None or not fleet.hedge_budget.spend():
             return
         self.hedge = self.loop.create_task(fleet._routed(fleet.router, *self.args, race=self, avoid=member))

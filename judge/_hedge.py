@@ -189,9 +189,8 @@ class Deadlines:
 _DEADLINES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = weakref.WeakKeyDictionary()
 
 
-def deadlines() -> Deadlines:
-    """The running loop's deadlines (a fleet may be used from several loops, one after another)."""
-    loop = asyncio.get_running_loop()
+def deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
+    """``loop``'s deadlines (a fleet may be used from several loops, one after another)."""
     found = _DEADLINES.get(loop)
     if found is None:
         found = _DEADLINES[loop] = Deadlines(loop)
