@@ -275,21 +275,29 @@ class Router:
         # Requests waiting unrouted (every queue past its horizon), oldest first: only the oldest may be
         # routed while others wait, so a request that arrives later never overtakes one that waited.
         self._waiting: deque[asyncio.Event] = deque()
+        self.wakeups = 0  # times a request waiting unrouted woke to look again (benchmarks/fleet_cpu.py)
 
     def queued_ahead(self, turn: asyncio.Event | None) -> bool:
         """Whether a request that waited unrouted longer than ``turn`` (None: a newcomer) is still waiting."""
         return bool(self._waiting) and self._waiting[0] is not turn
 
     async def wait_turn(self, turn: asyncio.Event | None, seconds: float) -> asyncio.Event:
-        """Wait unrouted, in line, for up to ``seconds`` (less when a request finishes or the line moves)."""
+        """Wait unrouted, in line. The oldest waiting request (the head of the line) wakes when a
+        request finishes, or after ``seconds`` (an endpoint's pace may have changed); the others sleep
+        until they are the head (the one before them was routed or gave up): no timer, no polling, so
+        a request wakes about once per request that frees a place, not every few hundred ms."""
         if turn is None:
             turn = asyncio.Event()
             self._waiting.append(turn)
         turn.clear()
-        try:
-            await asyncio.wait_for(turn.wait(), seconds)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            pass
+        if self._waiting[0] is turn:
+            try:
+                await asyncio.wait_for(turn.wait(), seconds)
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                pass
+        else:
+            await turn.wait()
+        self.wakeups += 1
         return turn
 
     def leave(self, turn: asyncio.Event | None) -> None:
