@@ -18,11 +18,14 @@ import asyncio
 import heapq
 import itertools
 import math
+import logging
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("gradekit.judge")
 
 _FLOOR_S = 0.001  # the first bucket's lower edge
 _RATIO = 1.08  # bucket width: 8% (a quantile is read to within that)
@@ -181,7 +184,11 @@ class Deadlines:
         now = self._loop.time()
         heap = self._heap
         while heap and heap[0][0] <= now:
-            heapq.heappop(heap)[2]()
+            due = heapq.heappop(heap)[2]
+            try:
+                due()
+            except Exception:  # one request's hedge going wrong must not stop the others' deadlines
+                log.exception("hedge deadline failed")
         if heap:
             self._arm(heap[0][0])
 
