@@ -10,6 +10,10 @@ its members' limits and no endpoint queues work another could take now.
 What stays one for the whole fleet: the model, the rubric, the request sent (the dialect is
 shared, see :func:`judge._dialect.dialect_of`) and so the cache key. A row's reply does not depend
 on which replica answered it, so the cache cannot either.
+
+A fleet of two or more hedges (:mod:`judge._hedge`, :class:`_Race`): a request still unanswered
+at its endpoint's deadline goes once more to another endpoint, and the first answer is the
+attempt's, so one row still has one reply, one cache entry and one result.
 """
 
 from __future__ import annotations
@@ -460,7 +464,8 @@ class Fleet:
                     route: Route = "chat") -> dict[str, Any]:
         """One attempt. A fleet of several routes it (:class:`Router`) and, when the endpoint it
         went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
-        the row is answered once, by whichever endpoint could."""
+        the row is answered once, by whichever endpoint could. A hedging fleet races a straggler
+        against a second request to another endpoint (:meth:`_race`)."""
         router = self.router
         if router is None:
             # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
