@@ -104,7 +104,8 @@ A file whose top level is a Vertex spec (``reinforcementTuningSpec``, ``singleRe
 ``judge: {model: ..., base_url: ..., timeout: ..., params: {reasoning_effort: low}}`` for its LLM
 nodes (``params``: judge parameters sent with every request); the API key comes from the
 environment (OPENAI_API_KEY). ``judge: {endpoints: [{base_url, api_key, weight, rps, tpm}, ...]}``
-instead of ``base_url`` makes the judge a fleet (docs/fleets.md). A jury instead of one judge:
+instead of ``base_url`` makes the judge a fleet (docs/fleets.md), which hedges stragglers unless
+``hedge: false`` (``hedge: {max_extra: 0.05, ...}`` tunes it). A jury instead of one judge:
 ``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}``
 (docs/juries.md). An endpoint's or a juror's ``api_key`` is best written ``$NAME`` (read from that
 environment variable) rather than the key itself.
@@ -131,6 +132,7 @@ from judge._spec import JudgeSpec, JurySpec
 from judge._client import DEFAULT_MAX_PROMPT_TOKENS
 from judge._fleet import Endpoint, key_from_env
 from judge._files import read_data_file
+from judge._hedge import HedgePolicy
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader
@@ -395,6 +397,8 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     base_url: str | None = None
     endpoints: list[Endpoint] | None = Field(None, min_length=1)  # a fleet: one model, several endpoints (not with base_url)
+    # Hedged requests over a fleet (judge._hedge): true/false or a mapping of knobs; default on for two endpoints or more.
+    hedge: bool | HedgePolicy | None = None
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
@@ -418,7 +422,7 @@ class JudgeSettings(BaseModel):
         if self.jury is None:
             return self._block()
         block = JudgeSpec.of(None, base_url=self.base_url, params=self.params, timeout=self.timeout,
-                             max_prompt_tokens=self.max_prompt_tokens)
+                             max_prompt_tokens=self.max_prompt_tokens, hedge=self.hedge)
         # A juror's params replace the block's (not merged key by key): a juror on another provider may refuse them.
         jurors = [replace(block.merge(JudgeSpec.of(j.model, base_url=j.base_url, endpoints=j.endpoints,
                                                    api_key=None if j.endpoints else j.key(), timeout=j.timeout)),
@@ -432,6 +436,8 @@ class JudgeSettings(BaseModel):
         own: dict[str, Any] = {"timeout": self.timeout} if "timeout" in given else {}
         if "max_prompt_tokens" in given and self.max_prompt_tokens is not None:
             own["max_prompt_tokens"] = self.max_prompt_tokens
+        if self.hedge is not None:
+            own["hedge"] = self.hedge
         return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
 
     def build(self, **common: Any) -> Any:

@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._cascade": ["Cascade", "CascadeSpec"],
     "._client": ["Judge", "build_request"],
     "._fleet": ["Endpoint", "EndpointStats"],
+    "._hedge": ["HedgePolicy", "HedgeStats"],
     "._jury": ["Jury"],
     "._limiter": ["Limiter", "estimate_tokens"],
     "._limiters": ["configure_limiter", "endpoint_limiter", "limiter_from_url", "process_limiter"],

@@ -22,6 +22,7 @@ from ._cache import JudgeCache, cache_key
 from ._checklist import bind_row, unbound
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
+from ._hedge import HedgePolicy, HedgeStats
 from ._limiter import RequestLimiter, estimate_tokens
 from ._limiters import process_limiter
 from ._pacing import Pacing
@@ -123,6 +124,10 @@ class Judge:
         max_prompt_tokens: a rendered prompt estimated above this many tokens is not sent: its
             Verdict is an ``input`` error (the row cannot be judged this way), not a request no
             model accepts. None: no cap.
+        hedge: hedged requests over a fleet (:mod:`judge._hedge`): None or True (the default: on for
+            two endpoints or more), False, or a :class:`~judge.HedgePolicy` / mapping of its knobs.
+            A request unanswered after max(p95, 2 x median) of its endpoint's recent latencies is
+            sent once more to another endpoint; the first answer wins. One endpoint never hedges.
     """
 
     panel_columns: tuple[str, ...] = ()  # a single judge's verdicts have no panel (see judge._protocol)
@@ -144,6 +149,7 @@ class Judge:
         budget: Budget | None = None,
         max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
         params: Mapping[str, Any] | None = None,
+        hedge: bool | HedgePolicy | Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         self.budget = budget
@@ -160,7 +166,7 @@ class Judge:
         self.retry = retry or RetryPolicy()
         self._fleet = Fleet.build(fleet, model=self.model, retry=self.retry, configured=endpoints is not None,
                                   limiter=limiter if limiter is not None else process_limiter(),
-                                  client_options={"max_retries": 0, "timeout": timeout})
+                                  client_options={"max_retries": 0, "timeout": timeout}, hedge=hedge)
         self.limiter = self._fleet.limiter
         self.cache = cache
         self.sampling = {**(sampling or {}), **(params or {})}  # the user's judge parameters
@@ -199,6 +205,16 @@ class Judge:
     def endpoints(self) -> list[EndpointStats]:
         """Each endpoint's requests, answers, rate and state so far (one entry without a fleet)."""
         return self._fleet.endpoints()
+
+    @property
+    def hedges(self) -> HedgeStats:
+        """Hedged requests so far: sent, won (answered first), lost (cancelled or failed)."""
+        return self._fleet.hedges()
+
+    @property
+    def hedging(self) -> bool:
+        """Whether this judge hedges (a fleet of two or more endpoints with hedging on)."""
+        return self._fleet.hedging
 
     @property
     def held_seconds(self) -> float:

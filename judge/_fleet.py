@@ -10,6 +10,10 @@ its members' limits and no endpoint queues work another could take now.
 What stays one for the whole fleet: the model, the rubric, the request sent (the dialect is
 shared, see :func:`judge._dialect.dialect_of`) and so the cache key. A row's reply does not depend
 on which replica answered it, so the cache cannot either.
+
+A fleet of two or more hedges (:mod:`judge._hedge`, :class:`_Race`): a request still unanswered
+at its endpoint's deadline goes once more to another endpoint, and the first answer is the
+attempt's, so one row still has one reply, one cache entry and one result.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ._redact import check_base_url, redact, redact_url, remember, remember_url
 import openai
 
 from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
+from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
 from ._pacing import Pacing
 from ._retry import RetryPolicy, retry_after_seconds
@@ -51,6 +56,10 @@ _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per 
 
 class _Skipped(Exception):
     """The endpoint this request waited for went out of the fleet before it was sent: route it again."""
+
+
+class _NoHedge(Exception):
+    """No endpoint but the first request's own could take the hedge: it is not sent."""
 
 
 class Endpoint(BaseModel):
@@ -99,6 +108,7 @@ class EndpointStats(BaseModel):
     rate_limited: int = 0  # answered 429
     errors: int = 0  # any other failure: connection, timeout, 5xx, 4xx
     rps: float = 0.0  # 2xx answers per second, from its first request to its last answer
+    hedges: HedgeStats = Field(default_factory=HedgeStats)  # hedges sent to this endpoint, and how they ended
     state: EndpointState = "up"
     reason: str | None = None  # why it is out, when it is
 
@@ -163,6 +173,9 @@ class Member:
         self.pending = 0  # requests routed here and not finished (waiting for a slot or in flight)
         self.answered = False  # any reply yet: until then its capacity is a guess
         self.latency = 0.0  # seconds per request, a moving average of its answers
+        self.tracker = LatencyTracker()  # its recent 2xx latencies: when a request to it is hedged
+        self.unarmed: list[tuple[_Race, int]] = []  # hedged races sent before the tracker could give a deadline
+        self.hedge_policy: HedgePolicy | None = None  # set by a fleet that hedges
         self.stats = EndpointStats(base_url=endpoint.base_url)
         self._first_sent: float | None = None
         self._last_ok: float | None = None
@@ -226,6 +239,9 @@ class Member:
         self.latency = seconds if not self.answered else 0.9 * self.latency + 0.1 * seconds
         self.answered = True
         if 200 <= status < 300:
+            self.tracker.add(seconds)
+            if self.unarmed and self.hedge_policy is not None:
+                self.arm_waiting(self.hedge_policy)
             self.stats.ok += 1
             self._last_ok = time.monotonic()
         elif status == 429:
@@ -233,12 +249,22 @@ class Member:
         else:
             self.stats.errors += 1
 
+    def arm_waiting(self, policy: HedgePolicy) -> None:
+        """The tracker can give deadlines now: arm the races sent before, each from its own send."""
+        after = self.tracker.hedge_after(policy)
+        if after is None:
+            return
+        waiting, self.unarmed = self.unarmed, []
+        for race, attempt in waiting:
+            if attempt == race.attempt and not race.outcome.done():
+                race.arm(attempt, after - (race.loop.time() - race.sent_at))
+
     def failed(self) -> None:
         """No HTTP answer (connection refused or reset, timeout) or a malformed body."""
         self.stats.errors += 1
 
     def snapshot(self) -> EndpointStats:
-        stats = self.stats.model_copy()
+        stats = self.stats.model_copy(update={"hedges": self.stats.hedges.model_copy()})
         if self._first_sent is not None and self._last_ok is not None and self._last_ok > self._first_sent:
             stats.rps = round(stats.ok / (self._last_ok - self._first_sent), 3)
         stats.state, stats.reason = self.breaker.state_now(), self.breaker.reason
@@ -253,21 +279,29 @@ class Router:
         # Requests waiting unrouted (every queue past its horizon), oldest first: only the oldest may be
         # routed while others wait, so a request that arrives later never overtakes one that waited.
         self._waiting: deque[asyncio.Event] = deque()
+        self.wakeups = 0  # times a request waiting unrouted woke to look again (benchmarks/fleet_cpu.py)
 
     def queued_ahead(self, turn: asyncio.Event | None) -> bool:
         """Whether a request that waited unrouted longer than ``turn`` (None: a newcomer) is still waiting."""
         return bool(self._waiting) and self._waiting[0] is not turn
 
     async def wait_turn(self, turn: asyncio.Event | None, seconds: float) -> asyncio.Event:
-        """Wait unrouted, in line, for up to ``seconds`` (less when a request finishes or the line moves)."""
+        """Wait unrouted, in line. The oldest waiting request (the head of the line) wakes when a
+        request finishes, or after ``seconds`` (an endpoint's pace may have changed); the others sleep
+        until they are the head (the one before them was routed or gave up): no timer, no polling, so
+        a request wakes about once per request that frees a place, not every few hundred ms."""
         if turn is None:
             turn = asyncio.Event()
             self._waiting.append(turn)
         turn.clear()
-        try:
-            await asyncio.wait_for(turn.wait(), seconds)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            pass
+        if self._waiting[0] is turn:
+            try:
+                await asyncio.wait_for(turn.wait(), seconds)
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                pass
+        else:
+            await turn.wait()
+        self.wakeups += 1
         return turn
 
     def leave(self, turn: asyncio.Event | None) -> None:
@@ -344,15 +378,24 @@ class Fleet:
     holds (a 429's Retry-After holds the endpoint that said it), breaker and counts.
     """
 
-    def __init__(self, members: Sequence[Member], model: str, retry: RetryPolicy) -> None:
+    def __init__(self, members: Sequence[Member], model: str, retry: RetryPolicy,
+                 hedge: bool | HedgePolicy | Mapping[str, Any] | None = None) -> None:
         self.members = list(members)
         self.router = Router(self.members) if len(self.members) > 1 else None
         self.model = model
         self.retry = retry
+        # Hedging needs another endpoint to ask: one endpoint never hedges, whatever the setting.
+        self.hedge = HedgePolicy.of(hedge)
+        self.hedging = self.router is not None and self.hedge.enabled and self.hedge.max_extra > 0
+        self.hedge_budget = HedgeBudget(self.hedge.max_extra)
+        self.hedge_stats = HedgeStats()
+        for member in self.members:
+            member.hedge_policy = self.hedge if self.hedging else None
 
     @classmethod
     def build(cls, endpoints: Sequence[Endpoint], *, model: str, retry: RetryPolicy, limiter: RequestLimiter,
-              client_options: Mapping[str, Any], configured: bool) -> Fleet:
+              client_options: Mapping[str, Any], configured: bool,
+              hedge: bool | HedgePolicy | Mapping[str, Any] | None = None) -> Fleet:
         """The members of ``endpoints``, each with its key and its own limiter (modelled on ``limiter``).
 
         ``configured``: a fleet given as endpoints (a file), whose ``$NAME`` keys are read from the
@@ -370,7 +413,7 @@ class Fleet:
             # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
             # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
             members.append(Member(endpoint, key, own, client_options))
-        return cls(members, model, retry)
+        return cls(members, model, retry, hedge)
 
     @property
     def limiter(self) -> RequestLimiter:
@@ -384,6 +427,10 @@ class Fleet:
 
     def endpoints(self) -> list[EndpointStats]:
         return [member.snapshot() for member in self.members]
+
+    def hedges(self) -> HedgeStats:
+        """Hedges sent so far over the fleet, won and lost (all 0 when it does not hedge)."""
+        return self.hedge_stats.model_copy()
 
     @property
     def held_seconds(self) -> float:
@@ -417,7 +464,8 @@ class Fleet:
                     route: Route = "chat") -> dict[str, Any]:
         """One attempt. A fleet of several routes it (:class:`Router`) and, when the endpoint it
         went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
-        the row is answered once, by whichever endpoint could."""
+        the row is answered once, by whichever endpoint could. A hedging fleet races a straggler
+        against a second request to another endpoint (:meth:`_race`)."""
         router = self.router
         if router is None:
             # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
@@ -435,13 +483,39 @@ class Fleet:
                 raise
             member.breaker.success()
             return completion
+        if not self.hedging:
+            return await self._routed(router, request, estimate, usage, breaker, route)
+        return await self._race(request, estimate, usage, breaker, route)
+
+    async def _race(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
+                    route: Route) -> dict[str, Any]:
+        """One attempt, hedged: the request goes out; if it is still unanswered at its endpoint's hedge
+        deadline, the same request goes once to another endpoint, and the first answer wins (:class:`_Race`)."""
+        assert self.router is not None
+        race = _Race(self, asyncio.get_running_loop())
+        race.first = race.loop.create_task(self._routed(self.router, request, estimate, usage, breaker, route, race=race))
+        race.first.add_done_callback(race.settle)
+        race.args = (request, estimate, usage, breaker, route)
+        try:
+            return await race.outcome
+        finally:
+            await race.close()
+
+    async def _routed(self, router: Router, request: dict[str, Any], estimate: int, usage: dict[str, int],
+                      breaker: Breaker | None, route: Route, *, race: _Race | None = None,
+                      avoid: Member | None = None) -> dict[str, Any]:
+        """One attempt over the fleet: routed, and failed over to another endpoint when the one it went to
+        is broken. ``race``: the attempt is the first of a hedged race (its sends arm the hedge deadline);
+        ``avoid``: the attempt is the hedge of the request at that endpoint, which it never goes to."""
         tried: list[Member] = []
         last: BaseException | None = None
         turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
         try:
             while True:
-                picked = router.pick(tried)
+                picked = router.pick(tried if avoid is None else [*tried, avoid])
                 if picked is None:
+                    if avoid is not None:
+                        raise _NoHedge()  # no other endpoint takes it now: the first request alone decides
                     if router.all_broken():
                         raise self._down(breaker)
                     if router.all_down():
@@ -465,7 +539,8 @@ class Fleet:
                 turn = None
                 probe = router.take(member)
                 try:
-                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route)
+                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route,
+                                                     race=race, hedge=avoid is not None)
                 except _Skipped:
                     tried.append(member)
                     continue
@@ -505,7 +580,8 @@ class Fleet:
         return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
 
     async def _send_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
-                       breaker: Breaker | None, route: Route = "chat") -> dict[str, Any]:
+                       breaker: Breaker | None, route: Route = "chat", *, race: _Race | None = None,
+                       hedge: bool = False) -> dict[str, Any]:
         """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
         limiter = member.limiter
         async with limiter.slot(estimate):
@@ -517,6 +593,15 @@ class Fleet:
                 raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
             usage["attempts"] += 1
             member.sent()
+            if hedge:
+                member.stats.hedges.sent += 1
+                self.hedge_stats.sent += 1
+                if race is not None:
+                    race.hedge_member = member
+            elif self.hedging:
+                self.hedge_budget.earned()
+                if race is not None:
+                    race.armed(member)
             sent_at = time.monotonic()
             try:
                 raw, completion = await post(member.client(), request, route)
@@ -542,3 +627,109 @@ class Fleet:
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         check_body(completion, request, route)
         return completion
+
+
+class _Race:
+    """One hedged attempt: the first request, the hedge if its deadline passes, and the answer that came first.
+
+    The hedge deadline is armed when the first request reaches the wire (again if it fails over to
+    another endpoint) on the loop's one :class:`~judge._hedge.Deadlines`; at the deadline the hedge
+    goes to another endpoint if the fleet's hedge budget has credit. The first success wins; the
+    other is cancelled (its HTTP request closed). A failure waits for the other contender, if any;
+    when both fail, the first request's error is the attempt's.
+    """
+
+    __slots__ = ("fleet", "loop", "outcome", "first", "hedge", "args", "member", "sent_at", "attempt", "winner", "error",
+                 "hedge_member")
+
+    def __init__(self, fleet: Fleet, loop: asyncio.AbstractEventLoop) -> None:
+        self.fleet = fleet
+        self.loop = loop
+        self.outcome: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.first: asyncio.Task[dict[str, Any]] | None = None
+        self.hedge: asyncio.Task[dict[str, Any]] | None = None
+        self.args: tuple[Any, ...] = ()
+        self.member: Member | None = None  # where the first request is now
+        self.sent_at = 0.0
+        self.attempt = 0
+        self.winner: asyncio.Task[dict[str, Any]] | None = None
+        self.error: BaseException | None = None
+        self.hedge_member: Member | None = None  # where the hedge was sent, once it is
+
+    def armed(self, member: Member) -> None:
+        """The first request reached the wire at ``member``: its hedge deadline starts now.
+
+        Sent before the endpoint has enough answers to say when (a process's first wave), it waits
+        in the endpoint's ``unarmed`` list and gets its deadline, counted from its send, once it has.
+        """
+        self.member, self.sent_at = member, self.loop.time()
+        self.attempt += 1
+        after = member.tracker.hedge_after(self.fleet.hedge)
+        if after is None:
+            if len(member.unarmed) >= 1024:  # an endpoint that has not answered enough yet: keep only races still running
+                member.unarmed = [(r, a) for r, a in member.unarmed if not r.outcome.done()]
+            member.unarmed.append((self, self.attempt))
+        else:
+            self.arm(self.attempt, after)
+
+    def arm(self, attempt: int, after: float) -> None:
+        deadlines(self.loop).add(max(0.0, after), lambda: self.due(attempt))
+
+    def due(self, attempt: int) -> None:
+        """The deadline of the first request's send number ``attempt`` passed."""
+        if self.outcome.done() or self.hedge is not None or attempt != self.attempt:
+            return
+        fleet, member = self.fleet, self.member
+        assert fleet.router is not None and member is not None
+        # The endpoint's deadline may have grown since this one was set (its first answers are its fastest): look again.
+        after = member.tracker.hedge_after(fleet.hedge)
+        late = self.loop.time() - self.sent_at
+        if after is not None and late < after * 0.99:
+            self.arm(attempt, after - late)
+            return
+        if fleet.router.pick([member]) is None or not fleet.hedge_budget.spend():
+            return
+        self.hedge = self.loop.create_task(fleet._routed(fleet.router, *self.args, race=self, avoid=member))
+        self.hedge.add_done_callback(self.settle)
+
+    def settle(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        if self.outcome.done():
+            return
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is None:
+            self.winner = task
+            self.outcome.set_result(task.result())
+            return
+        if task is self.first:
+            self.error = error
+        other = self.hedge if task is self.first else self.first
+        if other is not None and not other.done():
+            return  # the other may still answer
+        self.outcome.set_exception(self.error or error)
+
+    async def close(self) -> None:
+        """Cancel the contender still running (closing its request), wait for it, and count the hedge."""
+        tasks = [t for t in (self.first, self.hedge) if t is not None]
+        running = [t for t in tasks if not t.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        for task in tasks:  # every contender's outcome is read (none logged as "never retrieved")
+            if not task.cancelled():
+                task.exception()
+        if self.hedge is None:
+            return
+        fleet, hedge_member = self.fleet, self.hedge_member
+        if hedge_member is None:
+            fleet.hedge_budget.refund()  # launched, never on the wire: it cost nothing
+            return
+        if self.winner is self.hedge:
+            fleet.hedge_stats.won += 1
+            hedge_member.stats.hedges.won += 1
+            if self.first in running and self.member is not None:
+                # The first request's latency is at least this: kept, so the tracker is not left with the fast ones only.
+                self.member.tracker.add(self.loop.time() - self.sent_at)
+        else:
+            fleet.hedge_stats.lost += 1
+            hedge_member.stats.hedges.lost += 1

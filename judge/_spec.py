@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._cache import JudgeCache
     from ._client import Judge
     from ._fleet import Endpoint
+    from ._hedge import HedgePolicy
     from ._jury import Jury
     from ._limiter import RequestLimiter
 
@@ -75,6 +76,7 @@ class JudgeSpec:
     limits: Limits = field(default_factory=Limits)
     max_prompt_tokens: int | None = None  # [the Judge's default]; above it a row is an input error
     logprobs: int | None = None  # top logprobs per token, asked with every request
+    hedge: bool | HedgePolicy | None = None  # hedged requests over a fleet (judge._hedge) [on for two endpoints or more]
 
     @classmethod
     def of(cls, model: str | None = None, *, base_url: str | Sequence[str] | None = None,
@@ -101,7 +103,7 @@ class JudgeSpec:
                  else {"base_url": self.base_url, "endpoints": self.endpoints})
         params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
         simple = {name: _merged(getattr(self, name), getattr(other, name))
-                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs")}
+                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge")}
         return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
 
     @property
@@ -125,7 +127,7 @@ class JudgeSpec:
 
         if limiter is None and self.limits.given:
             limiter = self.limiter()
-        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens))
+        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge))
                  if value is not None}
         base_url: Any = list(self.base_url) if self.base_url else None
         api_key: Any = list(self.api_key) if self.api_key else None

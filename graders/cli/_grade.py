@@ -391,6 +391,8 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     stats = made[0].stats() if made else None
     pacing = stats.pacing if stats is not None and stats.pacing is not None else limiter.pacing()
     endpoints = [e.model_dump() for e in stats.endpoints] if stats is not None else []
+    # Hedged requests (a fleet's stragglers sent once more): sent, won, lost, over every endpoint; zeros when none hedges.
+    hedges = {k: sum(getattr(e.hedges, k) for e in (stats.endpoints if stats is not None else [])) for k in ("sent", "won", "lost")}
     block = None
     if isinstance(summary, RunSummary):
         _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
@@ -402,13 +404,13 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     if a.json_output:
         what = {"rubric": spec.name} if spec is not None else {"grader": str(a.grader_file)}
         print_json({"output": str(output), **what, "model": judge.model if judge is not None else model, **summary.model_dump(),
-                    "pacing": pacing.model_dump(), "endpoints": endpoints, **({name: block} if block is not None else {}),
+                    "pacing": pacing.model_dump(), "endpoints": endpoints, "hedges": hedges, **({name: block} if block is not None else {}),
                     # a cascade's headline figures at the top too, beside rows/ok/abstained
                     **({k: block[k] for k in ("coverage", "guarantee")} if block is not None and name == "cascade" else {})})
     elif isinstance(summary, PairwiseRunSummary):
         _print_pairwise(summary, output, Console(highlight=False))
     else:
-        _print_summary(summary, output, Console(), endpoints)
+        _print_summary(summary, output, Console(), endpoints, hedges)
         print_panel(block, Console(highlight=False))
     raise typer.Exit(1 if summary.errors or getattr(summary, "skipped", 0) else 0)
 
@@ -569,7 +571,8 @@ def _print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> No
         console.print(f"  {example}", style="red", markup=False)
 
 
-def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None) -> None:
+def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None,
+                   hedges: dict | None = None) -> None:
     if s.already_complete:
         console.print(f"{output} is already complete ({s.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
     elif s.resumed_from:
@@ -603,6 +606,9 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
         table.add_row("endpoints", "; ".join(
             f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
             f"{e['errors']} errors), {e['rps']:g}/s" for e in endpoints))
+    if hedges and hedges.get("sent"):
+        table.add_row("hedges", f"{hedges['sent']} sent ({hedges['sent'] / max(1, s.requests):.1%} of {s.requests} requests), "
+                      f"{hedges['won']} answered first")
     if s.spread is not None and s.spread.rewards:
         sp = s.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"

@@ -55,6 +55,11 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
                                                         help="Cap on the judge's reply, thinking included (reasoning models count both).")),
     ("rps", float | None, None, _option("--rps", envvar="GRADEKIT_RPS", help="Requests per second for the whole process (per endpoint of a fleet).")),
     ("tpm", float | None, None, _option("--tpm", envvar="GRADEKIT_TPM", help="Tokens per minute for the whole process (per endpoint of a fleet).")),
+    ("hedge", bool | None, None, _option("--hedge/--no-hedge", show_default=False,
+                                         help="With several --base-url (a fleet): send a request still unanswered after max(p95, 2 x median) "
+                                              "of its endpoint's recent latencies once more to another endpoint, first answer wins, at most "
+                                              "10% extra requests [default: on for a fleet, and a grader file's judge.hedge; one endpoint never "
+                                              "hedges]. See docs/fleets.md.")),
     ("concurrency", int, 16, _option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")),
     ("limiter_url", str | None, None, _option("--limiter", envvar="GRADEKIT_LIMITER",
                                               help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, "
@@ -108,6 +113,7 @@ class JudgeOptions:
     max_completion_tokens: int | None = None
     rps: float | None = None
     tpm: float | None = None
+    hedge: bool | None = None  # None: the default (on for a fleet), or a grader file's judge.hedge
     concurrency: int = 16
     limiter_url: str | None = None
     limiter_key: str | None = None
@@ -228,7 +234,7 @@ class JudgeOptions:
                         key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         keys = api_key or self.api_key or ("replay" if self.replay else None)
         return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
-                            timeout=self.timeout, limits=limits)
+                            timeout=self.timeout, limits=limits, hedge=self.hedge)
 
     def judge(self, model: str | None, **parts: Any) -> Judge:
         """A Judge for ``model`` with these options (``parts``: limiter, cache, budget).

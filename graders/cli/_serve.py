@@ -26,6 +26,9 @@ def serve(
     config: Path = typer.Option(Path("configs/config.yaml"), "--config", "-c", help="Server config: seed 001's configs/config.yaml plus reward.grader."),
     host: str = typer.Option(None, "--host", envvar="GRADEKIT_SERVER_HOST", help="Bind address (default: server.host, else 127.0.0.1)."),
     port: int = typer.Option(None, "--port", envvar="GRADEKIT_SERVER_PORT", help="Port (default: server.port, else 8000); 0 picks a free one."),
+    hedge: bool = typer.Option(None, "--hedge/--no-hedge", show_default=False,
+                               help="Hedged judge requests when the grader's judge is a fleet (default: the config's hedge:, "
+                                    "else the grader file's judge.hedge, else on). See docs/fleets.md."),
 ) -> None:
     """Serve the config's reward.class or reward.grader until SIGTERM/SIGINT.
 
@@ -41,6 +44,8 @@ def serve(
 
     try:
         cfg = load_server_config(config)
+        if hedge is not None:
+            cfg.hedge = hedge
         computer = build_computer(cfg)
         app = create_app(computer, cfg)
     except ServerConfigError as e:

@@ -8,7 +8,8 @@ including rate limits, server errors, broken bodies and dropped connections.
 and Ark thinking models, vLLM with and without a reasoning parser, DeepSeek's reasoner, Gemini,
 Anthropic); :data:`DIALECTS` is the table of them, with their sources.
 :class:`JudgePopulation` is a responder whose models judge rows of known truth with known accuracy
-(for juries and cascades).
+(for juries and cascades). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
+takes a number or a function of the request body).
 ``python -m judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
 
@@ -16,7 +17,8 @@ from judge.testing._dialects import DIALECTS, Dialect, Refusal
 from judge.testing._down import DownJudge
 from judge.testing._fake_batch import BatchFault
 from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
+from judge.testing._latency import Lognormal
 from judge.testing._population import JudgePopulation, labelled_reply
 
-__all__ = ["DIALECTS", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "RecordedRequest", "Refusal",
+__all__ = ["DIALECTS", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal",
            "Reply", "auto_reply", "labelled_reply"]

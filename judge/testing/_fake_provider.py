@@ -436,7 +436,7 @@ class FakeProvider:
         *,
         script: Iterable[Reply] = (),
         responder: Responder | None = None,
-        latency: float = 0.0,
+        latency: float | Callable[[dict[str, Any]], float] = 0.0,
         rate_limit_rps: float | None = None,
         rate_limit_burst: float | None = None,
         rate_limit_headers: bool = True,
@@ -636,13 +636,19 @@ class FakeProvider:
                                  body=body if isinstance(body, dict) else None, headers=dict(request.headers))
         with self._lock:
             self._requests.append(record)
-        response = (await self._batch_api.handle(request.method, record.path, raw, request.headers.get("content-type", ""))
-                    or await self._dispatch(request.method, record))
+        gone = asyncio.Event()  # set when the client closes the connection before the answer
+        watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
+        try:
+            response = (await self._batch_api.handle(request.method, record.path, raw, request.headers.get("content-type", ""))
+                        or await self._dispatch(request.method, record, gone))
+        finally:
+            watcher.cancel()
         with self._lock:
-            record.status = 0 if isinstance(response, (_DroppedResponse, _DroppedStream)) else response.status_code
+            record.cancelled = gone.is_set()
+            record.status = 0 if isinstance(response, (_DroppedResponse, _DroppedStream)) or gone.is_set() else response.status_code
         return response
 
-    async def _dispatch(self, method: str, record: RecordedRequest) -> Response:
+    async def _dispatch(self, method: str, record: RecordedRequest, gone: asyncio.Event | None = None) -> Response:
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
                                                              "created": 0, "owned_by": "judge.testing"}]})
@@ -655,9 +661,9 @@ class FakeProvider:
         if refused is not None:
             return refused
         if embeddings:
-            response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True)
+            response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True, gone=gone)
         else:
-            response = self._rejected(record.body) or self._refused(record.body) or await self._answer(record.body)
+            response = self._rejected(record.body) or self._refused(record.body) or await self._answer(record.body, gone=gone)
         response.headers.update(limits)
         return response
 
@@ -781,7 +787,7 @@ class FakeProvider:
             return self._error(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
         return None
 
-    async def _answer(self, body: dict[str, Any], *, embeddings: bool = False) -> Response:
+    async def _answer(self, body: dict[str, Any], *, embeddings: bool = False, gone: asyncio.Event | None = None) -> Response:
         with self._lock:
             reply = self._script.popleft() if self._script else None
             responder = self._responder
@@ -795,7 +801,8 @@ class FakeProvider:
             reply = None  # a responder written for chat bodies (body["messages"]) has no say on embeddings
         if reply is None:
             reply = Reply() if embeddings else auto_reply(body)
-        await self._pause(self.latency + reply.delay)
+        latency = self.latency(body) if callable(self.latency) else self.latency
+        await self._pause(latency + reply.delay, gone)
         stream = bool(body.get("stream")) and not embeddings
         if reply.drop:
             return _DroppedStream(self._chunks(reply, body)[:2]) if stream else _DroppedResponse()
@@ -852,11 +859,24 @@ class FakeProvider:
             shared += 1
         return shared // 4
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep without blocking other requests; cut short when the server is stopping."""
+    async def _pause(self, seconds: float, gone: asyncio.Event | None = None) -> None:
+        """Sleep without blocking other requests; cut short when the server is stopping or the client left."""
         if seconds <= 0 or self._stopping is None:
             return
+        waits = [asyncio.ensure_future(self._stopping.wait())]
+        if gone is not None:
+            waits.append(asyncio.ensure_future(gone.wait()))
         try:
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+
+async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client closes the connection (its request body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            return

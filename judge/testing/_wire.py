@@ -27,6 +27,8 @@ class RecordedRequest:
             ``drop`` (no complete response was sent).
         batch_id: For a line answered inside a batch, the batch's id (path and body are the
             line's ``url`` and ``body``, headers empty); None for a live HTTP request.
+        cancelled: The client closed the connection before the answer was sent (a hedged request's
+            loser, a client timeout): the fake stopped waiting and sent nothing.
     """
 
     time: float
@@ -35,6 +37,7 @@ class RecordedRequest:
     headers: dict[str, str]
     status: int = 0
     batch_id: str | None = None
+    cancelled: bool = False
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -33,6 +33,9 @@
       on_member_error: renormalize   # renormalize | drop_group | retry (graders._members)
       min_members: 2
       group_deadline_s: null     # members not graded by then fail as timeout
+    hedge: null                  # true | false | {max_extra: 0.1, min_samples: 20, quantile: 0.95, median_factor: 2}:
+                                 # hedged judge requests over a fleet (the grader file's judge.endpoints); overrides
+                                 # the grader file's judge.hedge (default: on for a fleet); --hedge/--no-hedge win
     limiter:                     # the process's judge limiter (gradekit's own, not in the seed)
       rps: null
       tpm: null
@@ -60,6 +63,7 @@ from pydantic import (
 )
 
 from judge import configure_limiter
+from judge._hedge import HedgePolicy
 from judge._files import read_data_file
 
 from ..._config import GraderConfigError, load_grader, load_group_members
@@ -148,6 +152,8 @@ class ServerConfig(_Section):
     openrlhf: OpenRLHFSection = OpenRLHFSection()
     # The group routes' keys (graders._members); a reward.grader of type: group brings its own.
     group: GroupPolicy = GroupPolicy()
+    # Hedged judge requests (judge._hedge) for the grader file's judge when it is a fleet; None: the file's judge.hedge.
+    hedge: bool | HedgePolicy | None = None
     _source: Path | None = PrivateAttr(default=None)
 
     @field_validator("server", "health_check", "logging", "thread_pool", "limiter", "openrlhf", "group", mode="before")
@@ -218,13 +224,21 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
         path = Path(reward.grader)
         if not path.is_absolute() and config.base is not None:
             path = config.base / path
+        judge = None
+        if config.hedge is not None:
+            hedge = config.hedge
+
+            def judge(settings: Any) -> Any:  # the grader file's judge, with the server config's hedge setting
+                return settings.model_copy(update={"hedge": hedge}).build()
+
+            judge.reads_settings = True  # type: ignore[attr-defined]
         try:
             if _is_group_file(path):
-                grader, policy = load_group_members(path)
+                grader, policy = load_group_members(path, judge=judge)
                 if "group" not in config.model_fields_set:
                     config.group = policy
             else:
-                grader = load_grader(path)
+                grader = load_grader(path, judge=judge)
         except (GraderConfigError, ValueError, OSError) as e:
             raise ServerConfigError(f"{config.source}: reward.grader: {e}") from e
         return GraderRewardComputer(grader, invalid=reward.invalid or "fail", name=path.stem)

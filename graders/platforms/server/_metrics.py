@@ -11,7 +11,9 @@ Families, each on the app's own registry (two apps in one process never share co
 ``gradekit_limiter_wait_seconds_total``  seconds the judge's limiters held requests (Retry-After, pacing)
 ``gradekit_breaker_state``            per judge endpoint: 0 up, 1 probing, 2 down
 ``gradekit_in_flight``                requests admitted and not yet answered
-``gradekit_hedges_sent_total``,       declared at 0: hedged requests are not built yet (issue 32)
+``gradekit_judge_hedges_total``      hedged judge requests by ``endpoint`` (where the hedge went) and ``outcome``
+                                      (sent; won: answered first; lost: cancelled or failed)
+``gradekit_hedges_sent_total``,       hedges sent and won over every judge of the server
 ``gradekit_hedges_won_total``
 ====================================  =====================================================
 
@@ -103,6 +105,16 @@ def sample_id(request: Any, seq: int) -> str:
     return f"#{seq}"
 
 
+def hedge_totals(computer: Any) -> dict[str, int]:
+    """Hedged judge requests over the server's judges: sent, won (answered first), lost."""
+    totals = {"sent": 0, "won": 0, "lost": 0}
+    for judge in _judges(computer):
+        for stats in judge.stats().endpoints:
+            for outcome in totals:
+                totals[outcome] += getattr(stats.hedges, outcome)
+    return totals
+
+
 class _JudgeCollector:
     def __init__(self, computer: Any, pool: Any) -> None:
         self.computer, self.pool = computer, pool
@@ -112,6 +124,9 @@ class _JudgeCollector:
                                        labels=["endpoint", "outcome"])
         breaker = GaugeMetricFamily("gradekit_breaker_state", "Judge endpoint breaker: 0 up, 1 probing, 2 down", labels=["endpoint"])
         waits = CounterMetricFamily("gradekit_limiter_wait_seconds", "Seconds the judge limiters held requests")
+        hedges = CounterMetricFamily("gradekit_judge_hedges", "Hedged judge requests by the endpoint they went to and outcome",
+                                     labels=["endpoint", "outcome"])
+        sent = won = 0
         held = 0.0
         for judge in _judges(self.computer):
             seen = judge.stats()
@@ -121,11 +136,21 @@ class _JudgeCollector:
                 requests.add_metric([endpoint, "rate_limited"], stats.rate_limited)
                 requests.add_metric([endpoint, "error"], stats.errors)
                 breaker.add_metric([endpoint], BREAKER.get(stats.state, 2.0))
+                for outcome in ("sent", "won", "lost"):
+                    hedges.add_metric([endpoint, outcome], getattr(stats.hedges, outcome))
+                sent, won = sent + stats.hedges.sent, won + stats.hedges.won
             held += seen.held_seconds  # a Jury's or a Cascade's: its members' sum
         waits.add_metric([], held)
         yield requests
         yield breaker
         yield waits
+        yield hedges
+        total_sent = CounterMetricFamily("gradekit_hedges_sent", "Hedged judge requests sent")
+        total_sent.add_metric([], sent)
+        total_won = CounterMetricFamily("gradekit_hedges_won", "Hedged judge requests that answered first")
+        total_won.add_metric([], won)
+        yield total_sent
+        yield total_won
         in_flight = GaugeMetricFamily("gradekit_in_flight", "Requests admitted and not yet answered")
         in_flight.add_metric([], float(self.pool.admitted))
         yield in_flight
@@ -138,8 +163,6 @@ def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
     latency = Histogram("gradekit_request_seconds", "HTTP request latency by route", ["route"], buckets=BUCKETS, registry=registry)
     rewards = Counter("gradekit_rewards", "Rewards by status and error kind", ["status", "error_kind"], registry=registry)
     reward_seconds = Histogram("gradekit_reward_seconds", "Per-sample reward time", buckets=BUCKETS, registry=registry)
-    Counter("gradekit_hedges_sent", "Hedged judge requests sent (hedging is not built yet: always 0)", registry=registry)
-    Counter("gradekit_hedges_won", "Hedged judge requests that answered first (always 0 for now)", registry=registry)
     registry.register(_JudgeCollector(computer, engine.pool))
     times = RewardTimes()
     compute = engine.compute
@@ -170,7 +193,7 @@ def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
 
     @app.get("/stats")
     async def stats() -> Response:
-        return JSONResponse(times.report())
+        return JSONResponse({**times.report(), "hedges": hedge_totals(computer)})
 
     def observe(path: str, status: int, seconds: float) -> None:
         """One HTTP request, told by the server's outermost middleware (so a 503, 413 or 401 counts too)."""
