@@ -111,7 +111,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "judge": {"judge", "openai", "jinja2", "pydantic", "tenacity", "aiolimiter", "orjson", "yaml", "platformdirs"},
     "judge/testing": {"starlette", "uvicorn"},
 }
-MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray"}}
+# httpx: the SDK's own transport, whose Request an openai.APITimeoutError carries (judge/_wire.py's whole-request deadline)
+MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray", "httpx"}}
 NEVER: dict[str, set[str]] = {"judge": {"graders", "prompts", "eval_sets", "notebooks", "tests", "benchmarks"}}
 
 
