@@ -1,7 +1,8 @@
 """Runs: a grader or rubric over a file or a DataFrame, streamed in order, resumable.
 
-Every input row gets exactly one output row. The streaming runner (``_file``) reads rows
-(``_io``), maps them to samples (``_rows``), keeps a resume checkpoint (``_checkpoint``), holds
+Every input row gets exactly one output row. A front door resolves its input once and hands the
+streaming runner (``_file``) one plan (``_plan``); the runner reads rows (``_io``), maps them to
+samples (``_rows``), keeps a resume checkpoint (``_checkpoint``), holds
 the output's lock (``_lock``), and can send its requests through the provider's Batch API
 instead (``_provider_batch``). pandas
 users get the same path in memory (``_frame``); ``_cassette`` records and replays judge traffic.
