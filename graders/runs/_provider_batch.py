@@ -246,7 +246,7 @@ class _BatchRun:
             prepared = self.judge.prepare(self.rubric, values, mode)
             if isinstance(prepared, Verdict):
                 settled["cache" if prepared.ok else "input"] += 1
-                prepared.attempts = r  # the earlier rounds' lines were sent
+                prepared = prepared.model_copy(update={"usage": prepared.usage.model_copy(update={"requests": r})})  # the earlier rounds' lines were sent
                 self._put(number, r, prepared)
                 continue
             line = json.dumps({"custom_id": f"row-{number}", "method": "POST", "url": ENDPOINT, "body": prepared.request},
