@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from ._jury import Panel
 from ._protocol import JudgeIdentity, JudgeProtocol, MemberUsage
+from ._redact import redact_url
 from ._rubric import AskMode, Rubric
 from ._spec import JudgeSpec
 from ._verdict import PanelInfo, Usage, Verdict
@@ -322,9 +323,11 @@ class Cascade(Panel):
 
     def identity(self) -> JudgeIdentity:
         """The judges' endpoints and the fitted cascade (its demonstrations counted): a resume with another cascade is refused."""
+        fitted = self.spec.model_dump(exclude={"demonstrations"})
+        for entry in fitted.get("judges") or []:  # a checkpoint holds no URL credentials (the run redacts base_url itself)
+            entry["base_url"] = redact_url(entry.get("base_url"))
         return JudgeIdentity(model=self.model, base_url=" ".join(j.identity().base_url or "" for j in self.judges),
-                             sampling={"cascade": self.spec.model_dump(exclude={"demonstrations"}),
-                                       "demonstrations": len(self.spec.demonstrations)})
+                             sampling={"cascade": fitted, "demonstrations": len(self.spec.demonstrations)})
 
     @property
     def concurrency(self) -> int:

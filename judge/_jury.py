@@ -38,6 +38,7 @@ from typing import Any, Literal, get_args
 
 from ._breaker import Breaker, Trip, breaker_scope, current_breaker
 from ._protocol import JudgeIdentity, JudgeProtocol, JudgeStats, MemberUsage
+from ._redact import redact_url
 from ._rubric import Rubric
 from ._verdict import PanelInfo, ReadInfo, Usage, Verdict
 
@@ -143,7 +144,7 @@ class Jury(Panel):
         """Each juror's model, endpoint and parameters, and the jury's rule: a resume with another jury is refused."""
         jurors = [j.identity() for j in self.jurors]
         return JudgeIdentity(model=self.model, base_url=" ".join(who.base_url or "" for who in jurors),
-                             sampling={"jurors": [{"model": who.model, "base_url": who.base_url, "params": who.sampling}
+                             sampling={"jurors": [{"model": who.model, "base_url": redact_url(who.base_url), "params": who.sampling}
                                                   for who in jurors], "aggregate": self.aggregate, "quorum": self.quorum})
 
     @property

@@ -62,6 +62,22 @@ def test_a_401_that_echoes_the_key_and_credentials_in_the_base_url_reach_no_chan
         assert f"http://***@{host}" in json.dumps(checkpoint)
 
 
+def test_a_jurys_checkpoint_holds_no_credentials_of_its_jurors_urls(tmp_path) -> None:
+    """A Jury's checkpoint settings list each juror's endpoint: redacted like the run's own base_url."""
+    with FakeProvider() as fake:
+        host = fake.base_url.split("//", 1)[1]
+        source = _rows(tmp_path / "in.jsonl", 2)
+        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+                               "-o", str(tmp_path / "out.jsonl"), "--model", "juror-a", "--model", "juror-b",
+                               "--base-url", f"http://alice:{PASSWORD}@{host}", "--api-key", KEY, "--no-cache", "--json"],
+                              capture_output=True, text=True, timeout=120)
+        assert len(fake.chat_requests()) == 4, done.stderr
+    channels = _channels(done, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "out.jsonl.checkpoint.json" in channels and not _leaks(channels), _leaks(channels)
+    assert f"http://***@{host}" in channels["out.jsonl.checkpoint.json"]
+
+
 def test_a_secret_query_parameter_in_the_base_url_reaches_no_channel(tmp_path) -> None:
     with FakeProvider() as fake:
         source = _rows(tmp_path / "in.jsonl", 2)
