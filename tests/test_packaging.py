@@ -81,7 +81,7 @@ def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp
 def test_judge_public_names() -> None:
     assert judge.__all__ == sorted(judge.__all__)
     assert judge.__all__ == [
-        "AskMode", "Breaker", "BreakerTripped", "Budget", "Cascade", "CascadeSpec", "Endpoint", "EndpointStats", "ErrorKind", "Judge", "JudgeCache", "Jury", "Limiter", "ModelPrice", "Pacer",
+        "AskMode", "Breaker", "BreakerTripped", "Budget", "Cascade", "CascadeSpec", "Endpoint", "EndpointStats", "ErrorKind", "HedgePolicy", "HedgeStats", "Judge", "JudgeCache", "Jury", "Limiter", "ModelPrice", "Pacer",
         "Pacing", "ParseFailure", "Parsed", "RayLimiter", "RedisJudgeCache", "RetryPolicy", "Rubric", "RubricError",
         "RubricInputError", "SharedLimiter", "SyncRunner", "Verdict", "build_request", "cache_key", "clamp", "configure_limiter",
         "cost_usd", "default_cache_path", "endpoint_limiter", "estimate_tokens", "is_transient", "limiter_from_url", "list_rubrics", "load_prices",
