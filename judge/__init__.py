@@ -26,6 +26,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._retry": ["RetryPolicy", "is_transient", "retry_after_seconds"],
     "._rubric": ["AskMode", "Rubric", "RubricInputError", "list_rubrics", "load_rubric"],
     "._shared_limiter": ["SharedLimiter"],
+    "._spec": ["JudgeSpec", "JurySpec", "Limits"],
     "._specs": ["RubricError"],  # without pydantic: a CLI catching it need not load the model
     "._sync": ["SyncRunner"],
     "._verdict": ["ErrorKind", "PanelInfo", "ReadInfo", "Usage", "Verdict", "clamp"],

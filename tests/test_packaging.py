@@ -81,12 +81,14 @@ def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp
 def test_judge_public_names() -> None:
     assert judge.__all__ == sorted(judge.__all__)
     assert judge.__all__ == [
-        "AskMode", "Breaker", "BreakerTripped", "Budget", "Cascade", "CascadeSpec", "Endpoint", "EndpointStats", "ErrorKind", "Judge", "JudgeCache",
-        "JudgeIdentity", "JudgeProtocol", "JudgeStats", "Jury", "Limiter", "MemberUsage", "ModelPrice", "Pacer",
-        "Pacing", "PanelInfo", "ParseFailure", "Parsed", "RayLimiter", "ReadInfo", "RedisJudgeCache", "RetryPolicy", "Rubric", "RubricError",
-        "RubricInputError", "SharedLimiter", "SyncRunner", "Usage", "Verdict", "build_request", "cache_key", "clamp", "configure_limiter",
-        "cost_usd", "default_cache_path", "endpoint_limiter", "estimate_tokens", "is_transient", "limiter_from_url", "list_rubrics", "load_prices",
-        "load_rubric", "match_label", "normalize_label", "open_cache", "parse_reply", "process_limiter", "retry_after_seconds",
+        "AskMode", "Breaker", "BreakerTripped", "Budget", "Cascade", "CascadeSpec", "Endpoint", "EndpointStats", "ErrorKind",
+        "HedgePolicy", "HedgeStats", "Judge", "JudgeCache", "JudgeIdentity", "JudgeProtocol", "JudgeSpec", "JudgeStats", "Jury",
+        "JurySpec", "Limiter", "Limits", "MemberUsage", "ModelPrice", "Pacer", "Pacing", "PanelInfo", "ParseFailure", "Parsed",
+        "RayLimiter", "ReadInfo", "RedisJudgeCache", "RetryPolicy", "Rubric", "RubricError", "RubricInputError",
+        "SharedLimiter", "SyncRunner", "Usage", "Verdict", "build_request", "cache_key", "clamp", "configure_limiter",
+        "cost_usd", "default_cache_path", "endpoint_limiter", "estimate_tokens", "is_transient", "limiter_from_url",
+        "list_rubrics", "load_prices", "load_rubric", "match_label", "normalize_label", "open_cache", "parse_reply",
+        "process_limiter", "retry_after_seconds",
     ]
     for name in judge.__all__:
         assert hasattr(judge, name)
