@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import openai
 
-from ._dialect import error_fields, names_output_format
+from ._dialect import error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 
@@ -205,7 +205,11 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     else:
-        raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
+        # The SDK's resources and the arguments are built before the learning window starts (on_wire).
+        create = client.chat.completions.with_raw_response.create
+        arguments = sdk_arguments(request)
+        on_wire()
+        raw = await create(**arguments)
     return raw, (await assemble_stream(raw) if request.get("stream") else json.loads(raw.content))
 
 
