@@ -474,21 +474,24 @@ class Judge:
                 raise _Relearn()
         try:
             breaker = current_breaker()
+
+            async def once() -> dict[str, Any]:
+                try:
+                    completion = await self._fleet.send(request, estimate, usage, breaker, route)
+                except Failed:
+                    raise
+                except Exception as exc:
+                    if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
+                        raise _Relearn() from exc  # not the row's failure, not the breaker's business
+                    if breaker is not None and not isinstance(exc, openai.RateLimitError):
+                        breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
+                    raise
+                if breaker is not None:
+                    breaker.request(None, base_url=self.base_url, model=request["model"])
+                return completion
+
             try:
-                async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
-                    with attempt:
-                        try:
-                            completion = await self._fleet.send(request, estimate, usage, breaker, route)
-                        except Failed:
-                            raise
-                        except Exception as exc:
-                            if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
-                                raise _Relearn() from exc  # not the row's failure, not the breaker's business
-                            if breaker is not None and not isinstance(exc, openai.RateLimitError):
-                                breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
-                            raise
-                        if breaker is not None:
-                            breaker.request(None, base_url=self.base_url, model=request["model"])
+                completion = await self.retry.call(once, sleep=self._sleep, before_sleep=before_sleep)
             except (asyncio.CancelledError, _Relearn):
                 raise
             except Failed:
