@@ -92,6 +92,10 @@ class Dialect:
 
     def settle(self, request: Mapping[str, Any], *, accepted: bool) -> bool:
         """Record that ``request`` was answered (``accepted``: with a 200); True when that is news to keep."""
+        known = self.accepted
+        if accepted and all(name in known or name in _UNGATED for name in request) \
+                and _MODE_NAMES.get(ask_mode_of(request), "") in known:
+            return False  # every answer after the first: nothing new, no set built
         names = {name for name in request if name not in _UNGATED}
         names.add(_MODE_NAMES.get(ask_mode_of(request), ""))
         with self._lock:
