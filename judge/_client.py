@@ -394,9 +394,9 @@ class Judge:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit
-        # Built unvalidated: every field is ours, and validating would copy the request (a hot path).
-        return Prepared.model_construct(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version,
-                                        prompt_estimate=estimated)
+        # Validated, though every field is ours: pydantic 2's model_construct deep-copies each default and
+        # costs twice the validation (which copies only the request's top-level dict).
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version, prompt_estimate=estimated)
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
