@@ -209,6 +209,22 @@ def on_wire() -> None:
         gate.started()
 
 
+def answered() -> None:
+    """The request of this task has its answer (or its error): a learner's window no longer runs out.
+
+    What is left is the answer's handling in this process; on a starved machine the window's timer
+    would otherwise win the race against it, and every waiting request would meet the same 400.
+    """
+    gate = _LEARNER.get()
+    if gate is not None:
+        gate.answered()
+
+
+# A window timer that fires this late found the process starved: it is extended, not ended (the
+# learner's reply may be waiting in a socket this busy loop has not read yet).
+_LATE_S = 0.1
+
+
 class Gate:
     """Holds the requests behind a learning one until it is answered (at most LEARN_WAIT_S on the wire).
 
@@ -224,6 +240,7 @@ class Gate:
         self._round = 0  # one per learning request
         self._wire_at: float | None = None  # when this round's learner was on the wire
         self._expired = -1  # the round whose window ran out (its waiters go unheld)
+        self._answered = -1  # the round whose learner has its answer (its window no longer runs out)
         self._events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
     async def enter(self, known: Callable[[], bool]) -> bool:
@@ -258,11 +275,21 @@ class Gate:
                 return
             self._wire_at = time.monotonic()
             round_ = self._round
-        asyncio.get_running_loop().call_later(self.wait_s, self._expire, round_)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.wait_s, self._expire, round_, loop.time() + self.wait_s)
 
-    def _expire(self, round_: int) -> None:
+    def answered(self) -> None:
         with self._lock:
-            if self._round != round_ or not self._learning:
+            if self._learning:
+                self._answered = self._round
+
+    def _expire(self, round_: int, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._round != round_ or not self._learning or self._answered == round_:
+                return
+            if loop.time() - due > _LATE_S:  # starved: give the reply time to be read
+                loop.call_later(self.wait_s / 2, self._expire, round_, loop.time() + self.wait_s / 2)
                 return
             self._expired = round_
         self._wake()

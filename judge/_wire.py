@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import openai
 
-from ._dialect import error_fields, names_output_format, on_wire
+from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 
@@ -209,7 +209,10 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
         create = client.chat.completions.with_raw_response.create
         arguments = sdk_arguments(request)
         on_wire()
-        raw = await create(**arguments)
+        try:
+            raw = await create(**arguments)
+        finally:
+            answered()
     return raw, (await assemble_stream(raw) if request.get("stream") else json.loads(raw.content))
 
 
