@@ -20,6 +20,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS modes (endpoint TEXT PRIMARY KEY, mode TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS row_keys (row_key TEXT PRIMARY KEY, key TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS dialects (endpoint TEXT PRIMARY KEY, dialect TEXT NOT NULL);
 """
 
 
@@ -60,7 +61,10 @@ class JudgeCache:
     """Stores successful completions only; errors are never cached.
 
     The output mode that worked for an endpoint is stored too, so a re-run against a server that
-    rejects json_schema asks in the mode that worked and hits the cache without a failed request.
+    rejects json_schema asks in the mode that worked and hits the cache without a failed request;
+    and what was learnt about it (:meth:`judge._dialect.Dialect.record`: parameters it refuses,
+    streaming, refused modes, parameters it accepts), so the next process sends no 400 and holds
+    no request to learn.
 
     The cache can never break a run. The default file is shared by every run of a user, so it
     is opened in WAL mode with a busy timeout: concurrent runs read and write it safely. A file
@@ -184,6 +188,18 @@ class JudgeCache:
 
     def set_mode(self, endpoint: str, mode: str) -> None:
         self._run(lambda db: db.execute("INSERT OR REPLACE INTO modes (endpoint, mode) VALUES (?, ?)", (endpoint, mode)), None)
+
+    def get_dialect(self, endpoint: str) -> dict[str, Any] | None:
+        """What an earlier process learnt about ``endpoint`` (``base_url|model``), or None."""
+        row = self._run(lambda db: db.execute("SELECT dialect FROM dialects WHERE endpoint = ?", (endpoint,)).fetchone(), None)
+        try:
+            return _loads(row[0]) if row else None
+        except ValueError:
+            return None  # not ours (an older or foreign entry): learn again
+
+    def set_dialect(self, endpoint: str, dialect: dict[str, Any]) -> None:
+        text = json.dumps(dialect, sort_keys=True)
+        self._run(lambda db: db.execute("INSERT OR REPLACE INTO dialects (endpoint, dialect) VALUES (?, ?)", (endpoint, text)), None)
 
     def __len__(self) -> int:
         return self._run(lambda db: db.execute("SELECT count(*) FROM responses").fetchone()[0], 0)

@@ -31,7 +31,7 @@ from ._protocol import JudgeIdentity, JudgeStats
 from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
-from ._wire import ON_WIRE, Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
+from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -185,6 +185,8 @@ class Judge:
         # Shared by every Judge of this endpoint and model, and by a whole fleet (named by its first
         # endpoint): one request shape for every replica, so a row's cache key is the fleet's.
         self.dialect = dialect_of(self.base_url, self.model)
+        if cache is not None:
+            self._load_dialect()
 
     @property
     def params(self) -> dict[str, Any]:
@@ -419,9 +421,9 @@ class Judge:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit
-        # Built unvalidated: every field is ours, and validating would copy the request (a hot path).
-        return Prepared.model_construct(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version,
-                                        prompt_estimate=estimated)
+        # Validated, though every field is ours: pydantic 2's model_construct deep-copies each default and
+        # costs twice the validation (which copies only the request's top-level dict).
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version, prompt_estimate=estimated)
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -469,10 +471,12 @@ class Judge:
                     dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
-        A chat request goes through the endpoint's learning gate first: until the endpoint has
-        answered once, the others wait for the first request (at most ``LEARN_WAIT_S``), so a 400
-        for a parameter the model refuses is met once and its fix (:mod:`judge._dialect`) applies
-        to every request after it.
+        A chat request carrying a parameter or output mode the endpoint has not answered yet goes
+        through its learning gate: the others wait for the first such request (at most
+        ``LEARN_WAIT_S`` once it is on the wire), so a 400 for a parameter the model refuses is met
+        once and its fix (:mod:`judge._dialect`) applies to every request after it. A request made
+        of what the endpoint accepted before (this process, or an earlier one through the cache)
+        is sent at once.
         Raises ``_Relearn`` when the request was built before a fix it lacks.
         """
         if route == "embeddings":
@@ -485,35 +489,44 @@ class Judge:
             self._fleet.before_retry(state.outcome.exception() if state.outcome else None)
 
         dialect = self.dialect
-        learning = route == "chat" and not dialect.gate.open and await dialect.gate.enter()
-        settled = False
-        on_wire = ON_WIRE.set(dialect.gate.on_wire) if learning else None
-        try:
-            if route == "chat" and dialect_version is not None and dialect_version != dialect.version:
+        learning = False
+        if route == "chat":
+            stale = dialect_version is not None
+            if not dialect.knows(request):
+                learning = await dialect.gate.enter(
+                    lambda: (stale and dialect_version != dialect.version) or dialect.knows(request))
+            if stale and dialect_version != dialect.version:
+                if learning:
+                    dialect.gate.leave()
                 raise _Relearn()
+        try:
             breaker = current_breaker()
+
+            async def once() -> dict[str, Any]:
+                try:
+                    completion = await self._fleet.send(request, estimate, usage, breaker, route)
+                except Failed:
+                    raise
+                except Exception as exc:
+                    if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
+                        raise _Relearn() from exc  # not the row's failure, not the breaker's business
+                    if breaker is not None and isinstance(exc, openai.RateLimitError):
+                        breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
+                                        base_url=", ".join(m.base_url for m in self._fleet.members))
+                    elif breaker is not None:
+                        breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
+                    raise
+                if breaker is not None:
+                    breaker.request(None, base_url=self.base_url, model=request["model"])
+                return completion
+
             try:
-                async for attempt in self.retry.retrying(sleep=self._sleep, before_sleep=before_sleep):
-                    with attempt:
-                        try:
-                            completion = await self._fleet.send(request, estimate, usage, breaker, route)
-                        except Failed:
-                            raise
-                        except Exception as exc:
-                            if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
-                                raise _Relearn() from exc  # not the row's failure, not the breaker's business
-                            if breaker is not None and isinstance(exc, openai.RateLimitError):
-                                breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
-                                                base_url=", ".join(m.base_url for m in self._fleet.members))
-                            elif breaker is not None:
-                                breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
-                            raise
-                        if breaker is not None:
-                            breaker.request(None, base_url=self.base_url, model=request["model"])
+                completion = await self.retry.call(once, sleep=self._sleep, before_sleep=before_sleep)
             except (asyncio.CancelledError, _Relearn):
                 raise
             except Failed:
-                settled = True  # an answer all the same (a parameter the user set, refused): the others need not wait
+                if learning:  # an answer all the same (a parameter the user set, refused): the others need not wait
+                    dialect.settle(request, accepted=False)
                 raise
             except Exception as exc:  # every other failure becomes a Verdict error via Failed
                 failure = error_of(exc)
@@ -522,16 +535,28 @@ class Judge:
                     # of each meeting the same 400. Later format 400s walk the chain row by row, as they
                     # may be about one row's request rather than the endpoint.
                     self.dialect.refuse_mode(ask_mode_of(request))
-                else:
-                    settled = True
+                    self._keep_dialect()
+                elif learning:
+                    dialect.settle(request, accepted=False)
                 raise failure from exc
-            settled = True
+            if route == "chat" and dialect.settle(request, accepted=True):
+                self._keep_dialect()
             return completion
         finally:
-            if on_wire is not None:
-                ON_WIRE.reset(on_wire)
             if learning:
-                dialect.gate.leave(settled=settled)
+                dialect.gate.leave()
+
+    def _load_dialect(self) -> None:
+        """Start from what an earlier process learnt about this endpoint and model (kept in the cache)."""
+        reader = getattr(self.cache, "get_dialect", None)
+        if reader is not None:
+            self.dialect.adopt(reader(self.endpoint))
+
+    def _keep_dialect(self) -> None:
+        """Keep what this process learnt beside the replies, so the next one starts with it."""
+        writer = getattr(self.cache, "set_dialect", None)
+        if writer is not None:
+            writer(self.endpoint, self.dialect.record())
 
     def _refused_parameter(self, exc: openai.BadRequestError, request: dict[str, Any]) -> bool:
         """Learn the fix a 400 asks for; True when the request is to be built again with it.
@@ -552,7 +577,8 @@ class Judge:
                 raise Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
                               "(--judge-param, --temperature, --reasoning-effort)", 400) from exc
-        self.dialect.learn(fix)
+        if self.dialect.learn(fix):
+            self._keep_dialect()
         log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
         return True
 

@@ -7,9 +7,14 @@ the row: the request is fixed (a parameter dropped or renamed, or the call strea
 remembered for every later request of the process, and the row is asked again. A parameter the
 user set explicitly is never dropped silently: the row fails with a message naming it.
 
-The first request of an endpoint goes alone (:class:`Gate`): the others wait for its answer (at
-most ``LEARN_WAIT_S``), so a concurrent run learns each fix from one 400, not one per request in
-flight.
+A request whose every parameter (and output mode) the endpoint has accepted before goes out
+unheld: nothing is to be learnt from it. The first request carrying something not yet accepted
+goes alone (:class:`Gate`): the others wait for its answer, at most ``LEARN_WAIT_S`` from the
+moment it is on the wire (:func:`on_wire`), so a concurrent run learns each fix from one 400,
+not one per request in flight, however long the first call's own set-up takes. What was learnt
+(fixes, refused modes, accepted parameters) is kept in the judge cache beside the replies
+(:meth:`Dialect.record`, :meth:`Dialect.adopt`), so the next process starts with it: no gate
+and no 400.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +78,68 @@ class Dialect:
     refused_modes: set[str] = field(default_factory=set)  # ask modes the endpoint answered 400 (json_schema, tool, ...)
     version: int = 0
     learnt: list[str] = field(default_factory=list)
+    # Parameter names (and ``mode:<ask mode>``) the endpoint answered 200 to: a request made only of
+    # these has nothing to teach, so it skips the gate. Kept in the cache with the fixes.
+    accepted: set[str] = field(default_factory=set)
+    # ... and those a request settled otherwise this process (a 5xx, a parameter the user set, refused):
+    # nothing more is learnt by holding the others for them. Not kept.
+    waived: set[str] = field(default_factory=set)
     gate: Gate = field(default_factory=lambda: Gate())
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def knows(self, request: Mapping[str, Any]) -> bool:
+        """Whether every parameter of ``request`` and its output mode were answered before (no gate needed)."""
+        known = self.accepted
+        waived = self.waived
+        for name in request:
+            if name not in known and name not in _UNGATED and name not in waived:
+                return False
+        mode = _MODE_NAMES.get(ask_mode_of(request), "")
+        return mode in known or mode in waived
+
+    def settle(self, request: Mapping[str, Any], *, accepted: bool) -> bool:
+        """Record that ``request`` was answered (``accepted``: with a 200); True when that is news to keep."""
+        known = self.accepted
+        if accepted and all(name in known or name in _UNGATED for name in request) \
+                and _MODE_NAMES.get(ask_mode_of(request), "") in known:
+            return False  # every answer after the first: nothing new, no set built
+        names = {name for name in request if name not in _UNGATED}
+        names.add(_MODE_NAMES.get(ask_mode_of(request), ""))
+        with self._lock:
+            if not accepted:
+                self.waived |= names
+                return False
+            if names <= self.accepted:
+                return False
+            self.accepted |= names
+            return True
+
+    def record(self) -> dict[str, Any]:
+        """What was learnt, as JSON-able data for the cache (:meth:`adopt` reads it back)."""
+        with self._lock:
+            return {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
+                    "refused_modes": sorted(self.refused_modes), "accepted": sorted(self.accepted)}
+
+    def adopt(self, record: Any) -> bool:
+        """Take what another process learnt (a :meth:`record` from the cache); True when anything was new.
+
+        Malformed data (an older or foreign entry) is ignored: at worst the process learns again.
+        """
+        if not isinstance(record, Mapping):
+            return False
+        names = lambda key: {n for n in record.get(key) or () if isinstance(n, str)}  # noqa: E731
+        renames = record.get("rename") if isinstance(record.get("rename"), Mapping) else {}
+        with self._lock:
+            before = (set(self.drop), dict(self.rename), self.stream, set(self.refused_modes), set(self.accepted))
+            self.drop |= names("drop")
+            self.rename.update({k: v for k, v in renames.items() if isinstance(k, str) and RENAMES.get(k) == v})
+            self.stream = self.stream or record.get("stream") is True
+            self.refused_modes |= names("refused_modes")
+            self.accepted |= names("accepted")
+            changed = before != (self.drop, self.rename, self.stream, self.refused_modes, self.accepted)
+            if changed:
+                self.version += 1
+            return changed
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:
         """``request`` with the learnt fixes applied (in place; returned for chaining)."""
@@ -141,6 +207,10 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": system}, *rest] if system else rest
 
 
+_UNGATED = frozenset({"model", "messages"}) | FORMAT_PARAMS  # the output format is the ``mode:`` name
+_MODE_NAMES = {mode: f"mode:{mode}" for mode in ("json_schema", "json_object", "tool", "text")}
+
+
 def ask_mode_of(request: Mapping[str, Any]) -> str:
     """The ask mode a chat request was built for, read from its output-format parameters."""
     kind = (request.get("response_format") or {}).get("type")
@@ -156,77 +226,130 @@ def ask_mode_of(request: Mapping[str, Any]) -> str:
 # not counted: the window starting before the request was sent ran out on a machine pinned to one busy
 # core, and every row in flight met the same 400.
 LEARN_WAIT_S = 2.0
-# The most the others wait for the first request to reach the wire at all (a safety net: it leaves
-# the gate whatever happens to it, and wakes them).
-SETUP_WAIT_S = 120.0
+
+# The gate of the request being sent from this task, if it is the one learning (see :func:`on_wire`).
+_LEARNER: ContextVar[Gate | None] = ContextVar("gradekit_learner", default=None)
+
+
+def on_wire() -> None:
+    """The request of this task is about to be written to the socket: a learner's window starts now.
+
+    Called by the transport (:func:`judge._wire.post`) once the client and its one-time set-up are
+    ready: on a starved machine that set-up can take longer than the window itself, and a window
+    that ran out before the first request left would let every other request meet the same 400.
+    """
+    gate = _LEARNER.get()
+    if gate is not None:
+        gate.started()
+
+
+def answered() -> None:
+    """The request of this task has its answer (or its error): a learner's window no longer runs out.
+
+    What is left is the answer's handling in this process; on a starved machine the window's timer
+    would otherwise win the race against it, and every waiting request would meet the same 400.
+    """
+    gate = _LEARNER.get()
+    if gate is not None:
+        gate.answered()
+
+
+# A window timer that fires this late found the process starved: it is extended, not ended (the
+# learner's reply may be waiting in a socket this busy loop has not read yet).
+_LATE_S = 0.1
 
 
 class Gate:
-    """Holds the requests behind an endpoint's first one until it is answered (at most LEARN_WAIT_S
-    once it is on the wire, :meth:`on_wire`).
+    """Holds the requests behind a learning one until it is answered (at most LEARN_WAIT_S on the wire).
 
     Loop-agnostic on purpose: a Judge may be called from a new event loop per call (Ark's
-    harness, sync wrappers), so waiters are woken through their own loop.
+    harness, sync wrappers), so waiters are woken through their own loop: one event per waiting
+    loop, set once, not one timer and one wake-up per waiting request.
     """
 
-    def __init__(self, wait_s: float = LEARN_WAIT_S, setup_s: float = SETUP_WAIT_S) -> None:
-        self.open = False
+    def __init__(self, wait_s: float = LEARN_WAIT_S) -> None:
         self.wait_s = wait_s
-        self.setup_s = setup_s
         self._lock = threading.Lock()
-        self._learning_since: float | None = None  # a request is out to learn, since then
-        self._sent_at: float | None = None  # ... and on the wire since then
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._learning = False
+        self._round = 0  # one per learning request
+        self._wire_at: float | None = None  # when this round's learner was on the wire
+        self._expired = -1  # the round whose window ran out (its waiters go unheld)
+        self._answered = -1  # the round whose learner has its answer (its window no longer runs out)
+        self._events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
-    async def enter(self) -> bool:
-        """Wait for the gate; True when the caller is the one request let out to learn."""
-        while not self.open:
+    async def enter(self, known: Callable[[], bool]) -> bool:
+        """Wait until ``known()`` or the gate is free; True when the caller is the one request let out to learn.
+
+        The learner's ContextVar is set here, so :func:`on_wire` in the same task starts its window.
+        """
+        while not known():
             with self._lock:
-                if self.open:
-                    return False
-                now = time.monotonic()
-                if self._learning_since is None:
-                    self._learning_since, self._sent_at = now, None
+                if not self._learning:
+                    self._learning = True
+                    self._round += 1
+                    self._wire_at = None
+                    _LEARNER.set(self)
                     return True
-                if self._sent_at is None:
-                    left = self._learning_since + self.setup_s - now
-                else:
-                    left = self._sent_at + self.wait_s - now
-                if left <= 0:
-                    return False  # the first request is generating: it was not refused
-                event = asyncio.Event()
-                self._waiters.append((asyncio.get_running_loop(), event))
-            try:
-                await asyncio.wait_for(event.wait(), timeout=left)
-            except asyncio.TimeoutError:
+                if self._expired == self._round:
+                    return False  # the learner is generating: it was not refused
+                loop = asyncio.get_running_loop()
+                event = self._events.get(loop)
+                if event is None:
+                    event = self._events[loop] = asyncio.Event()
+                waited = self._round
+            await event.wait()
+            if self._expired == waited:
                 return False
         return False
 
-    def on_wire(self) -> None:
-        """The learning request is being sent: its answer is due within ``wait_s`` from now."""
+    def started(self) -> None:
+        """The learner is on the wire: its window starts (once per round)."""
         with self._lock:
-            if self._learning_since is None or self._sent_at is not None:
+            if not self._learning or self._wire_at is not None:
                 return
-            self._sent_at = time.monotonic()
-            waiters, self._waiters = self._waiters, []
-        _wake(waiters)  # they wait again, for the window from now
+            self._wire_at = time.monotonic()
+            round_ = self._round
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.wait_s, self._expire, round_, loop.time() + self.wait_s)
 
-    def leave(self, *, settled: bool) -> None:
-        """The learning request is done: open the gate (``settled``) or let the next one try."""
+    def answered(self) -> None:
         with self._lock:
-            self._learning_since = self._sent_at = None
-            self.open = self.open or settled
-            waiters, self._waiters = self._waiters, []
-        _wake(waiters)
+            if self._learning:
+                self._answered = self._round
 
+    def _expire(self, round_: int, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._round != round_ or not self._learning or self._answered == round_:
+                return
+            if loop.time() - due > _LATE_S:  # starved: give the reply time to be read
+                loop.call_later(self.wait_s / 2, self._expire, round_, loop.time() + self.wait_s / 2)
+                return
+            self._expired = round_
+        self._wake()
 
-def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
-    for loop, event in waiters:
-        if not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # closed between the check and the call
-                pass
+    def leave(self) -> None:
+        """The learning request is done (answered or not): the waiters look again."""
+        _LEARNER.set(None)
+        with self._lock:
+            self._learning = False
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:
+            events, self._events = self._events, {}
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        for loop, event in events.items():
+            if loop is here:
+                event.set()
+            elif not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(event.set)
+                except RuntimeError:  # closed between the check and the call
+                    pass
 
 
 _DIALECTS: dict[tuple[str, str], Dialect] = {}

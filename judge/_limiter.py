@@ -28,7 +28,9 @@ def estimate_tokens(text: str | list) -> int:
     """
     if isinstance(text, list):
         return sum(_part_tokens(p) for p in text)
-    cjk = len(_CJK.findall(text))
+    if text.isascii():  # most prompts: no CJK to look for
+        return math.ceil(len(text) / 4)
+    cjk = len(text) - len(_CJK.sub("", text))  # no list of one-character strings, as findall builds
     return cjk + math.ceil((len(text) - cjk) / 4)
 
 

@@ -2,7 +2,7 @@
 
 A cluster run judges a row on whichever node has a free worker; a resumed run may judge it on
 another. A cache every node reaches means only the requests that were in flight are sent again.
-Same interface as :class:`JudgeCache` (``get``, ``get_by_row``, ``put``, ``link``, modes);
+Same interface as :class:`JudgeCache` (``get``, ``get_by_row``, ``put``, ``link``, modes, dialects);
 the same :func:`cache_key`, so moving a cache between backends changes nothing but the store.
 Successful completions only, as JSON strings, without expiry (like the SQLite file; ``--db``
 names a Redis database to keep them apart, FLUSHDB empties it).
@@ -87,6 +87,17 @@ class RedisJudgeCache:
 
     def set_mode(self, endpoint: str, mode: str) -> None:
         self._redis.set(f"{_PREFIX}:mode:{endpoint}", mode)
+
+    def get_dialect(self, endpoint: str) -> dict[str, Any] | None:
+        """What a process learnt about ``endpoint`` (``base_url|model``), or None (see JudgeCache.get_dialect)."""
+        raw = self._redis.get(f"{_PREFIX}:dialect:{endpoint}")
+        try:
+            return _loads(raw.decode("utf-8")) if raw is not None else None
+        except ValueError:
+            return None
+
+    def set_dialect(self, endpoint: str, dialect: dict[str, Any]) -> None:
+        self._redis.set(f"{_PREFIX}:dialect:{endpoint}", json.dumps(dialect, sort_keys=True))
 
     def __len__(self) -> int:
         return sum(1 for _ in self._redis.scan_iter(match=f"{_PREFIX}:r:*", count=1000))

@@ -9,7 +9,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 from pydantic import BaseModel, ConfigDict
@@ -48,6 +48,7 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (openai.APIResponseValidationError, ValueError))
 
 
+T = TypeVar("T")
 RATE_LIMIT_BUDGET_S = 600.0  # seconds of 429 waits one request may spend; no hint holds longer
 # No provider documents a Retry-After over a minute (their limits are per minute: OpenAI's and Anthropic's
 # windows, Azure's 60 s): a longer hint is a broken one. It is read as this ceiling, so the process probes the
@@ -177,12 +178,37 @@ class RetryPolicy(BaseModel):
         server_says = retry_after_seconds(exc, cap=self.rate_limit_budget) or 0.0
         return max(server_says, floor + random.uniform(0, floor))
 
+    async def call(self, once: Callable[[], Awaitable[T]], *, sleep: Callable[[float], Awaitable[Any]] | None = None,
+                   before_sleep: Callable[[RetryCallState], Any] | None = None) -> T:
+        """``once()`` under this policy. The first attempt runs before any tenacity loop is built:
+        most requests succeed at once, and a loop per request is most of the client's own CPU. A
+        failure is handed to :meth:`retrying` as its first attempt, so tenacity decides every retry
+        as before, its elapsed budget counted from the first attempt."""
+        started = time.monotonic()
+        try:
+            return await once()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            pending = [exc]
+        result: T
+        async for attempt in self.retrying(sleep=sleep, before_sleep=before_sleep, started=started):
+            with attempt:
+                if pending:
+                    raise pending.pop()
+                result = await once()
+        return result
+
     def retrying(
         self,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         before_sleep: Callable[[RetryCallState], Any] | None = None,
+        started: float | None = None,
     ) -> AsyncRetrying:
-        """A tenacity loop for one request; its 429 and failure budgets are counted apart."""
+        """A tenacity loop for one request; its 429 and failure budgets are counted apart.
+
+        ``started``: when the request's first attempt began (time.monotonic), if before the loop.
+        """
         kwargs: dict[str, Any] = {}
         if sleep is not None:
             kwargs["sleep"] = sleep
@@ -207,7 +233,8 @@ class RetryPolicy(BaseModel):
                 pending = spent.last_wait if spent.waited_for == state.attempt_number else 0.0  # decided, not yet slept
                 return spent.waited_429 - pending >= self.rate_limit_budget
             # Time spent waiting out 429s is the provider's pacing, not the failure's.
-            return spent.failures >= self.max_attempts or state.seconds_since_start - spent.waited_429 >= self.max_elapsed
+            elapsed = state.seconds_since_start if started is None else (state.outcome_timestamp or time.monotonic()) - started
+            return spent.failures >= self.max_attempts or (elapsed or 0.0) - spent.waited_429 >= self.max_elapsed
 
         def wait(state: RetryCallState) -> float:
             exc = count(state)

@@ -12,22 +12,16 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import openai
 
-from ._dialect import error_fields, names_output_format
+from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 
 Route = Literal["chat", "embeddings"]
-
-# Called as a request goes on the wire (its client built, its limiter slot taken): the learning gate's
-# window starts then (judge._dialect.Gate.on_wire), not while the request is still being set up.
-ON_WIRE: ContextVar[Callable[[], None] | None] = ContextVar("gradekit_on_wire", default=None)
-
 
 class Failed(Exception):
     """A request that failed for good, as the judge's error kind and message."""
@@ -211,9 +205,6 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     or reasoning deltas that never ends would hold the row for ever. Past it the request is an
     ``APITimeoutError``, as the SDK's own timeout is, and the row ends as ``timeout``.
     """
-    notify = ON_WIRE.get()
-    if notify is not None:
-        notify()
     seconds = whole_request_seconds(client)
     if seconds is None:
         return await _post(client, request, route)
@@ -243,7 +234,14 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     else:
-        raw = await client.chat.completions.with_raw_response.create(**sdk_arguments(request))
+        # The SDK's resources and the arguments are built before the learning window starts (on_wire).
+        create = client.chat.completions.with_raw_response.create
+        arguments = sdk_arguments(request)
+        on_wire()
+        try:
+            raw = await create(**arguments)
+        finally:
+            answered()
     if not request.get("stream"):
         return raw, json.loads(raw.content)
     try:
