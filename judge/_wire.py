@@ -240,8 +240,13 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
         on_wire()
         try:
             raw = await create(**arguments)
-        finally:
-            answered()
+        except openai.BadRequestError:
+            answered()  # a refusal: the others wait for its lesson
+            raise
+        # Only an answer or a refusal ends the learner's window early. A 429, a 5xx or a timeout teaches
+        # nothing about the request, and its retries may take minutes: the window runs out as usual
+        # and the others go unheld, instead of waiting behind one request's 429 budget.
+        answered()
     if not request.get("stream"):
         return raw, json.loads(raw.content)
     try:
