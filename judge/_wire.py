@@ -50,9 +50,9 @@ def status_message(exc: openai.APIStatusError) -> str:
 
 def status_text(status: int, detail: str) -> str:
     hint = {
-        401: "authentication failed: check OPENAI_API_KEY or --api-key",
+        401: "authentication failed: check OPENAI_API_KEY or `api_key`",
         403: "permission denied for this key or model",
-        404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
+        404: "not found: check `model` and that `base_url` ends in the API root (often …/v1)",
     }.get(status)
     return f"HTTP {status}: {hint + ' — ' if hint else ''}{detail}"
 
