@@ -99,3 +99,14 @@ def test_a_judge_error_names_the_field_in_python_and_the_flag_in_a_commands_rows
     stopped = json.loads(result.stdout)
     assert "check OPENAI_API_KEY or --api-key" in stopped["example"] and "check OPENAI_API_KEY or --api-key" in stopped["message"]
     assert "check OPENAI_API_KEY or --api-key" in " ".join(result.stderr.split()) and "`" not in result.output
+
+
+def test_a_jurys_row_says_each_jurors_error_in_flags(tmp_path) -> None:
+    with FakeProvider(script=[Reply(status=404, error_message="no such model")] * 6) as fake:
+        result, output = _grade(tmp_path, fake, "jury", "--model", "judge-b", "--keep-going")
+    assert result.exit_code == 1, result.output
+    row = json.loads(output.read_text(encoding="utf-8").splitlines()[0])
+    jurors = json.loads(row["jurors"])
+    assert [j["model"] for j in jurors] == ["fake-judge", "judge-b"]
+    assert all("check --model and that --base-url ends in the API root" in j["error"] for j in jurors), jurors
+    assert row["error"].count("check --model and that --base-url") == 2 and "`" not in output.read_text(encoding="utf-8")

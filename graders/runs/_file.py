@@ -226,7 +226,9 @@ def panel_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
     panel = verdict.panel.model_dump() if verdict.panel is not None else {}
     for column in columns:
         value = panel.get(column)
-        cells[column] = json.dumps(value, ensure_ascii=False) if column == "jurors" and value is not None else value
+        if column == "jurors" and value is not None:  # each juror's error, as the error column says it: in flags
+            value = json.dumps([{**j, "error": said_as_flags(j["error"])} if j.get("error") else j for j in value], ensure_ascii=False)
+        cells[column] = value
     return cells
 
 
