@@ -76,7 +76,7 @@ def error_of(exc: BaseException) -> Failed:
         return Failed(status_error_kind(exc.status_code), status_message(exc), exc.status_code,
                        output_format=exc.status_code == 400 and names_output_format(code, param, said))
     if isinstance(exc, openai.APIConnectionError):
-        # The URL tried, so a wrong --base-url or a server not listening reads as such.
+        # The URL tried, so a wrong ``base_url`` or a server not listening reads as such.
         return Failed("server_error", f"connection to {url_of(exc)} failed: {exc}{cause_of(exc)}")
     return Failed("server_error", f"{type(exc).__name__}: {exc}")
 
