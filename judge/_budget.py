@@ -100,8 +100,8 @@ def price_of(prices: Mapping[str, ModelPrice], model: str) -> ModelPrice | None:
 def _unknown(model: str) -> ValueError:
     return ValueError(
         f"no price for judge model {model!r}, so a cost cap cannot be kept; add it to a YAML or JSON file "
-        f"{{{model}: {{input: USD per 1M tokens, output: USD per 1M tokens}}}} and pass --prices FILE or set "
-        f"{PRICES_ENV}=FILE (in Python: Budget(prices=load_prices(FILE))), or cap tokens with --max-tokens instead"
+        f"{{{model}: {{input: USD per 1M tokens, output: USD per 1M tokens}}}} and pass `prices` FILE or set "
+        f"{PRICES_ENV}=FILE (in Python: Budget(prices=load_prices(FILE))), or cap tokens with `max_tokens` instead"
     )
 
 

@@ -45,7 +45,7 @@ from ._verdict import PanelInfo, Usage, Verdict
 ConfidenceMethod = Literal["agreement", "simulated-annotators", "logprobs"]
 CONFIDENCE_METHODS: tuple[str, ...] = get_args(ConfidenceMethod)
 CASCADE_VERSION = 1
-LOGPROBS_TOP = 10  # top logprobs asked for per token with --confidence logprobs
+LOGPROBS_TOP = 10  # top logprobs asked for per token with the logprobs confidence method
 
 
 class ThresholdTest(BaseModel):
@@ -93,7 +93,7 @@ class CascadeSpec(BaseModel):
     confidence: ConfidenceMethod = "agreement"
     target: float = Field(gt=0, lt=1)  # the agreement with humans guaranteed on trusted rows
     delta: float = Field(gt=0, lt=1)  # the guarantee holds with probability >= 1 - delta
-    delta_per_judge: float = Field(gt=0, lt=1)  # the level each judge's test ran at (delta, or delta / judges with --split-delta)
+    delta_per_judge: float = Field(gt=0, lt=1)  # the level each judge's test ran at (delta, or delta / judges with split_delta)
     human_column: str = "label"
     calibration_n: int = Field(ge=0)  # labelled rows the fit tested on (those used as demonstrations excluded)
     calibration_coverage: float | None = None  # share of those some judge was trusted with

@@ -576,7 +576,7 @@ class Judge:
             if fix is None:
                 raise Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
-                              "(--judge-param, --temperature, --reasoning-effort)", 400) from exc
+                              "(`params`, `params.temperature`, `params.reasoning_effort`)", 400) from exc
         if self.dialect.learn(fix):
             self._keep_dialect()
         log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())

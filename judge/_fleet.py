@@ -100,7 +100,7 @@ def key_from_env(key: str | None, owner: str) -> str | None:
 
 
 class EndpointStats(BaseModel):
-    """One endpoint's part of a run, for the summary and ``--json`` (``endpoints``)."""
+    """One endpoint's part of a run, for a run's summary (its ``endpoints``)."""
 
     base_url: str
     requests: int = 0  # requests sent to it (attempts, retries and failovers included)
@@ -115,7 +115,7 @@ class EndpointStats(BaseModel):
     @field_validator("base_url", "reason")
     @classmethod
     def _no_secret(cls, text: str | None) -> str | None:
-        return redact(text)  # the endpoints report is printed and put in --json: no URL credential, no echoed key
+        return redact(text)  # the endpoints report is printed and put in a run's JSON: no URL credential, no echoed key
 
 
 def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[str] | None,

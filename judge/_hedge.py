@@ -34,7 +34,7 @@ _LOG_RATIO = math.log(_RATIO)
 
 
 class HedgePolicy(BaseModel):
-    """Whether and how a fleet hedges (``hedge: true | false | {...}`` in configs, ``--hedge/--no-hedge``).
+    """Whether and how a fleet hedges (``hedge: true | false | {...}`` in a spec or a config).
 
     Meaningless for one endpoint (there is no other endpoint to ask), so off there whatever it says.
     """
@@ -62,7 +62,7 @@ class HedgePolicy(BaseModel):
 
 
 class HedgeStats(BaseModel):
-    """A fleet's hedges so far (``--json``'s ``hedges``; per endpoint in ``endpoints``)."""
+    """A fleet's hedges so far (a run summary's ``hedges``; per endpoint in ``endpoints``)."""
 
     sent: int = 0  # hedges that reached the wire
     won: int = 0  # hedges whose answer came first (the row's result is theirs)

@@ -37,7 +37,7 @@ def limiter_from_url(
         key: names the shared budget; processes share only when URL, key, rps and tpm agree.
             Ignored in memory.
         adapt: pace to the limit the provider's replies show (rate-limit headers, 429s) below
-            ``rps``, or without it; False (``--no-adapt``) paces to ``rps``/``tpm`` only.
+            ``rps``, or without it; False (``limits.adapt``) paces to ``rps``/``tpm`` only.
             Shared through Redis, the learnt rate is one for every process with the same key.
 
     Raises:

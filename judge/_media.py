@@ -28,7 +28,7 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_REQUEST_IMAGE_BYTES = 50 * 1024 * 1024
 # Image tokens as OpenAI bills them (detail high/auto): 85 + 170 per 512 px tile of the image scaled to fit
 # 2048 x 2048 and then to 768 px on its short side; low detail 85. An image whose size cannot be read (a URL)
-# is counted at the most that formula gives (768 x 2048: 2 x 4 tiles), so --max-cost never counts it short.
+# is counted at the most that formula gives (768 x 2048: 2 x 4 tiles), so a cost cap never counts it short.
 IMAGE_BASE_TOKENS, IMAGE_TILE_TOKENS = 85, 170
 IMAGE_MAX_TOKENS = IMAGE_BASE_TOKENS + IMAGE_TILE_TOKENS * 8
 

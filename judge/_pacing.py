@@ -34,7 +34,7 @@ stated per-minute token limit (plus one request's) contradict them, and the toke
 then the larger of its own and the rate replies are accepted at, times its own factor (a claimed
 1-token-per-minute budget pinned a run whose every request succeeded at 0.2 requests/s).
 
-A told limit (``--rps``) is a ceiling: headers may lower the rate, never raise it, and without
+A told limit (``limits.rps``) is a ceiling: headers may lower the rate, never raise it, and without
 headers a told limit stays fixed (mode ``fixed``).
 """
 
@@ -152,8 +152,8 @@ class Pacer:
     """The learnt request rate of one provider limit; see the module docstring.
 
     Args:
-        ceiling: a told limit in requests per second (``--rps``); the rate never exceeds it.
-        adapt: False (``--no-adapt``) keeps the told limit, or no pacing at all, whatever the replies say.
+        ceiling: a told limit in requests per second (``limits.rps``); the rate never exceeds it.
+        adapt: False (``limits.adapt``) keeps the told limit, or no pacing at all, whatever the replies say.
         clock: seconds, monotonic; tests pass their own.
     """
 

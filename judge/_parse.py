@@ -465,10 +465,10 @@ def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode,
     if reply.thought and not (reply.answer or "").strip() and not tool_args:
         # A thinking model stopped before its answer: the draft in its thinking is not a verdict.
         raise _truncated(f"the reply has no final answer after its thinking (finish_reason={finish_reason}); "
-                         "raise --max-completion-tokens (or lower --reasoning-effort)")
+                         "raise `params.max_completion_tokens` (or lower `params.reasoning_effort`)")
     if finish_reason == "length" and mode != "text":
         # Cut off by the token limit: whatever verdict it holds may be a draft or a quote, not the answer.
-        detail = "raise --max-completion-tokens" if reply.thought else "raise max_tokens (--max-completion-tokens)"
+        detail = "raise `params.max_completion_tokens`" if reply.thought else "raise max_tokens (`params.max_completion_tokens`)"
         raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
     try:
         parsed = parse_reply(rubric, reply.answer, mode, tool_args)

@@ -2,7 +2,7 @@
 
 N Ray workers each with an in-process :class:`Limiter` would send N times the provider's limit.
 Here every worker asks one actor (``gradekit-limiter`` in namespace ``gradekit``) for its
-permits, so the cluster as a whole keeps ``--rps``/``--tpm`` and every Retry-After hold.
+permits, so the cluster as a whole keeps ``limits.rps``/``limits.tpm`` and every Retry-After hold.
 
 The actor is a scheduler, not a gate: a call ``reserve(budget, n)`` books the next ``n`` request
 times of the budget, spaced ``1/rps`` apart (GCRA: a theoretical arrival time that only moves

@@ -107,7 +107,7 @@ class RedisJudgeCache:
 
 
 def open_cache(location: str | None) -> Any:
-    """The cache a ``--cache`` value names: ``redis://host:port/db`` (checked now), else a SQLite path."""
+    """The cache a cache location names: ``redis://host:port/db`` (checked now), else a SQLite path."""
     if is_redis_url(location):
         cache = RedisJudgeCache(location)  # type: ignore[arg-type]
         cache.check()

@@ -20,7 +20,7 @@ ErrorKind = Literal[
     "bad_request",  # 400/401/403/404/422: fix the request, model name or key
     "not_recorded",  # a replayed run: the cassette has no reply for this request
     "input",  # the row lacks a variable the rubric needs
-    "budget",  # status "skipped": --max-cost / --max-tokens was reached, so no request was sent
+    "budget",  # status "skipped": the budget's max_cost_usd / max_tokens was reached, so no request was sent
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
 ]

@@ -44,9 +44,9 @@ def status_message(exc: openai.APIStatusError) -> str:
 
 def status_text(status: int, detail: str) -> str:
     hint = {
-        401: "authentication failed: check OPENAI_API_KEY or --api-key",
+        401: "authentication failed: check OPENAI_API_KEY or `api_key`",
         403: "permission denied for this key or model",
-        404: "not found: check --model and that --base-url ends in the API root (often …/v1)",
+        404: "not found: check `model` and that `base_url` ends in the API root (often …/v1)",
     }.get(status)
     return f"HTTP {status}: {hint + ' — ' if hint else ''}{detail}"
 
@@ -70,7 +70,7 @@ def error_of(exc: BaseException) -> Failed:
         return Failed(status_error_kind(exc.status_code), status_message(exc), exc.status_code,
                        output_format=exc.status_code == 400 and names_output_format(code, param, said))
     if isinstance(exc, openai.APIConnectionError):
-        # The URL tried, so a wrong --base-url or a server not listening reads as such.
+        # The URL tried, so a wrong ``base_url`` or a server not listening reads as such.
         return Failed("server_error", f"connection to {url_of(exc)} failed: {exc}{cause_of(exc)}")
     return Failed("server_error", f"{type(exc).__name__}: {exc}")
 

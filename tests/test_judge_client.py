@@ -76,7 +76,7 @@ async def test_malformed_responses_are_retried(fake, make_judge, broken) -> None
 
 @pytest.mark.parametrize(
     ("status", "hint"),
-    [(401, "OPENAI_API_KEY"), (404, "--model"), (400, "HTTP 400"), (422, "HTTP 422")],
+    [(401, "OPENAI_API_KEY or `api_key`"), (404, "check `model`"), (400, "HTTP 400"), (422, "HTTP 422")],
 )
 async def test_client_errors_fail_fast_with_a_hint(status, hint) -> None:
     # A plain-text rubric has no fallback chain, so a 4xx is final at once.
@@ -105,7 +105,7 @@ async def test_truncated_reply_is_reported_as_truncated_and_not_re_asked(fake, m
     fake.set_responder(lambda body: Reply(content='{"rationale": "long', finish_reason="length"))
     verdict = await make_judge(retry=RetryPolicy(parse_retries=1)).judge(ZH, ROW)
     assert (verdict.error_kind, verdict.usage.requests, verdict.score) == ("truncated", 1, None)
-    assert "--max-completion-tokens" in verdict.error
+    assert "`params.max_completion_tokens`" in verdict.error  # the spec field; the CLI says it as its flag
 
 
 async def test_refusal_is_not_re_asked(fake, make_judge) -> None:

@@ -95,7 +95,7 @@ async def test_a_cut_off_thinking_draft_is_never_a_score(dialect: str, rubric_na
     with FakeProvider(dialect=dialect, responder=lambda body: Reply(finish_reason="length")) as fake:
         verdicts, _ = await _judge_rows(fake, rubric_name, n=2)
     assert {(v.status, v.error_kind, v.score) for v in verdicts} == {("error", "truncated", None)}
-    assert all("--max-completion-tokens" in (v.error or "") for v in verdicts)
+    assert all("`params.max_completion_tokens`" in (v.error or "") for v in verdicts)
 
 
 async def test_a_think_block_is_not_parsed_even_when_it_holds_the_only_tag() -> None:

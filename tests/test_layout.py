@@ -154,6 +154,44 @@ def test_each_folder_imports_only_what_architecture_md_lets_it() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _judge_message_texts() -> list[tuple[str, int, str]]:
+    """(file, line, text) of each string literal in judge/ (not judge/testing, not docstrings): what a user may read."""
+    texts = []
+    for path in sorted((ROOT / "judge").rglob("*.py")):
+        if "testing" in path.relative_to(ROOT).parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        texts += [(str(path.relative_to(ROOT)), node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return texts
+
+
+def test_the_judge_core_names_spec_fields_never_command_line_flags() -> None:
+    """judge/ is a library: its messages say `base_url`, and the CLI's one flag table (graders._flags) says --base-url."""
+    from graders._flags import FLAGS
+
+    texts = _judge_message_texts()
+    flags = [f"{file}:{line}: {text!r}" for file, line, text in texts if re.search(r"(?<![\w-])--[a-z]", text)]
+    assert not flags, "judge/ names a command-line flag; name the spec field in backticks instead:\n" + "\n".join(flags)
+    fields = {field for _, _, text in texts for field in re.findall(r"`([a-z_.]+)`", text)}
+    assert "base_url" in fields and "params.max_completion_tokens" in fields  # the scan sees the messages
+    assert not fields - FLAGS.keys(), f"fields judge/ names that the flag table does not turn into a flag: {sorted(fields - FLAGS.keys())}"
+
+
+def test_each_flag_in_the_flag_table_is_an_option_of_grade() -> None:
+    import typer.main
+
+    from graders._flags import FLAGS
+    from graders.cli import app
+
+    grade = typer.main.get_command(app).commands["grade"]  # type: ignore[attr-defined]
+    options = {name for param in grade.params for name in (*param.opts, *param.secondary_opts)}
+    assert not set(FLAGS.values()) - options, sorted(set(FLAGS.values()) - options)
+
+
 GRADERS_PUBLIC = [
     "AReaLReward", "BaseRewardComputer", "BatchRunError", "BreakerTripped", "CalibrationReport", "CodeTestsGrader",
     "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError", "FunctionCall",

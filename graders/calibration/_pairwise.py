@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from judge import Judge, JudgeProtocol, Jury, Rubric, Usage, Verdict
 
+from .._flags import said_as_flags
 from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._agreement import PairwiseReport, Winner, as_label, pairwise_report
 from ..runs._io import InputError, RowWriter, RunInput
@@ -298,7 +299,7 @@ def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verd
         "score": pair.score,
         "status": pair.status,
         "error_kind": pair.error_kind,
-        "error": pair.error,
+        "error": said_as_flags(pair.error),
         "decided_by": pair.decided_by,
         "agree": pair.agree,
         "orders_read": pair.orders_read,
@@ -397,7 +398,7 @@ def _summarise(outcomes: list[tuple[Any, PairVerdict]], label_column: str | None
         one_order=sum(p.status == "ok" and p.orders_read == 1 and p.ba is not None for p in pairs),
         decided_by=dict(Counter(p.decided_by for p in pairs if p.decided_by is not None).most_common()),
         errors_by_kind=dict(kinds.most_common()),
-        error_examples=[f"{p.error_kind}: {p.error}" for p in pairs if p.status == "error"][:5],
+        error_examples=[f"{p.error_kind}: {said_as_flags(p.error)}" for p in pairs if p.status == "error"][:5],
         parse_failure_rate=sum(v.error_kind == "parse_failure" for v in verdicts) / len(verdicts) if verdicts else 0.0,
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,

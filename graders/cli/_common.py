@@ -4,29 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Any
 
 import typer
 
+from .._flags import in_flags
+
 JSON_VERSION = 1
 
 # The judge options (model, endpoint, parameters, pacing, cache, budget) live in _judge_options.py.
-
-# The one flag table: the judge spec field (judge._spec, judge.Budget) each judge flag sets. The judge core names
-# fields in its messages (`base_url`), never flags; in_flags says them as the command line's flags.
-FLAGS: dict[str, str] = {
-    "model": "--model", "base_url": "--base-url", "api_key": "--api-key", "params": "--judge-param", "timeout": "--timeout",
-    "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",
-    "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
-    "prices": "--prices",
-}
-_FIELD = re.compile(r"`([a-z_.]+)`")
-
-
-def in_flags(message: str) -> str:
-    """A judge core message with each `field` it names said as the flag that sets it."""
-    return _FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(0)), message)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

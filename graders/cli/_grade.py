@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .._flags import in_flags, said_as_flags
 from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
@@ -390,7 +391,7 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
     stats = made[0].stats() if made else None
     pacing = stats.pacing if stats is not None and stats.pacing is not None else limiter.pacing()
-    endpoints = [e.model_dump() for e in stats.endpoints] if stats is not None else []
+    endpoints = _endpoints(stats.endpoints) if stats is not None else []
     # Hedged requests (a fleet's stragglers sent once more): sent, won, lost, over every endpoint; zeros when none hedges.
     hedges = {k: sum(getattr(e.hedges, k) for e in (stats.endpoints if stats is not None else [])) for k in ("sent", "won", "lost")}
     block = None
@@ -429,11 +430,16 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge
 
     if json_output:
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
-        print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": str(e),
-                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": e.trip.example, "summary": partial,
-                    "endpoints": [x.model_dump() for x in judge.stats().endpoints] if judge is not None else []})
-    err.print(f"error: {e}", style="red", highlight=False, markup=False, soft_wrap=True)
+        print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": in_flags(str(e)),
+                    "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": in_flags(e.trip.example), "summary": partial,
+                    "endpoints": _endpoints(judge.stats().endpoints) if judge is not None else []})
+    err.print(f"error: {in_flags(str(e))}", style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(3)
+
+
+def _endpoints(stats) -> list[dict]:
+    """A fleet's endpoints for --json, each one's reason for being out said in flags."""
+    return [{**e.model_dump(), "reason": said_as_flags(e.reason)} for e in stats]
 
 
 class _Show:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from .._flags import in_flags, said_as_flags
 from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
@@ -91,15 +92,15 @@ def flatten_parts(grade: Grade, prefix: str = "") -> dict[str, Grade]:
 
 def report(grade: Grade) -> dict[str, Any]:
     parts = flatten_parts(grade)
-    errors = [f"{name}: {part.error}" for name, part in parts.items() if part.error and not part.parts]
+    errors = [f"{name}: {in_flags(part.error)}" for name, part in parts.items() if part.error and not part.parts]
     if grade.error and not errors:
-        errors.append(grade.error)
+        errors.append(in_flags(grade.error))
     logs = [line for part in parts.values() if not part.parts for line in part.debug] + grade.debug
     return {
         "reward": grade.score,
         "status": grade.status,
         "error_kind": grade.error_kind,  # why it failed, by name (timeout, verifier_error, invalid_gold, ...)
-        "parts": {name: {"reward": part.score, "error": part.error} for name, part in parts.items()},
+        "parts": {name: {"reward": part.score, "error": said_as_flags(part.error)} for name, part in parts.items()},
         "errors": errors,
         "logs": logs,
     }

@@ -28,6 +28,7 @@ from judge._redact import redact_url
 from judge._rubric import rubric_fingerprint
 from judge._pacing import Pacing
 
+from .._flags import said_as_flags
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
@@ -191,7 +192,7 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "label": verdict.label,
         "status": verdict.status,
         "error_kind": verdict.error_kind,
-        "error": verdict.error,
+        "error": said_as_flags(verdict.error),  # an output file is the command line's: a spec field is said as its flag
         "rationale": verdict.rationale,
         "prompt_tokens": verdict.usage.prompt_tokens,
         "completion_tokens": verdict.usage.completion_tokens,
@@ -225,7 +226,9 @@ def panel_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
     panel = verdict.panel.model_dump() if verdict.panel is not None else {}
     for column in columns:
         value = panel.get(column)
-        cells[column] = json.dumps(value, ensure_ascii=False) if column == "jurors" and value is not None else value
+        if column == "jurors" and value is not None:  # each juror's error, as the error column says it: in flags
+            value = json.dumps([{**j, "error": said_as_flags(j["error"])} if j.get("error") else j for j in value], ensure_ascii=False)
+        cells[column] = value
     return cells
 
 
@@ -358,7 +361,7 @@ def grader_row(row: Mapping[str, Any], grade: Grade, extra: tuple[str, ...] = ()
         "score": grade.score,
         "status": "skipped" if grade.error_kind == "budget" else grade.status,
         "error_kind": grade.error_kind,
-        "error": grade.error,
+        "error": said_as_flags(grade.error),
         "parts": {name: part.score for name, part in grade.parts.items()} or None,
         "metrics": dict(grade.metrics) or None,
         # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
@@ -888,7 +891,7 @@ class _Tally:
             skipped = verdict.status == "skipped" or verdict.error_kind == "budget"  # a grader reports a skipped judgement as an error
             self.skipped += skipped
             if len(self.examples) < 5 and not skipped:
-                self.examples.append(f"{kind}: {verdict.error}")
+                self.examples.append(f"{kind}: {said_as_flags(verdict.error)}")
 
     def add_written(self, row: Mapping[str, Any]) -> None:
         """Count a row kept from an earlier output (its cells may be CSV text)."""
