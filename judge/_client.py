@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI
@@ -19,6 +19,7 @@ from tenacity import RetryCallState
 from ._breaker import current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
+from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, unbound
 from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
@@ -186,7 +187,7 @@ class Judge:
         # endpoint): one request shape for every replica, so a row's cache key is the fleet's.
         self.dialect = dialect_of(self.base_url, self.model)
         if cache is not None:
-            self._load_dialect()
+            self.dialect.load(cache, self.endpoint)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -535,28 +536,16 @@ class Judge:
                     # of each meeting the same 400. Later format 400s walk the chain row by row, as they
                     # may be about one row's request rather than the endpoint.
                     self.dialect.refuse_mode(ask_mode_of(request))
-                    self._keep_dialect()
+                    self.dialect.keep(self.cache, self.endpoint)
                 elif learning:
                     dialect.settle(request, accepted=False)
                 raise failure from exc
             if route == "chat" and dialect.settle(request, accepted=True):
-                self._keep_dialect()
+                self.dialect.keep(self.cache, self.endpoint)
             return completion
         finally:
             if learning:
                 dialect.gate.leave()
-
-    def _load_dialect(self) -> None:
-        """Start from what an earlier process learnt about this endpoint and model (kept in the cache)."""
-        reader = getattr(self.cache, "get_dialect", None)
-        if reader is not None:
-            self.dialect.adopt(reader(self.endpoint))
-
-    def _keep_dialect(self) -> None:
-        """Keep what this process learnt beside the replies, so the next one starts with it."""
-        writer = getattr(self.cache, "set_dialect", None)
-        if writer is not None:
-            writer(self.endpoint, self.dialect.record())
 
     def _refused_parameter(self, exc: openai.BadRequestError, request: dict[str, Any]) -> bool:
         """Learn the fix a 400 asks for; True when the request is to be built again with it.
@@ -578,10 +567,9 @@ class Judge:
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
                               "(`params`, `params.temperature`, `params.reasoning_effort`)", 400) from exc
         if self.dialect.learn(fix):
-            self._keep_dialect()
+            self.dialect.keep(self.cache, self.endpoint)
         log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
         return True
-
 
     # ---- requests built here, sent elsewhere (the provider's Batch API) ---------------------
 
@@ -642,24 +630,6 @@ class Judge:
         kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
         text = f"{code}: {message}" if code else (message or "the request failed without an error message")
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
-
-
-class Embeddings(BaseModel):
-    """What :meth:`Judge.embed` returns: one vector per text, in order, or why there are none."""
-
-    status: Literal["ok", "error"]
-    vectors: list[list[float]] = []
-    error_kind: ErrorKind | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    attempts: int = 0  # requests sent (0: every text came from the cache)
-    latency_s: float = 0.0
-    cached: bool = False
-
-
-def embedding_key(base_url: str, model: str, text: str) -> str:
-    """The cache key of one text's embedding: ``route`` keeps it apart from every chat request's key."""
-    return cache_key(base_url, {"route": "embeddings", "model": model, "input": text, "encoding_format": "float"})
 
 
 class Prepared(BaseModel):

@@ -120,6 +120,18 @@ class Dialect:
             return {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
                     "refused_modes": sorted(self.refused_modes), "accepted": sorted(self.accepted)}
 
+    def load(self, cache: Any, endpoint: str) -> None:
+        """Start from what an earlier process learnt about this endpoint and model (kept in ``cache``)."""
+        reader = getattr(cache, "get_dialect", None)
+        if reader is not None:
+            self.adopt(reader(endpoint))
+
+    def keep(self, cache: Any, endpoint: str) -> None:
+        """Keep what this process learnt beside the replies in ``cache``, so the next one starts with it."""
+        writer = getattr(cache, "set_dialect", None)
+        if writer is not None:
+            writer(endpoint, self.record())
+
     def adopt(self, record: Any) -> bool:
         """Take what another process learnt (a :meth:`record` from the cache); True when anything was new.
 

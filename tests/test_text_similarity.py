@@ -149,7 +149,7 @@ async def test_embed_retries_transient_failures_and_names_the_rest(fake: FakePro
 
 
 def test_cosine_of_vectors_of_two_lengths_is_an_error(fake: FakeProvider, tmp_path: Path) -> None:
-    from judge._client import embedding_key
+    from judge._embeddings import embedding_key
 
     cache = JudgeCache(tmp_path / "mixed.sqlite3")  # filled by two servers: one vector of 3 dimensions, one of 2
     cache.put(embedding_key(fake.base_url, "text-embedding-3-large", "a"), {"embedding": [1.0, 0.0, 0.0]})
