@@ -74,22 +74,9 @@ async def run_bare(base_url: str, data: list[list[dict]], concurrency: int) -> t
     It sends the very messages gradekit sends, rendered before the clock starts, so the two put
     the same load on the server and the comparison charges gradekit for its rendering too.
     """
-    client = AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)
-    semaphore = asyncio.Semaphore(concurrency)
     schema = {"type": "json_schema", "json_schema": {"name": "v", "schema": RUBRIC.output.json_schema, "strict": True}}
-
-    async def one(messages: list[dict]) -> bool:
-        async with semaphore:
-            try:
-                reply = await client.chat.completions.create(model="fake-judge", temperature=0, response_format=schema,
-                                                             messages=messages)
-                return json.loads(reply.choices[0].message.content)["judgement"] in ("正确", "错误")
-            except Exception:
-                return False
-
-    async with client:
-        results = await asyncio.gather(*(one(messages) for messages in data))
-    return sum(results), sum(not r for r in results)
+    requests = [{"model": "fake-judge", "temperature": 0, "response_format": schema, "messages": messages} for messages in data]
+    return await run_exact(base_url, requests, concurrency)
 
 
 async def run_exact(base_url: str, requests: list[dict], concurrency: int) -> tuple[int, int]:
