@@ -3,14 +3,12 @@ server.request_timeout_s has its worker process killed and replaced."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from .test_server import call
+from .test_server import call, serve_in
 
 HANGS = '''
 import os
@@ -41,11 +39,8 @@ def test_hanging_calls_past_the_request_timeout_free_their_workers_and_normal_re
     (tmp_path / "hangs.py").write_text(HANGS, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  class: hangs.py:Hangs\nserver:\n  request_timeout_s: 1\n"
                                           "thread_pool:\n  max_workers: 2\n  queue_size: 8\n", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_in(tmp_path)
     try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
         with ThreadPoolExecutor(3) as pool:
             hung = [f.result(timeout=60) for f in [pool.submit(call, url, "/compute_reward", {"response": "hang"}) for _ in range(3)]]
         assert [status for status, _, _ in hung] == [504] * 3, hung

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from graders.cli import app
 
-from .test_server import call, wait_for
+from .test_server import call, serve_in, wait_for
 
 SLOW = '''
 import time
@@ -65,11 +65,8 @@ def test_signal_finishes_in_flight_requests_then_closes_the_computer(tmp_path: P
     (tmp_path / "slow.py").write_text(SLOW, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  class: slow.py:Slow\nthread_pool:\n  max_workers: 4\n  queue_size: 4\n",
                                           encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_in(tmp_path)
     try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
         with ThreadPoolExecutor(3) as pool:
             pending = [pool.submit(call, url, "/compute_reward", {"response": f"r{i}"}) for i in range(3)]
             wait_for(lambda: sum(e.startswith("start") for e in events(tmp_path)) == 3, "three requests in flight")
