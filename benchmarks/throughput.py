@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -159,11 +158,17 @@ def cli_scenario(n: int, concurrency: int, rounds: int) -> None:
             g_rates.append(n / g_wall)
             b_rates.append(n / b_wall)
             ratios.append(b_wall / g_wall)
-    print(f"(d) CLI including start-up, {n} rows, 200 ms latency, {concurrency} in flight, {rounds} alternating rounds")
-    print(f"    gradekit grade {statistics.median(g_rates):7.1f} judgements/s (median)")
-    print(f"    bare script    {statistics.median(b_rates):7.1f} judgements/s (median)")
-    print(f"    ratio CLI/bare = {statistics.median(ratios):.3f} median, first round {ratios[0]:.3f} (learns the dialect), "
-          f"range {min(ratios):.3f}-{max(ratios):.3f} (target >= 0.80)\n")
+    print_rates(f"(d) CLI including start-up, {n} rows, 200 ms latency, {concurrency} in flight, {rounds} alternating rounds",
+                {"gradekit grade": g_rates, "bare script   ": b_rates}, "CLI/bare", ratios, "learns the dialect", 0.80)
+
+
+def print_rates(title: str, rates: dict[str, list[float]], name: str, ratios: list[float], first: str, target: float) -> None:
+    """A scenario's median rates per contender and the median ratio of the alternated rounds."""
+    print(title)
+    for contender, values in rates.items():
+        print(f"    {contender} {statistics.median(values):7.1f} judgements/s (median)")
+    print(f"    ratio {name} = {statistics.median(ratios):.3f} median, first round {ratios[0]:.3f} ({first}), "
+          f"range {min(ratios):.3f}-{max(ratios):.3f} (target >= {target:.2f})\n")
 
 
 def main() -> None:
@@ -194,11 +199,8 @@ def main() -> None:
                 g_rates.append(n / g_wall)
                 b_rates.append(n / b_wall)
                 ratios.append(b_wall / g_wall)
-        print(f"(a) API, {n} rows, 200 ms latency, no limit")
-        print(f"    gradekit {statistics.median(g_rates):7.1f} judgements/s (median)  failed {g_bad}")
-        print(f"    bare     {statistics.median(b_rates):7.1f} judgements/s (median)")
-        print(f"    ratio gradekit/bare = {statistics.median(ratios):.3f} median, first round {ratios[0]:.3f} "
-              f"(with the learning gate), range {min(ratios):.3f}-{max(ratios):.3f} (target >= 0.95)\n")
+        print_rates(f"(a) API, {n} rows, 200 ms latency, no limit (gradekit failed {g_bad})",
+                    {"gradekit": g_rates, "bare    ": b_rates}, "gradekit/bare", ratios, "with the learning gate", 0.95)
 
     if "b" in only:
         limit = 20.0
