@@ -9,6 +9,7 @@ judge's error kinds. Nothing here knows endpoints, fleets, caches or rubrics: th
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import sys
@@ -122,6 +123,17 @@ def vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
 
 
 _SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
+_HTTPX_RESPONSE: Any = None
+
+
+def _httpx_response() -> Any:
+    """``httpx.Response``, imported on the first request (the SDK has loaded httpx by then)."""
+    global _HTTPX_RESPONSE
+    if _HTTPX_RESPONSE is None:
+        import httpx
+
+        _HTTPX_RESPONSE = httpx.Response
+    return _HTTPX_RESPONSE
 
 
 def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,12 +246,17 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     else:
-        # The SDK's resources and the arguments are built before the learning window starts (on_wire).
-        create = client.chat.completions.with_raw_response.create
-        arguments = sdk_arguments(request)
-        on_wire()
+        if request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
+            send = functools.partial(client.chat.completions.with_raw_response.create, **sdk_arguments(request))
+        else:
+            # The SDK's documented way to call any route (``client.post`` with ``cast_to=httpx.Response``):
+            # the body exactly as built here, with the client's auth, base URL, default query (Azure's
+            # api-version), timeout and error classes, but not create()'s per-call transform of its
+            # arguments, which was 30% of the client's CPU per request (benchmarks/throughput.py (c)).
+            send = functools.partial(client.post, "/chat/completions", body=request, cast_to=_httpx_response())
+        on_wire()  # the SDK's resources and the arguments are built: the learning window starts now
         try:
-            raw = await create(**arguments)
+            raw = await send()
         except openai.BadRequestError:
             answered()  # a refusal: the others wait for its lesson
             raise
