@@ -472,12 +472,13 @@ class Judge:
                     dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
-        A chat request carrying a parameter or output mode the endpoint has not answered yet goes
-        through its learning gate: the others wait for the first such request (at most
+        On an endpoint met carefully (a model family known to refuse parameters, or one that refused
+        something), a chat request carrying a parameter or output mode the endpoint has not answered
+        yet goes through its learning gate: the others wait for the first such request (at most
         ``LEARN_WAIT_S`` once it is on the wire), so a 400 for a parameter the model refuses is met
         once and its fix (:mod:`judge._dialect`) applies to every request after it. A request made
-        of what the endpoint accepted before (this process, or an earlier one through the cache)
-        is sent at once.
+        of what the endpoint accepted before (this process, or an earlier one through the cache),
+        or to any other endpoint, is sent at once.
         Raises ``_Relearn`` when the request was built before a fix it lacks.
         """
         if route == "embeddings":
@@ -537,6 +538,8 @@ class Judge:
                     # may be about one row's request rather than the endpoint.
                     self.dialect.refuse_mode(ask_mode_of(request))
                     self.dialect.keep(self.cache, self.endpoint)
+                elif failure.output_format:  # met unheld: the next mode this row tries goes through the gate
+                    dialect.refused()
                 elif learning:
                     dialect.settle(request, accepted=False)
                 raise failure from exc
@@ -566,9 +569,9 @@ class Judge:
                 raise Failed("bad_request", f"{self.model} at {self.base_url} does not take the judge parameter "
                               f"{name}={self.sampling[name]!r} you set (HTTP 400: {said}); remove it "
                               "(`params`, `params.temperature`, `params.reasoning_effort`)", 400) from exc
-        if self.dialect.learn(fix):
+        if self.dialect.learn(fix):  # said once: the other requests of an unheld wave meet the same 400
             self.dialect.keep(self.cache, self.endpoint)
-        log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
+            log.warning("%s at %s: %s", self.model, self.base_url, fix.describe())
         return True
 
     # ---- requests built here, sent elsewhere (the provider's Batch API) ---------------------

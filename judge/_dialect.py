@@ -7,14 +7,18 @@ the row: the request is fixed (a parameter dropped or renamed, or the call strea
 remembered for every later request of the process, and the row is asked again. A parameter the
 user set explicitly is never dropped silently: the row fails with a message naming it.
 
-A request whose every parameter (and output mode) the endpoint has accepted before goes out
-unheld: nothing is to be learnt from it. The first request carrying something not yet accepted
-goes alone (:class:`Gate`): the others wait for its answer, at most ``LEARN_WAIT_S`` from the
-moment it is on the wire (:func:`on_wire`), so a concurrent run learns each fix from one 400,
-not one per request in flight, however long the first call's own set-up takes. What was learnt
-(fixes, refused modes, accepted parameters) is kept in the judge cache beside the replies
-(:meth:`Dialect.record`, :meth:`Dialect.adopt`), so the next process starts with it: no gate
-and no 400.
+A model of a family documented to refuse some of that surface (:func:`careful_model`: the
+o-series, gpt-5, reasoners and thinking models, DeepSeek, Claude's compatibility layer) is met
+carefully: the first request carrying a parameter or output mode the endpoint has not accepted
+yet goes alone (:class:`Gate`), and the others wait for its answer, at most ``LEARN_WAIT_S`` from
+the moment it is on the wire (:func:`on_wire`), so a concurrent run learns each fix from one 400,
+not one per request in flight, however long the first call's own set-up takes. Any other model
+starts unheld: a wave of rows goes out together, and should the endpoint refuse something after
+all, the first 400 teaches the fix, the requests already in flight with it are asked again with
+the fix (said once), and from then on the endpoint is met carefully. What was learnt (fixes,
+refused modes, accepted parameters) is kept in the judge cache beside the replies
+(:meth:`Dialect.record`, :meth:`Dialect.adopt`), so the next process starts with it: no gate and
+no 400.
 """
 
 from __future__ import annotations
@@ -84,11 +88,17 @@ class Dialect:
     # ... and those a request settled otherwise this process (a 5xx, a parameter the user set, refused):
     # nothing more is learnt by holding the others for them. Not kept.
     waived: set[str] = field(default_factory=set)
+    # Whether a request carrying something not yet accepted goes through the gate: from the start for
+    # a model of a family known to refuse parameters (:func:`careful_model`), for any other once
+    # the endpoint has refused something (a fix learnt here or kept in the cache).
+    careful: bool = False
     gate: Gate = field(default_factory=lambda: Gate())
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def knows(self, request: Mapping[str, Any]) -> bool:
-        """Whether every parameter of ``request`` and its output mode were answered before (no gate needed)."""
+        """Whether ``request`` may go unheld: nothing in it is new, or the endpoint is not met carefully."""
+        if not self.careful:
+            return True
         known = self.accepted
         waived = self.waived
         for name in request:
@@ -118,7 +128,8 @@ class Dialect:
         """What was learnt, as JSON-able data for the cache (:meth:`adopt` reads it back)."""
         with self._lock:
             return {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
-                    "refused_modes": sorted(self.refused_modes), "accepted": sorted(self.accepted)}
+                    "fold_system": self.fold_system, "refused_modes": sorted(self.refused_modes),
+                    "accepted": sorted(self.accepted)}
 
     def load(self, cache: Any, endpoint: str) -> None:
         """Start from what an earlier process learnt about this endpoint and model (kept in ``cache``)."""
@@ -142,13 +153,18 @@ class Dialect:
         names = lambda key: {n for n in record.get(key) or () if isinstance(n, str)}  # noqa: E731
         renames = record.get("rename") if isinstance(record.get("rename"), Mapping) else {}
         with self._lock:
-            before = (set(self.drop), dict(self.rename), self.stream, set(self.refused_modes), set(self.accepted))
+            before = (set(self.drop), dict(self.rename), self.stream, self.fold_system, set(self.refused_modes),
+                      set(self.accepted))
             self.drop |= names("drop")
             self.rename.update({k: v for k, v in renames.items() if isinstance(k, str) and RENAMES.get(k) == v})
             self.stream = self.stream or record.get("stream") is True
+            self.fold_system = self.fold_system or record.get("fold_system") is True
             self.refused_modes |= names("refused_modes")
             self.accepted |= names("accepted")
-            changed = before != (self.drop, self.rename, self.stream, self.refused_modes, self.accepted)
+            if self.drop or self.rename or self.stream or self.fold_system or self.refused_modes:
+                self.careful = True  # an earlier process met a refusal here
+            changed = before != (self.drop, self.rename, self.stream, self.fold_system, self.refused_modes,
+                                 self.accepted)
             if changed:
                 self.version += 1
             return changed
@@ -170,6 +186,7 @@ class Dialect:
     def learn(self, fix: Fix) -> bool:
         """Record ``fix``; False when it was known already (another request learnt it first)."""
         with self._lock:
+            self.careful = True
             if fix.fold_system:
                 if self.fold_system:
                     return False
@@ -190,10 +207,14 @@ class Dialect:
             self.learnt.append(fix.describe())
             return True
 
+    def refused(self) -> None:
+        """The endpoint answered a 400 about the request's form: from now on, what is new goes alone."""
+        self.careful = True
 
     def refuse_mode(self, mode: str) -> None:
         """The endpoint refused an output format: every row of the process skips to the next mode."""
         with self._lock:
+            self.careful = True
             if mode not in self.refused_modes:
                 self.refused_modes.add(mode)
                 self.version += 1
@@ -368,13 +389,35 @@ _DIALECTS: dict[tuple[str, str], Dialect] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
+# Model families whose providers document refusing part of what a 2024 chat model took: OpenAI's
+# o-series and gpt-5 (temperature, max_tokens, logprobs; o1-mini the system role), DeepSeek
+# (json_schema, tools, logprobs on the reasoner), qwen3/QwQ/QVQ on DashScope (non-streaming calls,
+# JSON modes while thinking), Volcengine's doubao-seed, Kimi and GLM thinking models, xAI's
+# reasoning grok (penalties, stop), Mistral's magistral, Claude through Anthropic's OpenAI
+# compatibility (n), and any name that says it thinks or reasons (an R1 distil, a "-thinking"
+# variant). Matched anywhere after a separator, so a provider prefix ("openai/o3", "azure/gpt-5")
+# or a deployment named after its model is caught too.
+_CAREFUL = re.compile(r"(?:^|[/:_.\s-])(?:o\d+(?:$|[-_.:])|gpt-5|deepseek|qwen3|qwq|qvq|doubao-seed|kimi-k2|glm-z1|glm-4\.[5-9]"
+                      r"|grok-3-mini|grok-4|magistral|claude|r1(?:$|[-_.:]))|think|reason", re.IGNORECASE)
+
+
+def careful_model(model: str) -> bool:
+    """Whether ``model`` is of a family known to refuse parameters, so its first new request goes alone.
+
+    Any other model starts unheld: holding a wave for one round trip in every new process is a
+    cost paid always, a refusal from an unlisted model a cost paid once (one 400 per request of
+    the first wave, each asked again with the fix).
+    """
+    return _CAREFUL.search(model) is not None
+
+
 def dialect_of(base_url: str, model: str) -> Dialect:
     """The process-wide Dialect of an endpoint and model (every Judge on it shares one)."""
     key = (base_url.rstrip("/"), model)
     with _REGISTRY_LOCK:
         found = _DIALECTS.get(key)
         if found is None:
-            found = _DIALECTS[key] = Dialect()
+            found = _DIALECTS[key] = Dialect(careful=careful_model(model))
         return found
 
 

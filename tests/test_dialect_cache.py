@@ -1,9 +1,11 @@
 """What a process learnt about an endpoint is kept in the cache (#36), and the learning gate holds only what is to be learnt.
 
 A second process sharing the cache sends the fixed request from its first request on (no 400,
-no gate); a wave of rows whose every parameter the endpoint accepted before leaves in one
-event-loop tick; a process starved of CPU still meets each refused parameter once, because the
-learning window starts when the first request is on the wire, not before its set-up.
+no gate); a wave of rows leaves in one event-loop tick unless the model is of a family known to
+refuse parameters and the request carries something it has not accepted yet; a refusal met by
+an unheld wave is learnt from the first 400 and every row still gets its answer; a process
+starved of CPU still meets each refused parameter of a careful model once, because the learning
+window starts when the first request is on the wire, not before its set-up.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def test_a_second_process_sharing_the_cache_sends_no_400(tmp_path: Path) -> None
     assert not any("temperature" in r.body or "max_tokens" in r.body for r in requests)
 
 
-def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int) -> list[int]:
+def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int, model: str = "fake-judge") -> list[int]:
     """The event-loop iteration at which each of ``n`` rows' requests was handed to the HTTP client.
 
     A callback that reschedules itself counts the loop's iterations; the SDK logs each request it
@@ -84,7 +86,7 @@ def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int) -> list[
         loop.call_soon(tick)
         rubric = load_rubric("semantic_equivalence_en")
         rows = [{"question": f"question {i}?", "references": ["Paris"], "prediction": "Paris"} for i in range(start, start + n)]
-        async with Judge("fake-judge", base_url=url, api_key="k", limiter=Limiter(concurrency=n), cache=cache) as judge:
+        async with Judge(model, base_url=url, api_key="k", limiter=Limiter(concurrency=n), cache=cache) as judge:
             with contextlib.suppress(Exception):
                 await judge.client.models.list()
             ticks.clear()
@@ -107,14 +109,68 @@ def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int) -> list[
 def test_a_wave_with_nothing_to_learn_starts_every_request_in_one_tick(tmp_path: Path) -> None:
     cache = tmp_path / "cache.sqlite3"
     with FakeProvider(responder=reference_judge) as fake:
-        forget_dialects()  # a new process that has never met this endpoint: the first request goes alone
-        fresh = _wave_ticks(fake.base_url, JudgeCache(cache), 0, 32)
+        forget_dialects()  # a new process that has never met this endpoint: a model of no careful family goes unheld
+        fresh = _wave_ticks(fake.base_url, JudgeCache(cache), 0, 256)
         forget_dialects()  # a new process again, whose cache holds what the first one learnt
         known = _wave_ticks(fake.base_url, JudgeCache(cache), 1000, 256)
         same = _wave_ticks(fake.base_url, None, 2000, 256)  # ... and later in that process, without a cache
-    assert sorted(fresh).count(min(fresh)) == 1 and max(fresh) > min(fresh)  # held until the learner's answer
-    assert max(known) == min(known), sorted(set(known))  # all 256 requests in one event-loop tick
+        forget_dialects()
+        careful = _wave_ticks(fake.base_url, None, 3000, 32, model="o3")  # a family that refuses temperature: one goes first
+        careful_known = _wave_ticks(fake.base_url, None, 4000, 256, model="o3")  # ... once per process
+    assert max(fresh) == min(fresh), sorted(set(fresh))  # all 256 requests in one event-loop tick
+    assert max(known) == min(known), sorted(set(known))
     assert max(same) == min(same), sorted(set(same))
+    assert sorted(careful).count(min(careful)) == 1 and max(careful) > min(careful)  # held until the learner's answer
+    assert max(careful_known) == min(careful_known), sorted(set(careful_known))
+
+
+def test_an_unheld_wave_that_meets_a_refusal_learns_it_from_the_first_400_and_judges_every_row(tmp_path: Path) -> None:
+    """A model no careful family names, served by software that refuses temperature and max_tokens."""
+    cache = tmp_path / "cache.sqlite3"
+    with FakeProvider(dialect="openai-reasoning", responder=answer_for("llmbar_pairwise")) as fake:
+        forget_dialects()
+        done = subprocess.run([*GRADEKIT, "grade", str(_pairs(tmp_path / "a.jsonl", 0, 48)), "-r", "llmbar_pairwise",
+                               "-o", str(tmp_path / "a.out.jsonl"), "--model", "house-judge", "--base-url", fake.base_url,
+                               "--api-key", "k", "--json", "--cache", str(cache), "--concurrency", "48"],
+                              capture_output=True, text=True, timeout=600)
+        first = fake.chat_requests()
+        again = _grade_model(tmp_path, fake, cache, "house-judge")
+        later = fake.chat_requests()[len(first):]
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] == 48  # every row answered: a refusal of the request's form is no row's failure
+    refused = [r for r in first if r.status == 400]
+    assert refused, "the fake refuses temperature and max_tokens: the unheld wave met it"
+    assert len(refused) <= 2 * 48  # at most one 400 per parameter per request of the first wave
+    # After the first 400s, the endpoint is met carefully: no request sent once a fix was learnt carries what it refused.
+    first_ok = next(i for i, r in enumerate(first) if r.status == 200)
+    assert not any("temperature" in r.body or "max_tokens" in r.body for r in first[first_ok:] if r.status == 200)
+    assert done.stderr.count("no longer sent") + done.stderr.count("sent as") <= 2, done.stderr  # each fix said once
+    assert again.returncode == 0 and json.loads(again.stdout)["ok"] == 10
+    assert later and {r.status for r in later} == {200}  # the next process starts from the cache: no 400
+
+
+def _grade_model(tmp_path: Path, fake: FakeProvider, cache: Path, model: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*GRADEKIT, "grade", str(_pairs(tmp_path / "b.jsonl", 100, 10)), "-r", "llmbar_pairwise",
+                           "-o", str(tmp_path / "b.out.jsonl"), "--model", model, "--base-url", fake.base_url,
+                           "--api-key", "k", "--json", "--cache", str(cache), "--concurrency", "8"],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_folded_system_message_is_kept_in_the_cache_too(tmp_path: Path) -> None:
+    """o1-mini refuses the system role: the second process folds it from its first request on."""
+    cache = tmp_path / "cache.sqlite3"
+    with FakeProvider(dialect="openai-reasoning", responder=answer_for("llmbar_pairwise")) as fake:
+        first = _grade_model(tmp_path, fake, cache, "o1-mini")
+        learnt = len(fake.chat_requests())
+        (tmp_path / "b.out.jsonl").unlink()
+        second = subprocess.run([*GRADEKIT, "grade", str(_pairs(tmp_path / "c.jsonl", 200, 10)), "-r", "llmbar_pairwise",
+                                 "-o", str(tmp_path / "c.out.jsonl"), "--model", "o1-mini", "--base-url", fake.base_url,
+                                 "--api-key", "k", "--json", "--cache", str(cache), "--concurrency", "8"],
+                                capture_output=True, text=True, timeout=600)
+        later = fake.chat_requests()[learnt:]
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert later and {r.status for r in later} == {200}, [r.body.get("error") for r in later if r.status != 200]
+    assert not any(m.get("role") == "system" for r in later for m in r.body["messages"])
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
