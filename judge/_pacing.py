@@ -182,6 +182,11 @@ class Pacer:
     def mode(self) -> PacingMode:
         return self._mode
 
+    @property
+    def heard(self) -> bool:
+        """Whether any reply (or a rate another process learnt) has been seen."""
+        return self._heard
+
     def rate(self) -> float | None:
         """Requests per second to pace at now; None when nothing limits the rate."""
         if not self.adapt:

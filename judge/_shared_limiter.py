@@ -45,6 +45,8 @@ _SCHEMES = ("redis", "rediss", "redis+unix")
 _KEY_PREFIX = "gradekit"
 _MIN_POLL = 0.005  # never poll Redis faster than this, whatever a reset time says
 _PACE_REFRESH = 0.25  # seconds between reads of the shared learnt rate
+_FIRST_REPLY_WAIT_S = 2.0  # how long a process's first wave waits for its first request's reply
+_FIRST_REPLY_POLL = 0.02  # ... looking for it (or for a rate another process published) this often
 _PACE_TTL_MS = 600_000  # a learnt rate nobody confirms for ten minutes is forgotten
 # The next send instant at a rate that may change per call (GCRA), on Redis's clock for every process.
 _GCRA_SCRIPT = """
@@ -137,6 +139,7 @@ class SharedLimiter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publishing: set[asyncio.Task[None]] = set()
         self.held_seconds = 0.0
+        self._first_sent: float | None = None  # when this process's first request went, pace unknown
 
     @property
     def concurrency(self) -> int:
@@ -341,13 +344,29 @@ class SharedLimiter:
             self.pacer.adopt(fields["mode"], rps)  # type: ignore[arg-type]
 
     async def _pace(self) -> None:
-        """Wait for this request's instant in the shared schedule at the learnt rate (below a told one)."""
+        """Wait for this request's instant in the shared schedule at the learnt rate (below a told one).
+
+        Before anything is learnt (no told rps, no reply here, no rate in Redis), one request per
+        process goes first and the others wait for its reply (at most ``_FIRST_REPLY_WAIT_S``): a
+        shared limit is met by every process's first wave at once, processes x concurrency
+        requests, which no provider's bucket holds. A single process's first wave (a local
+        :class:`Limiter`) is its concurrency, and goes out together.
+        """
         if not self.pacer.adapt:
             return
         async with self._pace_lock:  # one waiter per process asks Redis; the others queue here
             while True:
                 await self._adopt_shared_rate()
                 rate = self.pacer.rate()
+                if rate is None and self.rps is None and not self.pacer.heard:
+                    now = time.monotonic()
+                    if self._first_sent is None:
+                        self._first_sent = now
+                        return
+                    if now - self._first_sent < _FIRST_REPLY_WAIT_S:
+                        self._read_at = -math.inf  # another process's reply counts as much as our own
+                        await asyncio.sleep(_FIRST_REPLY_POLL)
+                        continue
                 if rate is None or (self.rps is not None and rate >= self.rps):
                     return
                 # A fifth of a second's worth may go together: two processes' wake-up delays on a busy

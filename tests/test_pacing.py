@@ -190,15 +190,31 @@ async def test_a_429_burst_without_rps_loses_no_row_even_without_self_pacing() -
 
 
 async def test_headers_pace_the_process_to_the_limit_with_no_429() -> None:
-    with FakeProvider(rate_limit_rps=20, rate_limit_burst=5) as fake:
+    # The bucket holds a second's requests (20): the first wave (16, sent before any reply) fits in it.
+    with FakeProvider(rate_limit_rps=20) as fake:
         limiter = Limiter(concurrency=16)
         async with Judge("fake-judge", base_url=fake.base_url, api_key="k", limiter=limiter) as judge:
-            verdicts = await _grade_rows(judge, 50)
+            verdicts = await _grade_rows(judge, 60)
         statuses = [r.status for r in fake.chat_requests()]
     assert all(v.ok for v in verdicts)
     assert statuses.count(429) == 0
     pacing = limiter.pacing()
     assert pacing.mode == "headers" and 14 <= pacing.rps <= 25
+
+
+async def test_a_first_wave_larger_than_the_burst_meets_429s_only_before_the_first_reply() -> None:
+    """Nothing is known before the first reply, and the first wave goes out together (#36): past a
+    burst of 5, its requests meet 429s; from the first reply's headers on, the run is paced."""
+    with FakeProvider(rate_limit_rps=20, rate_limit_burst=5) as fake:
+        limiter = Limiter(concurrency=16)
+        async with Judge("fake-judge", base_url=fake.base_url, api_key="k", limiter=limiter) as judge:
+            verdicts = await _grade_rows(judge, 60)
+        statuses = [r.status for r in fake.chat_requests()]
+    assert all(v.ok for v in verdicts)
+    # The first wave's 11 past the burst, and at most two more while the first replies' headers are read;
+    # unpaced, 60 rows at 16 in flight meet the burst again and again.
+    assert statuses.count(429) <= 16 - 5 + 2, statuses
+    assert limiter.pacing().mode == "headers"
 
 
 async def test_without_headers_aimd_finds_the_limit_from_429s() -> None:

@@ -89,7 +89,7 @@ async def _grade_rows(judge: Judge, n: int) -> list:
 
 
 async def test_anthropic_headers_pace_the_process_to_the_limit_with_few_429() -> None:
-    with FakeProvider(dialect="anthropic", rate_limit_rps=20, rate_limit_burst=5) as fake:
+    with FakeProvider(dialect="anthropic", rate_limit_rps=20) as fake:  # a bucket the first wave (16) fits in
         limiter = Limiter(concurrency=16)
         async with Judge("fake-judge", base_url=fake.base_url, api_key="k", limiter=limiter) as judge:
             verdicts = await _grade_rows(judge, 50)
