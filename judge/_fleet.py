@@ -356,6 +356,16 @@ class Router:
         """
         return _HORIZON_S + 2 * member.latency
 
+    @staticmethod
+    def unheard_full(member: Member) -> bool:
+        """Whether ``member`` has not answered yet and has as many requests as it may have in flight.
+
+        Before its first reply an endpoint's rate is unknown (every one looks unpaced), so a wave
+        committed by expected wait would queue the whole input at every endpoint alike; the rest
+        wait unrouted for the first replies, which tell the endpoints apart.
+        """
+        return not member.answered and member.pending >= member.limiter.concurrency
+
     def all_down(self) -> bool:
         """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""
         return all(m.breaker.down for m in self.members)
@@ -530,7 +540,7 @@ class Fleet:
                         continue
                     raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
                 member, wait = picked
-                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn):
+                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn) or router.unheard_full(member):
                     # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest,
                     # in line behind those that waited before it (a newcomer never overtakes them).
                     turn = await router.wait_turn(turn, min(wait - horizon, 0.25) if late else 0.25)
