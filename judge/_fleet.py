@@ -51,6 +51,7 @@ log = logging.getLogger("gradekit.judge")
 _HORIZON_S = 1.0
 _PROBES_TO_GIVE_UP = 2
 _ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
+_FIRST_REPLY_S = 2.0  # how long an endpoint of a fleet takes one request at a time, waiting for its first reply
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
 
 
@@ -227,6 +228,11 @@ class Member:
     def pacing(self) -> Pacing:
         return self.limiter.pacing()
 
+    @property
+    def first_sent(self) -> float | None:
+        """When this endpoint's first request went (monotonic), or None."""
+        return self._first_sent
+
     # ---- what the sender reports ----------------------------------------------------------------
 
     def sent(self) -> None:
@@ -290,17 +296,25 @@ class Router:
         request finishes, or after ``seconds`` (an endpoint's pace may have changed); the others sleep
         until they are the head (the one before them was routed or gave up): no timer, no polling, so
         a request wakes about once per request that frees a place, not every few hundred ms."""
+        created = turn is None
         if turn is None:
             turn = asyncio.Event()
             self._waiting.append(turn)
         turn.clear()
-        if self._waiting[0] is turn:
-            try:
-                await asyncio.wait_for(turn.wait(), seconds)
-            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-                pass
-        else:
-            await turn.wait()
+        try:
+            if self._waiting[0] is turn:
+                try:
+                    await asyncio.wait_for(turn.wait(), seconds)
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                    pass
+            else:
+                await turn.wait()
+        except BaseException:
+            # Cancelled (a hedged race's loser, a run stopping) before the caller holds the new turn: a
+            # turn left in line would be a head nobody wakes, and every request behind it would wait for ever.
+            if created:
+                self.leave(turn)
+            raise
         self.wakeups += 1
         return turn
 
@@ -330,14 +344,19 @@ class Router:
         guess = sum(heard) / len(heard) if heard else None
         best: Member | None = None
         best_wait = 0.0
+        unheard: tuple[Member, float] | None = None  # the best of those waiting for their first reply
         for member in self.members:
             if member in tried or not member.breaker.usable(now):
                 continue
             wait = (member.pending + 1) / member.capacity(guess)
+            if self.unheard_full(member):
+                if unheard is None or wait < unheard[1]:
+                    unheard = member, wait
+                continue
             if best is None or wait < best_wait:
                 best, best_wait = member, wait
         if best is None:
-            return None
+            return unheard  # the caller waits unrouted for a first reply (Router.unheard_full)
         return best, best_wait
 
     @staticmethod
@@ -358,13 +377,21 @@ class Router:
 
     @staticmethod
     def unheard_full(member: Member) -> bool:
-        """Whether ``member`` has not answered yet and has as many requests as it may have in flight.
+        """Whether ``member`` takes no more requests until it has answered once.
 
-        Before its first reply an endpoint's rate is unknown (every one looks unpaced), so a wave
-        committed by expected wait would queue the whole input at every endpoint alike; the rest
-        wait unrouted for the first replies, which tell the endpoints apart.
+        Before its first reply an endpoint's rate is unknown (every one looks unpaced): a first wave
+        routed by expected wait would queue the input alike at a 10 and a 40 req/s endpoint, and
+        meet each one's bucket with the whole of its concurrency. So an endpoint takes one request
+        until it answers; the rest of the wave waits unrouted for the replies that tell the
+        endpoints apart. One that has not answered within ``_FIRST_REPLY_S`` of its first request
+        takes up to its concurrency (it may be slow, not limited).
         """
-        return not member.answered and member.pending >= member.limiter.concurrency
+        if member.answered:
+            return False
+        if member.pending >= member.limiter.concurrency:
+            return True
+        first = member.first_sent
+        return member.pending >= 1 and (first is None or time.monotonic() - first < _FIRST_REPLY_S)
 
     def all_down(self) -> bool:
         """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""

@@ -229,3 +229,21 @@ def test_a_request_waiting_for_room_is_not_overtaken_by_newcomers(tmp_path: Path
     answered = [i for i, r in zip(index, sent) if r.status == 200]
     overtaken = max(sum(1 for j in answered[:k] if j > i) for k, i in enumerate(answered) if i not in refused)
     assert overtaken <= 75, overtaken
+
+
+async def test_a_request_cancelled_while_it_waits_unrouted_leaves_no_turn_behind() -> None:
+    """A hedged race cancels its loser; when that loser was waiting unrouted for the first time, its place in
+    line stayed behind as a head nobody wakes, and every request after it waited for ever (a killed endpoint
+    under load stopped a 300-row run at row 134)."""
+    from judge._fleet import Router
+
+    router = Router([])
+    head = await router.wait_turn(None, 0.01)  # the oldest waiting request: first in line
+    loser = asyncio.ensure_future(router.wait_turn(None, 10.0))  # behind it
+    await asyncio.sleep(0.01)
+    loser.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loser
+    router.leave(head)  # the head is routed
+    later = await asyncio.wait_for(router.wait_turn(None, 0.01), 2.0)  # a newcomer is head now: it wakes on its own
+    router.leave(later)
