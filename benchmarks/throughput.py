@@ -12,7 +12,7 @@ On a loaded machine one pair of runs can differ by 2x either way; the contenders
 round by round and the median of the per-round ratios is reported, with the range.
 
 (a) API, 200 ms latency, no rate limit, N rows (300), 64 in flight: judgements/s, gradekit / bare
-    (target >= 0.95). The first round of a process pays the learning gate (one round trip).
+    (target >= 0.95). The first round is a process that knows nothing of the endpoint yet.
 (b) 200 ms latency, the server enforcing 20 req/s, gradekit configured to 20 req/s:
     judgements/s as a share of the limit, failed rows (target >= 0.97 of the limit, 0 failed).
 (c) 0 ms latency, 1,000 rows: client CPU seconds per judgement, gradekit / the plain SDK loop
@@ -200,7 +200,7 @@ def main() -> None:
                 b_rates.append(n / b_wall)
                 ratios.append(b_wall / g_wall)
         print_rates(f"(a) API, {n} rows, 200 ms latency, no limit (gradekit failed {g_bad})",
-                    {"gradekit": g_rates, "bare    ": b_rates}, "gradekit/bare", ratios, "with the learning gate", 0.95)
+                    {"gradekit": g_rates, "bare    ": b_rates}, "gradekit/bare", ratios, "nothing learnt yet", 0.95)
 
     if "b" in only:
         limit = 20.0

@@ -344,19 +344,19 @@ class Router:
         guess = sum(heard) / len(heard) if heard else None
         best: Member | None = None
         best_wait = 0.0
-        unheard: tuple[Member, float] | None = None  # the best of those waiting for their first reply
+        held: tuple[Member, float] | None = None  # the best of those that take no more now (Router.full)
         for member in self.members:
             if member in tried or not member.breaker.usable(now):
                 continue
             wait = (member.pending + 1) / member.capacity(guess)
-            if self.unheard_full(member):
-                if unheard is None or wait < unheard[1]:
-                    unheard = member, wait
+            if self.full(member):
+                if held is None or wait < held[1]:
+                    held = member, wait
                 continue
             if best is None or wait < best_wait:
                 best, best_wait = member, wait
         if best is None:
-            return unheard  # the caller waits unrouted for a first reply (Router.unheard_full)
+            return held  # the caller waits unrouted (a hedge goes to it all the same)
         return best, best_wait
 
     @staticmethod
@@ -376,20 +376,21 @@ class Router:
         return _HORIZON_S + 2 * member.latency
 
     @staticmethod
-    def unheard_full(member: Member) -> bool:
-        """Whether ``member`` takes no more requests until it has answered once.
+    def full(member: Member) -> bool:
+        """Whether ``member`` takes no more requests now: the rest wait unrouted, for whichever endpoint frees first.
 
-        Before its first reply an endpoint's rate is unknown (every one looks unpaced): a first wave
-        routed by expected wait would queue the input alike at a 10 and a 40 req/s endpoint, and
-        meet each one's bucket with the whole of its concurrency. So an endpoint takes one request
-        until it answers; the rest of the wave waits unrouted for the replies that tell the
-        endpoints apart. One that has not answered within ``_FIRST_REPLY_S`` of its first request
-        takes up to its concurrency (it may be slow, not limited).
+        An endpoint takes at most its concurrency: a request committed past it would queue in that
+        endpoint's limiter behind its slowest requests (a heavy tail's stragglers) while another
+        endpoint frees up. And before its first reply an endpoint's rate is unknown (every one
+        looks unpaced): a first wave routed by expected wait would queue alike at a 10 and a 40
+        req/s endpoint and meet each one's bucket with the whole of its concurrency. So an
+        endpoint takes one request until it answers, or for ``_FIRST_REPLY_S`` (it may be slow,
+        not limited).
         """
-        if member.answered:
-            return False
         if member.pending >= member.limiter.concurrency:
             return True
+        if member.answered:
+            return False
         first = member.first_sent
         return member.pending >= 1 and (first is None or time.monotonic() - first < _FIRST_REPLY_S)
 
@@ -567,7 +568,8 @@ class Fleet:
                         continue
                     raise last  # every endpoint in the fleet failed this attempt: the retry policy decides
                 member, wait = picked
-                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn) or router.unheard_full(member):
+                if (late := wait > (horizon := router.horizon(member))) or router.queued_ahead(turn) \
+                        or (avoid is None and router.full(member)):
                     # Every endpoint's queue is long: wait unrouted, so the request goes where it can be sent soonest,
                     # in line behind those that waited before it (a newcomer never overtakes them).
                     turn = await router.wait_turn(turn, min(wait - horizon, 0.25) if late else 0.25)
