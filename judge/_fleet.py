@@ -37,7 +37,7 @@ import openai
 from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
 from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
-from ._pacing import Pacing
+from ._pacing import FIRST_REPLY_WAIT_S, Pacing
 from ._retry import RetryPolicy, retry_after_seconds
 from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
 
@@ -51,7 +51,6 @@ log = logging.getLogger("gradekit.judge")
 _HORIZON_S = 1.0
 _PROBES_TO_GIVE_UP = 2
 _ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
-_FIRST_REPLY_S = 2.0  # how long an endpoint of a fleet takes one request at a time, waiting for its first reply
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
 
 
@@ -384,7 +383,7 @@ class Router:
         endpoint frees up. And before its first reply an endpoint's rate is unknown (every one
         looks unpaced): a first wave routed by expected wait would queue alike at a 10 and a 40
         req/s endpoint and meet each one's bucket with the whole of its concurrency. So an
-        endpoint takes one request until it answers, or for ``_FIRST_REPLY_S`` (it may be slow,
+        endpoint takes one request until it answers, or for ``FIRST_REPLY_WAIT_S`` (it may be slow,
         not limited).
         """
         if member.pending >= member.limiter.concurrency:
@@ -392,7 +391,7 @@ class Router:
         if member.answered:
             return False
         first = member.first_sent
-        return member.pending >= 1 and (first is None or time.monotonic() - first < _FIRST_REPLY_S)
+        return member.pending >= 1 and (first is None or time.monotonic() - first < FIRST_REPLY_WAIT_S)
 
     def all_down(self) -> bool:
         """Whether every endpoint is out of the fleet (a probe in flight counts as out)."""

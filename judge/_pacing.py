@@ -55,6 +55,9 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 START_RPS = 5.0  # the safe rate a server without headers is first paced at
+# How long the rest of a first wave waits for the first reply that tells the pace (a shared limiter's first
+# request, a fleet endpoint's first request); past it the reply is a model at work, not a refusal.
+FIRST_REPLY_WAIT_S = 2.0
 MIN_RPS = 0.2  # never slower than one request per five seconds
 MAX_RPS = 100_000.0
 _DOUBLING_S = 0.5  # slow start doubles the rate this often while nothing is refused

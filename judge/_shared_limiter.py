@@ -39,14 +39,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ._limiter import Limiter
-from ._pacing import Pacer, Pacing
+from ._pacing import FIRST_REPLY_WAIT_S, Pacer, Pacing
 
 _SCHEMES = ("redis", "rediss", "redis+unix")
 _KEY_PREFIX = "gradekit"
 _MIN_POLL = 0.005  # never poll Redis faster than this, whatever a reset time says
 _PACE_REFRESH = 0.25  # seconds between reads of the shared learnt rate
-_FIRST_REPLY_WAIT_S = 2.0  # how long a process's first wave waits for its first request's reply
-_FIRST_REPLY_POLL = 0.02  # ... looking for it (or for a rate another process published) this often
+_FIRST_REPLY_POLL = 0.02  # how often a first wave looks for its first reply (or a rate another process published)
 _PACE_TTL_MS = 600_000  # a learnt rate nobody confirms for ten minutes is forgotten
 # The next send instant at a rate that may change per call (GCRA), on Redis's clock for every process.
 _GCRA_SCRIPT = """
@@ -347,7 +346,7 @@ class SharedLimiter:
         """Wait for this request's instant in the shared schedule at the learnt rate (below a told one).
 
         Before anything is learnt (no told rps, no reply here, no rate in Redis), one request per
-        process goes first and the others wait for its reply (at most ``_FIRST_REPLY_WAIT_S``): a
+        process goes first and the others wait for its reply (at most ``FIRST_REPLY_WAIT_S``): a
         shared limit is met by every process's first wave at once, processes x concurrency
         requests, which no provider's bucket holds. A single process's first wave (a local
         :class:`Limiter`) is its concurrency, and goes out together.
@@ -363,7 +362,7 @@ class SharedLimiter:
                     if self._first_sent is None:
                         self._first_sent = now
                         return
-                    if now - self._first_sent < _FIRST_REPLY_WAIT_S:
+                    if now - self._first_sent < FIRST_REPLY_WAIT_S:
                         self._read_at = -math.inf  # another process's reply counts as much as our own
                         await asyncio.sleep(_FIRST_REPLY_POLL)
                         continue
