@@ -17,25 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 from judge import Judge, Limiter, RetryPolicy, load_rubric
 
+from throughput import fake_provider
+
 RUBRIC = load_rubric("semantic_equivalence_en")
-
-
-@contextmanager
-def fake(rps: float):
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--port", "0", "--latency", "0.2", "--rps", str(rps)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        yield proc.stdout.readline().strip()  # type: ignore[union-attr]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def run(urls: list[str], rows: list[dict], per_endpoint: int) -> dict:
@@ -63,7 +52,7 @@ def main() -> None:
         this = {}
         for name in (["fleet", "single"] if r % 2 == 0 else ["single", "fleet"]):
             with ExitStack() as stack:  # new fakes for every run: no rate-limit bucket left over from the last one
-                urls = [stack.enter_context(fake(rps)) for rps in ((10, 20, 30) if name == "fleet" else (60,))]
+                urls = [stack.enter_context(fake_provider("--latency", "0.2", "--rps", str(rps), quiet=True)) for rps in ((10, 20, 30) if name == "fleet" else (60,))]
                 this[name] = asyncio.run(run(urls, rows, args.concurrency))
         for name, result in this.items():
             results[name].append(result)

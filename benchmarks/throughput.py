@@ -49,8 +49,10 @@ def rows(n: int, start: int = 0) -> list[dict]:
 
 
 @contextmanager
-def fake_provider(*args: str):
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--port", "0", *args], stdout=subprocess.PIPE, text=True)
+def fake_provider(*args: str, quiet: bool = False):
+    """The fake provider as a separate process (its CPU is not the client's), yielding its base URL; ``quiet`` drops its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--port", "0", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL if quiet else None, text=True)
     try:
         base_url = proc.stdout.readline().strip()
         yield base_url
