@@ -4,7 +4,7 @@ The viewer's `/api/next?strategy=active` offers the row where the judge is least
 higher, recorded probability; `calibrate --ppi` weights each label by it (IPW PPI, Des Raj's
 sequential form). This replays that policy: for each recorded judge on the pooled human-labelled
 sets (MT-Bench 200 + LLMEval2 200 + FairEval 66 = 466 pairs), label rows one at a time, either
-drawn by the viewer's active rule (`graders.calibration._labels.draw_probabilities` over
+drawn by the viewer's active rule (`gradekit.graders.calibration._labels.draw_probabilities` over
 `uncertainty`) or uniformly, and estimate the mean human score (+1 output_1 better, -1 output_2)
 with `ppi_mean_active` after n = 50, 100, 200 labels. The judge's score is the mean of its two
 orders' votes, so a pair whose orders disagree scores 0 (the most unsure). Reported per judge and
@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
-from graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
-from graders.calibration._ppi import ppi_mean_active  # noqa: E402
+from gradekit.graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
+from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
+from gradekit.graders.calibration._ppi import ppi_mean_active  # noqa: E402
 
 SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
 JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),

@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from graders.runs import grade_file  # noqa: E402
-from judge import BreakerTripped, Judge, Limiter, RetryPolicy, load_rubric  # noqa: E402
-from judge.testing import DownJudge, FakeProvider, Reply  # noqa: E402
+from gradekit.graders.runs import grade_file  # noqa: E402
+from gradekit.judge import BreakerTripped, Judge, Limiter, RetryPolicy, load_rubric  # noqa: E402
+from gradekit.judge.testing import DownJudge, FakeProvider, Reply  # noqa: E402
 
 RUBRIC = "semantic_equivalence_en"
 
@@ -81,7 +81,7 @@ def main() -> None:
                   f"requests ({outcome}, {wall:4.1f} s)   {mine / base:.3f}x requests")
     url = f"http://127.0.0.1:{free_port()}/v1"
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(folder / "cli.jsonl"),
+    done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC, "-o", str(folder / "cli.jsonl"),
                            "--base-url", url, "--api-key", "k", "--no-cache"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     print(f"nothing listening, `gradekit grade` with real retry waits: exit {done.returncode} after "

@@ -6,7 +6,7 @@ Those four judgements per pair are a judge's K = 4 samples: its decision is thei
 and its confidence the share agreeing with it (gradekit's ``agreement`` confidence, with prompts
 and orders standing in for temperature-1 samples, since the recordings are deterministic). The
 replies are re-read with gradekit's parse layer (``rescore_llmbar``) and the thresholds are fitted
-by gradekit's own fixed-sequence test (``graders.calibration._cascade.fixed_sequence``).
+by gradekit's own fixed-sequence test (``gradekit.graders.calibration._cascade.fixed_sequence``).
 
 Over many random splits of each set (half to calibrate, half to evaluate) it reports, per target:
 the cascade's agreement with humans on the rows it trusts, its coverage, the share of GPT-4 calls
@@ -24,8 +24,8 @@ import random
 import statistics
 from collections import Counter
 
-from graders.calibration._cascade import fixed_sequence
-from graders.calibration._llmbar import LLMBarRun, rescore_llmbar
+from gradekit.graders.calibration._cascade import fixed_sequence
+from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar
 
 SETS = ("Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval")
 STRATEGIES = ("Vanilla_NoRules", "Metrics_Reference")

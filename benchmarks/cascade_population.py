@@ -1,7 +1,7 @@
 """Issue 23's done-when at full size: a cascade fitted on 300 labelled rows grades 900 others.
 
-Judges of known reliability (judge.testing.JudgePopulation: a weak judge right 77% of the time on
-one call, strong judges 89%; each (model, row) easy or hard) served by ``python -m judge.testing
+Judges of known reliability (gradekit.judge.testing.JudgePopulation: a weak judge right 77% of the time on
+one call, strong judges 89%; each (model, row) easy or hard) served by ``python -m gradekit.judge.testing
 --population`` in its own process; ``gradekit cascade fit`` and ``gradekit grade --cascade`` run
 as the user runs them. Per seed it prints the fitted thresholds, the coverage, the agreement of
 the trusted rows with the truth, the weak judge's share, the requests against the strongest judge
@@ -27,7 +27,7 @@ FAST = ["--no-cache", "--concurrency", "64", "--no-adapt"]
 
 
 def gradekit(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "graders", *args], env={**os.environ, "OPENAI_API_KEY": "k"},
+    done = subprocess.run([sys.executable, "-m", "gradekit", *args], env={**os.environ, "OPENAI_API_KEY": "k"},
                           capture_output=True, text=True)
     if done.returncode not in (0, 1):
         raise SystemExit(done.stderr)
@@ -45,7 +45,7 @@ def one_seed(seed: int, easy: float, hard: float, folder: Path) -> None:
     (folder / "population.json").write_text(json.dumps(spec))
     for name, part in (("calibration", rows[:300]), ("graded", rows[300:])):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    fake = subprocess.Popen([sys.executable, "-m", "judge.testing", "--population", str(folder / "population.json")],
+    fake = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--population", str(folder / "population.json")],
                             stdout=subprocess.PIPE, text=True)
     try:
         url = fake.stdout.readline().strip()  # type: ignore[union-attr]

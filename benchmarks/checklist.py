@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders import Sample, llm_grader, weighted_grader  # noqa: E402
-from judge import Judge, Limiter, load_rubric  # noqa: E402
-from judge.testing import FakeProvider  # noqa: E402
+from gradekit.graders import Sample, llm_grader, weighted_grader  # noqa: E402
+from gradekit.judge import Judge, Limiter, load_rubric  # noqa: E402
+from gradekit.judge.testing import FakeProvider  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STATEMENTS = [

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 COMMANDS = (('python -c "import typer, rich"', ["-c", "import typer, rich"]),
-            ("gradekit --help", ["-m", "graders", "--help"]),
-            ("gradekit rubrics", ["-m", "graders", "rubrics"]))
+            ("gradekit --help", ["-m", "gradekit", "--help"]),
+            ("gradekit rubrics", ["-m", "gradekit", "rubrics"]))
 
 
 def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from judge.testing import FakeProvider
+from gradekit.judge.testing import FakeProvider
 
 
 def grade(directory: Path, tag: str, rows: int, urls: list[str]) -> subprocess.Popen:
@@ -33,7 +33,7 @@ def grade(directory: Path, tag: str, rows: int, urls: list[str]) -> subprocess.P
     source.write_text("".join(json.dumps({"question": f"{tag}-{i}", "references": ["x"], "prediction": "y"}) + "\n"
                               for i in range(rows)), encoding="utf-8")
     flags = [x for url in urls for x in ("--base-url", url)]
-    return subprocess.Popen([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+    return subprocess.Popen([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
                              "-o", str(directory / f"{tag}-out.jsonl"), *flags, "--api-key", "k", "--model", "fake-judge",
                              "--no-cache", "--json", "--concurrency", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

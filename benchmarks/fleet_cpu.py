@@ -20,7 +20,7 @@ import statistics
 import time
 from contextlib import ExitStack
 
-from judge import Judge, Limiter, RetryPolicy, load_rubric
+from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
 
 from throughput import fake_provider
 

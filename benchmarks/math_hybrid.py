@@ -3,7 +3,7 @@
 Rows come from eval_sets/answer_verification (331 (gold, response) pairs with human verdicts:
 boxed answers, notation differences, prose, units, long solutions; 81% right) and from a
 balanced draw of it (every wrong row and as many right ones, as a GRPO batch half right would be).
-Each mix is graded as a user grades it, `python -m graders grade --grader hybrid.yaml` in a
+Each mix is graded as a user grades it, `python -m gradekit grade --grader hybrid.yaml` in a
 subprocess against the loopback fake judge (scripted with the human verdicts). The judge requests
 are counted at the fake and set against what the judge alone costs under the same both-orders
 rule (two per row); the symbolic check is the real one.
@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from graders.calibration._answer_eval import load_answer_suite, scripted_responder
-from judge.testing import FakeProvider
+from gradekit.graders.calibration._answer_eval import load_answer_suite, scripted_responder
+from gradekit.judge.testing import FakeProvider
 
 HYBRID = 'type: math_equivalence\nexpression: "{{references.answer}}"\njudge_fallback: {rubric: answer_verification_3way}\n'
 
@@ -31,7 +31,7 @@ def grade(folder: Path, rows, config: str, fake: FakeProvider) -> dict:
     source.write_text("".join(json.dumps({"id": r.id, "prompt": r.question or "Solve the problem.", "response": r.response,
                                           "references": {"answer": r.gold}}) + "\n" for r in rows), encoding="utf-8")
     grader.write_text(config, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(grader), "-o", str(out),
+    done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(grader), "-o", str(out),
                            "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--restart", "--json", "--keep-going"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     if done.returncode not in (0, 1):

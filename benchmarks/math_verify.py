@@ -104,7 +104,7 @@ def bare_main_thread(pairs: list[tuple[str, str]]) -> tuple[float, int, float]:
 
 def gradekit_rate(pairs: list[tuple[str, str]], workers: int, timeout: float) -> tuple[float, dict[str, int], float]:
     """checks/s of MathVerifier.check_many, the outcomes, and the CPU seconds spent (workers' checks + this process)."""
-    from graders import MathVerifier
+    from gradekit.graders import MathVerifier
 
     with MathVerifier(timeout=timeout, workers=workers, cache_size=1) as verifier:
         for n in range(2 * workers):  # every worker is up: start-up is not a check's cost

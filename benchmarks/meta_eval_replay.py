@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.calibration._llmbar import judge_model, resolve_run, suite_replay_responder  # noqa: E402
-from graders.calibration._meta_eval import meta_eval  # noqa: E402
-from graders.calibration._suites import SHIPPED_SUITES, load_suite  # noqa: E402
-from judge import Judge, Limiter, load_rubric  # noqa: E402
-from judge.testing import FakeProvider  # noqa: E402
+from gradekit.graders.calibration._llmbar import judge_model, resolve_run, suite_replay_responder  # noqa: E402
+from gradekit.graders.calibration._meta_eval import meta_eval  # noqa: E402
+from gradekit.graders.calibration._suites import SHIPPED_SUITES, load_suite  # noqa: E402
+from gradekit.judge import Judge, Limiter, load_rubric  # noqa: E402
+from gradekit.judge.testing import FakeProvider  # noqa: E402
 
 BARE = ["Vanilla", "Vanilla_NoRules", "Vanilla_1shot", "Vanilla_2shot", "Metrics", "Reference", "Metrics_Reference"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shared_limiter import grade, start_redis  # noqa: E402  (one way to start a grader and a redis-server)
 
-from judge.testing import FakeProvider  # noqa: E402
+from gradekit.judge.testing import FakeProvider  # noqa: E402
 
 
 def answered_rate(times: list[float], since: float | None = None) -> float:

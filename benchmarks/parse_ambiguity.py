@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.calibration._llmbar import list_runs, load_run, parse_specs, replay_grade  # noqa: E402
-from judge import ParseFailure, Rubric, load_rubric, match_label, parse_reply  # noqa: E402
+from gradekit.graders.calibration._llmbar import list_runs, load_run, parse_specs, replay_grade  # noqa: E402
+from gradekit.judge import ParseFailure, Rubric, load_rubric, match_label, parse_reply  # noqa: E402
 
 # A verdict-statement pattern for llmbar_pairwise (a proposal, not shipped): "Output (x)" alone on its
 # line or followed by "is better", at a line start or after "Therefore,"; a paragraph that starts by

@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
-from graders.calibration._ppi import ppi_mean  # noqa: E402
+from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
+from gradekit.graders.calibration._ppi import ppi_mean  # noqa: E402
 
 SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
 JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),

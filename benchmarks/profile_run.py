@@ -17,7 +17,7 @@ import io
 import pstats
 import time
 
-from judge import Judge, Limiter, RetryPolicy
+from gradekit.judge import Judge, Limiter, RetryPolicy
 
 from throughput import RUBRIC, fake_provider, rows
 

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from judge import load_rubric
-from judge.testing import FakeProvider, RecordedRequest
+from gradekit.judge import load_rubric
+from gradekit.judge.testing import FakeProvider, RecordedRequest
 
 RUBRIC = "semantic_equivalence_en"
 
@@ -49,9 +49,9 @@ def accepted_rate(requests: list[RecordedRequest], skip_s: float = 2.0) -> float
 
 
 def run_limit(rows: int, tmp: Path, rps: float) -> None:
-    from judge import Judge
-    from graders.runs._file import rubric_settings
-    from graders.runs._ray import grade_file_ray, worker_spec
+    from gradekit.judge import Judge
+    from gradekit.graders.runs._file import rubric_settings
+    from gradekit.graders.runs._ray import grade_file_ray, worker_spec
 
     rubric = load_rubric(RUBRIC)
     mapping = {v: v for v in rubric.variables}
@@ -74,10 +74,10 @@ def run_limit(rows: int, tmp: Path, rps: float) -> None:
 
 
 def run_overhead(rows: int, tmp: Path) -> None:
-    from graders import load_grader
-    from graders.runs._file import grade_file_with
-    from graders.runs._ray import grade_file_ray
-    from graders.runs._ray_worker import WorkerSpec
+    from gradekit.graders import load_grader
+    from gradekit.graders.runs._file import grade_file_with
+    from gradekit.graders.runs._ray import grade_file_ray
+    from gradekit.graders.runs._ray_worker import WorkerSpec
 
     config = tmp / "match.yaml"
     config.write_text('type: string_match\nexpression: "{{references.answer}}"\n', encoding="utf-8")
@@ -116,7 +116,7 @@ class _Taker:
 
     async def take(self, rps: float, key: str, until: float, inflight: int, lease_s: float) -> list[float]:
         """Permit times (wall clock: every worker is on this machine) from now until ``until``."""
-        from judge import RayLimiter
+        from gradekit.judge import RayLimiter
 
         limiter = RayLimiter(rps=rps, key=key, concurrency=inflight, lease_s=lease_s)
         times: list[float] = []
@@ -133,7 +133,7 @@ class _Taker:
 def run_limiter(seconds: float) -> None:
     import ray
 
-    from judge._ray_limiter import LEASE_S
+    from gradekit.judge._ray_limiter import LEASE_S
 
     taker = ray.remote(num_cpus=0)(_Taker)
     print(f"(3) the limiter actor, 8 worker actors x 16 in flight, {seconds:g} s each")

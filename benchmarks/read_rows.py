@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from graders.runs._io import read_rows, tail_hash, text_rows_before
+from gradekit.graders.runs._io import read_rows, tail_hash, text_rows_before
 
 
 def _best(fn, repeat: int = 3) -> float:

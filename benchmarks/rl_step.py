@@ -1,7 +1,7 @@
 """One RL step's reward stage: 2,048 samples (256 groups of 8) against a heavy-tailed judge on a fleet of two.
 
-The fake judge runs as a separate process serving two endpoints (two ``judge.testing.FakeProvider``)
-that answer each request after a lognormal delay (median 200 ms, p99 3 s: ``judge.testing.Lognormal``).
+The fake judge runs as a separate process serving two endpoints (two ``gradekit.judge.testing.FakeProvider``)
+that answer each request after a lognormal delay (median 200 ms, p99 3 s: ``gradekit.judge.testing.Lognormal``).
 The delay of a sample's first request is fixed by the sample (and the seed), whichever endpoint
 gets it, so every contender meets the very same first latencies; a second request for the same
 sample in the same round (a hedge) gets a fresh draw, as a replica would. Contenders, alternated
@@ -38,18 +38,18 @@ from contextlib import contextmanager
 
 from openai import AsyncOpenAI
 
-from graders._group import group_grader
-from graders._llm import llm_grader
-from graders._sample import Sample, Trajectory
-from judge import Judge, Limiter, RetryPolicy, load_rubric
-from judge.testing import Lognormal
+from gradekit.graders._group import group_grader
+from gradekit.graders._llm import llm_grader
+from gradekit.graders._sample import Sample, Trajectory
+from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
+from gradekit.judge.testing import Lognormal
 
 MEDIAN, P99 = 0.2, 3.0
 RUBRIC = load_rubric("semantic_equivalence_en")
 
 SERVER = r'''
 import json, re, signal, threading
-from judge.testing import FakeProvider, Lognormal, Reply
+from gradekit.judge.testing import FakeProvider, Lognormal, Reply
 LAT = Lognormal(%(median)r, %(p99)r, seed=%(seed)r)  # the name a sample's draw is keyed by: "sample-N"
 seen, lock = {}, threading.Lock()
 def latency(body):

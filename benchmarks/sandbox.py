@@ -36,10 +36,10 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from graders._code_tests import code_tests_grader
-from graders._python import python_grader
-from graders._sample import Sample
-from graders.sandbox import SandboxWarning
+from gradekit.graders._code_tests import code_tests_grader
+from gradekit.graders._python import python_grader
+from gradekit.graders._sample import Sample
+from gradekit.graders.sandbox import SandboxWarning
 
 EVALUATE = "def evaluate(example, response):\n    return 1.0\n"
 SAMPLE = Sample(messages="q", response="x", references={"answer": "a"})

@@ -79,9 +79,9 @@ def child_bare(source: Path, destination: Path) -> dict:
 
 
 def child_gradekit(config: dict, source: Path, destination: Path, cache: str | None) -> dict:
-    from graders import load_grader
-    from graders.runs._file import grade_file_with
-    from judge import Judge, JudgeCache, Limiter
+    from gradekit.graders import load_grader
+    from gradekit.graders.runs._file import grade_file_with
+    from gradekit.judge import Judge, JudgeCache, Limiter
 
     store = JudgeCache(cache) if cache else None
     judge = (lambda: Judge("fake-judge", base_url=os.environ["FAKE_URL"], api_key="k", cache=store,
@@ -109,8 +109,8 @@ def peak_rss_mb() -> float:
 
 def child_rubric(source: Path, destination: Path, cache: str) -> dict:
     """`gradekit grade -r` over the same rows: the judge core without a grader around it."""
-    from graders import grade_file
-    from judge import Judge, JudgeCache, Limiter, load_rubric
+    from gradekit.graders import grade_file
+    from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
 
     rubric = load_rubric("semantic_equivalence_en")
     judge = Judge("fake-judge", base_url=os.environ["FAKE_URL"], api_key="k", cache=JudgeCache(cache), limiter=Limiter(concurrency=64))
@@ -136,7 +136,7 @@ def run_child(*args: str, env: dict | None = None) -> dict:
 
 @contextmanager
 def fake_provider(*args: str):
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--port", "0", *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--port", "0", *args], stdout=subprocess.PIPE, text=True)
     try:
         yield proc.stdout.readline().strip()
     finally:
@@ -149,7 +149,7 @@ def rate_at_20(folder: Path, n: int) -> tuple[float, int]:
     source.write_text("".join(json.dumps({"question": f"q{i}?", "references": ["a"], "prediction": f"p{i}"}) + "\n" for i in range(n)))
     with fake_provider("--latency", "0.2", "--rps", "20") as url:
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
                                "-o", str(folder / "rate.out.jsonl"), "--base-url", url, "--api-key", "k", "--rps", "20",
                                "--no-cache", "--concurrency", "64", "--json"], capture_output=True, text=True)
         summary = json.loads(done.stdout)

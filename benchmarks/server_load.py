@@ -45,8 +45,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 COMPUTER = '''
-from graders import GraderRewardComputer, load_grader
-from judge import Judge, RetryPolicy
+from gradekit.graders import GraderRewardComputer, load_grader
+from gradekit.judge import Judge, RetryPolicy
 
 
 class BenchReward(GraderRewardComputer):
@@ -202,7 +202,7 @@ def process(args: list[str], cwd: Path | None = None, log: Path | None = None) -
 def server(tmp: Path, fake_url: str, workers: int, queue: int) -> Any:
     (tmp / "bench_reward.py").write_text(COMPUTER.format(url=fake_url), encoding="utf-8")
     (tmp / "config.yaml").write_text(CONFIG.format(workers=workers, queue=queue), encoding="utf-8")
-    return process(["-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp, log=tmp / "server.log")
+    return process(["-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp, log=tmp / "server.log")
 
 
 def ms(values: list[float], q: float) -> str:
@@ -228,7 +228,7 @@ HEADER = (f"{'scenario':<26}{'sent':>6}{'scored':>8}{'503':>7}{'failure':>9}{'ot
 async def judge_alone(fake_url: str, n: int, concurrency: int) -> float:
     """Judgements/s of the same judge calls made in-process, no HTTP server in between: the ceiling
     this machine allows the server (the judge client's own CPU is most of a request's cost)."""
-    from judge import Judge, Limiter, RetryPolicy, load_rubric
+    from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
 
     rubric = load_rubric("semantic_equivalence_en")
     judge = Judge("fake-judge", base_url=fake_url, api_key="k", cache=None, limiter=Limiter(concurrency=concurrency),
@@ -254,7 +254,7 @@ def main() -> None:
     print(f"routes rotated over {', '.join(ROUTES)}; server logging off; {os.cpu_count()} CPUs shared by client, server and fake\n")
     problems: list[str] = []
 
-    with tempfile.TemporaryDirectory() as folder, process(["-m", "judge.testing", "--port", "0", "--latency", "0.2"]) as fake:
+    with tempfile.TemporaryDirectory() as folder, process(["-m", "gradekit.judge.testing", "--port", "0", "--latency", "0.2"]) as fake:
         tmp = Path(folder)
         fake_url = fake.stdout.readline().strip()  # type: ignore[union-attr]
         ceiling = asyncio.run(judge_alone(fake_url, n // 2, 64))
@@ -289,7 +289,7 @@ def main() -> None:
                 problems.append(f"{label}: 503 p99 {busy[int(0.99 * len(busy))] * 1000:.1f} ms, target < 50 ms")
 
     # (c) a fresh fake, stopped a quarter of the way through the run
-    with tempfile.TemporaryDirectory() as folder, process(["-m", "judge.testing", "--port", "0", "--latency", "0.2"]) as fake:
+    with tempfile.TemporaryDirectory() as folder, process(["-m", "gradekit.judge.testing", "--port", "0", "--latency", "0.2"]) as fake:
         tmp = Path(folder)
         fake_url = fake.stdout.readline().strip()  # type: ignore[union-attr]
         stopped: list[float] = []

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from judge.testing import FakeProvider, RecordedRequest
+from gradekit.judge.testing import FakeProvider, RecordedRequest
 
 
 def free_port() -> int:
@@ -58,7 +58,7 @@ def grade(directory: Path, tag: str, rows: int, base_url: str, *options: str) ->
     source = directory / f"{tag}.jsonl"
     source.write_text("".join(json.dumps({"question": f"{tag}-{i}", "references": ["x"], "prediction": "y"}) + "\n"
                               for i in range(rows)), encoding="utf-8")
-    return subprocess.Popen([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+    return subprocess.Popen([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
                              "-o", str(directory / f"{tag}-out.jsonl"), "--base-url", base_url, "--api-key", "k",
                              "--model", "fake-judge", "--no-cache", "--json", *options],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

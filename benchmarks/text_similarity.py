@@ -39,10 +39,10 @@ def llmbar_pairs(limit: int) -> list[tuple[str, str]]:
 async def cosine_speed(rows: int, latency: float, concurrency: int) -> None:
     from openai import AsyncOpenAI
 
-    from graders import load_grader
-    from graders._sample import Sample
-    from judge import Judge, JudgeCache, Limiter
-    from judge.testing import FakeProvider
+    from gradekit.graders import load_grader
+    from gradekit.graders._sample import Sample
+    from gradekit.judge import Judge, JudgeCache, Limiter
+    from gradekit.judge.testing import FakeProvider
 
     texts = [(f"answer {i} the cat sat on the mat", f"reference {i % 50} a cat sat") for i in range(rows)]
     samples = [Sample(response=got, references={"answer": want}) for got, want in texts]
@@ -79,8 +79,8 @@ async def cosine_speed(rows: int, latency: float, concurrency: int) -> None:
 
 
 def meteor_speed(pairs: list[tuple[str, str]]) -> None:
-    from graders._meteor import load, meteor
-    from graders._text_similarity import rouge_l
+    from gradekit.graders._meteor import load, meteor
+    from gradekit.graders._text_similarity import rouge_l
 
     start = time.perf_counter()
     load()
@@ -113,7 +113,7 @@ def _dynamic_lcs(a: str, b: str) -> int:
 
 def fuzzy_speed(pairs: list[tuple[str, str]]) -> None:
     """fuzzy_match (bit-parallel LCS) against the row-by-row LCS it replaced, and rapidfuzz's C++ fuzz.ratio if installed."""
-    from graders._text_similarity import fuzzy_match
+    from gradekit.graders._text_similarity import fuzzy_match
 
     start = time.perf_counter()
     for got, want in pairs:
@@ -145,7 +145,7 @@ def agreement(pairs: list[tuple[str, str]], other: Path | None) -> None:
     import nltk.data
     from nltk.translate.meteor_score import meteor_score
 
-    from graders._meteor import load, meteor
+    from gradekit.graders._meteor import load, meteor
 
     _, shipped = load()
     other = other or Path("/usr/share/wordnet")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from judge import Judge, Limiter, RetryPolicy, load_rubric
+from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
 
 RUBRIC = load_rubric("semantic_equivalence_zh")
 
@@ -51,7 +51,7 @@ def rows(n: int, start: int = 0) -> list[dict]:
 @contextmanager
 def fake_provider(*args: str, quiet: bool = False):
     """The fake provider as a separate process (its CPU is not the client's), yielding its base URL; ``quiet`` drops its stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--port", "0", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--port", "0", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL if quiet else None, text=True)
     try:
         base_url = proc.stdout.readline().strip()
@@ -153,7 +153,7 @@ def cli_scenario(n: int, concurrency: int, rounds: int) -> None:
             jobs = folder / f"jobs{r}.jsonl"
             jobs.write_text("".join(json.dumps({"id": i, "messages": RUBRIC.render(row), "response_format": schema},
                                                ensure_ascii=False) + "\n" for i, row in enumerate(data)), encoding="utf-8")
-            g_wall = timed_process([sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC.name, "-o",
+            g_wall = timed_process([sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC.name, "-o",
                                     str(folder / f"out{r}.jsonl"), "--model", "fake-judge", "--base-url", url, "--api-key", "k",
                                     "--concurrency", str(concurrency), "--cache", str(cache)])
             b_wall = timed_process([sys.executable, "-c", BARE_SCRIPT, str(jobs), str(folder / f"bare{r}.jsonl"), url, str(concurrency)])

@@ -63,7 +63,7 @@ def make_file(path: Path, rows: int, seed: int = 0) -> None:
 def baseline(path: Path) -> tuple[float, int]:
     """Seconds for one pass with gradekit's row reader, and the error rows it found."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from graders.runs._io import read_rows
+    from gradekit.graders.runs._io import read_rows
 
     start = time.perf_counter()
     errors = sum(1 for row in read_rows(path) if isinstance(row, dict) and row.get("status") == "error")
@@ -115,7 +115,7 @@ def main() -> None:
         print(f"baseline: one streaming pass with read_rows: {base_s:.2f} s ({base_errors:,} error rows)", flush=True)
 
         # The viewer's own start, in process: open the file and answer the first page (no CLI, no server).
-        from graders.view import ResultsFile
+        from gradekit.graders.view import ResultsFile
 
         started = time.perf_counter()
         opened = ResultsFile(path)
@@ -134,7 +134,7 @@ def main() -> None:
         starts: list[tuple[float, float, float]] = []
         for attempt in range(-1, max(1, args.starts)):  # -1: the warm-up start, not counted
             started = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "graders", "view", str(path), "--port", "0", "--no-browser"],
+            proc = subprocess.Popen([sys.executable, "-m", "gradekit", "view", str(path), "--port", "0", "--no-browser"],
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
             url = proc.stdout.readline().strip()  # type: ignore[union-attr]
             listening = time.perf_counter() - started

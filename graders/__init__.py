@@ -10,7 +10,7 @@ a grader to RL platforms (reward server, adapters, exports); ``sandbox`` runs un
 Names load on first use, so ``gradekit --help`` imports none of pandas, openai or FastAPI.
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._code_tests": ["CodeTestsGrader", "code_tests_grader"],

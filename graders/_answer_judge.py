@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from judge import Rubric, Verdict
+from gradekit.judge import Rubric, Verdict
 
 Require = Literal["both", "either"]
 REQUIRE: tuple[str, ...] = ("both", "either")

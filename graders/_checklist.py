@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from judge._criteria import CriterionVerdict
+from gradekit.judge._criteria import CriterionVerdict
 
 from ._sample import Grade
 

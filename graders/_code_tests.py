@@ -2,7 +2,7 @@
 
 The most common code reward in RL: the response's code (the last fenced block, or the whole
 response) runs once per test case, each case in a fresh fork of a warm sandboxed zygote (the
-same machinery as the python grader, :mod:`graders.sandbox`), with a per-case timeout and
+same machinery as the python grader, :mod:`gradekit.graders.sandbox`), with a per-case timeout and
 memory cap. A case is either stdin/stdout (the program reads the input, its output is compared
 line by line, trailing whitespace ignored) or assert-style (test code appended to the program;
 the case passes when it runs to the end). The program's own output is compared here, outside

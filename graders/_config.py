@@ -127,12 +127,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from judge import JudgeProtocol, RubricError
-from judge._spec import JudgeSpec, JurySpec
-from judge._client import DEFAULT_MAX_PROMPT_TOKENS
-from judge._fleet import Endpoint, key_from_env
-from judge._files import read_data_file
-from judge._hedge import HedgePolicy
+from gradekit.judge import JudgeProtocol, RubricError
+from gradekit.judge._spec import JudgeSpec, JurySpec
+from gradekit.judge._client import DEFAULT_MAX_PROMPT_TOKENS
+from gradekit.judge._fleet import Endpoint, key_from_env
+from gradekit.judge._files import read_data_file
+from gradekit.judge._hedge import HedgePolicy
 
 from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
 from ._composite import FormulaError, formula_grader, weighted_grader

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from judge import JudgeProtocol, Rubric, Verdict, load_rubric
-from judge._media import local_media
-from judge._parse import number_of
-from judge._rubric import VariableSpec
+from gradekit.judge import JudgeProtocol, Rubric, Verdict, load_rubric
+from gradekit.judge._media import local_media
+from gradekit.judge._parse import number_of
+from gradekit.judge._rubric import VariableSpec
 
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, resolve_path
 from ._string_match import IDENTITY, ParseConfig, parse_response

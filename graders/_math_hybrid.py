@@ -5,7 +5,7 @@
 - the check says **equal**: the row is correct, no judge call (``decided_by: symbolic``);
 - the response is empty: wrong, no judge call either (there is nothing to judge);
 - anything else (**different**, an **invalid** gold the rules cannot parse, an **error** such as a
-  timeout): the judge is asked in both orders (:mod:`graders._answer_judge`), and the row is
+  timeout): the judge is asked in both orders (:mod:`gradekit.graders._answer_judge`), and the row is
   correct only when both say so (``require: both``; ``either`` takes one). ``decided_by: judge``.
   A judge that calls the row invalid (CompassVerifier's label) makes it ``status=invalid``; a
   judge that fails makes it ``status=error`` with the judge's error kind, never ``wrong``.
@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from judge import Rubric, Usage, Verdict, load_rubric
-from judge._rubric import rubric_fingerprint
+from gradekit.judge import Rubric, Usage, Verdict, load_rubric
+from gradekit.judge._rubric import rubric_fingerprint
 
 from ._answer_judge import REQUIRE, AnswerJudgement, Require, check_answer_rubric, judge_answer
 from ._math_equivalence import MathEquivalenceGrader

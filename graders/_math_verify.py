@@ -2,7 +2,7 @@
 
 :class:`MathVerifier` is the engine the ``math_equivalence`` grader (and the hybrid judge
 fallback) use. It sends each (gold, response) pair to a checker worker
-(:mod:`graders.sandbox._checker`, math_verify preloaded) through a :class:`CheckerPool`, which
+(:mod:`gradekit.graders.sandbox._checker`, math_verify preloaded) through a :class:`CheckerPool`, which
 holds every check's hard deadline and replaces a worker that passes it. What it adds to the bare
 ``verify(parse(gold), parse(response))``, and why:
 

@@ -4,8 +4,8 @@
 Why this shape:
 
 - **A zygote per worker, a fork per call.** Each worker is one ``python -I -S`` started once
-  (inside bubblewrap when it works, see :mod:`graders.sandbox`) that loads the grader's code,
-  imports included, and then forks a child for every call (:mod:`graders.sandbox._zygote`). A call
+  (inside bubblewrap when it works, see :mod:`gradekit.graders.sandbox`) that loads the grader's code,
+  imports included, and then forks a child for every call (:mod:`gradekit.graders.sandbox._zygote`). A call
   costs a fork and a pipe round trip, not an interpreter start, and nothing a sample changes
   (a patched ``json.dumps``, a global, a file, a process) reaches the next sample.
 - **Limits the child cannot undo.** Address space, CPU time, process count and file size are
@@ -18,7 +18,7 @@ Why this shape:
   user code prints comes back as debug lines, and a write to the channel out of turn voids the
   call (``forged``) instead of shifting other samples' scores.
 
-The workers, the zygote and the bubblewrap policy live in :mod:`graders.sandbox`; this module is
+The workers, the zygote and the bubblewrap policy live in :mod:`gradekit.graders.sandbox`; this module is
 the grader: its arguments, its flavours and how a reply becomes a Grade.
 """
 

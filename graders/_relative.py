@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from judge import JudgeProtocol, load_rubric
+from gradekit.judge import JudgeProtocol, load_rubric
 
 from ._group import GroupGrader, GroupResult, GroupStatus, Policy, _PolicyValue
 from ._members import GroupPolicy, MemberPolicy

@@ -16,8 +16,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from judge import SyncRunner, clamp
-from judge._media import data_uri
+from gradekit.judge import SyncRunner, clamp
+from gradekit.judge._media import data_uri
 
 GradeStatus = Literal["ok", "invalid", "error"]
 

@@ -18,7 +18,7 @@ decides pass/fail). Definitions, so that a number can be checked by hand:
   ``fmeasure`` (``rougeL``, not ``rougeLsum``), equal to it pair for pair.
 
 - ``meteor``: NLTK's ``meteor_score`` over WordNet 3.0, with the ``gradekit[meteor]`` extra
-  (``graders._meteor`` says where WordNet comes from); without it the grader is refused when built.
+  (``gradekit.graders._meteor`` says where WordNet comes from); without it the grader is refused when built.
 - ``cosine``: the cosine similarity of the two texts' embeddings, asked of the judge's endpoint
   (``POST /embeddings``, through the judge's cache, limiter, retry and breaker). The model is
   ``text-embedding-3-large``, which OpenAI's grader uses, unless ``embedding_model`` (or
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
 
 if TYPE_CHECKING:
-    from judge import Judge
+    from gradekit.judge import Judge
 
 Metric = Literal["fuzzy_match", "bleu", "gleu", "meteor", "cosine", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"]
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"  # the model OpenAI's text_similarity cosine embeds with

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from judge import Judge
+from gradekit.judge import Judge
 
 from ._composite import MAX_PARTS, weighted_grader
 from ._llm import autorater_grader

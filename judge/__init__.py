@@ -1,7 +1,7 @@
 """gradekit's judge core: rubric -> render -> judge model -> parse -> Verdict.
 
 It knows nothing about datasets, trajectories or platforms; graders/ builds on it. Names load
-on first use (``judge._lazy``), so importing ``judge`` alone does not import openai.
+on first use (``gradekit.judge._lazy``), so importing ``judge`` alone does not import openai.
 """
 
 from ._lazy import lazy_names

@@ -2,7 +2,7 @@
 
 A dead endpoint, a wrong key or a wrong model name fails every request the same way; sending
 the rest of a 500-row file to it costs thousands of requests and minutes for nothing. A run
-(``graders.runs``) opens a :class:`Breaker` for its duration with :func:`breaker_scope`; every
+(``gradekit.graders.runs``) opens a :class:`Breaker` for its duration with :func:`breaker_scope`; every
 Judge that sends on the run's behalf finds it through a context variable (so graders, composites
 and LLM nodes built anywhere are covered without plumbing) and reports each request to it.
 

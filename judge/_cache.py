@@ -62,7 +62,7 @@ class JudgeCache:
 
     The output mode that worked for an endpoint is stored too, so a re-run against a server that
     rejects json_schema asks in the mode that worked and hits the cache without a failed request;
-    and what was learnt about it (:meth:`judge._dialect.Dialect.record`: parameters it refuses,
+    and what was learnt about it (:meth:`gradekit.judge._dialect.Dialect.record`: parameters it refuses,
     streaming, refused modes, parameters it accepts), so the next process sends no 400 and holds
     no request to learn.
 

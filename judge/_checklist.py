@@ -1,8 +1,8 @@
 """Per-row checklists: a rubric whose criteria come from a row is bound to that row before it is asked.
 
 A checklist rubric (``criteria:`` in its spec, or a variable of type ``criteria``) asks one request
-for one verdict per criterion; :mod:`judge._criteria` holds its data and JSON reading,
-:func:`judge._parse.parse_reply` reads it strictly:
+for one verdict per criterion; :mod:`gradekit.judge._criteria` holds its data and JSON reading,
+:func:`gradekit.judge._parse.parse_reply` reads it strictly:
 
 - exactly one verdict per criterion. A criterion the reply leaves out, names twice (in one
   object or across objects: a quoted one is indistinguishable from the judge's), or answers with

@@ -94,7 +94,7 @@ class Judge:
     Args:
         model: model name; defaults to $GRADEKIT_MODEL, else gpt-4o-mini.
         base_url: API root; defaults to $OPENAI_BASE_URL, else OpenAI. A list of roots is a fleet
-            (:mod:`judge._fleet`): one judge served by several replicas, keys or regions.
+            (:mod:`gradekit.judge._fleet`): one judge served by several replicas, keys or regions.
         api_key: defaults to $OPENAI_API_KEY; local servers that need none get a placeholder. With
             a list of ``base_url``: one key for all, or a list in the same order.
         endpoints: a fleet given as :class:`~judge.Endpoint` (or mappings): ``base_url``, ``api_key``,
@@ -104,7 +104,7 @@ class Judge:
             endpoint: ``base_url``, cache keys, the learnt dialect and a run's checkpoint are its.
         timeout: seconds per request.
         limiter: defaults to the process-wide limiter every judge shares; for a fleet, the model of
-            each endpoint's own limiter (:func:`judge._limiters.endpoint_limiter`).
+            each endpoint's own limiter (:func:`gradekit.judge._limiters.endpoint_limiter`).
         cache: a JudgeCache, or None for no caching.
         retry: backoff and re-ask policy.
         params: judge parameters for every request (``reasoning_effort``, ``temperature``,
@@ -125,7 +125,7 @@ class Judge:
         max_prompt_tokens: a rendered prompt estimated above this many tokens is not sent: its
             Verdict is an ``input`` error (the row cannot be judged this way), not a request no
             model accepts. None: no cap.
-        hedge: hedged requests over a fleet (:mod:`judge._hedge`): None or True (the default: on for
+        hedge: hedged requests over a fleet (:mod:`gradekit.judge._hedge`): None or True (the default: on for
             two endpoints or more), False, or a :class:`~judge.HedgePolicy` / mapping of its knobs.
             A request unanswered after max(p95, 2 x median) of its endpoint's recent latencies is
             sent once more to another endpoint; the first answer wins. One endpoint never hedges.
@@ -476,7 +476,7 @@ class Judge:
         something), a chat request carrying a parameter or output mode the endpoint has not answered
         yet goes through its learning gate: the others wait for the first such request (at most
         ``LEARN_WAIT_S`` once it is on the wire), so a 400 for a parameter the model refuses is met
-        once and its fix (:mod:`judge._dialect`) applies to every request after it. A request made
+        once and its fix (:mod:`gradekit.judge._dialect`) applies to every request after it. A request made
         of what the endpoint accepted before (this process, or an earlier one through the cache),
         or to any other endpoint, is sent at once.
         Raises ``_Relearn`` when the request was built before a fix it lacks.

@@ -4,8 +4,8 @@ A checklist rubric asks one request for k verdicts (Vertex's adaptive rubrics, R
 checkpoints) instead of a composite of k LLM graders sending k requests that repeat one prompt.
 Its criteria are fixed in the spec (``criteria:``) or come per row from a variable of type
 ``criteria`` (a column holding a list, as per-prompt rubrics are). This module holds no rendering
-and no parsing (those are :mod:`judge._checklist`'s), so :mod:`judge._rubric` and
-:mod:`judge._verdict` import it without a circle.
+and no parsing (those are :mod:`gradekit.judge._checklist`'s), so :mod:`gradekit.judge._rubric` and
+:mod:`gradekit.judge._verdict` import it without a circle.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ _LEARNER: ContextVar[Gate | None] = ContextVar("gradekit_learner", default=None)
 def on_wire() -> None:
     """The request of this task is about to be written to the socket: a learner's window starts now.
 
-    Called by the transport (:func:`judge._wire.post`) once the client and its one-time set-up are
+    Called by the transport (:func:`gradekit.judge._wire.post`) once the client and its one-time set-up are
     ready: on a starved machine that set-up can take longer than the window itself, and a window
     that ran out before the first request left would let every other request meet the same 400.
     """

@@ -1,6 +1,6 @@
 """A fleet: one judge model reached through several endpoints (replicas, keys, regions).
 
-Each endpoint (:class:`Member`) has its own limiter (so its own self-pacing, :mod:`judge._pacing`),
+Each endpoint (:class:`Member`) has its own limiter (so its own self-pacing, :mod:`gradekit.judge._pacing`),
 its own health breaker (:class:`~judge._breaker.EndpointBreaker`), its own SDK clients and its own
 counts. A request goes to the usable endpoint with the shortest expected wait, ``(pending + 1) /
 capacity``, where capacity is the rate its limiter paces at (told or learnt from headers and
@@ -8,10 +8,10 @@ capacity``, where capacity is the rate its limiter paces at (told or learnt from
 its members' limits and no endpoint queues work another could take now.
 
 What stays one for the whole fleet: the model, the rubric, the request sent (the dialect is
-shared, see :func:`judge._dialect.dialect_of`) and so the cache key. A row's reply does not depend
+shared, see :func:`gradekit.judge._dialect.dialect_of`) and so the cache key. A row's reply does not depend
 on which replica answered it, so the cache cannot either.
 
-A fleet of two or more hedges (:mod:`judge._hedge`, :class:`_Race`): a request still unanswered
+A fleet of two or more hedges (:mod:`gradekit.judge._hedge`, :class:`_Race`): a request still unanswered
 at its endpoint's deadline goes once more to another endpoint, and the first answer is the
 attempt's, so one row still has one reply, one cache entry and one result.
 """

@@ -1,7 +1,7 @@
 """Hedged requests: what a fleet needs to send a straggler once more to another endpoint.
 
 A request still unanswered after ``max(p95, 2 x median)`` of its endpoint's recent latencies is
-sent again to another endpoint; the first answer wins (:meth:`judge._fleet.Fleet.send`). The
+sent again to another endpoint; the first answer wins (:meth:`gradekit.judge._fleet.Fleet.send`). The
 parts here keep that cheap with thousands in flight:
 
 - :class:`LatencyTracker`: one endpoint's newest latencies in a ring, counted in log-spaced

@@ -3,7 +3,7 @@
 ``gradekit --help`` must start without openai, pandas, scipy or the server stack. A package
 ``__init__`` that imported every implementation module would load them all; instead it lists
 which private module owns each public name, and PEP 562's module ``__getattr__`` imports that
-module the first time the name is asked for. ``from judge import Judge`` works as before.
+module the first time the name is asked for. ``from gradekit.judge import Judge`` works as before.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``gradekit rubrics`` lists what ships: it needs the index and a few fields of each spec, not the
 validated ``Rubric`` model. Importing pydantic costs more than the rest of that command together,
-so the reading lives here and ``judge._rubric`` builds its model on top of it.
+so the reading lives here and ``gradekit.judge._rubric`` builds its model on top of it.
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ class RubricError(ValueError):
 
 
 def packaged_prompts() -> Path:
-    """prompts/ as installed (judge/prompts in the wheel), or at the top of a source checkout."""
-    try:
-        return Path(str(resources.files("judge.prompts")))
-    except ModuleNotFoundError:  # running from a checkout whose judge/ shadows the installed package
-        return Path(__file__).resolve().parent.parent / "prompts"
+    """prompts/ as installed: ``gradekit.prompts`` (the repository's top-level prompts/, mapped in by pyproject.toml)."""
+    return Path(str(resources.files("gradekit.prompts")))
 
 
 def rubric_index() -> dict[str, str]:

@@ -3,7 +3,7 @@
 The SDK's arguments for a request (unknown keys in ``extra_body``), one raw post, a streamed reply
 assembled into the body it stands for, the usage a reply reports, and the SDK's exceptions as the
 judge's error kinds. Nothing here knows endpoints, fleets, caches or rubrics: the fleet
-(:mod:`judge._fleet`) sends through it, the client (:mod:`judge._client`) reads what it raises.
+(:mod:`gradekit.judge._fleet`) sends through it, the client (:mod:`gradekit.judge._client`) reads what it raises.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import filecmp
+import importlib
 import json
 import re
 import threading
@@ -13,8 +15,35 @@ from typing import Any
 
 import pytest
 
-from judge import Judge, JudgeCache, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply, auto_reply
+from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply, auto_reply
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _installed_copy_is_this_checkout() -> list[str]:
+    """Source files whose installed copy differs from the checkout's (none when installed with -e).
+
+    Tests import the installed ``gradekit``, never the folders beside them; a copy installed before
+    an edit would test old code and pass. Each folder maps into the package as pyproject.toml says.
+    """
+    stale = []
+    for folder, package in (("src/gradekit", "gradekit"), ("judge", "gradekit.judge"), ("graders", "gradekit.graders"),
+                            ("prompts", "gradekit.prompts"), ("eval_sets", "gradekit.eval_sets")):
+        copy = Path(importlib.import_module(package).__file__).resolve().parent
+        if copy == ROOT / folder:  # an editable install: the checkout itself
+            continue
+        for source in (ROOT / folder).rglob("*.py"):
+            other = copy / source.relative_to(ROOT / folder)
+            if "__pycache__" not in source.parts and not (other.is_file() and filecmp.cmp(source, other, shallow=False)):
+                stale.append(str(source.relative_to(ROOT)))
+    return stale
+
+
+_STALE = _installed_copy_is_this_checkout()
+if _STALE:
+    pytest.exit(f"the installed gradekit is not this checkout ({len(_STALE)} files differ, e.g. {_STALE[0]}): "
+                "reinstall with `pip install '.[test]'`, or `pip install -e '.[test]'` while developing", returncode=4)
 
 
 class Waits(list):
@@ -54,9 +83,9 @@ def _fresh_process_limiter() -> Iterator[None]:
     its concurrency, a Retry-After hold or a rate learnt from one test's fake must not pace the next.
     """
     yield
-    import judge._limiters
+    from gradekit.judge import _limiters
 
-    judge._limiters._process_limiter = None
+    _limiters._process_limiter = None
 
 
 @pytest.fixture
@@ -183,7 +212,7 @@ class InFlight:
 @pytest.fixture
 def serve() -> Iterator[Callable[..., str]]:
     """``serve(computer_or_grader, config=None) -> base URL`` of a reward server on a thread; all stopped at teardown."""
-    from graders import RewardServer, create_app
+    from gradekit.graders import RewardServer, create_app
 
     servers: list[RewardServer] = []
 

@@ -15,13 +15,13 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from graders import aclose_grader, load_grader
-from graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
-from graders.cli import app
-from graders._composite import compile_formula
-from graders._sample import Sample, fill_placeholders, sample_from_vertex, to_openai_item, to_openai_sample
-from graders._vertex import vertex_grader
-from judge.testing import FakeProvider, Reply
+from gradekit.graders import aclose_grader, load_grader
+from gradekit.graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+from gradekit.graders.cli import app
+from gradekit.graders._composite import compile_formula
+from gradekit.graders._sample import Sample, fill_placeholders, sample_from_vertex, to_openai_item, to_openai_sample
+from gradekit.graders._vertex import vertex_grader
+from gradekit.judge.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "graders"
@@ -33,7 +33,7 @@ STDLIB = {"asyncio", "inspect", "json", "math", "numbers", "re", "unicodedata", 
 DRIVER = r'''
 import importlib.util, json, sys
 try:
-    import graders  # noqa: F401
+    import gradekit.graders  # noqa: F401
     sys.exit("gradekit is importable in the fresh interpreter")
 except ImportError:
     pass
@@ -445,7 +445,7 @@ def test_cli_export_not_expressible_exits_2_with_the_reasons(tmp_path: Path) -> 
 
 
 def test_cli_export_as_a_real_subprocess(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "graders", "export", str(DATA / "autorater_tone.yaml"), "--to", "vertex-evaluate"],
+    done = subprocess.run([sys.executable, "-m", "gradekit", "export", str(DATA / "autorater_tone.yaml"), "--to", "vertex-evaluate"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False)
     assert done.returncode == 2, done.stdout
     assert "LLM judge needs network access" in done.stderr

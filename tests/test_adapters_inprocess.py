@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from graders import aclose_grader, load_grader
-from graders.platforms import GradingError, ark_group_grader, trl_reward_func, verl_compute_score
-from graders.platforms._ark import ArkTrajectory, ChatCompletionSample, GroupGraderResult, PluginStatus
-from graders._group import SampleChecks
-from graders._llm import llm_grader
-from graders._sample import Grade, Sample
-from judge import Judge, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders import aclose_grader, load_grader
+from gradekit.graders.platforms import GradingError, ark_group_grader, trl_reward_func, verl_compute_score
+from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample, GroupGraderResult, PluginStatus
+from gradekit.graders._group import SampleChecks
+from gradekit.graders._llm import llm_grader
+from gradekit.graders._sample import Grade, Sample
+from gradekit.judge import Judge, Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import InFlight, Waits, reference_judge
 
@@ -388,10 +388,10 @@ def test_trl_example_file_reward_called_as_trl_calls_it() -> None:
 def test_ark_example_file_uses_public_names() -> None:
     import ast
 
-    import graders
+    from gradekit import graders
 
     # ark_sdk is not on PyPI, so the file is not run here (the adapter's behaviour is tested above):
     # it must parse, and everything it takes from gradekit must be public.
     tree = ast.parse((EXAMPLES / "ark_plugin.py").read_text(encoding="utf-8"))
-    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "graders" for a in n.names]
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "gradekit.graders" for a in n.names]
     assert imported and set(imported) <= set(graders.__all__)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders._answer_judge import decide
-from graders.calibration._answer_eval import load_answer_suite, scripted_responder, wilson
-from graders.cli import app
-from judge.testing import FakeProvider
+from gradekit.graders._answer_judge import decide
+from gradekit.graders.calibration._answer_eval import load_answer_suite, scripted_responder, wilson
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider
 
 NAME, ROWS = load_answer_suite()
 HUMAN_INCORRECT = sum(r.verdict == "incorrect" for r in ROWS)
@@ -87,7 +87,7 @@ def test_the_text_report_names_both_rates_with_intervals() -> None:
 
 
 def test_a_judge_that_fails_leaves_rows_undecided_and_exits_1() -> None:
-    from judge.testing import Reply
+    from gradekit.judge.testing import Reply
 
     with FakeProvider(responder=lambda body: Reply(content="not json at all")) as fake:
         code, payload = _meta_eval(fake, "--mode", "judge", "--limit", "3", "--judge-param", "seed=1")

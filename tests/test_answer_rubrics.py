@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from graders import Sample, llm_grader
-from graders.cli import app
-from judge import Judge, Limiter, RubricError, load_rubric, parse_reply
-from judge._dialect import forget_dialects
-from judge._parse import ParseFailure
-from judge.testing import DIALECTS, FakeProvider, Reply
+from gradekit.graders import Sample, llm_grader
+from gradekit.graders.cli import app
+from gradekit.judge import Judge, Limiter, RubricError, load_rubric, parse_reply
+from gradekit.judge._dialect import forget_dialects
+from gradekit.judge._parse import ParseFailure
+from gradekit.judge.testing import DIALECTS, FakeProvider, Reply
 
 SAMPLE = Sample(messages="Compute 1/2 + 1/4.", response="Adding, 1/2 + 1/4 = 3/4, so the answer is \\boxed{\\tfrac34}.",
                 references={"references": ["0.75"]})
@@ -101,7 +101,7 @@ def test_invalid_labels_must_be_offered_labels_scored_zero(tmp_path: Path) -> No
 
 def test_a_rubric_without_invalid_labels_keeps_its_fingerprint() -> None:
     """Adding the field must not change any existing rubric's cache keys or checkpoints."""
-    from judge._rubric import rubric_fingerprint
+    from gradekit.judge._rubric import rubric_fingerprint
 
     rubric = load_rubric("semantic_equivalence_en")
     assert '"invalid_labels"' not in rubric.model_dump_json(exclude={"directory", "invalid_labels"})

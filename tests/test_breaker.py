@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders import BreakerTripped, load_grader
-from graders.runs import grade_file, grade_file_with
-from graders.cli import app
-from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
-from judge.testing import DownJudge, FakeProvider, Reply
+from gradekit.graders import BreakerTripped, load_grader
+from gradekit.graders.runs import grade_file, grade_file_with
+from gradekit.graders.cli import app
+from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
+from gradekit.judge.testing import DownJudge, FakeProvider, Reply
 
 from .conftest import Waits, reference_judge
 
@@ -222,11 +222,11 @@ def test_error_rows_keep_the_raw_reply_and_the_attempts(tmp_path) -> None:
 # ---- progress and Ctrl-C ------------------------------------------------------------------------
 
 
-# `python -m graders` as a terminal starts it: with Python's own SIGINT handler. Where this test
+# `python -m gradekit` as a terminal starts it: with Python's own SIGINT handler. Where this test
 # runs with SIGINT ignored (a background job of a non-interactive shell passes SIG_IGN on to its
 # children, and Python keeps an ignored SIGINT ignored), the interrupted run never saw its Ctrl-C.
 AT_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                 "runpy.run_module('graders', run_name='__main__', alter_sys=True)")
+                 "runpy.run_module('gradekit', run_name='__main__', alter_sys=True)")
 
 
 def _grade_process(source: Path, out: Path, base_url: str, *extra: str) -> subprocess.Popen:
@@ -280,7 +280,7 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_finishes(tmp_path) -> No
 def test_retry_errors_grades_again_only_the_transient_error_rows_in_place(tmp_path, suffix) -> None:
     import re
 
-    from graders.runs._io import written_rows
+    from gradekit.graders.runs._io import written_rows
 
     def read(path: Path) -> list[dict]:
         return list(written_rows(path))
@@ -434,7 +434,7 @@ def test_a_parse_failure_storm_exits_3_on_the_command_line(tmp_path) -> None:
 
 
 def test_a_row_trip_names_the_endpoint_and_model_even_when_no_request_failed_as_broken() -> None:
-    from judge._breaker import Breaker
+    from gradekit.judge._breaker import Breaker
 
     breaker = Breaker(first_rows=3)
     for _ in range(3):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from judge import Budget, Judge, ModelPrice, cost_usd, load_prices, load_rubric
-from judge._budget import price_of
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import Budget, Judge, ModelPrice, cost_usd, load_prices, load_rubric
+from gradekit.judge._budget import price_of
+from gradekit.judge.testing import FakeProvider, Reply
 
 RUBRIC = load_rubric("semantic_equivalence_en")
 USAGE = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}  # every reply bills exactly this
@@ -200,8 +200,8 @@ def test_a_cap_is_reached_exactly_not_a_float_rounding_later() -> None:
 def test_grade_frame_under_a_budget_keeps_every_row(billed: FakeProvider) -> None:
     import pandas as pd
 
-    from graders import grade_frame, llm_grader
-    from graders.runs._frame import _shared_runner
+    from gradekit.graders import grade_frame, llm_grader
+    from gradekit.graders.runs._frame import _shared_runner
 
     judge = Judge("fake-judge", base_url=billed.base_url, api_key="k", budget=Budget(max_tokens=2 * TOKENS))
     df = pd.DataFrame({"question": [f"q{i}?" for i in range(5)], "response": ["Paris"] * 5, "references": ["Paris"] * 5})
@@ -219,7 +219,7 @@ def test_cli_budget_skips_then_a_larger_cap_finishes_from_the_cache(tmp_path) ->
     """gradekit grade --max-cost: skipped rows, what was spent; the same command with more money grades the rest."""
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps({"question": f"q{i}", "references": ["a"], "prediction": f"p{i}"}) + "\n" for i in range(12)))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import JudgeCache
-from judge.testing import FakeProvider
+from gradekit.graders.cli import app
+from gradekit.judge import JudgeCache
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import reference_judge
 
@@ -85,7 +85,7 @@ def test_two_runs_sharing_one_cache_at_once_both_finish(tmp_path) -> None:
     _write_input(sources[1], 150, start=75)  # half the rows are the other run's too: both write the same keys
     with FakeProvider(responder=reference_judge) as fake:
         env = {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k", "GRADEKIT_CACHE": str(cache)}
-        runs = [subprocess.Popen([sys.executable, "-m", "graders", *_args(source, source.with_suffix(".out.jsonl"))], env=env,
+        runs = [subprocess.Popen([sys.executable, "-m", "gradekit", *_args(source, source.with_suffix(".out.jsonl"))], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for source in sources]
         results = [(run.wait(timeout=300), *run.communicate()) for run in runs]
     for code, out, err in results:

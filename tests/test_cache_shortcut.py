@@ -6,7 +6,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from judge import JudgeCache, load_rubric
+from gradekit.judge import JudgeCache, load_rubric
 
 from .conftest import verdict_json
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from graders.calibration._agreement import (
+from gradekit.graders.calibration._agreement import (
     as_label,
     calibrate,
     calibrate_rows,
@@ -23,9 +23,9 @@ from graders.calibration._agreement import (
     plot_position_bias,
     plot_scores,
 )
-from graders.cli import app
-from judge import load_rubric
-from judge.testing import Reply
+from gradekit.graders.cli import app
+from gradekit.judge import load_rubric
+from gradekit.judge.testing import Reply
 
 # Wikipedia's Cohen's kappa example: 50 items, yes/yes 20, yes/no 5, no/yes 10, no/no 15 -> kappa 0.4.
 KAPPA_HUMAN = ["yes"] * 25 + ["no"] * 25

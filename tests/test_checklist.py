@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from judge import Rubric, load_rubric
-from judge._checklist import bind_row
-from judge._parse import ParseFailure, parse_reply
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import Rubric, load_rubric
+from gradekit.judge._checklist import bind_row
+from gradekit.judge._parse import ParseFailure, parse_reply
+from gradekit.judge.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,7 @@ def test_tags_fallback_reads_one_tag_per_criterion(five: Path) -> None:
 def test_spec_errors(tmp_path: Path) -> None:
     (tmp_path / "t.j2").write_text("{% block user %}x{% endblock %}", encoding="utf-8")
     base = "name: bad\ntemplate: t.j2\nvariables: {response: {type: str}}\n"
-    from judge import RubricError
+    from gradekit.judge import RubricError
 
     for bad, said in [("criteria:\n  - {id: a, statement: s}\n  - {id: a, statement: t}\n", "distinct"),
                       ("criteria:\n  - {id: 'a b', statement: s}\n", "criterion id"),
@@ -177,7 +177,7 @@ def checklist_judge(answer: Callable[[str, str], str | None], *, dup: str | None
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "gradekit", *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, **(env or {})})
 
 
@@ -289,7 +289,7 @@ def test_per_row_criteria_in_serve(tmp_path: Path) -> None:
     (tmp_path / "ifc.yaml").write_text(CONFIG, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: ifc.yaml\nlogging:\n  enable: false\n", encoding="utf-8")
     with FakeProvider(responder=checklist_judge(per_row_answer)) as fake:
-        proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"})
         try:
@@ -320,9 +320,9 @@ def test_per_row_criteria_in_serve(tmp_path: Path) -> None:
 
 
 async def test_per_row_criteria_in_the_ark_and_verl_adapters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graders import load_grader
-    from graders.platforms import ark_group_grader, verl_compute_score
-    from graders.platforms._ark import ArkTrajectory, ChatCompletionSample
+    from gradekit.graders import load_grader
+    from gradekit.graders.platforms import ark_group_grader, verl_compute_score
+    from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample
 
     (tmp_path / "ifc.yaml").write_text(CONFIG, encoding="utf-8")
     with FakeProvider(responder=checklist_judge(per_row_answer)) as fake:
@@ -421,7 +421,7 @@ def test_what_a_checklist_cannot_do_is_refused_by_name(five: Path, tmp_path: Pat
 
 
 async def test_a_jury_over_a_checklist_is_an_input_error_not_a_score(five: Path) -> None:
-    from judge import Judge, Jury
+    from gradekit.judge import Judge, Jury
 
     with FakeProvider() as fake:
         jurors = [Judge(m, base_url=fake.base_url, api_key="k") for m in ("a", "b")]
@@ -435,8 +435,8 @@ async def test_a_jury_over_a_checklist_is_an_input_error_not_a_score(five: Path)
 
 
 def test_bedrock_lambda_reports_each_criterion_in_its_metrics_list(tmp_path: Path) -> None:
-    from graders import RewardServer, create_app, export_bedrock_lambda, load_grader
-    from judge import Judge
+    from gradekit.graders import RewardServer, create_app, export_bedrock_lambda, load_grader
+    from gradekit.judge import Judge
 
     from .test_foundry_bedrock import lambda_call
 

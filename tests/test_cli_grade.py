@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
 
@@ -222,7 +222,7 @@ def test_real_subprocess_run(tmp_path) -> None:
     with FakeProvider(responder=reference_judge) as fake:
         env = {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k", "GRADEKIT_CACHE": str(tmp_path / "c.sqlite3")}
         done = subprocess.run(
-            [sys.executable, "-m", "graders", "grade", str(ZH_SET), "-r", "semantic_equivalence_zh", "-o", str(tmp_path / "o.csv")],
+            [sys.executable, "-m", "gradekit", "grade", str(ZH_SET), "-r", "semantic_equivalence_zh", "-o", str(tmp_path / "o.csv")],
             env=env, capture_output=True, text=True, timeout=120,
         )
     assert done.returncode == 0, done.stderr

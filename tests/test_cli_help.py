@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from graders.cli import app
+from gradekit.graders.cli import app
 
 runner = CliRunner()
 GROUP = typer.main.get_command(app)
@@ -57,17 +57,17 @@ def test_version_and_shell_completion() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"gradekit {version('gradekit')}"
     # A real process: completion is how the shell calls the program, so no in-process runner.
-    done = subprocess.run([sys.executable, "-m", "graders", "--show-completion", "bash"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "gradekit", "--show-completion", "bash"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "_GRADEKIT_COMPLETE=complete_bash" in done.stdout and "-F _gradekit_completion gradekit" in done.stdout, done.stderr
     # The completion itself: the shell asks with the words typed so far and gets the commands back.
     env = {"_GRADEKIT_COMPLETE": "complete_bash", "COMP_WORDS": "gradekit ca", "COMP_CWORD": "1"}
-    done = subprocess.run([sys.executable, "-m", "graders"], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    done = subprocess.run([sys.executable, "-m", "gradekit"], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert "calibrate" in done.stdout.split(), (done.stdout, done.stderr)
 
 
 def test_verbose_shows_each_request_with_the_key_redacted(tmp_path) -> None:
-    from judge.testing import FakeProvider
+    from gradekit.judge.testing import FakeProvider
 
     from .conftest import reference_judge
 
@@ -76,7 +76,7 @@ def test_verbose_shows_each_request_with_the_key_redacted(tmp_path) -> None:
     key = "sk-secret-test-key-12345"
     with FakeProvider(responder=reference_judge) as fake:
         for level in ("", "2"):
-            done = subprocess.run([sys.executable, "-m", "graders", "-v", "grade", str(source), "-r", "semantic_equivalence_en",
+            done = subprocess.run([sys.executable, "-m", "gradekit", "-v", "grade", str(source), "-r", "semantic_equivalence_en",
                                    "-o", str(tmp_path / f"out{level}.jsonl"), "--base-url", fake.base_url, "--api-key", key,
                                    "--no-cache"], capture_output=True, text=True, timeout=120, env={**os.environ, "GRADEKIT_VERBOSE": level})
             assert done.returncode == 0, done.stderr
@@ -86,7 +86,7 @@ def test_verbose_shows_each_request_with_the_key_redacted(tmp_path) -> None:
 
 
 def test_redact_catches_every_form_a_key_travels_in() -> None:
-    from graders.cli._verbose import REDACTED, redact
+    from gradekit.graders.cli._verbose import REDACTED, redact
 
     for text in ("Authorization: Bearer abcdef123456", "{'authorization': 'Bearer abcdef123456'}", "'api_key': 'abcdef123456'",
                  "key sk-abcdef123456 here", "x-api-key=abcdef123456"):
@@ -98,7 +98,7 @@ def test_a_crash_is_one_line_with_the_version_and_no_traceback() -> None:
     from importlib.metadata import version
 
     # Every known mistake has its message; a bug has none. A command that divides by zero stands in for one.
-    crash = ("import sys; from graders.cli import app, main\n"
+    crash = ("import sys; from gradekit.graders.cli import app, main\n"
              "@app.command('boom')\ndef boom() -> None:\n    1 / 0\n"
              "sys.argv = ['gradekit', 'boom']; main()")
     done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=120)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from graders.cli import app
-from judge.testing import FakeProvider
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import reference_judge
 
@@ -26,8 +26,8 @@ COMMANDS = tuple(command.name for command in app.registered_commands)
 
 
 def imported(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[set[str], subprocess.CompletedProcess]:
-    """Top-level packages a ``python -m graders ARGS`` process imported, and the finished process."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "graders", *args], capture_output=True, text=True,
+    """Top-level packages a ``python -m gradekit ARGS`` process imported, and the finished process."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gradekit", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})}, cwd=cwd)
     names = set()
     for line in done.stderr.splitlines():
@@ -42,7 +42,7 @@ def imported(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
 # start-up cost someone chose: adding `import vcr` to the CLI entry fails the test below, as would any
 # library a refactor pulls in at the top of a module.
 HELP_ALLOWED = {
-    "graders", "judge",  # gradekit itself (graders.cli and the modules it names)
+    "gradekit",  # gradekit itself (gradekit.graders.cli and the modules it names)
     "typer", "annotated_doc", "shellingham",  # the command line (shellingham: typer's shell detection)
     "rich", "pygments", "markdown_it", "mdurl", "linkify_it", "attr",  # typer's rich help (rich.pretty tries attrs)
     "_distutils_hack", "sitecustomize", "usercustomize", "org",  # the interpreter's site start-up; copy's Jython probe
@@ -110,7 +110,7 @@ _COUNT = """
 import atexit, sys
 atexit.register(lambda: print("MODULES", len(sys.modules), file=sys.stderr))
 sys.argv = ["gradekit", "--help"]
-from graders.cli import main
+from gradekit.graders.cli import main
 main()
 """
 

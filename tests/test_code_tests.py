@@ -13,10 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from graders._code_tests import CodeTestsGrader, code_tests_grader, extract_code, read_cases
-from graders._config import GraderConfigError, load_grader
-from graders._sample import Sample
-from graders.cli import app
+from gradekit.graders._code_tests import CodeTestsGrader, code_tests_grader, extract_code, read_cases
+from gradekit.graders._config import GraderConfigError, load_grader
+from gradekit.graders._sample import Sample
+from gradekit.graders.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -156,7 +156,7 @@ def run_validate(config: Path, tmp_path: Path, *, path: str | None = None) -> su
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if path is not None:
         env["PATH"] = path
-    return subprocess.run([sys.executable, "-m", "graders", "validate", "--grader", str(config), "--example", str(example),
+    return subprocess.run([sys.executable, "-m", "gradekit", "validate", "--grader", str(config), "--example", str(example),
                            "--response", str(response)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
 
 
@@ -211,7 +211,7 @@ def test_validate_says_none_loudly(tmp_path: Path) -> None:
 
 
 async def test_exported_vertex_evaluate_gives_the_same_rewards(make, tmp_path: Path) -> None:
-    from graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
+    from gradekit.graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
 
     exported = tmp_path / "reward.py"
     exported.write_text(export_vertex_evaluate({"type": "code_tests", "timeout": 2}))

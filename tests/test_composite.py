@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from graders._composite import FormulaError, compile_formula, formula_grader, weighted_grader
-from graders._config import load_grader
-from graders._sample import Grade, Sample
-from graders._string_match import string_match_grader
+from gradekit.graders._composite import FormulaError, compile_formula, formula_grader, weighted_grader
+from gradekit.graders._config import load_grader
+from gradekit.graders._sample import Grade, Sample
+from gradekit.graders._string_match import string_match_grader
 
 DATA = Path(__file__).parent / "data" / "graders"
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from graders.platforms import ark_group_grader
-from graders.platforms._ark import ArkTrajectory, ChatCompletionSample, PluginStatus
-from judge.testing import FakeProvider
+from gradekit.graders.platforms import ark_group_grader
+from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample, PluginStatus
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import need, reference_judge
 
@@ -84,7 +84,7 @@ QWEN_PROMPT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\
 def test_openrlhf_plain_label_reaches_references_answer_and_the_end_token_is_cut(serve) -> None:
     """Before: the label was only references.label, so {{references.answer}} failed (502, which
     OpenRLHF retries 5 times and then fails the step), and the response kept <|im_end|>. After: 200."""
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     url = serve(load_grader(ANSWER_MATCH))
     body = {"query": [QWEN_PROMPT + "5<|im_end|>", QWEN_PROMPT + "6<|im_end|>\n<|endoftext|><|endoftext|>"],
@@ -95,7 +95,7 @@ def test_openrlhf_plain_label_reaches_references_answer_and_the_end_token_is_cut
 
 
 def test_openrlhf_templated_prompt_is_read_back_into_messages_and_end_tokens_are_configurable(serve) -> None:
-    from graders import Grade
+    from gradekit.graders import Grade
 
     seen: list[Any] = []
 
@@ -125,14 +125,14 @@ def test_openrlhf_templated_prompt_is_read_back_into_messages_and_end_tokens_are
     pytest.param("say </s> then Paris", "say </s> then Paris", id="only_trailing"),
 ])
 def test_end_tokens_of_the_common_templates(tokens: str, expected: str) -> None:
-    from graders.platforms.server._models import strip_end_tokens
+    from gradekit.graders.platforms.server._models import strip_end_tokens
 
     assert strip_end_tokens(tokens) == expected
 
 
 def test_dashscope_plain_ground_truth_reaches_references_answer(serve) -> None:
     """Before: a plain ground_truth was only references.ground_truth: status failed. After: success."""
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     url = serve(load_grader(ANSWER_MATCH))
     body = {"func_type": "reward", "ground_truth": "Paris",
@@ -143,9 +143,9 @@ def test_dashscope_plain_ground_truth_reaches_references_answer(serve) -> None:
 
 def test_one_reference_rule_on_every_platform() -> None:
     """The mapping table's rows: a plain value is under the platform's name and ``answer``; a dict merges."""
-    from graders.platforms._common import reference_dict
-    from graders.platforms._verl import verl_references
-    from graders.platforms.server._models import (
+    from gradekit.graders.platforms._common import reference_dict
+    from gradekit.graders.platforms._verl import verl_references
+    from gradekit.graders.platforms.server._models import (
         AgentOutput,
         dashscope_request,
         label_references,
@@ -223,7 +223,7 @@ def test_bailian_seed_class_with_core_imports_is_served_unchanged(tmp_path: Path
 
 
 def serve_seed_class(tmp_path: Path, serve: Any, class_path: str) -> None:
-    from graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.platforms.server import build_computer, load_server_config
 
     (tmp_path / "implementations").mkdir()
     (tmp_path / "implementations" / "__init__.py").write_text("", encoding="utf-8")
@@ -239,7 +239,7 @@ def serve_seed_class(tmp_path: Path, serve: Any, class_path: str) -> None:
 
 
 def test_config_without_reward_class_serves_the_default_computer(tmp_path: Path, serve) -> None:
-    from graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.platforms.server import build_computer, load_server_config
 
     config_file = tmp_path / "config.yaml"
     # The seed's own file with the class line commented out.
@@ -287,7 +287,7 @@ def _length(data: bytes) -> int:
 
 
 def test_oversized_body_is_413_before_it_is_read(serve) -> None:
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     url = serve(load_grader(ANSWER_MATCH), {"server": {"max_body_bytes": 1000}})
     # A declared 5 GB body: refused from its Content-Length, with not one byte of it sent.
@@ -304,7 +304,7 @@ def test_oversized_body_is_413_before_it_is_read(serve) -> None:
 
 def test_a_slow_body_is_408_and_holds_no_worker(serve) -> None:
     """One worker, no queue: a client that sends half a body and stalls must not take the only slot."""
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     url = serve(load_grader(ANSWER_MATCH), {"server": {"body_timeout_s": 1}, "thread_pool": {"max_workers": 1, "queue_size": 0}})
     body = json.dumps({"query": ["5"], "labels": ["5"]}).encode()
@@ -329,7 +329,7 @@ def test_a_slow_body_is_408_and_holds_no_worker(serve) -> None:
 
 
 def test_a_reward_not_ready_in_time_is_504_with_no_reward(serve) -> None:
-    from graders import Grade
+    from gradekit.graders import Grade
 
     release = threading.Event()
 
@@ -351,7 +351,7 @@ def test_a_reward_not_ready_in_time_is_504_with_no_reward(serve) -> None:
 
 def test_get_reward_without_labels_for_a_grader_that_needs_them_is_422_naming_labels(serve) -> None:
     """Before: 502 (OpenRLHF retries it 5 times, then fails the step). After: 422 naming ``labels``."""
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     url = serve(load_grader(ANSWER_MATCH))
     status, reply = post(url, "/get_reward", {"query": ["Q? 5"], "prompts": ["Q? "]})
@@ -359,8 +359,8 @@ def test_get_reward_without_labels_for_a_grader_that_needs_them_is_422_naming_la
 
 
 def test_a_prompt_over_max_prompt_tokens_is_an_input_error_and_sends_nothing(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graders import load_grader
-    from graders._sample import Sample
+    from gradekit.graders import load_grader
+    from gradekit.graders._sample import Sample
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     fake.set_responder(reference_judge)
@@ -386,14 +386,14 @@ def test_serve_on_a_port_in_use_exits_3_with_one_line(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "graders", "serve", "--config", str(config), "--port", str(port)],
+        proc = subprocess.run([sys.executable, "-m", "gradekit", "serve", "--config", str(config), "--port", str(port)],
                               capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use; stop what holds it or pass --port"]
     assert proc.stdout == ""
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     help_text = CliRunner().invoke(app, ["serve", "--help"], terminal_width=200).output
     assert "3: the port is already in use" in " ".join(help_text.split())
@@ -415,7 +415,7 @@ def trl_0_26_calculate_rewards(reward_func: Any, inputs: list[dict[str, Any]], p
 
 def test_trl_before_0_27_gets_a_plain_function_that_returns_rewards() -> None:
     """Before: TRL 0.26 iterated the coroutine ("'coroutine' object is not iterable"). After: rewards."""
-    from graders.platforms import trl_reward_func
+    from gradekit.graders.platforms import trl_reward_func
 
     func = trl_reward_func(ANSWER_MATCH, sync=True)
     assert not asyncio.iscoroutinefunction(func)
@@ -433,7 +433,7 @@ def test_trl_before_0_27_gets_a_plain_function_that_returns_rewards() -> None:
     ("0.14.0", True), ("0.26.2", True), ("0.9.6", True), ("0.27.0", False), ("0.27.0.dev0", False), ("1.16.0", False), ("1.0.0rc1", False),
 ])
 def test_trl_version_decides_sync(version: str, sync: bool) -> None:
-    from graders.platforms._trl import trl_calls_sync
+    from gradekit.graders.platforms._trl import trl_calls_sync
 
     assert trl_calls_sync(version) is sync
 
@@ -441,8 +441,8 @@ def test_trl_version_decides_sync(version: str, sync: bool) -> None:
 def test_trl_default_follows_the_installed_trl() -> None:
     import importlib.metadata
 
-    from graders.platforms import trl_reward_func
-    from graders.platforms._trl import trl_calls_sync
+    from gradekit.graders.platforms import trl_reward_func
+    from gradekit.graders.platforms._trl import trl_calls_sync
 
     try:
         installed = importlib.metadata.version("trl")
@@ -473,7 +473,7 @@ def test_openai_export_refuses_a_range_not_known_in_0_1_without_rescale(tmp_path
     """Before: a [-1, 1] python grader exported with exit 0. After: exit 2 naming --rescale; with it, exit 0."""
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     path = tmp_path / "grader.json"
     path.write_text(json.dumps(config), encoding="utf-8")
@@ -489,7 +489,7 @@ def test_openai_export_refuses_a_range_not_known_in_0_1_without_rescale(tmp_path
 
 
 def test_ark_single_grader_one_trajectory_per_call_from_new_loops(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graders import ark_single_grader
+    from gradekit.graders import ark_single_grader
 
     fake.set_responder(reference_judge)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
@@ -516,14 +516,14 @@ LABEL_MODEL = {
 
 
 def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from graders import export_openai_grader, load_grader
-    from graders._sample import Sample
+    from gradekit.graders import export_openai_grader, load_grader
+    from gradekit.graders._sample import Sample
 
     need_sdk = need("openai.types.graders", "pip install 'openai>=1.78'")
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
 
     def judge(body: dict) -> Any:
-        from judge.testing import Reply
+        from gradekit.judge.testing import Reply
 
         user = body["messages"][-1]["content"]
         label = "negative" if "awful" in user else "positive"
@@ -548,7 +548,7 @@ def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvid
     # ``gradekit validate`` runs OpenAI's JSON file as it is, on the judge's endpoint.
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     (tmp_path / "label_model.json").write_text(json.dumps(LABEL_MODEL), encoding="utf-8")
     (tmp_path / "example.json").write_text(json.dumps({"contents": [{"role": "user", "parts": [{"text": "Review it."}]}],
@@ -576,14 +576,14 @@ def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvid
     pytest.param("gleu", "a b", "c d", 0.0, id="gleu_disjoint"),
 ])
 def test_text_similarity_metrics(metric: str, got: str, want: str, expected: float) -> None:
-    from graders._text_similarity import METRICS
+    from gradekit.graders._text_similarity import METRICS
 
     assert METRICS[metric](got, want) == pytest.approx(expected)
 
 
 def test_text_similarity_from_openai_json_runs_and_exports_back() -> None:
-    from graders import export_openai_grader, load_grader
-    from graders._sample import Sample
+    from gradekit.graders import export_openai_grader, load_grader
+    from gradekit.graders._sample import Sample
 
     config = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
               "evaluation_metric": "rouge_l", "pass_threshold": 0.5}
@@ -607,7 +607,7 @@ def ranking_judge(biased: bool = False):
     them in the order shown instead, whatever they say: the worst case of position bias."""
     import re as _re
 
-    from judge.testing import Reply
+    from gradekit.judge.testing import Reply
 
     def respond(body: dict) -> Any:
         user = body["messages"][-1]["content"]
@@ -655,7 +655,7 @@ def test_relative_judge_measures_position_bias(fake: FakeProvider, monkeypatch: 
 
 
 def test_relative_judge_unreadable_ranking_is_retry_not_a_score(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
-    from judge.testing import Reply
+    from gradekit.judge.testing import Reply
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     fake.set_responder(lambda body: Reply(content="<ranking>A > A</ranking>"))
@@ -668,6 +668,6 @@ def test_relative_judge_unreadable_ranking_is_retry_not_a_score(fake: FakeProvid
     ("A > B", 3, None), ("A > A > B", 3, None), ("", 2, None), ("B > A > D", 3, None),
 ])
 def test_parse_ranking(text: str, n: int, expected: Any) -> None:
-    from graders._relative import parse_ranking
+    from gradekit.graders._relative import parse_ranking
 
     assert parse_ranking(text, n) == expected

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from judge import Judge, JudgeCache, Limiter, load_rubric
-from judge._dialect import forget_dialects
-from judge.testing import FakeProvider
+from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
+from gradekit.judge._dialect import forget_dialects
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import reference_judge
 from .test_judge_models import ROWS, answer_for
 
-GRADEKIT = [sys.executable, "-m", "graders"]
+GRADEKIT = [sys.executable, "-m", "gradekit"]
 BUSY_LOOPS = 4  # on the core the run is pinned to: it gets a fifth of it
 
 

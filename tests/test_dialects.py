@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from judge.testing import DIALECTS, Dialect, FakeProvider, Reply
+from gradekit.judge.testing import DIALECTS, Dialect, FakeProvider, Reply
 
 NAMES = {"openai", "openai-reasoning", "dashscope-thinking", "ark-thinking", "vllm-reasoning-parser",
          "vllm-no-parser", "deepseek-reasoner", "gemini", "anthropic"}
@@ -386,13 +386,13 @@ def test_anthropic_sends_its_own_rate_limit_headers_and_retry_after(serve) -> No
     assert "retry-after-ms" not in exc.response.headers
 
 
-# ---- python -m judge.testing --dialect ------------------------------------------------------------------
+# ---- python -m gradekit.judge.testing --dialect ------------------------------------------------------------------
 
 
 def test_the_fake_serves_a_dialect_with_a_script_from_the_command_line(tmp_path: Path) -> None:
     script = tmp_path / "script.jsonl"
     script.write_text(Reply(content="<answer>Yes</answer>", reasoning="hmm").model_dump_json() + "\n", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--dialect", "dashscope-thinking", "--script", str(script)],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--dialect", "dashscope-thinking", "--script", str(script)],
                             stdout=subprocess.PIPE, text=True)
     try:
         base_url = proc.stdout.readline().strip()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from judge.testing import FakeProvider
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import reference_judge
 
@@ -88,7 +88,7 @@ def _workspace(tmp_path: Path, fake_url: str, graded: Path) -> tuple[Path, dict[
     (work / "grader.yaml").write_text(GRADER, encoding="utf-8")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, run in (("gradekit", f'exec "{sys.executable}" -m graders "$@"'), ("python", f'exec "{sys.executable}" "$@"'),
+    for name, run in (("gradekit", f'exec "{sys.executable}" -m gradekit "$@"'), ("python", f'exec "{sys.executable}" "$@"'),
                       ("python3", f'exec "{sys.executable}" "$@"')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{run}\n", encoding="utf-8")
         (bin_dir / name).chmod(0o755)
@@ -122,7 +122,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = folder / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
     with FakeProvider(responder=reference_judge) as fake:
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(rows), "-r", "semantic_equivalence_en", "-o",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(rows), "-r", "semantic_equivalence_en", "-o",
                                str(folder / "out.jsonl"), "--no-cache"], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "fake",
                                    "XDG_CACHE_HOME": str(folder / "cache")})
@@ -152,20 +152,20 @@ def test_documented_commands_run(page: Path, tmp_path: Path, graded: Path) -> No
 
 def test_readme_fake_judge_script_answers_as_documented(tmp_path: Path) -> None:
     """The README's no-key path, whose server block cannot run in the loop above: its ``echo`` writes a script that
-    ``python -m judge.testing --script`` takes, and the judge then answers with the script's reply, not its default."""
+    ``python -m gradekit.judge.testing --script`` takes, and the judge then answers with the script's reply, not its default."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = next(b for b, _, _ in blocks(ROOT / "README.md") if "python -m judge.testing --script" in b)
+    block = next(b for b, _, _ in blocks(ROOT / "README.md") if "python -m gradekit.judge.testing --script" in b)
     echo = next(line for line in block.splitlines() if line.startswith("echo "))
     row = re.search(r"```json\n(\{.*\})\n```", readme.split("## Grade your own file", 1)[1]).group(1)
     (tmp_path / "rows.jsonl").write_text(row + "\n", encoding="utf-8")
     subprocess.run(["bash", "-c", echo], cwd=tmp_path, check=True, timeout=30)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    server = subprocess.Popen([sys.executable, "-m", "judge.testing", "--script", "replies.jsonl"], cwd=tmp_path, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--script", "replies.jsonl"], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip()  # the documented first line: its URL
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), (url, server.stderr.read() if server.poll() is not None else "")
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "out.jsonl"],
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "out.jsonl"],
                               cwd=tmp_path, env={**env, "OPENAI_BASE_URL": url, "OPENAI_API_KEY": "fake"}, capture_output=True,
                               text=True, timeout=120)
     finally:

@@ -8,8 +8,8 @@ import re
 
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 runner = CliRunner()
 
@@ -304,7 +304,7 @@ def test_a_file_url_is_a_local_path_under_the_same_folder_rule_and_other_schemes
 
     import pytest
 
-    from graders._llm import local_media
+    from gradekit.graders._llm import local_media
 
     folder = Path(tempfile.mkdtemp())
     (folder / "a.png").write_bytes(PNG)
@@ -316,8 +316,8 @@ def test_a_file_url_is_a_local_path_under_the_same_folder_rule_and_other_schemes
 
 
 def test_media_reach_the_cache_key_as_digests_only() -> None:
-    from judge._cache import cache_key
-    from judge._media import Media, digest_media
+    from gradekit.judge._cache import cache_key
+    from gradekit.judge._media import Media, digest_media
 
     def request(url: str) -> dict:
         return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "q"},
@@ -350,8 +350,8 @@ def test_a_cassette_holds_media_as_digests_and_replays(tmp_path) -> None:
 
 
 def test_score_model_reads_a_reply_that_missed_the_schema_but_gives_one_number() -> None:
-    from graders import Sample, SyncGrader, load_grader
-    from judge import Judge, RetryPolicy
+    from gradekit.graders import Sample, SyncGrader, load_grader
+    from gradekit.judge import Judge, RetryPolicy
 
     replies = {"bare": "6", "score": '{"score": 3}', "words": "I would say six", "two": "[6, 7]"}
 

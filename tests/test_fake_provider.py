@@ -1,4 +1,4 @@
-"""Tests of the shipped test seam ``judge.testing``: always through the real openai SDK over HTTP."""
+"""Tests of the shipped test seam ``gradekit.judge.testing``: always through the real openai SDK over HTTP."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from judge.testing import FakeProvider, Reply, auto_reply
+from gradekit.judge.testing import FakeProvider, Reply, auto_reply
 
 from .conftest import until
 
@@ -346,7 +346,7 @@ def test_subprocess_serves_script_and_stops_on_sigterm(tmp_path: Path) -> None:
     lines = [Reply(content="from file").model_dump_json(), "", Reply(status=503).model_dump_json()]
     script.write_text("\n".join(lines) + "\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "judge.testing", "--port", "0", "--script", str(script)],
+        [sys.executable, "-m", "gradekit.judge.testing", "--port", "0", "--script", str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

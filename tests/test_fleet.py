@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from judge import Judge, JudgeCache, Limiter, load_rubric
-from judge._cache import cache_key
-from judge.testing import DownJudge, FakeProvider
+from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
+from gradekit.judge._cache import cache_key
+from gradekit.judge.testing import DownJudge, FakeProvider
 
 EN = load_rubric("semantic_equivalence_en")
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,11 +33,11 @@ def rows(n: int, tag: str = "q") -> list[dict]:
 def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess:
     """The real command: in this process (CliRunner, no interpreter start-up), or as ``gradekit`` in a subprocess."""
     if process:
-        return subprocess.run([sys.executable, "-m", "graders", *args], capture_output=True, text=True, timeout=120,
+        return subprocess.run([sys.executable, "-m", "gradekit", *args], capture_output=True, text=True, timeout=120,
                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     result = CliRunner().invoke(app, list(args), env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -235,7 +235,7 @@ async def test_a_request_cancelled_while_it_waits_unrouted_leaves_no_turn_behind
     """A hedged race cancels its loser; when that loser was waiting unrouted for the first time, its place in
     line stayed behind as a head nobody wakes, and every request after it waited for ever (a killed endpoint
     under load stopped a 300-row run at row 134)."""
-    from judge._fleet import Router
+    from gradekit.judge._fleet import Router
 
     router = Router([])
     head = await router.wait_turn(None, 0.01)  # the oldest waiting request: first in line

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from graders.cli import app
-from graders.runs._file import MARK_EVERY_S
-from graders.runs._io import input_files, read_rows
-from judge.testing import FakeProvider
+from gradekit.graders.cli import app
+from gradekit.graders.runs._file import MARK_EVERY_S
+from gradekit.graders.runs._io import input_files, read_rows
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import Gate
 
@@ -165,7 +165,7 @@ def test_csv_and_parquet_folders_give_a_single_files_rows(tmp_path: Path) -> Non
 
 
 def _command(source: Path, output: Path, base_url: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(output), "--base-url", base_url,
+    return [sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC, "-o", str(output), "--base-url", base_url,
             "--api-key", "k", "--model", "fake-judge", "--json", *extra]
 
 

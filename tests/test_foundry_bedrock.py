@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from graders import ExportError, RewardServer, Sample, SyncGrader, create_app, export_bedrock_lambda, export_foundry_grader, load_grader
-from graders.cli import app
-from judge import Judge, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders import ExportError, RewardServer, Sample, SyncGrader, create_app, export_bedrock_lambda, export_foundry_grader, load_grader
+from gradekit.graders.cli import app
+from gradekit.judge import Judge, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .test_evals_api import EVAL
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from graders import (
+from gradekit.graders import (
     Grade,
     Sample,
     SyncGrader,
@@ -23,11 +23,11 @@ from graders import (
     string_match_grader,
     weighted_grader,
 )
-from graders.runs._frame import _shared_runner
-from graders.runs._io import RowError
-from graders.runs._rows import MappingError, RowMapping, grade_columns
-from judge import Judge, Limiter
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.runs._frame import _shared_runner
+from gradekit.graders.runs._io import RowError
+from gradekit.graders.runs._rows import MappingError, RowMapping, grade_columns
+from gradekit.judge import Judge, Limiter
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import InFlight
 

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 runner = CliRunner()
 

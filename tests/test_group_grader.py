@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from graders._config import load_group_grader
-from graders._group import GroupStatus, SampleChecks, TrajectoryChecks, group_grader
-from graders._llm import llm_grader
-from graders._sample import Grade, Sample, Trajectory, sample_from_row
-from graders._spread import reward_spread
-from judge import Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders._config import load_group_grader
+from gradekit.graders._group import GroupStatus, SampleChecks, TrajectoryChecks, group_grader
+from gradekit.graders._llm import llm_grader
+from gradekit.graders._sample import Grade, Sample, Trajectory, sample_from_row
+from gradekit.graders._spread import reward_spread
+from gradekit.judge import Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import InFlight
 
@@ -307,7 +307,7 @@ def test_a_grade_is_never_a_reward_in_the_spread() -> None:
     pytest.param([[0.5, 0.5], [1, 0]], (0, 0), id="flat_in_the_middle_is_neither"),
 ])
 def test_spread_counts_groups_too_easy_and_too_hard(groups, counts) -> None:
-    from graders import reward_spread
+    from gradekit.graders import reward_spread
 
     report = reward_spread(groups)
     assert (report.too_easy_groups, report.too_hard_groups) == counts

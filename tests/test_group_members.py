@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from graders._config import GraderConfigError, load_group_grader
-from graders._group import GroupStatus, group_grader
-from graders._llm import llm_grader
-from graders._relative import relative_group_grader
-from graders._sample import Sample, Trajectory
-from judge import RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders._config import GraderConfigError, load_group_grader
+from gradekit.graders._group import GroupStatus, group_grader
+from gradekit.graders._llm import llm_grader
+from gradekit.graders._relative import relative_group_grader
+from gradekit.graders._sample import Sample, Trajectory
+from gradekit.judge import RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .test_group_grader import zh_judge
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from judge import HedgePolicy, Judge, JudgeCache, Limiter, load_rubric
-from judge._hedge import HedgeBudget, LatencyTracker
-from judge.testing import FakeProvider, Lognormal, Reply, auto_reply
+from gradekit.judge import HedgePolicy, Judge, JudgeCache, Limiter, load_rubric
+from gradekit.judge._hedge import HedgeBudget, LatencyTracker
+from gradekit.judge.testing import FakeProvider, Lognormal, Reply, auto_reply
 
 from .test_fleet import cli, rows
 
@@ -204,7 +204,7 @@ def test_a_grader_files_judge_hedge(fleet, tmp_path: Path) -> None:
 type: llm
 rubric: semantic_equivalence_en
 """, encoding="utf-8")
-    from graders import load_grader
+    from gradekit.graders import load_grader
 
     configured = load_grader(grader)
     judge = configured._builder.judge()
@@ -238,7 +238,7 @@ def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path
 
     import yaml
 
-    from graders.platforms.server._config import parse_server_config
+    from gradekit.graders.platforms.server._config import parse_server_config
 
     from .test_server import call
     from .test_server_rl import families, total, urllib_text
@@ -253,7 +253,7 @@ def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path
     (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\nhedge: true\n", encoding="utf-8")
     assert parse_server_config({"hedge": {"max_extra": 0.05}}).hedge == HedgePolicy(max_extra=0.05)
     assert parse_server_config({"hedge": False}).hedge is False
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         url = proc.stdout.readline().strip()  # type: ignore[union-attr]

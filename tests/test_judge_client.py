@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from judge import JudgeCache, Limiter, RetryPolicy, load_rubric
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import JudgeCache, Limiter, RetryPolicy, load_rubric
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge, verdict_json
 
@@ -81,7 +81,7 @@ async def test_malformed_responses_are_retried(fake, make_judge, broken) -> None
 async def test_client_errors_fail_fast_with_a_hint(status, hint) -> None:
     # A plain-text rubric has no fallback chain, so a 4xx is final at once.
     with FakeProvider(script=[Reply(status=status, error_message="nope")]) as fake:
-        from judge import Judge
+        from gradekit.judge import Judge
 
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(), retry=RetryPolicy(max_attempts=5))
         verdict = await judge.judge(TONE, {"response": "hi", "tone": "warm"})
@@ -126,7 +126,7 @@ async def test_refusal_is_not_re_asked(fake, make_judge) -> None:
 )
 async def test_fallback_chain_reaches_a_working_mode_and_remembers_it(rejects, reached, tmp_path) -> None:
     with FakeProvider(responder=reference_judge, **rejects) as fake:
-        from judge import Judge
+        from gradekit.judge import Judge
 
         cache = JudgeCache(tmp_path / "c.sqlite3")
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(), cache=cache)
@@ -192,7 +192,7 @@ async def test_rate_the_server_sees_stays_within_the_limit() -> None:
     # The server enforces the same 10 req/s as a token bucket; the client's pacing keeps it from ever refusing.
     rps, n = 10, 35
     with FakeProvider(responder=reference_judge, rate_limit_rps=rps) as fake:
-        from judge import Judge
+        from gradekit.judge import Judge
 
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(rps=rps, concurrency=32))
         started = time.monotonic()
@@ -210,7 +210,7 @@ async def test_rate_the_server_sees_stays_within_the_limit() -> None:
 async def test_concurrency_cap_bounds_requests_in_flight() -> None:
     latency, cap = 0.2, 3
     with FakeProvider(responder=reference_judge, latency=latency) as fake:
-        from judge import Judge
+        from gradekit.judge import Judge
 
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=cap))
         await asyncio.gather(*(judge.judge(ZH, {**ROW, "prediction": f"p{i}"}) for i in range(9)))
@@ -221,7 +221,7 @@ async def test_concurrency_cap_bounds_requests_in_flight() -> None:
 
 
 async def test_tokens_per_minute_paces_requests() -> None:
-    from judge import Judge, estimate_tokens
+    from gradekit.judge import Judge, estimate_tokens
 
     # A bucket of 2.5 requests' worth of tokens lets two through at once; the third must wait
     # (0.5 request's worth at tpm/60 tokens per second = 12 s), so within a second the server sees two.

@@ -1,6 +1,6 @@
 """Every shipped rubric on every provider dialect of the fake (#20): reasoning models, thinking models, streaming.
 
-The dialects (judge.testing.DIALECTS) model what each provider documents: parameters it refuses,
+The dialects (gradekit.judge.testing.DIALECTS) model what each provider documents: parameters it refuses,
 thinking in a field, in ``<think>`` tags or in stream deltas, streaming-only thinking. A thinking
 dialect's draft holds a verdict in every rubric format that differs from the final answer, so a
 verdict read from the thinking shows up as a wrong label here.
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import Judge, Limiter, load_rubric
-from judge._dialect import forget_dialects
-from judge.testing import DIALECTS, FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge import Judge, Limiter, load_rubric
+from gradekit.judge._dialect import forget_dialects
+from gradekit.judge.testing import DIALECTS, FakeProvider, Reply
 
 # The final answer each rubric's judge gives, and the label it must be read as.
 FINAL: dict[str, tuple[str, str]] = {

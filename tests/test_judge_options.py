@@ -6,8 +6,8 @@ import click
 import pytest
 import typer
 
-from graders.cli import app
-from graders.cli._judge_options import _DECLARED, parse_judge_params
+from gradekit.graders.cli import app
+from gradekit.graders.cli._judge_options import _DECLARED, parse_judge_params
 
 JUDGE_COMMANDS = ["grade", "meta-eval", "probe", "validate"]
 

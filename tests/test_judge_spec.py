@@ -12,10 +12,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import load_rubric
-from judge._spec import JudgeSpec, Limits
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge import load_rubric
+from gradekit.judge._spec import JudgeSpec, Limits
+from gradekit.judge.testing import FakeProvider, Reply
 
 ROW = {"question": "q", "references": ["a"], "prediction": "a"}
 

@@ -1,6 +1,6 @@
 """Juries and cascades (issue 23) against judges of known reliability served by the fake provider.
 
-One fake per module, in its own process (``python -m judge.testing --population``), so the CLI
+One fake per module, in its own process (``python -m gradekit.judge.testing --population``), so the CLI
 under test and the fake each get a core. Its models answer the row's true label with a known
 accuracy; each (model, row) is easy or hard, so K samples carry confidence information as real
 judges' do (see judge/testing/_population.py).
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom
 
-from graders.calibration._cascade import clopper_pearson_lower, fixed_sequence
-from judge import Judge, Jury, Limiter, load_rubric
-from judge._jury import decide
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.calibration._cascade import clopper_pearson_lower, fixed_sequence
+from gradekit.judge import Judge, Jury, Limiter, load_rubric
+from gradekit.judge._jury import decide
+from gradekit.judge.testing import FakeProvider, Reply
 
 RUBRIC = "semantic_equivalence_en"
 # The issue's population is 300 calibration rows and 900 graded ones; the suite grades 200 of them
@@ -48,7 +48,7 @@ def population(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             "truth": {str(r["id"]): r["label"] for r in rows}, "key_pattern": r"question (\d+)\?", "failing": {"down": 500},
             "seed": 23}
     (folder / "population.json").write_text(json.dumps(spec), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--population", str(folder / "population.json")],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--population", str(folder / "population.json")],
                             stdout=subprocess.PIPE, text=True)
     try:
         base_url = proc.stdout.readline().strip()  # type: ignore[union-attr]
@@ -63,7 +63,7 @@ def population(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 def gradekit(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENAI_API_KEY": "k"}
-    return subprocess.run([sys.executable, "-m", "graders", *args], env=env, capture_output=True, text=True, timeout=280)
+    return subprocess.run([sys.executable, "-m", "gradekit", *args], env=env, capture_output=True, text=True, timeout=280)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -184,7 +184,7 @@ async def test_a_jury_below_its_quorum_is_an_error_naming_each_jurors_error(fake
 
 
 async def test_a_yaml_jury_with_juror_endpoints_keys_and_params_grades_like_a_judge(fake, monkeypatch) -> None:
-    from graders import Sample, Trajectory, load_grader, load_group_grader
+    from gradekit.graders import Sample, Trajectory, load_grader, load_group_grader
 
     monkeypatch.setenv("JUROR_C_KEY", "key-c")
     votes = {"a": "correct", "b": "incorrect", "c": "correct"}
@@ -207,15 +207,15 @@ async def test_a_yaml_jury_with_juror_endpoints_keys_and_params_grades_like_a_ju
     result = await group(Sample(messages="Capital?", response="Paris", references={"answer": "Paris"}),
                          [Trajectory(messages=[{"role": "assistant", "content": "Paris"}])])
     assert result.status == "RETRY" and "abstained" in result.error and "split (correct: 2, incorrect: 1)" in result.error
-    from graders import GraderConfigError
+    from gradekit.graders import GraderConfigError
 
     with pytest.raises(GraderConfigError, match="quorum 4 is more than"):
         load_grader({**node, "judge": {**judge, "quorum": 4}})
 
 
 async def test_a_yaml_juror_can_be_a_fleet(fake) -> None:
-    from graders import GraderConfigError, Sample, load_grader
-    from judge.testing import FakeProvider
+    from gradekit.graders import GraderConfigError, Sample, load_grader
+    from gradekit.judge.testing import FakeProvider
 
     fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
     node = {"type": "llm", "rubric": RUBRIC, "map": {"references": "references.answer"}}
@@ -241,7 +241,7 @@ async def test_a_yaml_juror_can_be_a_fleet(fake) -> None:
 async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(fake, tmp_path, rule, c_winner, agreement) -> None:
     import re
 
-    from graders.calibration._pairwise import grade_pairwise_file
+    from gradekit.graders.calibration._pairwise import grade_pairwise_file
 
     def respond(body: dict) -> Reply:
         first = re.search(r"<assistant_a>\n?(.*?)\n?</assistant_a>", body["messages"][-1]["content"], re.S).group(1)
@@ -265,8 +265,8 @@ async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(
 async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_the_labels_probability(fake) -> None:
     import math
 
-    from graders.calibration._cascade import fit_cascade
-    from judge import Cascade
+    from gradekit.graders.calibration._cascade import fit_cascade
+    from gradekit.judge import Cascade
 
     rubric = load_rubric(RUBRIC)
     rows = [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(30)]
@@ -304,9 +304,9 @@ async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_t
 def test_meta_eval_takes_a_cascade_and_an_order_it_abstains_on_is_unreadable(fake, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
-    from judge import CascadeSpec
-    from judge._cascade import CascadeJudge
+    from gradekit.graders.cli import app
+    from gradekit.judge import CascadeSpec
+    from gradekit.judge._cascade import CascadeJudge
 
     # "sure" always prefers the output that is really better; "unsure" flips a coin between samples.
     def respond(body: dict) -> Reply:
@@ -339,8 +339,8 @@ def test_jurors_take_one_base_url_each_in_the_model_order_and_a_count_that_fits_
     """Several --model and as many --base-url: the i-th juror asks the i-th endpoint (one --base-url: all of them)."""
     from typer.testing import CliRunner
 
-    from graders.cli import app
-    from judge.testing import FakeProvider
+    from gradekit.graders.cli import app
+    from gradekit.judge.testing import FakeProvider
 
     source = _write(tmp_path / "in.jsonl", [{"id": i, "question": f"q{i}?", "references": ["x"], "prediction": "x"} for i in range(4)])
     with FakeProvider() as first, FakeProvider() as second:
@@ -359,10 +359,10 @@ def test_jurors_take_one_base_url_each_in_the_model_order_and_a_count_that_fits_
 def test_a_cascade_from_another_rubric_a_broken_file_and_too_few_labels_are_exit_2_before_any_request(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
-    from judge import CascadeSpec
-    from judge._cascade import CascadeJudge
-    from judge._rubric import rubric_fingerprint
+    from gradekit.graders.cli import app
+    from gradekit.judge import CascadeSpec
+    from gradekit.judge._cascade import CascadeJudge
+    from gradekit.judge._rubric import rubric_fingerprint
 
     dead = "http://127.0.0.1:9/v1"  # nothing may be sent: every case fails first
     rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y", "label": "correct"}
@@ -393,7 +393,7 @@ def test_gradekit_grade_with_a_grader_file_uses_its_jury_and_its_judge_model(fak
     # model and base_url were ignored and every row went to gpt-4o-mini at api.openai.com.
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     votes = {"a": "correct", "b": "incorrect", "c": "correct", "solo": "incorrect"}
     fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": votes[body["model"]]})))
@@ -419,7 +419,7 @@ def test_two_jurors_of_one_model_are_reported_apart(fake, tmp_path) -> None:
     # The same model twice (say, on two providers): the jury block had one merged entry (rows twice the file's).
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     fake.set_responder(lambda body: Reply(content=json.dumps({"rationale": "r", "judgement": "correct"})))
     rows = _write(tmp_path / "rows.jsonl", [{"question": f"question {i}?", "references": ["x"], "prediction": "y"} for i in range(3)])
@@ -435,7 +435,7 @@ def test_cascade_fit_gives_each_judge_its_own_base_url_and_a_judge_that_never_an
     # a judge that failed every row was written as "never trusted (no rows)", exit 0.
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     with FakeProvider() as refusing:
         refusing.set_responder(lambda body: Reply(status=401, error_message="Incorrect API key provided"))

@@ -21,9 +21,9 @@ import pytest
 
 from typer.testing import CliRunner
 
-from graders.calibration._labels import LabelsError, LabelStore, read_labels
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.calibration._labels import LabelsError, LabelStore, read_labels
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import need, reference_judge
 from .test_view import grade, start_view
@@ -161,7 +161,7 @@ def test_annotate_refuses_what_it_cannot_use(graded: Path, tmp_path: Path) -> No
 
 WRITER = """
 import sys
-from graders.calibration._labels import LabelStore
+from gradekit.graders.calibration._labels import LabelStore
 store = LabelStore(sys.argv[1], "id", sys.argv[2])
 for i in range(150):
     store.append(f"{sys.argv[2]}{i}", "x" * (1 + i * 37 % 3000), None, 0.5)

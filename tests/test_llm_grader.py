@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from graders._config import load_grader
-from graders._llm import autorater_grader, llm_grader
-from graders._sample import Sample
-from graders._string_match import ParseConfig
-from judge import RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders._config import load_grader
+from gradekit.graders._llm import autorater_grader, llm_grader
+from gradekit.graders._sample import Sample
+from gradekit.graders._string_match import ParseConfig
+from gradekit.judge import RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 DATA = Path(__file__).parent / "data" / "graders"
 ANSWER_TAG = ParseConfig(type="REGEX_EXTRACT", regex="<answer>(.*?)</answer>")

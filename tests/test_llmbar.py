@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from graders.calibration._llmbar import (
+from gradekit.graders.cli import app
+from gradekit.graders.calibration._llmbar import (
     LLMBarRun,
     comparison_spec,
     llmbar_root,
@@ -26,9 +26,9 @@ from graders.calibration._llmbar import (
     resolve_run,
     upstream_statistics,
 )
-from graders.calibration._pairwise import grade_pairwise_file
-from judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
-from judge.testing import FakeProvider
+from gradekit.graders.calibration._pairwise import grade_pairwise_file
+from gradekit.judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
+from gradekit.judge.testing import FakeProvider
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = list_runs(REPO / "eval_sets" / "llmbar")
@@ -170,7 +170,7 @@ def test_llmbar_command_prints_the_published_figures(tmp_path: Path, monkeypatch
 
 def test_demo_command_runs_as_a_real_process_from_the_repository_root() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))}
-    done = subprocess.run([sys.executable, "-c", "from graders.cli import main; main()", "llmbar"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-c", "from gradekit.graders.cli import main; main()", "llmbar"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Acc 93.5 / Agr 97.0" in done.stdout

@@ -1,6 +1,6 @@
 """type: math_equivalence and its engine, against the real math_verify in real checker workers.
 
-The front doors run as subprocesses (`python -m graders grade --grader`, `validate`, `serve` over
+The front doors run as subprocesses (`python -m gradekit grade --grader`, `validate`, `serve` over
 HTTP); the engine (MathVerifier) is driven from threads, fresh event loops and uvloop. Timeouts are
 short (1-2 s) so that the degenerate inputs cost little; nothing here measures time: a check that
 ran out of time says so in its outcome.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from graders import Grade, MathCheck, MathVerifier, Sample, load_grader, math_equivalence_grader
-from graders.sandbox._checkers import CheckerPool
+from gradekit.graders import Grade, MathCheck, MathVerifier, Sample, load_grader, math_equivalence_grader
+from gradekit.graders.sandbox._checkers import CheckerPool
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "data" / "math_verify" / "cases.jsonl"
@@ -38,7 +38,7 @@ def nested_frac(depth: int) -> str:
 
 
 def gradekit(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "graders", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "gradekit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -157,7 +157,7 @@ def test_validate_shows_the_reward_the_parse_and_a_timeout(tmp_path: Path) -> No
 def test_serve_grades_math_over_http(tmp_path: Path) -> None:
     (tmp_path / "math.yaml").write_text(MATH_YAML % 1, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: math.yaml\n", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -286,7 +286,7 @@ async def test_the_grade_carries_its_check() -> None:
     pytest.param({"type": "math_equivalence", "expression": "x", "tmeout": 3}, "tmeout", id="typo"),
 ])
 def test_config_mistakes_name_the_field(config: dict, message: str) -> None:
-    from graders import GraderConfigError
+    from gradekit.graders import GraderConfigError
 
     with pytest.raises(GraderConfigError, match=message):
         load_grader(config)
@@ -310,7 +310,7 @@ def test_a_check_from_another_thread_while_a_loop_runs(verifier: MathVerifier) -
 
 
 def test_verl_and_trl_adapters_never_turn_a_timeout_into_a_score() -> None:
-    from graders import GradingError, trl_reward_func, verl_compute_score
+    from gradekit.graders import GradingError, trl_reward_func, verl_compute_score
 
     config = {"type": "math_equivalence", "expression": "{{references.answer}}", "timeout": 1, "workers": 1}
     reward = verl_compute_score(config)

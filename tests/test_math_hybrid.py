@@ -1,6 +1,6 @@
 """The hybrid answer verifier (math_equivalence with judge_fallback): the judge sees only what the rules did not accept.
 
-Run as a user runs it, `python -m graders grade --grader hybrid.yaml` in a subprocess against the
+Run as a user runs it, `python -m gradekit grade --grader hybrid.yaml` in a subprocess against the
 loopback fake; the judge requests are counted at the fake's request log.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from judge.testing import FakeProvider, Reply
+from gradekit.judge.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 # (question, gold, response, accepted by the rules?)
@@ -41,7 +41,7 @@ def _write(folder: Path, config: str, rows=ROWS) -> tuple[Path, Path]:
 def _grade(folder: Path, fake: FakeProvider, config: str, *extra: str, rows=ROWS) -> tuple[subprocess.CompletedProcess, list[dict]]:
     grader, source = _write(folder, config, rows)
     out = folder / "out.jsonl"
-    done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(grader), "-o", str(out),
+    done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(grader), "-o", str(out),
                            "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--restart", *extra],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     rows_out = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] if out.exists() else []
@@ -142,8 +142,8 @@ def test_a_wrong_judge_fallback_is_refused_before_any_row(tmp_path: Path, fallba
 
 async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
     """load_grader(judge=...) is the one builder every LLM node uses; a Cascade meets the judge protocol there."""
-    from graders import Sample, load_grader
-    from judge import Cascade, CascadeSpec, Judge, Limiter
+    from gradekit.graders import Sample, load_grader
+    from gradekit.judge import Cascade, CascadeSpec, Judge, Limiter
 
     with FakeProvider(responder=judge_says("correct")) as fake:
         spec = CascadeSpec(rubric="answer_verification_3way", samples=3, target=0.9, delta=0.05, delta_per_judge=0.05, calibration_n=10,
@@ -164,9 +164,9 @@ async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
 
 
 def test_the_reward_server_answers_with_the_path_that_decided() -> None:
-    from graders import load_grader
-    from graders.platforms.server import RewardServer, create_app
-    from judge import Judge, Limiter
+    from gradekit.graders import load_grader
+    from gradekit.graders.platforms.server import RewardServer, create_app
+    from gradekit.judge import Judge, Limiter
 
     from .test_server import call
 
@@ -190,7 +190,7 @@ def test_a_resumed_or_finished_run_counts_every_row_of_the_output(tmp_path: Path
         done, _ = _grade(tmp_path, fake, CONFIG, "--json")
         first = json.loads(done.stdout)
         grader, source = tmp_path / "hybrid.yaml", tmp_path / "in.jsonl"
-        again = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(grader), "-o", str(tmp_path / "out.jsonl"),
+        again = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(grader), "-o", str(tmp_path / "out.jsonl"),
                                 "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"],
                                capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert len(fake.chat_requests()) == 2 * NOT_ACCEPTED  # nothing asked again
@@ -205,7 +205,7 @@ def test_retry_errors_grades_the_failed_judge_rows_again_and_counts_the_kept_one
         assert {r["error_kind"] for r in rows if r["decided_by"] == "judge"} == {"server_error"}
         fake.set_responder(judge_says("correct"))
         before = len(fake.chat_requests())
-        again = subprocess.run([sys.executable, "-m", "graders", "grade", str(tmp_path / "in.jsonl"), "--grader", str(tmp_path / "hybrid.yaml"),
+        again = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(tmp_path / "in.jsonl"), "--grader", str(tmp_path / "hybrid.yaml"),
                                 "-o", str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json",
                                 "--retry-errors"], capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert len(fake.chat_requests()) - before == 2 * NOT_ACCEPTED  # only the failed judge rows, both orders each

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.calibration._llmbar import suite_replay_responder
-from graders.calibration._suites import SuiteError, load_suite
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.calibration._llmbar import suite_replay_responder
+from gradekit.graders.calibration._suites import SuiteError, load_suite
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 RESULT_FIELDS = {"suite", "subset", "judge", "n", "accuracy", "agreement", "first_position_win_rate", "parse_failures",
                  "errors", "requests", "cost_usd"}

@@ -10,7 +10,7 @@ import pytest
 
 from pathlib import Path
 
-from graders._text_similarity import bleu, fuzzy_match, gleu, rouge_l, rouge_n
+from gradekit.graders._text_similarity import bleu, fuzzy_match, gleu, rouge_l, rouge_n
 
 nltk_bleu = pytest.importorskip("nltk.translate.bleu_score")
 nltk_gleu = pytest.importorskip("nltk.translate.gleu_score")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from judge import Rubric, load_rubric
-from judge._parse import Reading, Unread, read_completion
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import Rubric, load_rubric
+from gradekit.judge._parse import Reading, Unread, read_completion
+from gradekit.judge.testing import FakeProvider, Reply
 
 TEMPLATE = "{% block user %}Rate {{ answer }} from 1 to 7.{% endblock %}\n"
 

@@ -19,10 +19,10 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import Judge, Limiter, RetryPolicy, SharedLimiter, load_rubric
-from judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge import Judge, Limiter, RetryPolicy, SharedLimiter, load_rubric
+from gradekit.judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Waits
 from .test_shared_limiter import _env, _finish, _rows, _start, redis_url  # noqa: F401  (redis_url is a fixture)
@@ -319,7 +319,7 @@ def test_two_processes_sharing_redis_learn_one_limit_and_stay_within_it(redis_ur
 
 
 def test_the_fake_serves_rate_limit_flags_from_the_command_line() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "judge.testing", "--rps", "5", "--no-rate-headers", "--schedule", "0:7"],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit.judge.testing", "--rps", "5", "--no-rate-headers", "--schedule", "0:7"],
                             stdout=subprocess.PIPE, text=True, env=_env())
     try:
         url = proc.stdout.readline().strip()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 
-from judge import Judge, Limiter, load_rubric
-from judge._pacing import MIN_RPS, Pacer
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import Judge, Limiter, load_rubric
+from gradekit.judge._pacing import MIN_RPS, Pacer
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Waits, reference_judge
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import judge
+from gradekit import judge
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,40 +32,40 @@ def test_wheel_ships_every_rubric(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     index = (ROOT / "prompts" / "index.yaml").read_text(encoding="utf-8")
     for spec in sorted((ROOT / "prompts").glob("*.yaml")):
-        assert f"judge/prompts/{spec.name}" in names
+        assert f"gradekit/prompts/{spec.name}" in names
         assert spec.name in index or spec.name == "index.yaml", f"{spec.name} is not in prompts/index.yaml"
     for template in sorted((ROOT / "prompts").glob("*.j2")):
-        assert f"judge/prompts/{template.name}" in names
+        assert f"gradekit/prompts/{template.name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     for asset in ("index.html", "view.js", "view.css"):  # gradekit view's page: no CDN, so it ships in the wheel
-        assert f"graders/view/static/{asset}" in names
+        assert f"gradekit/graders/view/static/{asset}" in names
 
 
 def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp_path: Path) -> None:
     """Installed from the wheel alone (no checkout on the path), run from an empty folder."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {f"graders/eval_sets/{p.relative_to(ROOT / 'eval_sets').as_posix()}" for p in (ROOT / "eval_sets").rglob("*")
+    shipped = {f"gradekit/eval_sets/{p.relative_to(ROOT / 'eval_sets').as_posix()}" for p in (ROOT / "eval_sets").rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
-    assert shipped <= names and "graders/eval_sets/llmbar/data/LLMBar__Natural/GPT-4__Vanilla_NoRules.jsonl" in names
+    assert shipped <= names and "gradekit/eval_sets/llmbar/data/LLMBar__Natural/GPT-4__Vanilla_NoRules.jsonl" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages for a pure-Python wheel
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))} | {"PYTHONPATH": str(site)}
-    where = subprocess.run([sys.executable, "-c", "import graders, graders.calibration as c; print(graders.__file__); print(c.llmbar_root())"],
+    where = subprocess.run([sys.executable, "-c", "import gradekit.graders as g, gradekit.graders.calibration as c; print(g.__file__); print(c.llmbar_root())"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
-    demo = subprocess.run([sys.executable, "-m", "graders", "llmbar", "--subset", "GPTOut"], cwd=elsewhere, env=env,
+    demo = subprocess.run([sys.executable, "-m", "gradekit", "llmbar", "--subset", "GPTOut"], cwd=elsewhere, env=env,
                           capture_output=True, text=True, timeout=120)
     assert demo.returncode == 0, demo.stderr
     assert "Acc 76.6 / Agr 87.2" in demo.stdout and "reproduced" in demo.stdout
-    server = subprocess.Popen([sys.executable, "-m", "graders", "llmbar", "--serve", "--subset", "all", "--judge", "GPT-4",
+    server = subprocess.Popen([sys.executable, "-m", "gradekit", "llmbar", "--serve", "--subset", "all", "--judge", "GPT-4",
                                "--strategy", "Vanilla_NoRules"], cwd=elsewhere, env=env, stdout=subprocess.PIPE, text=True)
     try:
         base_url = server.stdout.readline().strip()
         assert base_url.startswith("http://127.0.0.1:"), base_url
-        run = subprocess.run([sys.executable, "-m", "graders", "meta-eval", "--suite", "faireval", "-r", "llmbar_pairwise",
+        run = subprocess.run([sys.executable, "-m", "gradekit", "meta-eval", "--suite", "faireval", "-r", "llmbar_pairwise",
                               "--model", "gpt-4", "--base-url", base_url, "--api-key", "x", "--no-cache", "--json"],
                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -95,7 +95,7 @@ def test_judge_public_names() -> None:
 
 
 def test_graders_public_names() -> None:
-    import graders
+    from gradekit import graders
 
     assert graders.__all__ == sorted(graders.__all__)
     for name in graders.__all__:

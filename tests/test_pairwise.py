@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from graders.calibration._pairwise import grade_pairwise_file, pairwise_grader, swapped
-from judge import RubricError, load_rubric, parse_reply
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.graders.calibration._pairwise import grade_pairwise_file, pairwise_grader, swapped
+from gradekit.judge import RubricError, load_rubric, parse_reply
+from gradekit.judge.testing import FakeProvider, Reply
 
 LLMBAR = load_rubric("llmbar_pairwise")
 ARENA = load_rubric("arena_hard_pairwise")

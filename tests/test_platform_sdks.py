@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, TypeAdapter
 
-from graders import load_grader
-from graders.platforms import export_openai_grader, export_vertex_spec
-from judge import Judge, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders import load_grader
+from gradekit.graders.platforms import export_openai_grader, export_vertex_spec
+from gradekit.judge import Judge, Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
 from .test_conformance import post

@@ -11,8 +11,8 @@ import pytest
 from scipy.stats import norm
 from typer.testing import CliRunner
 
-from graders.calibration._ppi import PPIError, ppi_mean
-from graders.cli import app
+from gradekit.graders.calibration._ppi import PPIError, ppi_mean
+from gradekit.graders.cli import app
 
 
 def test_estimate_and_interval_match_an_independent_numpy_computation() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from graders.calibration._probes import MASTER_KEYS
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.calibration._probes import MASTER_KEYS
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .test_probes import _prediction, _references, _reply
 
@@ -82,7 +82,7 @@ def test_pairwise_rubrics_get_the_position_probe_and_a_bad_field_is_refused(tmp_
 
 def test_probe_runs_as_a_real_process(tmp_path: Path) -> None:
     with FakeProvider(responder=sturdy) as server:
-        done = subprocess.run([sys.executable, "-m", "graders", "probe", "-r", "semantic_equivalence_en", "--data", str(ROWS),
+        done = subprocess.run([sys.executable, "-m", "gradekit", "probe", "-r", "semantic_equivalence_en", "--data", str(ROWS),
                                "--limit", "2", "--base-url", server.base_url, "--api-key", "x", "--no-cache"],
                               capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr

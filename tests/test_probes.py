@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from graders.calibration._llmbar import LLMBarRun, grading_rows, replay_responder, rescore_llmbar
-from graders.calibration._probes import answer_listing, instruction_injection, position_swap, run_probes, verbosity
-from judge import Judge, Limiter, load_rubric
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.calibration._llmbar import LLMBarRun, grading_rows, replay_responder, rescore_llmbar
+from gradekit.graders.calibration._probes import answer_listing, instruction_injection, position_swap, run_probes, verbosity
+from gradekit.judge import Judge, Limiter, load_rubric
+from gradekit.judge.testing import FakeProvider, Reply
 
 REPO = Path(__file__).resolve().parents[1]
 EN = load_rubric("semantic_equivalence_en")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
-from graders.runs._file import panel_cells, result_row, rubric_settings
-from judge import (Cascade, CascadeSpec, Judge, JudgeIdentity, JudgeProtocol, Jury, Limiter, PanelInfo, ReadInfo, Usage,
+from gradekit.graders.runs._file import panel_cells, result_row, rubric_settings
+from gradekit.judge import (Cascade, CascadeSpec, Judge, JudgeIdentity, JudgeProtocol, Jury, Limiter, PanelInfo, ReadInfo, Usage,
                    Verdict, load_rubric)
-from judge._cascade import CascadeJudge
-from judge.testing import FakeProvider, Reply
+from gradekit.judge._cascade import CascadeJudge
+from gradekit.judge.testing import FakeProvider, Reply
 
 RUBRIC = "semantic_equivalence_en"
 ROW = {"question": "Capital of France?", "references": ["Paris"], "prediction": "Paris"}

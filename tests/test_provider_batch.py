@@ -16,11 +16,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from graders import RunSummary
-from graders.runs._io import InputError
-from graders.runs._provider_batch import grade_file_batch, state_path_for
-from judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
-from judge.testing import BatchFault, FakeProvider, Reply
+from gradekit.graders import RunSummary
+from gradekit.graders.runs._io import InputError
+from gradekit.graders.runs._provider_batch import grade_file_batch, state_path_for
+from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
+from gradekit.judge.testing import BatchFault, FakeProvider, Reply
 
 from .conftest import reference_judge, until
 from .test_cli_grade import grade, rows
@@ -222,7 +222,7 @@ def test_sigkill_while_polling_then_rerun_collects_the_same_batch(tmp_path: Path
     args = [str(ZH_SET), "-r", "semantic_equivalence_zh", "-o", str(out), "--no-cache", "--batch", "--batch-poll", "0.02"]
     with FakeProvider(responder=reference_judge, hold_batches=True) as fake:
         env = {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"}
-        proc = subprocess.Popen([sys.executable, "-m", "graders", "grade", *args], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "grade", *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 60

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from graders._config import load_grader
-from graders._python import PythonGrader, python_grader
-from graders._sample import Grade, Sample
+from gradekit.graders._config import load_grader
+from gradekit.graders._python import PythonGrader, python_grader
+from gradekit.graders._sample import Grade, Sample
 
 DATA = Path(__file__).parent / "data" / "graders"
 

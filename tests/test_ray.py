@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from judge import load_rubric
-from judge.testing import FakeProvider
+from gradekit.judge import load_rubric
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import Gate
 
@@ -69,21 +69,21 @@ def _rows(path: Path, n: int, tag: str = "q") -> Path:
 
 
 def _grade(source: Path, output: Path, base_url: str, *options: str) -> list[str]:
-    return [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(output), "--base-url", base_url,
+    return [sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC, "-o", str(output), "--base-url", base_url,
             "--api-key", "k", "--model", "fake-judge", "--json", *options]
 
 
 def _settings(base_url: str, source: Path) -> dict:
     """The checkpoint settings `gradekit grade -r RUBRIC` computes, for in-process runs."""
-    from judge import Judge
-    from graders.runs._file import rubric_settings
+    from gradekit.judge import Judge
+    from gradekit.graders.runs._file import rubric_settings
 
     rubric = load_rubric(RUBRIC)
     return rubric_settings(Judge("fake-judge", base_url=base_url, api_key="k"), rubric, {v: v for v in rubric.variables})
 
 
 def _spec(base_url: str, **options):
-    from graders.runs._ray import worker_spec
+    from gradekit.graders.runs._ray import worker_spec
 
     settings = {"limiter": "ray", "limiter_key": f"{base_url}|fake-judge", "rps": None, "tpm": None, "concurrency": 4,
                 "cache": None, "no_cache": True, **options}
@@ -91,7 +91,7 @@ def _spec(base_url: str, **options):
 
 
 def _run(spec, source: Path, output: Path, base_url: str, **options):
-    from graders.runs._ray import grade_file_ray
+    from gradekit.graders.runs._ray import grade_file_ray
 
     rubric = load_rubric(RUBRIC)
     return asyncio.run(grade_file_ray(spec, source, output, {v: v for v in rubric.variables}, settings=_settings(base_url, source),
@@ -127,7 +127,7 @@ def test_an_address_nothing_listens_at_exits_2_at_once(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
@@ -164,7 +164,7 @@ def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
     with FakeProvider(responder=reference_judge) as fake:
         costs = []
         for name, ray_options in (("local", []), ("ray", ["--ray", "local", "--ray-workers", "1"])):
-            command = [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / f"{name}.jsonl"),
+            command = [sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / f"{name}.jsonl"),
                        "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json", *ray_options]  # default model: priced
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, done.stderr[-2000:]
@@ -176,7 +176,7 @@ def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:
     """`--ray` is a drop-in: same file, order and summary; resumes what a local run left."""
-    from graders.runs._file import MARK_EVERY_S
+    from gradekit.graders.runs._file import MARK_EVERY_S
 
     source = _rows(tmp_path / "in.jsonl", 60)
     with FakeProvider() as fake:
@@ -256,8 +256,8 @@ def _plain(rows) -> list:
 
 def test_ray_data_reads_a_folder_row_for_row_as_the_local_reader(cluster: str, tmp_path: Path) -> None:
     """Bad rows stay error rows, CSV cells stay text, no hive column from year=2024/, and a skip lands where a local one does."""
-    from graders.runs._io import read_rows
-    from graders.runs._ray_input import ray_rows
+    from gradekit.graders.runs._io import read_rows
+    from gradekit.graders.runs._ray_input import ray_rows
 
     for kind, folder in _input_folders(tmp_path).items():
         local = _plain(read_rows(folder))
@@ -269,7 +269,7 @@ def test_ray_data_reads_a_folder_row_for_row_as_the_local_reader(cluster: str, t
 def test_a_folder_graded_on_the_cluster_is_byte_for_byte_the_local_output(cluster: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     folders = _input_folders(tmp_path)
     with FakeProvider() as fake:
@@ -337,7 +337,7 @@ def test_actors_on_two_nodes_share_one_limit_and_the_control_breaks_it(cluster: 
 def test_the_limiter_actor_restarts_and_permits_go_on(cluster: str) -> None:
     import ray
 
-    from judge import RayLimiter
+    from gradekit.judge import RayLimiter
 
     limiter = RayLimiter(rps=100, key="restart-test")
     limiter.check()
@@ -359,7 +359,7 @@ def test_the_limiter_actor_restarts_and_permits_go_on(cluster: str) -> None:
 
 def test_a_hold_told_by_one_process_delays_another(cluster: str) -> None:
     """Retry-After is cluster-wide: a hold told through one limiter moves the other's next booking past it."""
-    from judge import RayLimiter
+    from gradekit.judge import RayLimiter
 
     first, second = RayLimiter(rps=50, key="hold-test"), RayLimiter(rps=50, key="hold-test")
     first.hold(120.0)  # sent without waiting for the answer, as after a 429
@@ -378,7 +378,7 @@ def test_gradekit_limiter_ray_in_the_environment_makes_a_workers_process_limiter
 
     @ray.remote(num_cpus=0, runtime_env={"env_vars": {"GRADEKIT_LIMITER": "ray", "GRADEKIT_RPS": "7"}})
     def which() -> tuple[str, float | None]:
-        from judge import process_limiter
+        from gradekit.judge import process_limiter
 
         limiter = process_limiter()
         return type(limiter).__name__, limiter.rps  # type: ignore[attr-defined]
@@ -389,7 +389,7 @@ def test_gradekit_limiter_ray_in_the_environment_makes_a_workers_process_limiter
 def test_grade_dataset_adds_grade_columns_lazily(cluster: str) -> None:
     import ray.data
 
-    from graders import grade_dataset
+    from gradekit.graders import grade_dataset
 
     rows = [{"id": i, "question": f"q-{i}", "references": ["x"], "prediction": "y"} for i in range(12)]
     rows[3]["prediction"] = None  # a row lacking a variable gets its error row, not a failed batch
@@ -429,7 +429,7 @@ judge:
         for where, extra in (("local", []), ("ray", ["--ray", cluster, "--ray-workers", "2"])):
             before = len(fake.chat_requests())
             output = tmp_path / f"{where}.jsonl"
-            done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(config), "-o", str(output),
+            done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(config), "-o", str(output),
                                    "--api-key", "k", "--judge-param", "temperature=0", "--no-cache", "--json", *extra],
                                   env=_env(), capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, done.stderr[-3000:]

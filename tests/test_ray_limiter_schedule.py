@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from judge._ray_limiter import LimiterActor
+from gradekit.judge._ray_limiter import LimiterActor
 
 
 class Clock:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import JudgeCache, RedisJudgeCache, cache_key, open_cache
-from judge.testing import FakeProvider
+from gradekit.graders.cli import app
+from gradekit.judge import JudgeCache, RedisJudgeCache, cache_key, open_cache
+from gradekit.judge.testing import FakeProvider
 
 from .test_shared_limiter import redis_url  # noqa: F401 -- the module's redis-server fixture
 

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from graders.runs._file import MARK_EVERY_S
+from gradekit.graders.cli import app
+from gradekit.graders.runs._file import MARK_EVERY_S
 
-from judge.testing import FakeProvider
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import Gate, reference_judge
 
@@ -63,7 +63,7 @@ def _output_scores(path: Path) -> list[float]:
 
 
 def _command(source: Path, output: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en", "-o", str(output),
+    return [sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en", "-o", str(output),
             "--concurrency", "4", *extra]
 
 

@@ -12,8 +12,8 @@ import logging
 import openai
 import pytest
 
-from judge import Limiter, load_rubric, retry_after_seconds
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import Limiter, load_rubric, retry_after_seconds
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Waits
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from judge import RubricError, RubricInputError, build_request, list_rubrics, load_rubric
+from gradekit.judge import RubricError, RubricInputError, build_request, list_rubrics, load_rubric
 
 GOLDEN = Path(__file__).parent / "golden"
 ROWS = {
@@ -36,7 +36,7 @@ def _cases():
 
 @pytest.mark.parametrize(("name", "mode"), list(_cases()))
 def test_render_matches_golden(name: str, mode: str) -> None:
-    from judge._checklist import bind_row
+    from gradekit.judge._checklist import bind_row
 
     rubric = bind_row(load_rubric(name), ROWS[name])  # a per-row checklist asks with the row's criteria and their schema
     request = build_request(rubric, rubric.render(ROWS[name], mode), mode, "judge-model", {})
@@ -59,7 +59,7 @@ def test_every_shipped_rubric_is_in_the_table() -> None:
 
 def test_the_listing_reads_each_spec_as_the_validated_rubric() -> None:
     """`gradekit rubrics` reads the specs without pydantic; what it shows must be what load_rubric validates."""
-    from judge._specs import rubric_summaries
+    from gradekit.judge._specs import rubric_summaries
 
     summaries = rubric_summaries()
     assert [s.name for s in summaries] == [r.name for r in list_rubrics()]

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider
 
 from .conftest import reference_judge
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Gate, reference_judge
 
@@ -40,7 +40,7 @@ def _grade(fake: FakeProvider, tmp_path: Path, source: Path, output: Path, *extr
 
 
 def _start(fake: FakeProvider, tmp_path: Path, source: Path, output: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "graders", *_args(source, output, *extra)], env={**os.environ, **_env(fake, tmp_path)},
+    return subprocess.Popen([sys.executable, "-m", "gradekit", *_args(source, output, *extra)], env={**os.environ, **_env(fake, tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -127,7 +127,7 @@ def test_a_read_only_output_folder_is_exit_2_with_a_message(tmp_path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
-    command = [sys.executable, "-m", "graders", *_args(source, folder / "out.jsonl")]
+    command = [sys.executable, "-m", "gradekit", *_args(source, folder / "out.jsonl")]
     if os.geteuid() == 0:  # root writes anywhere: drop the capability that lets it, as an ordinary user lacks it
         if shutil.which("setpriv") is None:
             pytest.skip("root without setpriv cannot be made to respect a read-only folder")
@@ -177,7 +177,7 @@ def test_a_stale_checkpoint_pointing_inside_a_row_starts_over_instead_of_writing
 
 def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
     """Rows judged but waiting behind a slow earlier row were in the checkpoint's counts, then judged again."""
-    from graders.runs._file import MARK_EVERY_S
+    from gradekit.graders.runs._file import MARK_EVERY_S
 
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 20
@@ -210,7 +210,7 @@ def test_a_resumed_runs_summary_counts_each_output_row_once(tmp_path) -> None:
 @pytest.mark.parametrize("kind", ["grader", "pairwise", "batch"])
 def test_every_kind_of_file_run_takes_the_output_lock(tmp_path, kind) -> None:
     """--grader, pairwise and --batch runs refuse a locked output too (held here by this process, on its own descriptor)."""
-    from graders.runs._lock import output_lock
+    from gradekit.graders.runs._lock import output_lock
 
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     if kind == "pairwise":
@@ -293,7 +293,7 @@ def test_a_disk_that_fills_mid_run_is_exit_2_ending_at_a_whole_row_and_resumes_o
         env = {**os.environ, **_env(fake, tmp_path)}
         if cap is not None:
             env["GRADEKIT_CACHE"] = ""  # the cache file would meet the size limit too
-        full = subprocess.run([sys.executable, "-m", "graders", *_args(source, output), *(["--no-cache"] if cap else [])],
+        full = subprocess.run([sys.executable, "-m", "gradekit", *_args(source, output), *(["--no-cache"] if cap else [])],
                               env=env, capture_output=True, text=True, preexec_fn=limit, timeout=120)
         assert full.returncode == 2, full.stderr  # before: exit 1 and an OSError traceback from RowWriter.close
         message = " ".join(full.stderr.split())
@@ -305,7 +305,7 @@ def test_a_disk_that_fills_mid_run_is_exit_2_ending_at_a_whole_row_and_resumes_o
         assert [r["id"] for r in rows] == list(range(len(rows))) and len(rows) < n
         if small_disk is not None:
             subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # room again
-        again = subprocess.run([sys.executable, "-m", "graders", *_args(source, output), *(["--no-cache"] if cap else [])],
+        again = subprocess.run([sys.executable, "-m", "gradekit", *_args(source, output), *(["--no-cache"] if cap else [])],
                                env=env, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         if cap is None:

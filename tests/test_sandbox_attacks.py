@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from graders._python import PythonGrader, python_grader
-from graders._sample import Grade, Sample
-from graders.sandbox import SandboxWarning, probe
+from gradekit.graders._python import PythonGrader, python_grader
+from gradekit.graders._sample import Grade, Sample
+from gradekit.graders.sandbox import SandboxWarning, probe
 
 ROOT = Path(__file__).resolve().parent.parent
 EXEC_GRADER = """
@@ -238,8 +238,8 @@ def test_read_the_api_key_from_env_parent_proc_and_command_line(mode: str, tmp_p
     script.write_text(textwrap.dedent(f"""
         import asyncio, json, sys, warnings
         warnings.simplefilter("ignore")
-        from graders._python import python_grader
-        from graders._sample import Sample
+        from gradekit.graders._python import python_grader
+        from gradekit.graders._sample import Sample
         async def main():
             grader = python_grader({EXEC_GRADER!r}, workers=1, timeout=10)
             grade = await grader(Sample(messages="q", response={LEAK_PROBE!r}))
@@ -548,8 +548,8 @@ def test_killing_the_grading_process_mid_call_leaves_nothing_behind(mode: str, t
     script.write_text(textwrap.dedent(f"""
         import asyncio, warnings
         warnings.simplefilter("ignore")
-        from graders._python import python_grader
-        from graders._sample import Sample
+        from gradekit.graders._python import python_grader
+        from gradekit.graders._sample import Sample
         async def main():
             grader = python_grader({EXEC_GRADER!r}, workers=1, timeout=300)
             await grader(Sample(messages="q", response="result = 0.5"))
@@ -771,7 +771,7 @@ async def test_a_code_tests_program_finds_no_expected_output_in_its_memory(mode:
     """An honest program's output (the expected output of the problem) stays with its own sample: a
     later program for the same problem that prints whatever looks like an answer in its inherited
     memory fails."""
-    from graders import code_tests_grader
+    from gradekit.graders import code_tests_grader
 
     answer = "gk-out-" + uuid.uuid4().hex
     cases = [{"input": "", "output": answer + "\n"}]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from judge.testing import FakeProvider, Reply
+from gradekit.judge.testing import FakeProvider, Reply
 
 KEY = "PLANTEDKEY-7f3a9c21e8d4"  # not sk-shaped: found because it is the key this run was given, not by its look
 PASSWORD = "hunter2-PLANTED-pw"
@@ -42,7 +42,7 @@ def test_a_401_that_echoes_the_key_and_credentials_in_the_base_url_reach_no_chan
                                                                          f"Bearer {KEY} was refused; password {PASSWORD}"))
         host = fake.base_url.split("//", 1)[1]
         source = _rows(tmp_path / "in.jsonl")
-        args = [sys.executable, "-m", "graders", "-v", "grade", str(source), "-r", "semantic_equivalence_en",
+        args = [sys.executable, "-m", "gradekit", "-v", "grade", str(source), "-r", "semantic_equivalence_en",
                 "-o", str(tmp_path / "out.jsonl"), "--base-url", f"http://alice:{PASSWORD}@{host}", "--api-key", KEY,
                 "--no-cache", "--json", *(["--keep-going"] if keep_going else [])]
         done = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -67,7 +67,7 @@ def test_a_jurys_checkpoint_holds_no_credentials_of_its_jurors_urls(tmp_path) ->
     with FakeProvider() as fake:
         host = fake.base_url.split("//", 1)[1]
         source = _rows(tmp_path / "in.jsonl", 2)
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
                                "-o", str(tmp_path / "out.jsonl"), "--model", "juror-a", "--model", "juror-b",
                                "--base-url", f"http://alice:{PASSWORD}@{host}", "--api-key", KEY, "--no-cache", "--json"],
                               capture_output=True, text=True, timeout=120)
@@ -81,7 +81,7 @@ def test_a_jurys_checkpoint_holds_no_credentials_of_its_jurors_urls(tmp_path) ->
 def test_a_secret_query_parameter_in_the_base_url_reaches_no_channel(tmp_path) -> None:
     with FakeProvider() as fake:
         source = _rows(tmp_path / "in.jsonl", 2)
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "-r", "semantic_equivalence_en",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
                                "-o", str(tmp_path / "out.jsonl"), "--base-url", f"{fake.base_url}?api-key={QUERY_SECRET}",
                                "--api-key", KEY, "--no-cache", "--json", "--keep-going"], capture_output=True, text=True,
                               timeout=120)
@@ -91,7 +91,7 @@ def test_a_secret_query_parameter_in_the_base_url_reaches_no_channel(tmp_path) -
 
 
 def test_redact_masks_known_keys_url_credentials_and_token_shapes() -> None:
-    from judge._redact import check_base_url, redact, redact_url, remember
+    from gradekit.judge._redact import check_base_url, redact, redact_url, remember
 
     remember("a-key-the-run-was-given")
     assert redact("echo: a-key-the-run-was-given!") == "echo: ***!"

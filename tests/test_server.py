@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from graders import (
+from gradekit.graders import (
     BaseRewardComputer,
     Grade,
     GraderRewardComputer,
@@ -33,9 +33,9 @@ from graders import (
     create_app,
     load_grader,
 )
-from graders.platforms.server import ServerConfigError, build_computer, load_server_config
-from judge import Judge, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.platforms.server import ServerConfigError, build_computer, load_server_config
+from gradekit.judge import Judge, Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
 
@@ -60,7 +60,7 @@ def call(url: str, path: str = "/", body: Any = None, *, raw: bytes | None = Non
 
 def serve_in(folder: Path) -> tuple[subprocess.Popen, str]:
     """``gradekit serve --config config.yaml --port 0`` started in ``folder``: the process and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"],
                             cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = proc.stdout.readline().strip()  # type: ignore[union-attr]
     if not url.startswith("http://127.0.0.1:"):
@@ -169,7 +169,7 @@ def test_grader_example_config_and_dashscope_style_paths(serve, tmp_path: Path) 
     # "path/file.py:Class" and "path/file.py:function", relative to the config file.
     (tmp_path / "impl").mkdir()
     (tmp_path / "impl" / "rewards.py").write_text(
-        "from graders import BaseRewardComputer, RewardResponse\n"
+        "from gradekit.graders import BaseRewardComputer, RewardResponse\n"
         "class Half(BaseRewardComputer):\n"
         "    def compute_reward(self, request):\n"
         "        return RewardResponse(score=0.5)\n"

@@ -14,7 +14,7 @@ HANGS = '''
 import os
 import time
 
-from graders import BaseRewardComputer, RewardResponse
+from gradekit.graders import BaseRewardComputer, RewardResponse
 
 
 class Hangs(BaseRewardComputer):

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from openai.types.responses import Response
 
-from graders.platforms.server._metrics import safe_endpoint
-from judge.testing import FakeProvider
+from gradekit.graders.platforms.server._metrics import safe_endpoint
+from gradekit.judge.testing import FakeProvider
 
 from .test_server import call, judge_grader, serve  # noqa: F401  (serve is a fixture)
 from .test_trainers_2026 import responder  # the reference judge; FAIL unparseable, HANG never answered
@@ -188,7 +188,7 @@ def test_metrics_on_a_serving_process_exist_and_move_under_load(fake: FakeProvid
         "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 60}}), encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\n", encoding="utf-8")
     secret = "sk-gradekit-test-secret-4242"
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**__import__("os").environ, "OPENAI_API_KEY": secret})
     try:
@@ -238,13 +238,13 @@ def urllib_text(url: str) -> str:
 
 
 def test_metric_names_are_prometheus_valid() -> None:
-    from graders.platforms.server._metrics import BUCKETS, KNOWN_ROUTES
+    from gradekit.graders.platforms.server._metrics import BUCKETS, KNOWN_ROUTES
 
     assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in KNOWN_ROUTES)
 
 
 def test_a_type_group_reward_grader_brings_its_group_keys_to_the_server(fake: FakeProvider, tmp_path: Path, serve) -> None:
-    from graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.platforms.server import build_computer, load_server_config
 
     fake.set_responder(responder)
     (tmp_path / "group.yaml").write_text(yaml.safe_dump({

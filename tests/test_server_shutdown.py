@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
+from gradekit.graders.cli import app
 
 from .test_server import call, serve_in, wait_for
 
@@ -21,7 +21,7 @@ SLOW = '''
 import time
 from pathlib import Path
 
-from graders import BaseRewardComputer, RewardResponse
+from gradekit.graders import BaseRewardComputer, RewardResponse
 
 HERE = Path(__file__).parent
 
@@ -97,7 +97,7 @@ def test_bad_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
     assert f"error: {config}: thread_pool.max_workers: Input should be greater than 0" in result.output
 
     config.write_text("server:\n  port: 8000\nreward:\n  grader: g.yaml\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "graders", "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-m", "gradekit", "serve", "--config", str(config)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert f"error: {config}: reward.grader:" in proc.stderr
 

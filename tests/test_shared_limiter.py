@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge import Limiter, SharedLimiter, estimate_tokens, limiter_from_url, load_rubric
-from judge._client import _COMPLETION_ALLOWANCE
-from judge.testing import FakeProvider, RecordedRequest, Reply
+from gradekit.graders.cli import app
+from gradekit.judge import Limiter, SharedLimiter, estimate_tokens, limiter_from_url, load_rubric
+from gradekit.judge._client import _COMPLETION_ALLOWANCE
+from gradekit.judge.testing import FakeProvider, RecordedRequest, Reply
 
 RUBRIC = "semantic_equivalence_en"
 INSTALL = "apt-get install redis-server"
@@ -93,7 +93,7 @@ def _rows(path: Path, tag: str, n: int) -> Path:
 
 def _start(tmp_path: Path, tag: str, n: int, base_url: str, *options: str) -> subprocess.Popen[str]:
     source = _rows(tmp_path / f"{tag}.jsonl", tag, n)
-    command = [sys.executable, "-m", "graders", "grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / f"{tag}-out.jsonl"),
+    command = [sys.executable, "-m", "gradekit", "grade", str(source), "-r", RUBRIC, "-o", str(tmp_path / f"{tag}-out.jsonl"),
                "--base-url", base_url, "--api-key", "k", "--model", "fake-judge", "--no-cache", "--json", *options]
     return subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -327,7 +327,7 @@ class SlowImport(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, SlowImport())
-from judge import SharedLimiter
+from gradekit.judge import SharedLimiter
 SharedLimiter({redis_url!r}).check(timeout=2)
 print("reachable")
 """
@@ -337,8 +337,8 @@ print("reachable")
 
 def test_server_replicas_take_the_shared_limiter_from_their_config(redis_url: str, tmp_path: Path) -> None:
     """A reward server's limiter.url makes every judge of the replica pace through Redis; a dead URL stops it starting."""
-    from graders.platforms.server import ServerConfigError, build_computer, load_server_config
-    from judge import SharedLimiter, configure_limiter, process_limiter
+    from gradekit.graders.platforms.server import ServerConfigError, build_computer, load_server_config
+    from gradekit.judge import SharedLimiter, configure_limiter, process_limiter
 
     grader = tmp_path / "grader.yaml"
     grader.write_text("type: string_match\nexpression: '{{references.answer}}'\n", encoding="utf-8")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from graders._config import GraderConfigError, load_grader
-from graders._sample import Grade, Sample, SyncGrader, fill_placeholders, sample_from_vertex, to_vertex_example
-from graders._string_match import (
+from gradekit.graders._config import GraderConfigError, load_grader
+from gradekit.graders._sample import Grade, Sample, SyncGrader, fill_placeholders, sample_from_vertex, to_vertex_example
+from gradekit.graders._string_match import (
     Normalization,
     ParseConfig,
     json_match_grader,

@@ -19,14 +19,14 @@ import pytest
 from openai import OpenAI
 from typer.testing import CliRunner
 
-from graders import export_openai_grader, load_grader
-from graders._config import GraderConfigError
-from graders._sample import Sample
-from graders.cli import app
-from judge import Breaker, JudgeCache, RetryPolicy
-from judge._breaker import breaker_scope
-from judge.testing import DownJudge, FakeProvider, Reply
-from judge.testing._fake_embeddings import embedding_vector
+from gradekit.graders import export_openai_grader, load_grader
+from gradekit.graders._config import GraderConfigError
+from gradekit.graders._sample import Sample
+from gradekit.graders.cli import app
+from gradekit.judge import Breaker, JudgeCache, RetryPolicy
+from gradekit.judge._breaker import breaker_scope
+from gradekit.judge.testing import DownJudge, FakeProvider, Reply
+from gradekit.judge.testing._fake_embeddings import embedding_vector
 
 ROOT = Path(__file__).resolve().parents[1]
 COSINE = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
@@ -124,7 +124,7 @@ async def test_embed_caches_each_text_apart_from_chat(fake: FakeProvider, make_j
     other_model = await judge.embed(["the answer"], model="text-embedding-3-small")  # the model is part of the key
     assert other_model.attempts == 1 and len(fake.embedding_requests()) == 3
     # the same text judged as chat is not served from the embeddings entry, nor the other way round
-    from judge import load_rubric
+    from gradekit.judge import load_rubric
 
     verdict = await judge.judge(load_rubric("semantic_equivalence_en"), {"question": "q", "references": "the answer", "prediction": "the answer"})
     assert verdict.status == "ok" and not verdict.cached and len(fake.chat_requests()) == 1
@@ -149,12 +149,12 @@ async def test_embed_retries_transient_failures_and_names_the_rest(fake: FakePro
 
 
 def test_cosine_of_vectors_of_two_lengths_is_an_error(fake: FakeProvider, tmp_path: Path) -> None:
-    from judge._embeddings import embedding_key
+    from gradekit.judge._embeddings import embedding_key
 
     cache = JudgeCache(tmp_path / "mixed.sqlite3")  # filled by two servers: one vector of 3 dimensions, one of 2
     cache.put(embedding_key(fake.base_url, "text-embedding-3-large", "a"), {"embedding": [1.0, 0.0, 0.0]})
     cache.put(embedding_key(fake.base_url, "text-embedding-3-large", "b"), {"embedding": [1.0, 0.0]})
-    from judge import Judge
+    from gradekit.judge import Judge
 
     grader = load_grader(COSINE, judge=lambda: Judge("fake-judge", base_url=fake.base_url, api_key="k", cache=cache))
     grade = asyncio.run(grader(sample("a", "b")))
@@ -186,7 +186,7 @@ async def test_embed_failures_feed_the_run_breaker(make_judge) -> None:
 
 
 def cosine_grader(fake_or_url: FakeProvider | str, **node: Any):
-    from judge import Judge, Limiter
+    from gradekit.judge import Judge, Limiter
 
     base_url = fake_or_url if isinstance(fake_or_url, str) else fake_or_url.base_url
 
@@ -251,7 +251,7 @@ def test_cosine_with_a_missing_reference_is_invalid(fake: FakeProvider) -> None:
 
 
 def test_cosine_needs_a_judge_and_says_so() -> None:
-    from graders import text_similarity_grader
+    from gradekit.graders import text_similarity_grader
 
     with pytest.raises(ValueError, match="cosine embeds both texts through the judge's endpoint"):
         text_similarity_grader("{{ sample.output_text }}", "{{ item.answer }}", "cosine")
@@ -298,7 +298,7 @@ def test_validate_runs_cosine_against_the_endpoint(fake: FakeProvider, tmp_path:
 @pytest.fixture
 def wordnet() -> Any:
     """Function-scoped so the shipped copy lands in the test's own cache directory; loaded once per process."""
-    from graders._meteor import load
+    from gradekit.graders._meteor import load
 
     return load()[1]
 
@@ -321,7 +321,7 @@ def wordnet() -> Any:
     pytest.param("The Cat", "the cat", 1 - 0.5 / 8, id="lower_cased"),
 ])
 def test_meteor_values(wordnet: Any, got: str, want: str, expected: float) -> None:
-    from graders._meteor import meteor
+    from gradekit.graders._meteor import meteor
 
     assert round(meteor(got, want), 4) == pytest.approx(round(expected, 4))
 
@@ -387,18 +387,18 @@ def run_without_nltk(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_meteor_without_the_extra_is_refused_at_load_and_validate_naming_it(tmp_path: Path) -> None:
-    loaded = run_without_nltk(f"from graders import load_grader\ntry:\n    load_grader({METEOR!r})\n"
+    loaded = run_without_nltk(f"from gradekit.graders import load_grader\ntry:\n    load_grader({METEOR!r})\n"
                               "except Exception as e:\n    print(type(e).__name__, e)\n")
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.startswith("GraderConfigError") and "pip install 'gradekit[meteor]'" in loaded.stdout
     args = write_case(tmp_path, METEOR, "a", "b")
-    validated = run_without_nltk(f"sys.argv = ['gradekit', *{args!r}]\nfrom graders.cli import main\nmain()")
+    validated = run_without_nltk(f"sys.argv = ['gradekit', *{args!r}]\nfrom gradekit.graders.cli import main\nmain()")
     assert validated.returncode == 2, validated.stdout + validated.stderr
     assert "gradekit[meteor]" in validated.stdout + validated.stderr and "Traceback" not in validated.stderr
 
 
 def test_meteor_refuses_a_wordnet_directory_that_is_not_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graders._meteor import MeteorUnavailable, wordnet_root
+    from gradekit.graders._meteor import MeteorUnavailable, wordnet_root
 
     monkeypatch.setenv("GRADEKIT_WORDNET", str(tmp_path))
     with pytest.raises(MeteorUnavailable, match="is not a WordNet dict directory: no lexnames"):
@@ -406,7 +406,7 @@ def test_meteor_refuses_a_wordnet_directory_that_is_not_one(tmp_path: Path, monk
 
 
 def test_the_shipped_wordnet_is_copied_once_with_unix_line_ends(tmp_path: Path) -> None:
-    from graders._meteor import _unix_copy
+    from gradekit.graders._meteor import _unix_copy
 
     source = tmp_path / "source"
     source.mkdir()
@@ -427,9 +427,9 @@ def test_the_shipped_wordnet_is_copied_once_with_unix_line_ends(tmp_path: Path) 
 
 def test_nltk_loads_only_for_a_meteor_grader() -> None:
     """``gradekit --help`` and a grader of another metric never import NLTK (seconds of start-up)."""
-    code = ("import sys\nfrom graders import load_grader\n"
+    code = ("import sys\nfrom gradekit.graders import load_grader\n"
             f"load_grader({ {**METEOR, 'evaluation_metric': 'rouge_l'}!r})\n"
-            "from graders.cli import main\nsys.argv = ['gradekit', '--help']\n"
+            "from gradekit.graders.cli import main\nsys.argv = ['gradekit', '--help']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('nltk', 'wn')))")
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,

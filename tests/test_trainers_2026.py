@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from graders._config import load_grader
-from graders.platforms import AReaLReward, GradekitTextEnv, GradingError, roll_rewards, verifiers_group_reward_func, verifiers_reward_func
-from judge import Judge, Limiter, RetryPolicy
-from judge.testing import FakeProvider, Reply
+from gradekit.graders._config import load_grader
+from gradekit.graders.platforms import AReaLReward, GradekitTextEnv, GradingError, roll_rewards, verifiers_group_reward_func, verifiers_reward_func
+from gradekit.judge import Judge, Limiter, RetryPolicy
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge
 
@@ -131,7 +131,7 @@ def test_skyrl_text_env_registered_made_and_stepped_like_the_generator(fake: Fak
     import yaml
 
     path.write_text(yaml.safe_dump(config(fake)))
-    skyrl_gym.envs.register(id="gradekit", entry_point="graders.platforms._skyrl:GradekitTextEnv")
+    skyrl_gym.envs.register(id="gradekit", entry_point="gradekit.graders.platforms._skyrl:GradekitTextEnv")
     assert issubclass(GradekitTextEnv, BaseTextEnv)
     prompt = [{"role": "user", "content": "Capital of France?"}]
 

@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from judge import Limiter, load_rubric
-from judge.testing import Reply
+from gradekit.judge import Limiter, load_rubric
+from gradekit.judge.testing import Reply
 
 from .conftest import Waits
 
@@ -40,7 +40,7 @@ async def test_one_429_with_a_broken_hint_holds_a_60_row_run_at_most_a_minute_an
 def test_cascade_fit_against_a_judge_that_answers_500_stops_early_with_the_breaker(fake, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     fake.set_responder(lambda body: Reply(status=500, error_message="internal error"))
     rows = tmp_path / "labelled.jsonl"
@@ -59,9 +59,9 @@ def test_cascade_fit_against_a_judge_that_answers_500_stops_early_with_the_break
 
 
 async def test_the_learning_window_starts_when_the_first_request_is_on_the_wire_so_a_slow_set_up_costs_one_400() -> None:
-    from judge import Judge, RetryPolicy
-    from judge._dialect import LEARN_WAIT_S, forget_dialects
-    from judge.testing import FakeProvider
+    from gradekit.judge import Judge, RetryPolicy
+    from gradekit.judge._dialect import LEARN_WAIT_S, forget_dialects
+    from gradekit.judge.testing import FakeProvider
 
     forget_dialects()
     limiter = Limiter(concurrency=8)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from judge import Judge, load_rubric
-from judge.testing import FakeProvider
+from gradekit.judge import Judge, load_rubric
+from gradekit.judge.testing import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "graders" / "view" / "static"
@@ -32,7 +32,7 @@ def test_a_breaker_tripped_by_a_refused_parameter_names_the_judge(tmp_path) -> N
     rows = tmp_path / "in.jsonl"
     rows.write_text("".join(json.dumps({"question": f"q{i}?", "references": ["x"], "prediction": "x"}) + "\n" for i in range(5)))
     with FakeProvider(dialect="openai-reasoning") as fake:
-        done = subprocess.run([sys.executable, "-m", "graders", "grade", str(rows), "-r", "semantic_equivalence_en", "-o",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(rows), "-r", "semantic_equivalence_en", "-o",
                                str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache",
                                "--temperature", "0.5", "--model", "o3-mini"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
@@ -43,7 +43,7 @@ def test_a_breaker_tripped_by_a_refused_parameter_names_the_judge(tmp_path) -> N
 @pytest.mark.parametrize("rubric", ["semantic_equivalence_en", "semantic_equivalence_zh", "correctness_3way"])
 @pytest.mark.parametrize("mode", ["json_object", "tags"])
 def test_the_fakes_default_reply_holds_a_verdict_in_tags_and_json_object_modes(rubric, mode) -> None:
-    from judge.testing._fake_provider import auto_reply
+    from gradekit.judge.testing._fake_provider import auto_reply
 
     spec = load_rubric(rubric)
     row = {k: (["x"] if v.type == "list" else "x") for k, v in spec.variables.items()}
@@ -65,7 +65,7 @@ async def test_a_dialect_that_refuses_json_schema_still_gets_a_verdict_from_the_
 def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sandbox_it_runs_in(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     from .test_evals_api import EVAL
 
@@ -83,7 +83,7 @@ def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sand
 def test_the_bedrock_lambda_stores_a_plain_reference_answer_under_answer_too(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from graders.cli import app
+    from gradekit.graders.cli import app
 
     from .test_foundry_bedrock import lambda_call
 
@@ -126,7 +126,7 @@ def test_the_server_pages_curls_answer_as_shown_with_the_config_it_names() -> No
     assert len(curls) >= 4
     page = (ROOT / "docs" / "server.md").read_text(encoding="utf-8")
     assert "gradekit serve --config configs/grader_config.yaml" in page
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "serve", "--config", "configs/grader_config.yaml", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "configs/grader_config.yaml", "--port", "0"],
                             cwd=ROOT / "examples" / "server", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()  # type: ignore[union-attr]

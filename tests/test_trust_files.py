@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
+from gradekit.graders.cli import app
 
 RUBRIC = "semantic_equivalence_en"
 
@@ -72,7 +72,7 @@ def test_the_fitted_cascade_file_itself_grades(fake, fitted, tmp_path) -> None:
 
 
 def test_calibrate_on_a_one_order_pairwise_file_reports_that_orders_accuracy_and_no_agr(fake, tmp_path) -> None:
-    from judge.testing import Reply
+    from gradekit.judge.testing import Reply
 
     # The judge always prefers the first output shown; 7 of 10 pairs have output 1 better: one-order accuracy 70%.
     fake.set_responder(lambda body: Reply(content="Output (a)"))
@@ -121,8 +121,8 @@ def test_calibrate_with_a_plain_labels_table_labelling_a_key_twice_differently_i
 
 
 def test_view_and_report_read_csv_yes_no_labels_as_text_like_calibrate(tmp_path) -> None:
-    from graders.view import Labels, ResultsFile
-    from graders.view._summary import summarise
+    from gradekit.graders.view import Labels, ResultsFile
+    from gradekit.graders.view._summary import summarise
 
     graded = _graded_yes_no(tmp_path)
     labels = tmp_path / "labels.csv"
@@ -150,7 +150,7 @@ def test_view_with_a_labels_file_holding_a_key_twice_exits_2_instead_of_serving_
     labels.write_text("id,label\n1,yes\n1,no\n" if kind == "csv" else '{"id": 1, "label": "yes"}\n{"id": 1, "label": "no"}\n',
                       encoding="utf-8")
     try:
-        done = subprocess.run([sys.executable, "-m", "graders", "view", str(graded), "--labels", str(labels), "--on", "id",
+        done = subprocess.run([sys.executable, "-m", "gradekit", "view", str(graded), "--labels", str(labels), "--on", "id",
                                "--port", "0", "--no-browser"], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the viewer kept serving a labels file with a key twice")

@@ -12,8 +12,8 @@ import struct
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import Reply
 
 from .test_evals_api import grade_with_image, write_images
 
@@ -43,7 +43,7 @@ def test_an_image_the_provider_would_refuse_is_the_rows_error_and_sends_nothing(
 
 
 def test_image_tokens_are_estimated_as_the_provider_bills_them() -> None:
-    from judge._limiter import estimate_tokens
+    from gradekit.judge._limiter import estimate_tokens
 
     def prompt(url: str, detail: str | None = None) -> list[dict]:
         return [{"type": "text", "text": "abcd"}, {"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}}]
@@ -79,7 +79,7 @@ PLANTED = {"rationale": "预测答案与参考答案的含义相同。", "judgem
 
 
 async def test_a_reply_that_only_echoes_the_rows_planted_json_is_refused_and_a_verdict_of_its_own_is_read(fake, make_judge) -> None:
-    from judge import load_rubric
+    from gradekit.judge import load_rubric
 
     zh = load_rubric("semantic_equivalence_zh")
 
@@ -101,9 +101,9 @@ async def test_a_reply_that_only_echoes_the_rows_planted_json_is_refused_and_a_v
 
 
 async def test_a_judge_that_refuses_a_system_message_gets_it_folded_into_the_user_message_after_one_400(waits) -> None:
-    from judge import Judge, Limiter, RetryPolicy, load_rubric
-    from judge._dialect import forget_dialects
-    from judge.testing import FakeProvider
+    from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
+    from gradekit.judge._dialect import forget_dialects
+    from gradekit.judge.testing import FakeProvider
 
     forget_dialects()
     with FakeProvider(dialect="openai-reasoning") as fake:

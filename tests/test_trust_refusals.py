@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from judge.testing import FakeProvider, Reply
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .test_fleet import cli, write_rows
 

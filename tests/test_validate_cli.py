@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "graders"
@@ -124,7 +124,7 @@ def test_validate_cannot_start(args: tuple[str, ...], message: str) -> None:
 def test_validate_real_subprocess(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))}
     done = subprocess.run(
-        [sys.executable, "-c", "from graders.cli import main; main()", "validate", "--grader", str(DATA / "weighted.yaml"),
+        [sys.executable, "-c", "from gradekit.graders.cli import main; main()", "validate", "--grader", str(DATA / "weighted.yaml"),
          "--example", str(DATA / "example_vertex.json"), "--response", str(DATA / "response.txt"), "--json"],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
@@ -204,9 +204,9 @@ def test_examples_validate(tmp_path: Path) -> None:
 
 
 async def test_example_group_config_loads() -> None:
-    from graders._config import load_group_grader
-    from graders._sample import Sample, Trajectory
-    from judge import Judge
+    from gradekit.graders._config import load_group_grader
+    from gradekit.graders._sample import Sample, Trajectory
+    from gradekit.judge import Judge
 
     grader = load_group_grader(ROOT / "examples" / "graders" / "search_agent_group.yaml", judge=Judge("m", base_url="http://127.0.0.1:9/v1"))
     result = await grader(Sample(messages="q", references={"answer": "a"}), [Trajectory(messages="a, without searching")])

@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from graders._config import GraderConfigError, load_grader
-from graders._sample import Sample, sample_from_vertex
-from graders._vertex import cloud_run_grader, dump_vertex_spec, parse_vertex_spec, vertex_grader
-from judge.testing import FakeProvider, Reply
+from gradekit.graders._config import GraderConfigError, load_grader
+from gradekit.graders._sample import Sample, sample_from_vertex
+from gradekit.graders._vertex import cloud_run_grader, dump_vertex_spec, parse_vertex_spec, vertex_grader
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import until_sync
 

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
-from judge.testing import FakeProvider, Reply
+from gradekit.graders.cli import app
+from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import need, reference_judge
 
@@ -125,7 +125,7 @@ def _grade_all(folder: Path) -> dict[str, Path]:
 
 def start_view(*args: str) -> tuple[subprocess.Popen, str]:
     """`gradekit view` as a real subprocess on a free port; returns it and its URL (its first stdout line)."""
-    proc = subprocess.Popen([sys.executable, "-m", "graders", "view", *args, "--port", "0", "--no-browser"],
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "view", *args, "--port", "0", "--no-browser"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = proc.stdout.readline().strip()  # type: ignore[union-attr]
     if not url.startswith("http://"):
@@ -349,7 +349,7 @@ def test_summary_counts_histogram_tokens_and_agreement(view: str, files: dict[st
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 def test_csv_and_parquet_outputs_read_like_jsonl(files: dict[str, Path], kind: str) -> None:
-    from graders.view import ResultsFile, RowFilter, summarise
+    from gradekit.graders.view import ResultsFile, RowFilter, summarise
 
     rows = read(files["jsonl"])
     results = ResultsFile(files[kind], background=False)
@@ -366,7 +366,7 @@ def test_csv_and_parquet_outputs_read_like_jsonl(files: dict[str, Path], kind: s
 
 
 def test_pairwise_output_the_two_orders_disagree(files: dict[str, Path]) -> None:
-    from graders.view import ResultsFile, RowFilter, summarise
+    from gradekit.graders.view import ResultsFile, RowFilter, summarise
 
     rows = read(files["pairs"])
     results = ResultsFile(files["pairs"], background=False)
@@ -395,7 +395,7 @@ parts:
 
 @pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet"])
 def test_a_grader_output_summarises_each_part(tmp_path: Path, suffix: str) -> None:
-    from graders.view import ResultsFile, RowFilter, summarise
+    from gradekit.graders.view import ResultsFile, RowFilter, summarise
 
     config, source, output = tmp_path / "g.yaml", tmp_path / "in.jsonl", tmp_path / f"out.{suffix}"
     config.write_text(GRADER, encoding="utf-8")
@@ -415,8 +415,8 @@ def test_a_grader_output_summarises_each_part(tmp_path: Path, suffix: str) -> No
 
 
 def test_pairwise_prompt_shows_both_orders(files: dict[str, Path]) -> None:
-    from graders.view._prompt import render_prompt
-    from judge import load_rubric
+    from gradekit.graders.view._prompt import render_prompt
+    from gradekit.judge import load_rubric
 
     row = read(files["pairs"])[1]
     rendered = render_prompt(load_rubric("llmbar_pairwise"), row, pairwise=True)
@@ -425,7 +425,7 @@ def test_pairwise_prompt_shows_both_orders(files: dict[str, Path]) -> None:
 
 
 def test_a_line_cut_short_by_a_killed_run_is_an_empty_row_and_a_warning(files: dict[str, Path], tmp_path: Path) -> None:
-    from graders.view import ResultsFile, summarise
+    from gradekit.graders.view import ResultsFile, summarise
 
     broken = tmp_path / "broken.jsonl"
     text = files["jsonl"].read_text(encoding="utf-8")
@@ -464,7 +464,7 @@ def test_the_first_page_is_answered_before_the_copy_for_filters_is_made(files: d
 
 
 def test_a_deferred_copy_starts_when_a_filter_needs_it(files: dict[str, Path]) -> None:
-    from graders.view import ResultsFile, RowFilter, summarise
+    from gradekit.graders.view import ResultsFile, RowFilter, summarise
 
     rows = read(files["jsonl"])
     results = ResultsFile(files["jsonl"], deferred=True)
@@ -479,7 +479,7 @@ def test_a_deferred_copy_starts_when_a_filter_needs_it(files: dict[str, Path]) -
 
 
 def test_closing_while_the_copy_runs_stops_it_and_removes_the_database(tmp_path: Path) -> None:
-    from graders.view import ResultsFile
+    from gradekit.graders.view import ResultsFile
 
     path = tmp_path / "big.jsonl"
     line = json.dumps({"id": 0, "status": "ok", "label": "correct", "question": "what is the capital of France? " * 4}) + "\n"
@@ -501,8 +501,8 @@ def test_closing_while_the_copy_runs_stops_it_and_removes_the_database(tmp_path:
 ])
 def test_the_row_count_is_the_rows_the_copy_holds(tmp_path: Path, body: str, total: int) -> None:
     """The first page's total comes from a line count (wc and grep, or Python's); it must be what DuckDB makes of the file."""
-    from graders.view import ResultsFile
-    from graders.view._results import count_lines
+    from gradekit.graders.view import ResultsFile
+    from gradekit.graders.view._results import count_lines
 
     path = tmp_path / "rows.jsonl"
     path.write_bytes(body.encode())
@@ -522,7 +522,7 @@ def test_the_row_count_is_the_rows_the_copy_holds(tmp_path: Path, body: str, tot
 ])
 def test_values_past_the_type_sample_are_kept(tmp_path: Path, name: str, last: dict, found: str) -> None:
     """DuckDB guesses types from the first rows; a graded file's error columns are empty until the first failure."""
-    from graders.view import ResultsFile, RowFilter
+    from gradekit.graders.view import ResultsFile, RowFilter
 
     path = tmp_path / name
     rows = [{"id": i, "status": "ok", "note": None} for i in range(30000)] + [last]
@@ -573,7 +573,7 @@ def test_view_exits_1_when_the_port_is_taken(files: dict[str, Path]) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "graders", "view", str(files["jsonl"]), "--port", str(port), "--no-browser"],
+        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "view", str(files["jsonl"]), "--port", str(port), "--no-browser"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "could not serve" in err, err
@@ -622,7 +622,7 @@ def test_report_escapes_row_text_that_looks_like_markup(tmp_path: Path) -> None:
 
 
 def test_cli_help_loads_no_heavy_library() -> None:
-    code = ("import sys; from typer.testing import CliRunner; from graders.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from gradekit.graders.cli import app; "
             "[CliRunner().invoke(app, [c, '--help']) for c in ('view', 'report')]; "
             "print(','.join(m for m in ('duckdb', 'uvicorn', 'starlette', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ})
@@ -633,7 +633,7 @@ def test_cli_help_loads_no_heavy_library() -> None:
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
 def test_an_eval_run_shows_its_result_counts_and_per_criterion_figures(tmp_path: Path, suffix: str) -> None:
     """A file graded with an Evals-API definition: the summary holds the figures `gradekit grade --json` reported."""
-    from graders.view import ResultsFile, summarise
+    from gradekit.graders.view import ResultsFile, summarise
 
     criteria = [{"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
                  "operation": "eq"},
@@ -667,7 +667,7 @@ def test_an_eval_run_shows_its_result_counts_and_per_criterion_figures(tmp_path:
 
 def test_an_eval_run_whose_criteria_have_their_own_ids_shows_its_figures(tmp_path: Path) -> None:
     """A retrieved eval's criteria keep their `id` whatever it looks like: the summary still finds them."""
-    from graders.view import ResultsFile, summarise
+    from gradekit.graders.view import ResultsFile, summarise
 
     criteria = [{"id": "exact_1", "type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
                  "reference": "{{ item.answer }}", "operation": "eq"},

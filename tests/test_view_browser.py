@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from graders.cli import app
+from gradekit.graders.cli import app
 
 from .conftest import need
 from .test_view import UNREADABLE, files, read, start_view, stop_view  # noqa: F401  (files: the graded-file fixture)
@@ -186,7 +186,7 @@ def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[
 
 
 def test_label_five_rows_by_keyboard_in_blind_mode_and_reload(page: Any, files: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
-    from graders.calibration._labels import read_labels
+    from gradekit.graders.calibration._labels import read_labels
 
     store = tmp_path / "labels.jsonl"
     total = len(read(files["jsonl"]))
@@ -229,10 +229,10 @@ def test_an_eval_run_report_shows_result_counts_and_each_criterion(page: Any, tm
     rows.append({"item": {"answer": "Paris"}, "sample": {"output_text": "Paris"}})  # no item.city: an errored row
     source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     # Subprocesses: Playwright's event loop owns this thread, and grading runs its own.
-    graded = subprocess.run([sys.executable, "-m", "graders", "grade", str(source), "--grader", str(definition), "-o", str(output),
+    graded = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(definition), "-o", str(output),
                              "--no-cache"], capture_output=True, text=True, timeout=300)
     assert graded.returncode == 1, graded.stderr  # 1: the errored row
-    made = subprocess.run([sys.executable, "-m", "graders", "report", str(output), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    made = subprocess.run([sys.executable, "-m", "gradekit", "report", str(output), "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     page.goto(out.as_uri())
     page.wait_for_selector("#eval-run:not([hidden]) #eval-result-counts")

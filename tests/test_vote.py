@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graders.calibration._pairwise import pairwise_grader
-from graders.cli import app
-from judge import load_rubric
-from judge.testing import Reply
+from gradekit.graders.calibration._pairwise import pairwise_grader
+from gradekit.graders.cli import app
+from gradekit.judge import load_rubric
+from gradekit.judge.testing import Reply
 
 ARENA = load_rubric("arena_hard_pairwise")
 LLMBAR = load_rubric("llmbar_pairwise")

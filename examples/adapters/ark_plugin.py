@@ -13,7 +13,7 @@ from pathlib import Path
 from ark_sdk.resources.pipeline_plugin import group_grader
 from ark_sdk.types.pipeline_plugin import PluginInstance, Runtime
 
-from graders import ark_group_grader
+from gradekit.graders import ark_group_grader
 
 CONFIG = Path(__file__).resolve().parent / "search_agent_group.yaml"  # copy of examples/graders/search_agent_group.yaml
 

@@ -7,7 +7,7 @@ Run: python trl_reward.py   (needs: pip install trl datasets)
 
 from pathlib import Path
 
-from graders import trl_reward_func
+from gradekit.graders import trl_reward_func
 
 GRADER = Path(__file__).resolve().parent.parent / "graders" / "math_answer.yaml"
 

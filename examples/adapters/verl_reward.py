@@ -10,7 +10,7 @@
 
 from pathlib import Path
 
-from graders import verl_compute_score
+from gradekit.graders import verl_compute_score
 
 GRADER = Path(__file__).resolve().parent.parent / "graders" / "math_answer.yaml"
 

@@ -10,7 +10,7 @@ JSONL line per act) and the active order rows are offered in; ``_probes`` pertur
 judge that rewards length, listings, injected instructions, content-free openers or position.
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._agreement": ["CalibrationReport", "CorrelationReport", "FileCalibration", "Interval", "JudgeAgreementReport",

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Rubric, Usage
+from gradekit.judge import Rubric, Usage
 
 from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge_answer
 from ._llmbar import packaged_eval_sets
@@ -152,7 +152,7 @@ def wilson(count: int, n: int, confidence: float = 0.95) -> RateInterval:
 
 
 def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool = True) -> Callable[[dict[str, Any]], Any]:
-    """A fake judge for :class:`judge.testing.FakeProvider` that knows the human verdicts of ``rows``.
+    """A fake judge for :class:`gradekit.judge.testing.FakeProvider` that knows the human verdicts of ``rows``.
 
     Asked with the gold answer in the reference slot it gives the human verdict; asked the swapped
     way it says "correct" whatever the verdict (``swapped_says_correct``): a judge biased towards the
@@ -162,7 +162,7 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
     """
     import re
 
-    from judge.testing import Reply
+    from gradekit.judge.testing import Reply
 
     verdicts = {(r.gold.strip(), r.response.strip()): r.verdict for r in rows}
 

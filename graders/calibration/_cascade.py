@@ -23,10 +23,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from judge import Rubric
-from judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
-from judge._cascade import CascadeJudge, CascadeSpec, ConfidenceMethod, ThresholdTest, asked, opinion
-from judge._rubric import rubric_fingerprint
+from gradekit.judge import Rubric
+from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
+from gradekit.judge._cascade import CascadeJudge, CascadeSpec, ConfidenceMethod, ThresholdTest, asked, opinion
+from gradekit.judge._rubric import rubric_fingerprint
 
 from ._agreement import as_label
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from judge._criteria import DEFAULT_CRITERION_LABELS
+from gradekit.judge._criteria import DEFAULT_CRITERION_LABELS
 
 from .._checklist import row_criteria
 from ._agreement import CalibrationReport, CorrelationReport, as_label, calibrate, correlations

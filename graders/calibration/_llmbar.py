@@ -23,17 +23,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from judge import JudgeCache, ParseFailure, Rubric, load_rubric, parse_reply
-from judge._spec import JudgeSpec, Limits
-from judge.testing import FakeProvider, Reply
+from gradekit.judge import JudgeCache, ParseFailure, Rubric, load_rubric, parse_reply
+from gradekit.judge._spec import JudgeSpec, Limits
+from gradekit.judge.testing import FakeProvider, Reply
 
 from ._agreement import PairwiseReport, pairwise_report
 from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
 
 Order = Literal["ab", "ba"]
 StrategyKind = Literal["comparison", "swap", "rating"]
-
-_HERE_ROOT = Path(__file__).resolve().parents[2] / "eval_sets" / "llmbar"  # a source checkout
 
 
 class LLMBarError(ValueError):
@@ -46,13 +44,10 @@ class LLMBarError(ValueError):
 
 
 def packaged_eval_sets() -> Path:
-    """eval_sets/ as installed (graders/eval_sets in the wheel), or at the top of a source checkout."""
+    """eval_sets/ as installed: ``gradekit.eval_sets`` (the repository's top-level eval_sets/, mapped in by pyproject.toml)."""
     from importlib import resources
 
-    try:
-        return Path(str(resources.files("graders.eval_sets")))
-    except ModuleNotFoundError:  # a source checkout: graders/ has no eval_sets, the repository root does
-        return _HERE_ROOT.parent
+    return Path(str(resources.files("gradekit.eval_sets")))
 
 
 def llmbar_root(root: str | Path | None = None) -> Path:
@@ -61,7 +56,7 @@ def llmbar_root(root: str | Path | None = None) -> Path:
     The data are part of the package, like the rubrics, so ``gradekit llmbar`` and
     ``gradekit meta-eval --suite llmbar`` work from any folder after a plain ``pip install``.
     """
-    candidates = [Path(root)] if root is not None else [packaged_eval_sets() / "llmbar", _HERE_ROOT]
+    candidates = [Path(root)] if root is not None else [packaged_eval_sets() / "llmbar"]
     for candidate in candidates:
         if (candidate / "manifest.json").is_file():
             return candidate
@@ -506,7 +501,7 @@ async def replay_grade(
 ) -> ReplayResult:
     """Grade a subset with a pairwise rubric against a loopback replay of a recorded judge.
 
-    The replay server is a :class:`judge.testing.FakeProvider` on 127.0.0.1; the grading is the
+    The replay server is a :class:`gradekit.judge.testing.FakeProvider` on 127.0.0.1; the grading is the
     ordinary path: :class:`judge.Judge` (cache, limiter, retry, parse) under
     :func:`grade_pairwise_file`, with LLMBar's convention for Acc / Agr.
     """

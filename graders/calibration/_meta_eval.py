@@ -25,8 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Judge, ModelPrice, Rubric, Usage, cost_usd
-from judge._budget import price_of
+from gradekit.judge import Judge, ModelPrice, Rubric, Usage, cost_usd
+from gradekit.judge._budget import price_of
 
 from ._agreement import pairwise_report
 from ._pairwise import ConflictRule, PairVerdict, pairwise_grader

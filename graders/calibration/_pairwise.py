@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import Judge, JudgeProtocol, Jury, Rubric, Usage, Verdict
+from gradekit.judge import Judge, JudgeProtocol, Jury, Rubric, Usage, Verdict
 
 from .._flags import said_as_flags
 from ..runs._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
@@ -193,7 +193,7 @@ def _jury_pairs(jury: Jury, rubric: Rubric, *, swap: bool, on_conflict: Conflict
     whose pair is an error abstains, and below the quorum the pair is an error naming each one.
     A unanimous jury that splits calls the pair a tie (LLMBar's reading of a disagreement).
     """
-    from judge._jury import decide
+    from gradekit.judge._jury import decide
 
     graders = [pairwise_grader(j, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak) for j in jury.jurors]
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from judge import JudgeProtocol, Rubric, Verdict
+from gradekit.judge import JudgeProtocol, Rubric, Verdict
 
 from ._pairwise import swapped
 

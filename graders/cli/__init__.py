@@ -140,8 +140,8 @@ app.add_typer(cascade_app, name="cascade")
 
 
 def main() -> None:
-    # One name however it is started (`gradekit` or `python -m graders`): usage lines and the shell
-    # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m graders".
+    # One name however it is started (`gradekit` or `python -m gradekit`): usage lines and the shell
+    # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m gradekit".
     try:
         app(prog_name="gradekit")
     except Exception as e:  # a bug, not a user's mistake: one line to report, with the version first

@@ -22,7 +22,7 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
     2 when the run cannot start, 130 when interrupted (the same command continues from the cache)."""
     import asyncio
 
-    from judge import RubricError, load_rubric
+    from gradekit.judge import RubricError, load_rubric
 
     from .._answer_judge import REQUIRE, check_answer_rubric
     from ..calibration._answer_eval import answer_meta_eval, load_answer_suite
@@ -48,7 +48,7 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
             raise SuiteError(f"--suite names a suite twice: {', '.join(suites)}")
         cascade_spec = None
         if cascade is not None and wants_judge:
-            from judge import CascadeSpec
+            from gradekit.judge import CascadeSpec
 
             cascade_spec = CascadeSpec.read(cascade)
             if spec is not None:

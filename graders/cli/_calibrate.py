@@ -119,7 +119,7 @@ def _calibrate_checklist(graded: Path, labels: Path | None, on: str | None, colu
             rows = [{**r, column: human.get(str(r.get(on)))} for r in rows]
         fixed = None
         if rubric is not None:
-            from judge import RubricError, load_rubric
+            from gradekit.judge import RubricError, load_rubric
 
             try:
                 spec = load_rubric(rubric)
@@ -204,7 +204,7 @@ def _check_vocabulary(graded_rows, label_rows, on, human_column, judge_column, l
 
 
 def _ppi(graded_rows, label_rows, on, human_column, rubric, alpha, graded, labels):
-    from judge import load_rubric
+    from gradekit.judge import load_rubric
 
     from ..calibration._ppi import ppi_rows
 

@@ -40,8 +40,8 @@ def fit(
     """
     import asyncio
 
-    from judge import RubricError, load_rubric
-    from judge._cascade import CONFIDENCE_METHODS
+    from gradekit.judge import RubricError, load_rubric
+    from gradekit.judge._cascade import CONFIDENCE_METHODS
 
     from ..calibration._cascade import fit_cascade
     from ..runs._file import _variables, check_columns, resolve_mapping
@@ -92,7 +92,7 @@ def fit(
     if unknown:
         raise fail(f"{labelled}: human labels {', '.join(map(repr, unknown[:5]))} are not labels rubric {spec.name!r} offers "
                    f"({', '.join(sorted(offered) if spec.pairwise is not None else spec.labels)})")
-    from judge._cascade import LOGPROBS_TOP
+    from gradekit.judge._cascade import LOGPROBS_TOP
 
     cache = opts.open_cache()
     budget = opts.budget()
@@ -117,7 +117,7 @@ def fit(
             for j in judges:
                 await j.aclose()
 
-    from judge import BreakerTripped
+    from gradekit.judge import BreakerTripped
 
     try:
         with opts.traffic():

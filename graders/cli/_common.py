@@ -16,14 +16,14 @@ JSON_VERSION = 1
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    from judge._redact import redact
+    from gradekit.judge._redact import redact
 
     typer.echo(f"error: {redact(in_flags(message))}", err=True)  # an error may quote a URL with credentials or an echoed key
     return typer.Exit(code)
 
 
 def print_json(payload: dict[str, Any]) -> None:
-    from judge._redact import redact
+    from gradekit.judge._redact import redact
 
     typer.echo(redact(json.dumps({"version": JSON_VERSION, **payload}, ensure_ascii=False, indent=2)))
 
@@ -32,7 +32,7 @@ class _Echo(logging.Handler):
     """Library warnings (a checkpoint started over, a corrupt cache moved aside) as plain lines on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        from judge._redact import redact
+        from gradekit.judge._redact import redact
 
         typer.echo(redact(self.format(record)), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
 

@@ -18,8 +18,8 @@ from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
-    from judge import Budget, Judge, JudgeProtocol
-    from judge._spec import JudgeSpec
+    from gradekit.judge import Budget, Judge, JudgeProtocol
+    from gradekit.judge._spec import JudgeSpec
 
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._file import RunSummary
@@ -145,7 +145,7 @@ class _Command:
 
 def _parse(args: _GradeArgs) -> _Command:
     """The options' own rules, then the rubric and the mapping: everything that fails without the input."""
-    from judge import RubricError, load_rubric
+    from gradekit.judge import RubricError, load_rubric
 
     from ..runs._file import resolve_mapping
     from ..runs._io import InputError
@@ -250,7 +250,7 @@ def _check_run(command: _Command) -> None:
 
 def _run_on_ray(command: _Command, source: RunInput, cache) -> None:
     """``grade --ray``: the judge's options go to the actors, this process prices and reports the run."""
-    from judge._breaker import BreakerTripped
+    from gradekit.judge._breaker import BreakerTripped
 
     a, opts, spec, variables, model = command.args, command.args.opts, command.spec, command.variables, command.model
     prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
@@ -317,7 +317,7 @@ class _Plan:
 
 def _plan(command: _Command, judges: _Judges, source: RunInput) -> _Plan:
     """The run's options and how it is shown, and which of the four runs takes them."""
-    from judge._client import DEFAULT_MODEL
+    from gradekit.judge._client import DEFAULT_MODEL
 
     from ._progress import already_written
 
@@ -353,7 +353,7 @@ def _run_plan(plan: _Plan, command: _Command, judges: _Judges, cache):  # -> Run
     """Run it; what stops a run becomes its exit status (2 bad input, 3 a broken judge, 130 Ctrl-C)."""
     import asyncio
 
-    from judge._breaker import BreakerTripped
+    from gradekit.judge._breaker import BreakerTripped
 
     from .._config import GraderConfigError
     from ..runs._io import InputError
@@ -380,7 +380,7 @@ def _run_plan(plan: _Plan, command: _Command, judges: _Judges, cache):  # -> Run
 
 def _report(command: _Command, judges: _Judges, summary) -> None:
     """The summary on the terminal or as --json, then the exit status: 1 when some rows carry an error."""
-    from judge._client import DEFAULT_MODEL
+    from gradekit.judge._client import DEFAULT_MODEL
 
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._file import RunSummary
@@ -477,8 +477,8 @@ async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, vari
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
     """Cost of the output's tokens at the table's prices, what the cache saved, and why rows were skipped."""
-    from judge import cost_usd
-    from judge._budget import price_of
+    from gradekit.judge import cost_usd
+    from gradekit.judge._budget import price_of
 
     price = price_of(budget.prices, model)
     if price is not None:
@@ -643,8 +643,8 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     import asyncio
     from dataclasses import replace
 
-    from judge._client import DEFAULT_MODEL
-    from judge._spec import Limits
+    from gradekit.judge._client import DEFAULT_MODEL
+    from gradekit.judge._spec import Limits
 
     from .._config import GraderConfigError
     from ..runs._file import rubric_settings
@@ -704,8 +704,8 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
     finally:
         ray.shutdown()
     if prices is not None:  # the output's tokens at the table's prices, as _add_money prices a local run
-        from judge import cost_usd
-        from judge._budget import price_of
+        from gradekit.judge import cost_usd
+        from gradekit.judge._budget import price_of
 
         priced = model or DEFAULT_MODEL
         if price_of(prices, priced) is not None:

@@ -23,8 +23,8 @@ import typer
 from ._common import fail
 
 if TYPE_CHECKING:  # the library loads when a command runs, not for --help
-    from judge import Budget, Judge, JudgeCache
-    from judge._spec import JudgeSpec
+    from gradekit.judge import Budget, Judge, JudgeCache
+    from gradekit.judge._spec import JudgeSpec
 
 PANEL = "Judge options"
 
@@ -196,7 +196,7 @@ class JudgeOptions:
 
     def open_cache(self, *, by_default: bool = True) -> JudgeCache | None:
         """The response cache, or None (--no-cache; a cassette, which must see every request, unless --cache is explicit)."""
-        from judge import open_cache
+        from gradekit.judge import open_cache
 
         path = self.resolved_cache_path()
         if self.no_cache or ((self.record or self.replay) and path is None) or (path is None and not by_default):
@@ -215,7 +215,7 @@ class JudgeOptions:
 
     def budget(self) -> Budget:
         """Always a Budget: without caps it only counts, so every summary shows what was spent and saved."""
-        from judge import Budget, load_prices
+        from gradekit.judge import Budget, load_prices
 
         try:
             return Budget(max_cost_usd=self.max_cost, max_tokens=self.max_tokens, prices=load_prices(self.prices_path))
@@ -227,7 +227,7 @@ class JudgeOptions:
 
         ``base_url``/``api_key``: one member's of a jury or cascade (``per_member``); by default all of them (a fleet).
         """
-        from judge._spec import JudgeSpec, Limits
+        from gradekit.judge._spec import JudgeSpec, Limits
 
         limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=not self.no_adapt, url=self.limiter_url,
                         # The budget is named by the endpoint, so runs against another provider or model never share one by accident.

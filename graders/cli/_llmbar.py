@@ -40,7 +40,7 @@ def llmbar(
     """
     import asyncio
 
-    from judge import JudgeCache, RubricError, load_rubric
+    from gradekit.judge import JudgeCache, RubricError, load_rubric
 
     from ..calibration._llmbar import LLMBarError, grading_rows, replay_grade, resolve_run
 
@@ -114,7 +114,7 @@ def _serve(run, data: Path | None) -> None:
 
 
 def _serve_until_stopped(responder, model: str, what: str) -> None:
-    from judge.testing import FakeProvider
+    from gradekit.judge.testing import FakeProvider
 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -37,7 +37,7 @@ def meta_eval(
     """
     import asyncio
 
-    from judge import RubricError, load_rubric
+    from gradekit.judge import RubricError, load_rubric
 
     from ..calibration._llmbar import LLMBarError
     from ..calibration._meta_eval import default_rule, meta_eval as run_meta_eval, plot_meta_eval
@@ -61,7 +61,7 @@ def meta_eval(
     models, concurrency = opts.model, opts.concurrency
     cascade_spec = None
     if cascade is not None:
-        from judge import CascadeSpec
+        from gradekit.judge import CascadeSpec
 
         try:
             cascade_spec = CascadeSpec.read(cascade)

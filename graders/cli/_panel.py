@@ -17,7 +17,7 @@ from ._common import fail
 from ._judge_options import JudgeOptions
 
 if TYPE_CHECKING:
-    from judge import Budget, CascadeSpec, JudgeProtocol
+    from gradekit.judge import Budget, CascadeSpec, JudgeProtocol
 
 
 def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
@@ -25,13 +25,13 @@ def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
     nothing about it), another version of the same rubric a warning (the guarantee was measured on the old one)."""
     import typer
 
-    from judge._rubric import rubric_fingerprint
+    from gradekit.judge._rubric import rubric_fingerprint
 
     if not cascade.rubric_fingerprint or rubric_fingerprint(spec) == cascade.rubric_fingerprint:
         return
     fitted = cascade.rubric
     if fitted.endswith((".yaml", ".yml")):  # fitted with a path: the spec's own name, where the file is still there
-        from judge import load_rubric
+        from gradekit.judge import load_rubric
 
         try:
             fitted = load_rubric(fitted).name
@@ -46,7 +46,7 @@ def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
 
 def check_panel(opts: JudgeOptions, jury: str | None, quorum: int | None, cascade: Path | None) -> CascadeSpec | None:
     """The panel options that exclude each other (exit 2), and the cascade file read."""
-    from judge._jury import AGGREGATES
+    from gradekit.judge._jury import AGGREGATES
 
     if jury is not None and jury not in AGGREGATES:
         raise fail(f"--jury is one of {', '.join(AGGREGATES)}, not {jury!r}")
@@ -55,7 +55,7 @@ def check_panel(opts: JudgeOptions, jury: str | None, quorum: int | None, cascad
             raise fail("--cascade takes its judges from the cascade file: drop --model (or fit another cascade)")
         if jury is not None or quorum is not None:
             raise fail("--jury and --quorum make a jury; --cascade is a cascade: give one of the two")
-        from judge import CascadeSpec
+        from gradekit.judge import CascadeSpec
 
         try:
             return CascadeSpec.read(cascade)
@@ -72,13 +72,13 @@ def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spe
                 cache: Any, budget: Budget | None) -> Any:
     """A Jury (several --model), a Cascade (a spec), or None (one judge: the caller builds it)."""
     if spec is not None:
-        from judge import Cascade
+        from gradekit.judge import Cascade
 
         judges = [spec.judge_spec(i, opts.spec(fitted.model, base_url=url, api_key=key)).build(cache=cache, budget=budget)
                   for i, (fitted, (url, key)) in enumerate(zip(spec.judges, opts.per_member(len(spec.judges), "cascade")))]
         return Cascade(judges, spec)
     if len(opts.model) > 1:
-        from judge._spec import JurySpec
+        from gradekit.judge._spec import JurySpec
 
         jurors = tuple(opts.spec(model, base_url=url, api_key=key) for model, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "jury")))
         return JurySpec(jurors, aggregate=jury, quorum=quorum).build(cache=cache, budget=budget)
@@ -87,8 +87,8 @@ def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spe
 
 def panel_summary(panel: JudgeProtocol, summary: Any, prices: Any) -> dict[str, Any] | None:
     """The ``jury`` / ``cascade`` block of the run's summary (None for a single judge)."""
-    from judge import Cascade, Jury, cost_usd
-    from judge._budget import price_of
+    from gradekit.judge import Cascade, Jury, cost_usd
+    from gradekit.judge._budget import price_of
 
     def priced(model: str, prompt: int, completion: int, cached: int = 0) -> float | None:
         return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None

@@ -35,7 +35,7 @@ def probe(
     """
     import asyncio
 
-    from judge import RubricError, load_rubric
+    from gradekit.judge import RubricError, load_rubric
 
     from ..calibration._probes import master_keys, position_swap, run_probes, verbosity
     from ..runs._file import resolve_mapping

@@ -16,7 +16,7 @@ def render(
     model: str = typer.Option("gpt-4o-mini", "--model", envvar="GRADEKIT_MODEL"),
 ) -> None:
     """Print the chat.completions request a row would produce."""
-    from judge import RubricError, RubricInputError, build_request, load_rubric
+    from gradekit.judge import RubricError, RubricInputError, build_request, load_rubric
 
     try:
         spec = load_rubric(rubric)
@@ -27,7 +27,7 @@ def render(
         raise fail(f"--row is not valid JSON: {e}") from e
     if not isinstance(values, dict):
         raise fail("--row must be a JSON object")
-    from judge._checklist import bind_row
+    from gradekit.judge._checklist import bind_row
 
     spec = bind_row(spec, values)  # a per-row checklist: the row's criteria, and their JSON schema
     ask = mode or spec.ask_modes[0]

@@ -12,7 +12,7 @@ from ._common import print_json
 def rubrics(json_output: bool = typer.Option(False, "--json", help="Print JSON (with a version field).")) -> None:
     """List the shipped rubrics with their variables, output mode and labels."""
     # The specs as read, not validated Rubric models: pydantic's import alone would double this command's time.
-    from judge._specs import rubric_summaries
+    from gradekit.judge._specs import rubric_summaries
 
     found = rubric_summaries()
     if json_output:

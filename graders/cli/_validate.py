@@ -189,7 +189,7 @@ def _validate_definition(path: Path, json_output: bool) -> None:
     """Exit 0 when the openai SDK's types accept the eval and gradekit builds every criterion, else 2."""
     import asyncio
 
-    from judge._spec import JudgeSpec
+    from gradekit.judge._spec import JudgeSpec
 
     from .._config import GraderConfigError, load_grader
     from .._evals import EvalGrader, sdk_problems

@@ -33,7 +33,7 @@ def redact(text: str, keys: list[str] = ()) -> str:  # type: ignore[assignment]
     for key in keys:
         text = text.replace(key, REDACTED)
     text = _KEYED.sub(lambda m: m.group(1) + REDACTED, text)
-    from judge._redact import redact as hide  # URL credentials and every key a judge was built with, too
+    from gradekit.judge._redact import redact as hide  # URL credentials and every key a judge was built with, too
 
     return hide(_SECRET.sub(REDACTED, text)) or ""
 

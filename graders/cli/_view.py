@@ -80,7 +80,7 @@ def view(
     try:
         judge_rubric = None
         if rubric is not None:
-            from judge import RubricError, load_rubric
+            from gradekit.judge import RubricError, load_rubric
 
             try:
                 judge_rubric = load_rubric(rubric)

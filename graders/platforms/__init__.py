@@ -9,7 +9,7 @@ HTTP contracts of Bailian, DashScope, Vertex, OpenRLHF, Foundry's endpoint grade
 (``/slime``) and NeMo Gym (``/verify``).
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._ark": ["ark_group_grader", "ark_single_grader"],

@@ -53,7 +53,7 @@ class PrivateGrader:
         self._lock = threading.Lock()
 
     def run(self, coro: Any) -> Any:
-        from judge import SyncRunner
+        from gradekit.judge import SyncRunner
 
         with self._lock:
             if self._runner is None:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from judge._client import DEFAULT_MODEL
+from gradekit.judge._client import DEFAULT_MODEL
 
 from ._nodes import ExportError, Node, read_tree
 from ._standalone import DETERMINISTIC, expressible, standalone_source

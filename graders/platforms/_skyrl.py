@@ -47,7 +47,7 @@ _SKYRL_SHARED: dict[str, PrivateGrader] = {}
 class GradekitTextEnv(_TextEnvBase):  # type: ignore[misc, valid-type]
     """A single-turn SkyRL text environment whose reward is a gradekit grader.
 
-    Register it: ``skyrl_gym.envs.register(id="gradekit", entry_point="graders.platforms:GradekitTextEnv")``
+    Register it: ``skyrl_gym.envs.register(id="gradekit", entry_point="gradekit.graders.platforms:GradekitTextEnv")``
     and set ``environment.env_class: gradekit`` with ``skyrl_gym.gradekit: {grader: grader.yaml}``
     (``on_error``: ``raise`` or a score; ``deadline_s``). ``extras`` is the dataset row:
     ``reward_spec.ground_truth`` becomes the references (a dict merges; anything else is

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from judge import SyncRunner
+from gradekit.judge import SyncRunner
 
 from .._sample import Grade, Sample
 from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, grader_name, plain, resolve_grader

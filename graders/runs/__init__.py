@@ -10,7 +10,7 @@ On a Ray cluster (``_ray``) actors (``_ray_worker``) judge the rows the same loo
 writes; ``_ray_dataset`` adds grade columns to a user's own Ray Data pipeline.
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],

@@ -21,7 +21,7 @@ def _media_as_digests(request):  # -> vcr Request
         return request
     import json
 
-    from judge._media import digest_media
+    from gradekit.judge._media import digest_media
 
     try:
         data = json.loads(body)

@@ -22,11 +22,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
-from judge import JudgeProtocol, Rubric, Verdict
-from judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
-from judge._redact import redact_url
-from judge._rubric import rubric_fingerprint
-from judge._pacing import Pacing
+from gradekit.judge import JudgeProtocol, Rubric, Verdict
+from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
+from gradekit.judge._redact import redact_url
+from gradekit.judge._rubric import rubric_fingerprint
+from gradekit.judge._pacing import Pacing
 
 from .._flags import said_as_flags
 from ._rows import RowMapping
@@ -435,7 +435,7 @@ def grader_grading(source: RunInput, mapping: Mapping[str, str] | None, settings
 async def run_file(plan: RunPlan[Any], *, lock: bool = True) -> RunSummary:
     """The file loop behind ``gradekit grade``: checkpointed, ordered, one output row per input row.
 
-    Unless ``plan.options.keep_going``, the run has a circuit breaker (:mod:`judge._breaker`): once
+    Unless ``plan.options.keep_going``, the run has a circuit breaker (:mod:`gradekit.judge._breaker`): once
     the judge is seen to be broken it stops, the output ends before the first row that failed for
     it, the checkpoint is saved and :class:`BreakerTripped` is raised, so the same call resumes once
     the judge is fixed. ``retry_errors`` grades again, in place, the rows of an earlier run's output

@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from judge import SyncRunner
+from gradekit.judge import SyncRunner
 
 from ._file import keep_input
 from .._config import load_grader

@@ -42,7 +42,7 @@ import openai
 from openai.types import Batch
 from pydantic import BaseModel, Field
 
-from judge import Judge, Rubric, Verdict
+from gradekit.judge import Judge, Rubric, Verdict
 
 from ._file import (
     RESULT_COLUMNS,

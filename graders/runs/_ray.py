@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from ._ray_worker import JudgeWorker, WorkerSpec
 
 if TYPE_CHECKING:
-    from judge._spec import JudgeSpec
+    from gradekit.judge._spec import JudgeSpec
 
     from ._io import RunInput
 

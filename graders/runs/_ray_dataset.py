@@ -31,7 +31,7 @@ class _GradeBatches:
         from ._file import _variables, grader_row, result_row
         from ._io import RowError
         from ._rows import RowMapping
-        from judge import Verdict
+        from gradekit.judge import Verdict
 
         rows = batch.to_dict("records")
         items: list[Any] = []
@@ -76,7 +76,7 @@ def _limiter_settings(limiter: Any) -> dict[str, Any]:
         return {"limiter": "ray"}
     if isinstance(limiter, str):
         return {"limiter": limiter}
-    from judge import Limiter, RayLimiter, SharedLimiter
+    from gradekit.judge import Limiter, RayLimiter, SharedLimiter
 
     if isinstance(limiter, RayLimiter):
         return {"limiter": "ray", "rps": limiter.rps, "tpm": limiter.tpm, "limiter_key": limiter.key, "concurrency": limiter.concurrency}
@@ -124,7 +124,7 @@ def grade_dataset(
     """
     import os
 
-    from judge import Rubric, load_rubric
+    from gradekit.judge import Rubric, load_rubric
 
     from ._ray import default_workers, import_ray
 

@@ -6,7 +6,7 @@ cells (``"007"`` becomes 7) and fails a file on one ragged row, ``read_text`` sp
 U+2028 and fails a file on one byte that does not decode. An output that must equal a local
 run's, error rows included, needs the local parser. So the read is a Ray Data
 ``FileBasedDatasource`` whose read tasks open the files through Ray Data's filesystem layer and
-run :func:`graders.runs._io.rows_of` on them; the rows reach the driver pickled (a Parquet row
+run :func:`gradekit.graders.runs._io.rows_of` on them; the rows reach the driver pickled (a Parquet row
 keeps its Arrow-derived values, a bad row stays a RowError with its message), in input order
 (``DataContext.execution_options.preserve_order``), and the driver drops the rows a resumed
 run already has. A folder is listed on the driver (:class:`RunInput`), so the files, their

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from judge._spec import JudgeSpec
+    from gradekit.judge._spec import JudgeSpec
 
 
 class WorkerSpec(BaseModel):
@@ -42,7 +42,7 @@ class WorkerSpec(BaseModel):
 
     def judge_spec(self) -> JudgeSpec:
         """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
-        from judge._spec import JudgeSpec, Limits
+        from gradekit.judge._spec import JudgeSpec, Limits
 
         if self.judge is not None:
             return self.judge
@@ -60,7 +60,7 @@ class JudgeWorker:
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from judge import open_cache
+        from gradekit.judge import open_cache
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)

@@ -1,7 +1,7 @@
 """The math checker: a long-lived worker with math_verify loaded, answering one check per line.
 
 This file is not imported by gradekit: like the zygote, its text is the ``-c`` program of a
-worker started under the sandbox's isolation (:mod:`graders.sandbox._policy`), with nothing but
+worker started under the sandbox's isolation (:mod:`gradekit.graders.sandbox._policy`), with nothing but
 the standard library and the declared packages (math_verify, sympy, ...) on its path.
 
 Why no fork per check: parsing the library costs ~0.4 s once, and a check costs a

@@ -1,6 +1,6 @@
 """Long-lived checker workers: requests pipelined to warm processes, each answer under a hard deadline.
 
-The math checker (:mod:`graders.sandbox._checker`) is a library call on data, not a sample's
+The math checker (:mod:`gradekit.graders.sandbox._checker`) is a library call on data, not a sample's
 code, so a worker need not be forked per request: it stays up with math_verify loaded and
 answers request lines in order. What must come from outside is the stop: a check can spin in C
 (a huge power) or in a ``str()`` no alarm reaches, so this pool, not the worker, holds each

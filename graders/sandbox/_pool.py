@@ -1,7 +1,7 @@
 """The worker pool: sandboxed zygotes, one per thread, that the python and code_tests graders share.
 
-A worker is one zygote (:mod:`graders.sandbox._zygote`) started under the isolation the policy
-resolved (:mod:`graders.sandbox._policy`). It belongs to one thread of the pool's own thread
+A worker is one zygote (:mod:`gradekit.graders.sandbox._zygote`) started under the isolation the policy
+resolved (:mod:`gradekit.graders.sandbox._policy`). It belongs to one thread of the pool's own thread
 pool, so the pool size is the number of calls that run at once; calls beyond it queue in the
 executor without blocking other threads. A zygote that times out, dies or hits its memory cap
 is killed with its whole sandbox and replaced on the next call.

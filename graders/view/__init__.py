@@ -8,7 +8,7 @@ HTML file; ``_prompt`` renders a row's judge prompt again from its rubric. The p
 live in ``static/`` and ship in the wheel.
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._report": ["report_html", "write_report"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from judge import Rubric, RubricInputError
+from gradekit.judge import Rubric, RubricInputError
 
 
 def _result_columns() -> set[str]:

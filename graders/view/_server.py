@@ -37,7 +37,7 @@ from ._results import ResultsFile, ViewError, as_filter, page_window
 from ._summary import summarise
 
 if TYPE_CHECKING:  # the rubric and its prompt rendering load with --rubric only: the first page does not wait for them
-    from judge import Rubric
+    from gradekit.judge import Rubric
 
     from ._annotate import Annotator
 

@@ -10,15 +10,15 @@ Anthropic); :data:`DIALECTS` is the table of them, with their sources.
 :class:`JudgePopulation` is a responder whose models judge rows of known truth with known accuracy
 (for juries and cascades). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
 takes a number or a function of the request body).
-``python -m judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
+``python -m gradekit.judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
 
-from judge.testing._dialects import DIALECTS, Dialect, Refusal
-from judge.testing._down import DownJudge
-from judge.testing._fake_batch import BatchFault
-from judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
-from judge.testing._latency import Lognormal
-from judge.testing._population import JudgePopulation, labelled_reply
+from gradekit.judge.testing._dialects import DIALECTS, Dialect, Refusal
+from gradekit.judge.testing._down import DownJudge
+from gradekit.judge.testing._fake_batch import BatchFault
+from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
+from gradekit.judge.testing._latency import Lognormal
+from gradekit.judge.testing._population import JudgePopulation, labelled_reply
 
 __all__ = ["DIALECTS", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal",
            "Reply", "auto_reply", "labelled_reply"]

@@ -1,4 +1,4 @@
-"""``python -m judge.testing``: serve the fake provider in the foreground.
+"""``python -m gradekit.judge.testing``: serve the fake provider in the foreground.
 
 Prints the base URL as the first line of stdout, then serves until SIGTERM/SIGINT. Benchmarks
 run it as a subprocess so that the fake's CPU time is not counted as the client's.
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from judge.testing._dialects import DIALECTS
-from judge.testing._fake_provider import FakeProvider, Reply
+from gradekit.judge.testing._dialects import DIALECTS
+from gradekit.judge.testing._fake_provider import FakeProvider, Reply
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m judge.testing", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gradekit.judge.testing", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
@@ -37,9 +37,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reject-embeddings", action="store_true", help="answer /v1/embeddings with 404, as a chat-only server")
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
     parser.add_argument("--population", type=Path, default=None,
-                        help="JSON spec of judges of known reliability (judge.testing.JudgePopulation.from_spec): models, truth, key_pattern")
+                        help="JSON spec of judges of known reliability (gradekit.judge.testing.JudgePopulation.from_spec): models, truth, key_pattern")
     parser.add_argument("--dialect", choices=sorted(DIALECTS), default="openai",
-                        help="answer as this provider does (see judge.testing.DIALECTS)")
+                        help="answer as this provider does (see gradekit.judge.testing.DIALECTS)")
     return parser.parse_args(argv)
 
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.population is not None:
         import json
 
-        from judge.testing._population import JudgePopulation
+        from gradekit.judge.testing._population import JudgePopulation
 
         fake.set_responder(JudgePopulation.from_spec(json.loads(args.population.read_text(encoding="utf-8"))))
     stop = threading.Event()

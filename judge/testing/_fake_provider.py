@@ -78,7 +78,7 @@ class Reply(BaseModel):
             (a message field, ``<think>`` tags in the content, stream deltas) or drops it (OpenAI's
             reasoning models, Gemini, Anthropic); the ``openai`` dialect never thinks. None on a
             thinking dialect invents a draft holding a verdict unlike the final answer (see
-            :func:`judge.testing._dialects.draft_reasoning`). With ``finish_reason="length"`` a
+            :func:`gradekit.judge.testing._dialects.draft_reasoning`). With ``finish_reason="length"`` a
             thinking dialect sends only the draft: no close tag and no answer.
     """
 
@@ -398,7 +398,7 @@ class FakeProvider:
     ``response_format``, truncated bodies, dropped connections, slow answers).
 
     The Files and Batch API (``/v1/files``, ``/v1/batches``) run uploaded request files through
-    the same dispatch as live requests; see :mod:`judge.testing._fake_batch` and the batch
+    the same dispatch as live requests; see :mod:`gradekit.judge.testing._fake_batch` and the batch
     controls (``hold_batches``, ``push_batch_fault``, ``batches_created``, ...). A batch
     finishes at its ``batch_polls_until_done``-th poll unless held (``hold_batches``) or
     scripted to fail, expire or be cancelled (``batch_faults``); ``shuffle_batch_output``
@@ -412,7 +412,7 @@ class FakeProvider:
     :func:`auto_reply`. Requests answered 429/400 by those checks do not consume the script.
 
     ``POST /v1/embeddings`` answers with deterministic hashed bag-of-words vectors (see
-    :mod:`judge.testing._fake_embeddings`) after the same recording, rate limit, script and
+    :mod:`gradekit.judge.testing._fake_embeddings`) after the same recording, rate limit, script and
     responder: a scripted ``Reply`` with an error status, ``delay``, ``drop`` or ``raw_body``
     applies to the next request of either kind (its ``content`` is ignored for embeddings), and
     a responder sees embeddings bodies too (``input``, no ``messages``; one that raises on them,
@@ -420,7 +420,7 @@ class FakeProvider:
     makes the route a 404, as on a chat-only server; ``embedding_models`` limits the models it
     knows (any other is a 404 ``model_not_found``).
 
-    ``dialect`` (a name in :data:`judge.testing.DIALECTS`, or a :class:`Dialect`) makes it answer as
+    ``dialect`` (a name in :data:`gradekit.judge.testing.DIALECTS`, or a :class:`Dialect`) makes it answer as
     that provider does: the parameters it refuses and their error bodies, where a thinking model's
     reasoning goes, its rate-limit headers and its 429. Every dialect streams (``stream: true``:
     server-sent ``chat.completion.chunk`` events ending ``data: [DONE]``); a scripted error status,
@@ -525,7 +525,7 @@ class FakeProvider:
             self._script.clear()
         self._batch_api.reset()
 
-    # ---- Files and Batch API controls (see judge.testing._fake_batch) ----------------------
+    # ---- Files and Batch API controls (see gradekit.judge.testing._fake_batch) ----------------------
 
     @property
     def files_uploaded(self) -> int:
@@ -651,7 +651,7 @@ class FakeProvider:
     async def _dispatch(self, method: str, record: RecordedRequest, gone: asyncio.Event | None = None) -> Response:
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
-                                                             "created": 0, "owned_by": "judge.testing"}]})
+                                                             "created": 0, "owned_by": "gradekit.judge.testing"}]})
         embeddings = method == "POST" and record.path in ("/v1/embeddings", "/embeddings") and not self.reject_embeddings
         if not embeddings and (method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions")):
             return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")

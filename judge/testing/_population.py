@@ -49,7 +49,7 @@ class JudgePopulation:
     Args:
         accuracy: per model name, the chance one call is right (over rows and calls).
         truth: the row a request shows -> (row key, true label), or None for a request it does not
-            know (answered by :func:`~judge.testing.auto_reply`).
+            know (answered by :func:`~gradekit.judge.testing.auto_reply`).
         labels: the offered labels; a wrong call names another one.
         easy, hard: a call's chance of being right on a row easy / hard for the model. A model's
             share of easy rows is (accuracy - hard) / (easy - hard).
@@ -68,7 +68,7 @@ class JudgePopulation:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> JudgePopulation:
-        """From JSON (``python -m judge.testing --population FILE``): ``accuracy``, ``labels``, ``truth``
+        """From JSON (``python -m gradekit.judge.testing --population FILE``): ``accuracy``, ``labels``, ``truth``
         ({row key: label}), ``key_pattern`` (a regex whose group 1, searched in the last user message,
         is the row key), and optionally ``easy``, ``hard``, ``failing``, ``seed``."""
         import re

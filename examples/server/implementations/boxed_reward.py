@@ -8,7 +8,7 @@ policy, closing the grader on shutdown) is inherited. Name it as
 
 from pathlib import Path
 
-from graders import GraderRewardComputer, RewardRequest, Sample, load_grader
+from gradekit.graders import GraderRewardComputer, RewardRequest, Sample, load_grader
 
 GRADER = Path(__file__).resolve().parent.parent / "graders" / "boxed_answer.yaml"
 

@@ -4,7 +4,7 @@ Name it in configs/config.yaml as ``reward.class: "implementations.length_reward
 ``compute_reward`` is a plain ``def``, so the server runs it on its thread pool (blocking is fine).
 """
 
-from graders import BaseRewardComputer, RewardRequest, RewardResponse
+from gradekit.graders import BaseRewardComputer, RewardRequest, RewardResponse
 
 
 class LengthRewardComputer(BaseRewardComputer):

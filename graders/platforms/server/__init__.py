@@ -5,7 +5,7 @@ stack (FastAPI, uvicorn load with ``create_app`` / ``RewardServer``), and so doe
 gradekit command.
 """
 
-from judge._lazy import lazy_names
+from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._app": ["create_app"],

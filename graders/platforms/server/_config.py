@@ -62,9 +62,9 @@ from pydantic import (
     model_validator,
 )
 
-from judge import configure_limiter
-from judge._hedge import HedgePolicy
-from judge._files import read_data_file
+from gradekit.judge import configure_limiter
+from gradekit.judge._hedge import HedgePolicy
+from gradekit.judge._files import read_data_file
 
 from ..._config import GraderConfigError, load_grader, load_group_members
 from ..._members import GroupPolicy
