@@ -32,7 +32,7 @@ from ._protocol import JudgeIdentity, JudgeStats
 from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_error_kind, status_text, usage_detail, vectors_of
+from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -624,12 +624,9 @@ class Judge:
         batch_cancelled, ...).
         """
         if status_code is not None and status_code != 200:
-            error = body.get("error", body) if isinstance(body, dict) else None
-            said = error.get("message") if isinstance(error, dict) else None
-            # Worded as the SDK words a live APIStatusError, so a batch row reads like the live one.
-            detail = f"Error code: {status_code}" + (f" - {said}" if isinstance(said, str) and said else "")
-            return Verdict(status="error", error_kind=status_error_kind(status_code), error=status_text(status_code, detail),
-                           mode=mode, attempts=attempts)
+            # Worded as a live APIStatusError is, so a batch row reads like the live one.
+            return Verdict(status="error", error_kind=status_error_kind(status_code),
+                           error=status_text(status_code, status_detail(status_code, body)), mode=mode, attempts=attempts)
         kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
         text = f"{code}: {message}" if code else (message or "the request failed without an error message")
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import json
 import math
 import sys
@@ -40,7 +41,18 @@ NO_FALLBACK = (401, 403, 404)
 
 
 def status_message(exc: openai.APIStatusError) -> str:
-    return status_text(exc.status_code, getattr(exc, "message", None) or str(exc))
+    return status_text(exc.status_code, status_detail(exc.status_code, exc.body))
+
+
+def status_detail(status: int, body: Any) -> str:
+    """``Error code: 404 - no such model``: the SDK's words for an error status, the same in every SDK version.
+
+    openai 1.x put the whole error object in its message, later versions only the provider's message;
+    rows, a batch line's errors and tests read the same text whichever is installed.
+    """
+    error = body.get("error", body) if isinstance(body, dict) else body
+    said = error.get("message") if isinstance(error, dict) else error
+    return f"Error code: {status}" + (f" - {said}" if isinstance(said, str) and said else "")
 
 
 def status_text(status: int, detail: str) -> str:
@@ -123,17 +135,21 @@ def vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
 
 
 _SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
-_HTTPX_RESPONSE: Any = None
 
 
-def _httpx_response() -> Any:
-    """``httpx.Response``, imported on the first request (the SDK has loaded httpx by then)."""
-    global _HTTPX_RESPONSE
-    if _HTTPX_RESPONSE is None:
-        import httpx
+@functools.cache
+def sdk_http() -> Any:
+    """The HTTP library the installed openai SDK sends through: httpx (1.x, 2.x) or httpx2 (3.x).
 
-        _HTTPX_RESPONSE = httpx.Response
-    return _HTTPX_RESPONSE
+    Its ``Response`` is what ``client.post(cast_to=Response)`` returns raw and its ``Request`` is what
+    an ``APITimeoutError`` carries; both are taken from the SDK's own client class, never from a
+    transport package assumed to be installed (openai 3.x installs httpx2, not httpx).
+    """
+    for cls in openai.DefaultAsyncHttpxClient.__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root != "openai" and cls is not object:
+            return importlib.import_module(root)
+    raise RuntimeError("the openai SDK's async client is not built on an HTTP library gradekit knows")
 
 
 def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,14 +242,12 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
                 return await _post(client, request, route)
         return await asyncio.wait_for(_post(client, request, route), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-        import httpx
-
         url = f"{str(getattr(client, 'base_url', '')).rstrip('/')}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
-        raise openai.APITimeoutError(request=httpx.Request("POST", url)) from None
+        raise openai.APITimeoutError(request=sdk_http().Request("POST", url)) from None
 
 
 def whole_request_seconds(client: Any) -> float | None:
-    """The SDK client's timeout as seconds for a whole request (an ``httpx.Timeout``'s longest part), or None."""
+    """The SDK client's timeout as seconds for a whole request (the longest part of a transport Timeout), or None."""
     timeout = getattr(client, "timeout", None)
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         return float(timeout) if timeout > 0 else None
@@ -249,11 +263,11 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
         if request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
             send = functools.partial(client.chat.completions.with_raw_response.create, **sdk_arguments(request))
         else:
-            # The SDK's documented way to call any route (``client.post`` with ``cast_to=httpx.Response``):
+            # The SDK's documented way to call any route (``client.post`` with its transport's Response as cast_to):
             # the body exactly as built here, with the client's auth, base URL, default query (Azure's
             # api-version), timeout and error classes, but not create()'s per-call transform of its
             # arguments, which was 30% of the client's CPU per request (benchmarks/throughput.py (c)).
-            send = functools.partial(client.post, "/chat/completions", body=request, cast_to=_httpx_response())
+            send = functools.partial(client.post, "/chat/completions", body=request, cast_to=sdk_http().Response)
         on_wire()  # the SDK's resources and the arguments are built: the learning window starts now
         try:
             raw = await send()
