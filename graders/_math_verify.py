@@ -35,6 +35,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gradekit._extras import require
+
 from .sandbox import Policy
 from .sandbox._checkers import CheckerPool
 
@@ -110,6 +112,7 @@ class MathVerifier:
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, workers: int | None = None, parse: str | Sequence[str] = "auto",
                  max_chars: int | None = DEFAULT_MAX_CHARS, memory_mb: int | None = DEFAULT_MEMORY_MB, sandbox: Policy = "auto",
                  cache_size: int = CACHE_SIZE) -> None:
+        require("math", "the math check (type: math_equivalence)")
         if not timeout > 0:
             raise ValueError("timeout must be positive (seconds per check)")
         if max_chars is not None and max_chars < 1:

@@ -34,6 +34,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from gradekit._extras import require
+
 from ._limiter import Limiter
 from ._pacing import Pacer, Pacing
 
@@ -191,12 +193,11 @@ class RayLimiter:
 
     def check(self, timeout: float = 30.0) -> None:
         """Reach the actor now (creating it if needed); raise ConnectionError if Ray or the actor does not answer."""
+        require("ray", "the Ray limiter")
         try:
             import ray
 
             ray.get(self._handle().ping.remote(), timeout=timeout)
-        except ImportError as exc:
-            raise ConnectionError("the ray limiter needs Ray: pip install 'gradekit[ray]'") from exc
         except Exception as exc:  # noqa: BLE001 -- Ray's many failure types all mean: no cluster limiter
             raise ConnectionError(f"the Ray limiter actor {self.namespace}/{self.actor_name} is unreachable: {exc}") from exc
 

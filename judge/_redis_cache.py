@@ -14,6 +14,8 @@ import json
 import urllib.parse
 from typing import Any
 
+from gradekit._extras import require
+
 from ._cache import _loads
 
 _PREFIX = "gradekit:cache"
@@ -28,10 +30,9 @@ class RedisJudgeCache:
     """A :class:`JudgeCache` kept in Redis (``redis://host:port/db``); needs the ``redis`` package."""
 
     def __init__(self, url: str, *, timeout: float = 10.0) -> None:
-        try:
-            import redis
-        except ImportError as exc:
-            raise ConnectionError("a redis:// cache needs the redis package: pip install 'gradekit[redis]'") from exc
+        require("redis", "a redis:// cache")
+        import redis
+
         self.url = url
         self.path = url  # what a summary or message names as the cache's place
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)

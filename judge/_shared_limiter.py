@@ -38,6 +38,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from gradekit._extras import require
+
 from ._limiter import Limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacer, Pacing
 
@@ -123,6 +125,7 @@ class SharedLimiter:
         scheme = urllib.parse.urlsplit(url).scheme.removeprefix("async+")
         if scheme not in _SCHEMES:
             raise ValueError(f"a shared limiter needs a redis://, rediss:// or redis+unix:// URL, not {_redact(url)!r}")
+        require("redis", "a redis:// limiter")
         # Validates rps, tpm, concurrency and burst, and does the per-process part of the work.
         # Its own learning is off: a per-process learnt rate would let each process take the whole limit.
         self._local = Limiter(rps=rps, tpm=None, concurrency=concurrency, burst=burst, adapt=False)

@@ -262,3 +262,16 @@ def test_calibrate_errors_name_the_columns_and_the_option_to_pick_another(tmp_pa
     result = CliRunner().invoke(app, ["calibrate", str(graded), "--labels", str(labels), "--on", "key"])
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "'key' is missing" in text and "columns are id, verdict" in text and "--on COLUMN" in text, text
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 11, 57, 400, 2001])
+def test_fair_coin_p_is_scipys_binomtest(n: int) -> None:
+    """The pairwise report's position-bias p-value is exact without SciPy (the core install) and equals SciPy's."""
+    from scipy.stats import binomtest
+
+    from gradekit.graders.calibration._agreement import fair_coin_p
+
+    for k in sorted({0, 1, n // 3, n // 2, (n + 1) // 2, n - 1, n} - {-1}):
+        assert fair_coin_p(k, n) == pytest.approx(binomtest(k, n, 0.5).pvalue, rel=1e-9, abs=1e-300), (k, n)
+    with pytest.raises(ValueError):
+        fair_coin_p(n + 1, n)

@@ -109,12 +109,22 @@ def test_a_lazy_name_is_an_import_of_its_owner() -> None:
 # yaml (rubric specs are YAML files) and platformdirs (the cache's default folder) are the judge core's too, and the
 # shipped fake provider (judge/testing) serves over starlette and uvicorn.
 MAY_IMPORT: dict[str, set[str]] = {
-    "judge": {"judge", "openai", "jinja2", "pydantic", "tenacity", "aiolimiter", "orjson", "yaml", "platformdirs"},
+    # gradekit: the package root (src/gradekit/), whose _extras names the extra a missing library comes with
+    "judge": {"judge", "gradekit", "openai", "jinja2", "pydantic", "tenacity", "aiolimiter", "orjson", "yaml", "platformdirs"},
     "judge/testing": {"starlette", "uvicorn"},
 }
-# httpx: the SDK's own transport, whose Request an openai.APITimeoutError carries (judge/_wire.py's whole-request deadline)
-MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray", "httpx"}}
+# The SDK's transport (httpx or httpx2) is never imported by name: judge/_wire.py takes it from the SDK (sdk_http).
+MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray"}}
 NEVER: dict[str, set[str]] = {"judge": {"graders", "prompts", "eval_sets", "notebooks", "tests", "benchmarks"}}
+
+
+def _folder(module: str) -> str:
+    """The name the table uses for an imported module: its top level, or for gradekit's own the folder it lives in
+    (gradekit.judge._x -> judge; gradekit._extras, the package root's -> gradekit)."""
+    parts = module.split(".")
+    if parts[0] != "gradekit" or len(parts) == 1:
+        return parts[0]
+    return parts[1] if parts[1] in ("judge", "graders", "prompts", "eval_sets") else "gradekit"
 
 
 def _third_party(path: Path) -> tuple[set[str], set[str]]:
@@ -133,7 +143,7 @@ def _third_party(path: Path) -> tuple[set[str], set[str]]:
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 names = [child.module]
             # gradekit.judge is the judge/ folder, gradekit.graders the graders/ folder: a folder, as the table names them
-            (inner if deeper else top).update(n.split(".")[1] if n.startswith("gradekit.") else n.split(".")[0] for n in names)
+            (inner if deeper else top).update(_folder(n) for n in names)
             visit(child, deeper)
 
     visit(ast.parse(path.read_text(encoding="utf-8")), False)
@@ -249,7 +259,7 @@ def _project_modules() -> list[str]:
 # order a user's ``import`` meets, without paying an interpreter and pandas per module.
 _FORK_IMPORTS = r"""
 import importlib, json, os, sys, traceback
-for lib in ("openai", "pydantic", "jinja2", "tenacity", "aiolimiter", "typer", "orjson", "yaml", "pandas", "numpy", "pyarrow", "httpx"):
+for lib in ("openai", "pydantic", "jinja2", "tenacity", "aiolimiter", "typer", "orjson", "yaml", "pandas", "numpy", "pyarrow"):
     try:
         importlib.import_module(lib)
     except Exception:

@@ -8,9 +8,11 @@ says otherwise is named (LLMBar's Acc / Agr, which count a failure as a wrong an
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections import Counter
+from fractions import Fraction
 from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
 from pathlib import Path
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
+
+from gradekit._extras import require
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.figure import Figure
@@ -215,6 +219,27 @@ def _clean(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def fair_coin_p(k: int, n: int) -> float:
+    """Two-sided exact binomial test of ``k`` successes in ``n`` against p = 1/2 (scipy's ``binomtest``).
+
+    Written out (exact integers) so that the pairwise report, which every LLMBar run makes, needs no
+    SciPy in the core install. With p = 1/2 the distribution is symmetric, so SciPy's "outcomes no
+    more likely than k" rule is twice the smaller tail; tests/test_calibration.py checks it against SciPy.
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"fair_coin_p: k={k} is not within 0..n={n}")
+    smaller = min(k, n - k)
+    if 2 * smaller == n:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(smaller + 1))
+    return min(1.0, float(Fraction(2 * tail, 2 ** n)))
+
+
+def _seeded(function: Callable[..., Any], seed: int) -> dict[str, int]:
+    """The seed keyword of a SciPy function: ``rng`` from SciPy 1.15 on (SPEC 7), ``random_state`` before it."""
+    return {"rng": seed} if "rng" in inspect.signature(function).parameters else {"random_state": seed}
+
+
 def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., float], *, vectorized: bool, resamples: int,
                confidence: float, seed: int) -> Interval | None:
     """Percentile bootstrap CI with scipy; None when there is too little data to resample.
@@ -224,12 +249,13 @@ def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., float], *,
     """
     if resamples <= 0 or len(data[0]) < 2:
         return None
+    require("calibration", "bootstrap intervals")
     from scipy.stats import bootstrap
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # undefined resamples are handled below
         result = bootstrap(data, statistic, n_resamples=resamples, vectorized=vectorized, paired=len(data) > 1,
-                           confidence_level=confidence, method="percentile", rng=seed)
+                           confidence_level=confidence, method="percentile", **_seeded(bootstrap, seed))
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if math.isnan(low) or math.isnan(high):
         # Some resamples had an undefined statistic (one label only): take percentiles of the rest.
@@ -324,6 +350,7 @@ def calibrate(
     if not judged:
         return report
 
+    require("calibration", "agreement with human labels (kappa, per-label precision and recall)")
     from sklearn.metrics import cohen_kappa_score, confusion_matrix, precision_recall_fscore_support
 
     correct = np.array([a == b for a, b in zip(h, j)], dtype=float)
@@ -386,6 +413,7 @@ def correlations(
     and then averaged: a judge can rank within a document well yet put documents on different
     scales. Pairs where either score is missing are dropped.
     """
+    require("calibration", "score correlations")
     from scipy.stats import kendalltau, spearmanr
 
     if len(human_scores) != len(judge_scores) or (groups is not None and len(groups) != len(human_scores)):
@@ -483,9 +511,7 @@ def pairwise_report(
     report.first_position_wins, report.decisive_verdicts = first_wins, decisive
     report.first_position_win_rate = _ratio(first_wins, decisive)
     if decisive:
-        from scipy.stats import binomtest
-
-        report.position_bias_p = float(binomtest(first_wins, decisive, 0.5).pvalue)
+        report.position_bias_p = fair_coin_p(first_wins, decisive)
 
     if gold is None:
         return report
@@ -559,10 +585,8 @@ def judge_agreement(
     Alpha rather than Fleiss' kappa because judges fail on different items: alpha takes missing
     ratings (None) as they are, where Fleiss' kappa needs every item rated by every judge.
     """
-    try:
-        import krippendorff
-    except ImportError as e:  # pragma: no cover - installed with gradekit[calibrate]
-        raise RuntimeError("Krippendorff's alpha needs the krippendorff package: pip install 'gradekit[calibrate]'") from e
+    require("calibration", "judge agreement (Krippendorff's alpha, Cohen's kappa)")
+    import krippendorff
     from sklearn.metrics import cohen_kappa_score
 
     names, table = _judge_table(ratings)
@@ -627,6 +651,7 @@ def mean_vote(scores: Mapping[str, Sequence[Any]]) -> list[float | None]:
 
 
 def _figure(width: float, height: float) -> Figure:
+    require("calibration", "plots")
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")

@@ -23,6 +23,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gradekit._extras import require
 from gradekit.judge import Rubric
 from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from gradekit.judge._cascade import CascadeJudge, CascadeSpec, ConfidenceMethod, ThresholdTest, asked, opinion
@@ -40,6 +41,7 @@ def clopper_pearson_lower(agree: int, n: int, delta: float) -> float:
     """Exact one-sided lower bound at level 1 - delta on a binomial proportion (0 when nothing agrees)."""
     if n <= 0 or agree <= 0:
         return 0.0
+    require("calibration", "cascade fitting")
     from scipy.stats import beta
 
     return float(beta.ppf(delta, agree, n - agree + 1))

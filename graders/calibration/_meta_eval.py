@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from gradekit._extras import require
 from gradekit.judge import Judge, ModelPrice, Rubric, Usage, cost_usd
 from gradekit.judge._budget import price_of
 
@@ -224,6 +225,7 @@ async def meta_eval(
 
 def plot_meta_eval(report: MetaEvalReport, folder: str | Path) -> list[str]:
     """Write accuracy.png (per subset and judge) and position_bias.png (first-shown win rate) into ``folder``."""
+    require("calibration", "meta-eval plots")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -6,15 +6,17 @@ Command modules import the library inside the command function, so ``gradekit --
 
 from __future__ import annotations
 
-from typing import Any
-
 import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from gradekit import __version__
+from gradekit._extras import as_missing_extra
 
 from . import _calibrate, _cascade, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
 
@@ -87,18 +89,9 @@ app = typer.Typer(
 )
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gradekit")
-    except PackageNotFoundError:  # run from a source checkout that was never installed
-        return "unknown (not installed)"
-
-
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"gradekit {_version()}")
+        typer.echo(f"gradekit {__version__}")
         raise typer.Exit()
 
 
@@ -144,12 +137,23 @@ def main() -> None:
     # completion's _GRADEKIT_COMPLETE variable would otherwise read "python -m gradekit".
     try:
         app(prog_name="gradekit")
-    except Exception as e:  # a bug, not a user's mistake: one line to report, with the version first
-        import traceback
+    except ImportError as e:  # an optional feature without its extra: one line naming it, as a usage error
+        missing = as_missing_extra(e, "this command")
+        if missing is None:
+            _crashed(e)
+        sys.stderr.write(f"error: {missing}\n")
+        raise SystemExit(2) from None
+    except Exception as e:
+        _crashed(e)
 
-        sys.stderr.write(f"gradekit {_version()} crashed: {type(e).__name__}: {e}\n")
-        if os.environ.get("GRADEKIT_TRACEBACK"):
-            traceback.print_exc()
-        else:
-            sys.stderr.write("please report it with the command that ran; GRADEKIT_TRACEBACK=1 shows the traceback\n")
-        raise SystemExit(1) from None
+
+def _crashed(e: BaseException) -> NoReturn:
+    """A bug, not a user's mistake: one line to report, with the version first."""
+    import traceback
+
+    sys.stderr.write(f"gradekit {__version__} crashed: {type(e).__name__}: {e}\n")
+    if os.environ.get("GRADEKIT_TRACEBACK"):
+        traceback.print_exc()
+    else:
+        sys.stderr.write("please report it with the command that ran; GRADEKIT_TRACEBACK=1 shows the traceback\n")
+    raise SystemExit(1) from None

@@ -7,6 +7,8 @@ from typing import Any
 
 import typer
 
+from gradekit._extras import MissingExtra, require
+
 from ._common import fail
 from ._serve import _is_loopback
 
@@ -17,9 +19,9 @@ def open_results(output: Path, labels: Path | None, on: str | None, human_column
                  deferred: bool = False) -> Any:
     """Open OUTPUT for viewing (the CLI's errors are exit status 2 with the reason)."""
     try:
-        import duckdb  # noqa: F401  (the view extra)
-    except ImportError:
-        raise fail("gradekit view and report need DuckDB: pip install 'gradekit[view]'") from None
+        require("view", "gradekit view (and report)")
+    except MissingExtra as e:
+        raise fail(str(e)) from None
     from ..view import Labels, ResultsFile, ViewError
 
     if (labels is None) != (on is None):

@@ -35,10 +35,7 @@ def _media_as_digests(request):  # -> vcr Request
 @contextlib.contextmanager
 def cassette(path: Path, mode: str) -> Iterator[None]:
     """``mode`` "record" writes every interaction afresh; "replay" answers only from the cassette."""
-    try:
-        import vcr
-    except ImportError as e:  # pragma: no cover - vcrpy is in the test extra
-        raise RuntimeError("--record/--replay need vcrpy: pip install 'gradekit[test]' or pip install vcrpy") from e
+    import vcr
     if mode == "replay" and not path.exists():
         raise FileNotFoundError(f"{path}: no such cassette to replay")
     recorder = vcr.VCR(

@@ -29,6 +29,8 @@ from typing import IO, Any
 
 import orjson
 
+from gradekit._extras import require
+
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 PARQUET_BATCH = 8192  # rows per Arrow batch read; memory per batch, not per file
 TEXT_MARK_ROWS = 5000  # CSV/JSONL: a checkpoint at least this often (and at least every MARK_EVERY_S)
@@ -73,10 +75,14 @@ class InputError(ValueError):
 
 
 def file_format(path: Path) -> str:
+    """csv, jsonl or parquet, by the suffix; a Parquet file without pyarrow is a MissingExtra, before any row."""
     try:
-        return FORMATS[path.suffix.lower()]
+        kind = FORMATS[path.suffix.lower()]
     except KeyError:
         raise InputError(f"{path}: unsupported file type {path.suffix!r}; use .csv, .jsonl or .parquet") from None
+    if kind == "parquet":
+        require("parquet", f"{path.name} (Parquet)")
+    return kind
 
 
 OUTPUT_MARKS = (".checkpoint.json", ".lock", ".parts")  # beside a file gradekit writes (see _checkpoint, _lock, RowWriter)

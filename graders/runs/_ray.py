@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from gradekit._extras import MissingExtra
+
 from ._ray_worker import JudgeWorker, WorkerSpec
 
 if TYPE_CHECKING:
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 
     from ._io import RunInput
 
-RAY_EXTRA = "pip install 'gradekit[ray]'"
 NAMESPACE = "gradekit"
 MAX_WORKERS = 64
 ROW_ATTEMPTS = 3  # a row whose actor died this many times gets an error row instead of a fourth actor
@@ -42,7 +43,7 @@ ROW_ATTEMPTS = 3  # a row whose actor died this many times gets an error row ins
 WORKER_LOST = "worker_lost"
 
 
-class RayMissing(RuntimeError):
+class RayMissing(MissingExtra):
     """``--ray`` without Ray installed."""
 
 
@@ -57,8 +58,8 @@ class RayInfo(BaseModel):
 def import_ray() -> Any:
     try:
         import ray
-    except ImportError as exc:
-        raise RayMissing(f"--ray needs Ray, which is not installed: {RAY_EXTRA}") from exc
+    except ImportError:
+        raise RayMissing("--ray", "ray", "ray") from None
     return ray
 
 

@@ -51,10 +51,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
-from pydantic import BaseModel, ValidationError
-from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from gradekit._extras import require
+
+require("server", "the reward server (gradekit serve, create_app)")  # one line naming the extra, not fastapi's ImportError
+
+from fastapi import FastAPI, Request  # noqa: E402
+from pydantic import BaseModel, ValidationError  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from ..._sample import Grader, sample_from_vertex
 from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer
