@@ -94,7 +94,10 @@ def test_gradekits_own_last_match_rule_would_misread_recorded_replies() -> None:
 
 def test_data_is_found_from_any_folder_or_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the package's own copy, wherever the command runs (the wheel test covers an install)
-    assert llmbar_root().resolve() == (REPO / "eval_sets" / "llmbar").resolve()
+    from importlib import resources
+
+    assert llmbar_root().resolve() == Path(str(resources.files("gradekit.eval_sets"))).resolve() / "llmbar"
+    assert (llmbar_root() / "manifest.json").read_bytes() == (REPO / "eval_sets" / "llmbar" / "manifest.json").read_bytes()
     with pytest.raises(ValueError, match="manifest.json"):
         llmbar_root(tmp_path)
     with pytest.raises(ValueError, match="no LLMBar subset 'Naturel'; subsets are: LLMBar__Adversarial__GPTInst"):

@@ -215,6 +215,7 @@ def test_label_five_rows_by_keyboard_in_blind_mode_and_reload(page: Any, files: 
         page.wait_for_function("document.getElementById('label-status').textContent === 'labelled: correct'")
         page.wait_for_selector("#verdict dt:text-is('score')")  # labelled: the judge's verdict shows now
     finally:
+        page.goto("about:blank")  # the page's own requests end before its server does
         stop_view(proc)
     state = read_labels(store, "id")
     assert len(state.records) == 5 and len(store.read_text(encoding="utf-8").splitlines()) == 7  # 6 labels and an undo

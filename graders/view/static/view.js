@@ -298,7 +298,10 @@
     body.replaceChildren(...parts);
     $("row-view").hidden = false;
     labelling.shown(row);
-    const rendered = await source.prompt(index);
+    let rendered;
+    try { rendered = await source.prompt(index); } catch (e) {  // the server stopped, or the network failed
+      prompt.replaceChildren(el("p", { class: "muted" }, "prompt not fetched: " + e.message)); return;
+    }
     if (!rendered) prompt.replaceChildren(el("p", { class: "muted" },
       MODE === "report" ? "not in the report" : "start `gradekit view` with --rubric NAME to see it"));
     else if (rendered.error) prompt.replaceChildren(el("p", {}, `rubric ${rendered.rubric}: ${rendered.error}`));
