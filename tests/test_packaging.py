@@ -22,9 +22,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("git") is None:
         pytest.skip("git is needed to copy the tracked tree")
     folder = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(folder), str(ROOT)],
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(folder), str(ROOT)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
+    # setuptools' own warnings (a data folder it would not ship, a deprecated key) fail the build here, not a user's install.
+    warned = [line for line in (build.stdout + build.stderr).splitlines() if "Warning" in line or "!!" in line]
+    assert not warned, "\n".join(warned[:20])
     return next(folder.glob("gradekit-*.whl"))
 
 
@@ -37,6 +40,8 @@ def test_wheel_ships_every_rubric(wheel: Path) -> None:
     for template in sorted((ROOT / "prompts").glob("*.j2")):
         assert f"gradekit/prompts/{template.name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+    assert "gradekit/py.typed" in names  # PEP 561: type checkers read gradekit's hints
+    assert {n.split("/")[0] for n in names} == {"gradekit", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for asset in ("index.html", "view.js", "view.css"):  # gradekit view's page: no CDN, so it ships in the wheel
         assert f"gradekit/graders/view/static/{asset}" in names
 
@@ -76,6 +81,30 @@ def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp
     (row,) = payload["results"]
     published = next(p for p in payload["published"] if p["judge"] == "GPT-4/Vanilla_NoRules")
     assert (row["n"], row["accuracy"], row["agreement"]) == (66, pytest.approx(published["accuracy"]), pytest.approx(published["agreement"]))
+
+
+def test_one_import_package_that_a_users_judge_or_graders_cannot_shadow(wheel: Path, tmp_path: Path) -> None:
+    """The wheel installs `gradekit` alone: no top-level `judge` or `graders` to collide with PyPI's `judge` and
+    `graders` distributions, and a script beside its own judge.py and graders/ still gets gradekit."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    project = tmp_path / "rl-env"  # an RL environment repository with modules of those names
+    (project / "graders").mkdir(parents=True)
+    (project / "judge.py").write_text("WHO = 'the project'\n", encoding="utf-8")
+    (project / "graders" / "__init__.py").write_text("WHO = 'the project'\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))} | {"PYTHONPATH": str(site)}
+    alone = subprocess.run([sys.executable, "-c", "import judge"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert alone.returncode != 0 and "No module named 'judge'" in alone.stderr
+    script = ("import judge, graders, gradekit, gradekit.judge, gradekit.graders.cli\n"
+              "from gradekit.judge import load_rubric\n"
+              "assert judge.WHO == graders.WHO == 'the project'\n"
+              "print(gradekit.__version__, load_rubric('semantic_equivalence_en').name, gradekit.__file__)")
+    beside = subprocess.run([sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert beside.returncode == 0, beside.stderr
+    version, rubric, where = beside.stdout.split()
+    assert rubric == "semantic_equivalence_en" and where.startswith(str(site)) and version == wheel.name.split("-")[1]
+    cli = subprocess.run([sys.executable, "-m", "gradekit", "--version"], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and cli.stdout.strip() == f"gradekit {version}", cli.stdout + cli.stderr
 
 
 def test_judge_public_names() -> None:
