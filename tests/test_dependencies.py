@@ -131,6 +131,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory, judge_url: str) -> Path:
 
 CASES = [
     pytest.param("calibration", ["calibrate", "out.jsonl", "--labels", "human.jsonl", "--on", "id"], id="calibrate"),
+    pytest.param("calibration", ["cascade", "fit", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "c.json"], id="cascade fit"),
+    pytest.param("calibration", ["meta-eval", "--suite", "llmbar", "-r", "llmbar_pairwise", "--plots", "plots"], id="meta-eval plots"),
     pytest.param("parquet", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "out.parquet"], id="parquet output"),
     pytest.param("redis", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "o.jsonl", "--limiter", "redis://127.0.0.1:1"],
                  id="redis limiter"),

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gradekit._extras import require
+
 from ._common import fail, print_json
 
 if TYPE_CHECKING:  # numpy, scipy and matplotlib load when the command runs, not for --help
@@ -58,6 +60,7 @@ def calibrate(
     `view --annotate` writes them): the last line per key wins; a plain labels table (CSV, Parquet or
     JSONL of key and label) labelling a key twice with different labels is exit 2. Human labels sharing no value with the judge's are an error (see --label-map).
     Exit status: 0 done, 2 bad input or option."""
+    require("calibration", "gradekit calibrate")
     from ..calibration._agreement import calibrate_rows
     from ..runs._io import InputError
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from gradekit._extras import require
+
 from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
@@ -38,6 +40,7 @@ def fit(
     the same population as LABELLED (docs/juries.md). Exit status: 0 fitted, 2 bad input or option, 3 a judge
     looks broken (the breaker every run has stopped the fit early; nothing written).
     """
+    require("calibration", "gradekit cascade fit")
     import asyncio
 
     from gradekit.judge import RubricError, load_rubric

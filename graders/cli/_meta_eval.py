@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from gradekit._extras import require as require_extra
+
 from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
@@ -46,6 +48,8 @@ def meta_eval(
 
     warnings_to_stderr()
     opts.check()
+    if plots is not None:
+        require_extra("calibration", "--plots")  # before any pair is judged, not after
     from ..calibration._answer_eval import is_answer_suite
 
     answers = [is_answer_suite(s) for s in suites]
