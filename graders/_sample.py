@@ -168,6 +168,11 @@ class Sample(BaseModel):
         final = self.final_message
         return final.text if final is not None else ""
 
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        """The whole conversation as chat messages, prompt then response: the ``trajectory`` a rubric reads."""
+        return [m.model_dump(exclude_none=True) for m in (*self.messages, *self.response)]
+
     def with_response(self, response: Any) -> Sample:
         return self.model_copy(update={"response": Sample(response=response).response})
 
@@ -305,6 +310,7 @@ def resolve_path(sample: Sample, path: str) -> Any:
     """The sample value a path names.
 
     Paths: ``prompt`` (last user message), ``response`` (final answer text), ``system_instruction``,
+    ``trajectory`` (the whole conversation as chat messages, tool calls and results included),
     ``references.<key>`` (also ``item.<key>``, OpenAI's name), ``metadata.<key>``,
     ``sample.output_text``. Dots go into nested dicts and, by position, lists (``item.choices.0``).
     """
@@ -315,6 +321,8 @@ def resolve_path(sample: Sample, path: str) -> Any:
         return sample.response_text
     if path in ("system_instruction", "system"):
         return sample.system_text
+    if path == "trajectory":  # the whole rollout: prompt, tool calls, tool results and the final answer
+        return sample.conversation
     if head == "sample" and rest:  # OpenAI's sample namespace: output_json, choices, output_tools
         value = to_openai_sample(sample)
         for key in rest.split("."):
@@ -337,7 +345,7 @@ def resolve_path(sample: Sample, path: str) -> Any:
                 raise PlaceholderError(f"{path!r}: the sample has no {where} key {rest!r}")
         return value
     raise PlaceholderError(
-        f"unknown placeholder {path!r}; use prompt, response, system_instruction, references.<key> or metadata.<key>"
+        f"unknown placeholder {path!r}; use prompt, response, trajectory, system_instruction, references.<key> or metadata.<key>"
     )
 
 

@@ -174,13 +174,13 @@ def _parse(args: _GradeArgs) -> _Command:
 
 def _resolve(command: _Command) -> RunInput:
     """The input, once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request."""
-    from ..runs._io import InputError, RunInput, codec, file_format
+    from ..runs._io import InputError, RunInput, codec, file_format, input_format
     from ..runs._lock import check_not_input
 
     input, output, encoding = command.args.input, command.args.output, command.args.encoding
     try:
         if not input.is_dir():
-            file_format(input)
+            input_format(input)  # a row file, or one ATIF trajectory (.json)
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
