@@ -262,6 +262,8 @@ class TrajectoryCoverage(BaseModel):
     budget: int | None = None  # the trajectory's token budget (None: none applied)
     counter: str = "estimate"  # how tokens were counted: tiktoken:<encoding> or the conservative estimate
     step: int | None = None  # a per-step verdict: the step judged
+    steps_read: int | None = None  # navigate: the distinct steps the judge's read_steps/search answers showed
+    rounds: int | None = None  # navigate: the requests the navigation took
 
 
 # ---- rendering -------------------------------------------------------------------------------------------
@@ -458,7 +460,7 @@ def _layout(system: _Piece | None, all_steps: list[_StepPieces], budget: int | N
     fixed = 4
     full = (system.tokens if system else 0) + sum(sp.full() for sp in all_steps) + fixed
     if budget is None or full <= budget:
-        return _join(system, None, [(sp, False) for sp in all_steps], None, judged), len(all_steps), 0
+        return _join(system, None, [(sp, False) for sp in all_steps], judged), len(all_steps), 0
     if strategy == "none":
         raise TrajectoryOverflow(f"the trajectory is about {full:,} tokens, over its budget of {budget:,} (truncation: none)")
     if not all_steps:
@@ -506,7 +508,7 @@ def _finish(system: _Piece | None, kept: list[_StepPieces], dropped: list[_StepP
             all_steps: list[_StepPieces] | None = None) -> tuple[str, int, int]:
     cut = sum(1 for sp in kept if any(not p.fixed and p.tokens > cap for p in sp.pieces))
     if all_steps is None:
-        return _join(system, cap, [(sp, False) for sp in kept], None, judged), len(kept), cut
+        return _join(system, cap, [(sp, False) for sp in kept], judged), len(kept), cut
     dropped_ids = {id(sp) for sp in dropped}
     sequence: list[tuple[Any, bool]] = []
     run: list[_StepPieces] = []
@@ -520,10 +522,10 @@ def _finish(system: _Piece | None, kept: list[_StepPieces], dropped: list[_StepP
         sequence.append((sp, False))
     if run:
         sequence.append((_omitted(run), True))
-    return _join(system, cap, sequence, None, judged), len(kept), cut
+    return _join(system, cap, sequence, judged), len(kept), cut
 
 
-def _join(system: _Piece | None, cap: int | None, sequence: Sequence[tuple[Any, bool]], _unused: Any, judged: int | None) -> str:
+def _join(system: _Piece | None, cap: int | None, sequence: Sequence[tuple[Any, bool]], judged: int | None) -> str:
     parts = []
     if system is not None:
         parts.append(f"<system_prompt>\n{guard(system.shown(cap))}\n</system_prompt>")
