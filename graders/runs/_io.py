@@ -164,8 +164,8 @@ def _walk(source: Path, outputs: list[Path] | None = None, ignored: list[Path] |
             ignored.extend(sorted(set(documents) - set(found), key=lambda f: f.relative_to(source).parts))
     if not found:
         ignored = f" (ignored: {', '.join(sorted(others)[:5])}{', ...' if len(others) > 5 else ''})" if others else ""
-        raise InputError(f"{source}: the folder holds no .csv, .jsonl or .parquet file and no ATIF trajectory (.json){ignored}; "
-                         "names starting with . or _ are skipped")
+        raise InputError(f"{source}: the folder holds no .csv, .jsonl or .parquet file{ignored}; names starting with . or _ are "
+                         "skipped; nor an ATIF trajectory (.json)")
     found.sort(key=lambda f: f.relative_to(source).parts)
     kinds = Counter(input_format(f) for f in found)
     if len(kinds) > 1:
