@@ -568,7 +568,9 @@ class Judge:
             if found.prompt_tokens is not None:
                 scale = found.prompt_tokens / counted
             elif found.window is not None and counted * self.dialect.token_scale <= found.window:
-                scale = (found.window + 1) / counted  # refused at fewer tokens than the window by our count: it counts more
+                # Refused at fewer tokens than the window by our count, and the refusal does not say how many it
+                # counted: it counts more than we do, by an unknown margin; a quarter more than the least it can be.
+                scale = max(self.dialect.token_scale * 1.25, (found.window + 1) / counted * 1.1)
         window = found.window
         if window is None and counted > 0:  # a refusal without a number: the prompt was too long, so the window is below it
             window = max(int(counted * self.dialect.token_scale * 0.75), 1)

@@ -484,7 +484,10 @@ def forget_dialects() -> None:
 
 
 def error_fields(body: Any, message: str) -> tuple[str | None, str | None, str]:
-    """(code, param, message) of an error body as the SDK hands it (the ``error`` object, or not)."""
+    """(code, param, message) of an error body as the SDK hands it (the ``error`` object, or not; Gemini's
+    JSON array of one such object)."""
+    if isinstance(body, list) and body and isinstance(body[0], Mapping):
+        body = body[0]
     if isinstance(body, Mapping):
         inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
         code, param = inner.get("code"), inner.get("param")
