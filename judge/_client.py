@@ -46,7 +46,8 @@ _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defau
 # a trajectory), and sending it would only buy a 400 or a very large bill.
 DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
-# The reply's room in the context window when neither the rubric nor the judge's params cap it.
+# The reply's room in the context window when neither the rubric nor the judge's params cap it (at most a
+# quarter of the window: a small local model's 4k window keeps 3k for the prompt).
 DEFAULT_OUTPUT_RESERVE = 4096
 # While an endpoint's window is unknown, a prompt past this many tokens and larger than any it answered
 # waits for the first such one's answer: a wave of long prompts meets one context-length refusal, not one each.
@@ -486,7 +487,7 @@ class Judge:
         if not (self.dialect.window_input_only and self.dialect.window == window):
             params = {**rubric.sampling, **self.sampling}
             given = params.get("max_completion_tokens") or params.get("max_tokens")
-            output = int(given) if isinstance(given, (int, float)) and not isinstance(given, bool) else DEFAULT_OUTPUT_RESERVE
+            output = int(given) if isinstance(given, (int, float)) and not isinstance(given, bool) else min(DEFAULT_OUTPUT_RESERVE, window // 4)
         tokens = int((window - output) / self.dialect.token_scale * 0.98)  # 2%: the markup's estimate and a provider's own framing
         return Room(max(tokens, 1), counter)
 
