@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gradekit.judge import SyncRunner, clamp
 from gradekit.judge._media import data_uri
+from gradekit.judge._trajectory import content_text as _content_text
 
 GradeStatus = Literal["ok", "invalid", "error"]
 
@@ -69,19 +70,8 @@ class Message(BaseModel):
 
 
 def content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        pieces = []
-        for part in content:
-            if isinstance(part, str):
-                pieces.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                pieces.append(part["text"])
-        return "".join(pieces)
-    return str(content)
+    """The text of a message's content; list content keeps its text parts (judge._trajectory's reading)."""
+    return _content_text(content, name_other_parts=False)
 
 
 def _messages(value: Any, default_role: str) -> Any:

@@ -442,7 +442,8 @@ class Judge:
                 return hit
         room = self.room(rubric)
         try:
-            messages, coverage = rubric.render_fitted(row, mode, room=room)
+            # render() for the others: a rubric subclass may render its own way (a cascade's demonstrations).
+            messages, coverage = rubric.render_fitted(row, mode, room=room) if fitted else (rubric.render(row, mode), None)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
         except PromptOverflow as e:

@@ -122,8 +122,12 @@ class Steps:
         return Steps(self.system, self.task, [s for s in self.steps if s.number <= number], judged=number)
 
 
-def _text(content: Any) -> str:
-    """A message's content as text: a string, or the text of a content-part list (other parts named)."""
+def content_text(content: Any, *, name_other_parts: bool = True) -> str:
+    """A message's content as text: a string, or the text parts of a content-part list.
+
+    ``name_other_parts``: an image or audio part becomes ``[image_url]`` (the judge is told it was
+    there, not shown it); otherwise it is left out.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -136,8 +140,8 @@ def _text(content: Any) -> str:
             elif isinstance(part, Mapping):
                 if isinstance(part.get("text"), str):
                     pieces.append(part["text"])
-                else:
-                    pieces.append(f"[{part.get('type') or 'part'}]")  # an image the judge is not shown: said, not dropped
+                elif name_other_parts:
+                    pieces.append(f"[{part.get('type') or 'part'}]")
         return "".join(pieces)
     if isinstance(content, Mapping):
         import json
@@ -206,7 +210,7 @@ def _from_messages(messages: Sequence[Any]) -> Steps:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise TrajectoryInputError(f"message {i}: has no role")
-        text = _text(message.get("content"))
+        text = content_text(message.get("content"))
         if role in ("system", "developer") and not steps:
             system.append(text)
             continue

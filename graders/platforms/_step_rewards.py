@@ -32,7 +32,7 @@ from typing import Any
 from .._sample import Grade, Sample
 from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, grader_name, plain, reference_dict, resolve_grader
 from ._skyrl import _TextEnvBase, _get
-from ._trainers import FailurePolicy, _failure, _graded, _mark
+from ._trainers import FailurePolicy, _failure, _graded, _mark, verifiers_sample
 
 
 def step_scores(grade: Grade, where: str) -> list[float | None]:
@@ -61,8 +61,7 @@ def verifiers_step_reward_func(grader: GraderSource, *, name: str | None = None)
 
     async def reward(prompt: Any = None, completion: Any = None, answer: Any = None, state: Any = None,
                      info: Any = None, **kwargs: Any) -> float:
-        references = {**(plain(info) if isinstance(info, Mapping) else {}), **reference_dict(answer, "answer")}
-        grade = await inner(Sample(messages=plain(prompt), response=plain(completion), references=references))
+        grade = await inner(verifiers_sample(prompt, completion, answer, info))
         scores = step_scores(grade, f"step reward {label!r}")
         trajectory = state.get("trajectory") if isinstance(state, Mapping) or hasattr(state, "get") else None
         if isinstance(trajectory, list) and trajectory:
