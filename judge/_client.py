@@ -29,9 +29,10 @@ from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
 from ._protocol import JudgeIdentity, JudgeStats
+from ._redact import redact_url
 from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, rubric_fingerprint
-from ._tokens import MESSAGE_OVERHEAD, token_counter
+from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
@@ -52,6 +53,9 @@ DEFAULT_OUTPUT_RESERVE = 4096
 # While an endpoint's window is unknown, a prompt past this many tokens and larger than any it answered
 # waits for the first such one's answer: a wave of long prompts meets one context-length refusal, not one each.
 WINDOW_GATE_TOKENS = 8192
+
+
+_NO_ROOM = Room(None, ESTIMATE)  # no window to check a plain rubric's prompt against
 
 
 class _Relearn(Exception):
@@ -440,7 +444,9 @@ class Judge:
         if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
             if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
                 return hit
-        room = self.room(rubric)
+        # A plain rubric's prompt is checked against a window only once one is given or learnt: the hot path of
+        # short prompts pays nothing, and the provider's own refusal teaches the window the first time.
+        room = self.room(rubric) if fitted or self.context_window is not None or self.dialect.window is not None else _NO_ROOM
         try:
             # render() for the others: a rubric subclass may render its own way (a cascade's demonstrations).
             messages, coverage = rubric.render_fitted(row, mode, room=room) if fitted else (rubric.render(row, mode), None)
@@ -578,7 +584,7 @@ class Judge:
             window = max(int(counted * self.dialect.token_scale * 0.75), 1)
         if self.dialect.learn_window(window, found.input_only, scale):
             self.dialect.keep(self.cache, self.endpoint)
-            log.warning("%s at %s: %s", self.model, self.base_url, self.dialect.learnt[-1])
+            log.warning("%s at %s: %s", self.model, redact_url(self.base_url), self.dialect.learnt[-1])
             return True
         # Learnt already by another request of the wave: this one's prompt was built before it, so render it again.
         return self.dialect.window is not None and counted > 0

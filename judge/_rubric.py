@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ._tokens import TokenCounter
+from ._tokens import ESTIMATE, TokenCounter
 from ._trajectory import TrajectoryCoverage
 from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults, literal_cell
 from ._specs import RubricError, read_spec, rubric_index, spec_path
@@ -307,7 +307,7 @@ class Rubric(BaseModel):
 
         placeholders = {var: _Placeholder(values[var]) for var in trajectories}
         messages = self._render_values({**values, **placeholders}, ask_mode)
-        counter = room.counter if room is not None else _estimate_counter()
+        counter = room.counter if room is not None else ESTIMATE
         budget = self.trajectory_budget
         if room is not None and room.tokens is not None:
             rest = sum(counter.count(_strip(m, placeholders)) + 4 for m in messages)
@@ -410,12 +410,6 @@ def _substitute(message: dict[str, Any], texts: Mapping[str, str]) -> dict[str, 
             parts.append(part)
         return {**message, "content": parts}
     return message
-
-
-def _estimate_counter() -> TokenCounter:
-    from ._tokens import ESTIMATE
-
-    return ESTIMATE
 
 
 def _mode_of(output: Any) -> str | None:
