@@ -481,3 +481,16 @@ def test_the_reward_server_reads_a_trajectory_and_nemo_gym_tool_outputs(serve: A
     assert bailian["status"] == "success" and '<step number="3" role="assistant">' in first and "acme 2" in first
     assert gym["reward"] == 1.0 and "Ada Lovelace founded Acme in 1843." in second and 'name="web_search"' in second
     assert broken["status"] == "fail" and "steps" in broken.get("detail", "")
+
+
+def test_a_trajectory_rubric_is_not_sent_through_the_batch_api(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gradekit.graders.cli import app
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"messages": rollout(2, 100)}) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["grade", str(rows), "-r", TRAJECTORY_RUBRIC, "-o", str(tmp_path / "out.jsonl"), "--batch"],
+                                env={"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert result.exit_code == 2 and "--batch does not yet write trajectory_coverage" in result.output
+    assert not (tmp_path / "out.jsonl").exists()

@@ -213,6 +213,9 @@ def _check_run(command: _Command) -> None:
     if spec is not None and spec.criteria_variable is not None and batch:
         raise fail(f"rubric {spec.name!r} takes its criteria per row ({spec.criteria_variable!r}): --batch reads replies "
                    "without their rows, so grade it live (a checklist with fixed criteria takes --batch)")
+    if spec is not None and spec.trajectory_variables and batch:
+        raise fail(f"rubric {spec.name!r} reads a trajectory: --batch does not yet write trajectory_coverage, learn the "
+                   "window or judge steps and navigation rounds, so grade it live")
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")
