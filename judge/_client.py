@@ -555,7 +555,7 @@ class Judge:
         more tokens than gradekit did (usage.prompt_tokens) scales gradekit's counts up."""
         said = (completion.get("usage") or {}).get("prompt_tokens")
         tokens = int(said) if isinstance(said, (int, float)) and not isinstance(said, bool) and said > 0 else counted
-        changed = self.dialect.answered_size(int(tokens))
+        changed = self.dialect.answered_size(counted)  # in gradekit's count, the one the gate compares
         if tokens > counted * self.dialect.token_scale * 1.02 and counted >= 256:  # short by more than the noise
             changed = self.dialect.learn_window(None, False, tokens / counted) or changed
         if changed:
@@ -626,7 +626,8 @@ class Judge:
                 dialect.window_gate.leave()
 
     def _window_unknown(self) -> bool:
-        return self.context_window is None and self.dialect.window is None and known_window(self.model) is None
+        """Neither given nor learnt: a documented window may not be this endpoint's (a deployment's own limit)."""
+        return self.context_window is None and self.dialect.window is None
 
     async def _send_sized(self, request: dict[str, Any], usage: dict[str, int], route: Route, dialect_version: int | None,
                           estimate: int, counted: int) -> dict[str, Any]:
