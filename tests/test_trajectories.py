@@ -494,3 +494,16 @@ def test_a_trajectory_rubric_is_not_sent_through_the_batch_api(tmp_path: Path) -
                                 env={"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
     assert result.exit_code == 2 and "--batch does not yet write trajectory_coverage" in result.output
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_tokens_are_counted_offline_never_by_a_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradekit.judge._tokens import estimate, token_counter
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # an empty cache: tiktoken would download its encoding
+    token_counter.cache_clear()
+    try:
+        counter = token_counter("gpt-4o")
+        assert counter.source == "estimate" and counter.count("a" * 300) == 100
+        assert estimate("汉字abc") == 2 + 1  # one per CJK character, one per three others: more than real tokenizers count
+    finally:
+        token_counter.cache_clear()
