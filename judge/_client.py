@@ -148,6 +148,7 @@ class Judge:
     """
 
     panel_columns: tuple[str, ...] = ()  # a single judge's verdicts have no panel (see judge._protocol)
+    RELEARN: type[Exception] = _Relearn  # what _send raises when a request must be built again (judge._navigate catches it)
 
     def __init__(
         self,

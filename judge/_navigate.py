@@ -117,8 +117,6 @@ def _answer(steps: Steps, call: Mapping[str, Any], budget: int, counter: Any) ->
 
 async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
     """Judge ``row`` letting the judge read the trace with tools; see the module's docstring."""
-    from ._client import _Relearn  # the client imports this module when a rubric navigates: no cycle at import time
-
     if "tool" in judge.dialect.refused_modes:
         return await judge.judge_once(rubric, row)  # no tools here: the budgeted view
     started = time.perf_counter()
@@ -165,7 +163,7 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
                     judge.dialect.keep(judge.cache, judge.endpoint)
                     return await judge.judge_once(rubric, row)
                 return finish(status="error", error_kind=failure.kind, error=f"navigation round {round_}: {failure}", coverage=coverage)
-            except _Relearn:  # a parameter fix (or the window) was learnt mid-navigation: the plain view is asked instead
+            except judge.RELEARN:  # a parameter fix (or the window) was learnt mid-navigation: the plain view is asked instead
                 return await judge.judge_once(rubric, row)
             finally:
                 if reservation is not None:
