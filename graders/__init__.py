@@ -13,6 +13,7 @@ Names load on first use, so ``gradekit --help`` imports none of pandas, openai o
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._atif": ["TrajectoryError", "trajectory_messages"],
     "._code_tests": ["CodeTestsGrader", "code_tests_grader"],
     "._composite": ["CompositeGrader", "FormulaError", "formula_grader", "weighted_grader"],
     "._config": ["ConfiguredGrader", "GraderConfigError", "load_grader", "load_group_grader"],
@@ -39,7 +40,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "export_bedrock_lambda", "export_foundry_grader", "export_openai_grader",
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score",
                    "AReaLReward", "GradekitTextEnv", "ROLLRewards", "areal_reward_fn", "roll_rewards",
-                   "verifiers_group_reward_func", "verifiers_reward_func"],
+                   "verifiers_group_reward_func", "verifiers_reward_func", "GradekitStepEnv", "verifiers_step_reward_func"],
     ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
     ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],

@@ -145,7 +145,7 @@ from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
 from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
 from ._math_verify import parse_modes
 from ._members import GroupPolicy, MemberPolicy
-from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
+from ._llm import TRAJECTORY_SETTINGS, autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
 from ._relative import relative_group_grader
 
@@ -215,6 +215,15 @@ class StringCheckNode(_Node):
 class LlmNode(_Node):
     rubric: str
     map: dict[str, str] = Field(default_factory=dict)
+    # Over the rubric's trajectory settings (judge._rubric): one verdict per step, how steps aggregate,
+    # the judge reading the trace with tools, the trajectory's token budget and what stays when it is cut.
+    granularity: Literal["whole", "step"] | None = None
+    step_aggregate: Literal["mean", "min", "last", "product"] | None = None
+    navigate: bool | None = None
+    navigate_rounds: int | None = Field(None, ge=1, le=32)
+    trajectory_budget: int | None = Field(None, ge=1)
+    truncation: Literal["middle_out", "keep_recent", "none"] | None = None
+    trajectory_reasoning: Literal["keep", "drop"] | None = None
 
 
 class AutoraterNode(_Node):
@@ -401,6 +410,7 @@ class JudgeSettings(BaseModel):
     hedge: bool | HedgePolicy | None = None
     timeout: float = 60.0
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
+    context_window: int | None = Field(None, ge=1)  # the model's window in tokens (a trajectory is fitted into it) [learnt]
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
     # A jury instead of one judge (judge._jury): every juror judges each row; see docs/juries.md.
     jury: list[JurorSettings] | None = Field(default=None, min_length=1)
@@ -436,6 +446,8 @@ class JudgeSettings(BaseModel):
         own: dict[str, Any] = {"timeout": self.timeout} if "timeout" in given else {}
         if "max_prompt_tokens" in given and self.max_prompt_tokens is not None:
             own["max_prompt_tokens"] = self.max_prompt_tokens
+        if self.context_window is not None:
+            own["context_window"] = self.context_window
         if self.hedge is not None:
             own["hedge"] = self.hedge
         return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
@@ -542,7 +554,8 @@ class _Builder:
         try:
             if isinstance(node, LlmNode):  # named after its rubric unless the config names it
                 rubric: str | Path = self.path(node.rubric) if node.rubric.endswith((".yaml", ".yml")) else node.rubric
-                return llm_grader(self.judge(), rubric, node.map, name=node.name or default_name)
+                return llm_grader(self.judge(), rubric, node.map, name=node.name or default_name,
+                                  settings=node.model_dump(include=set(TRAJECTORY_SETTINGS), exclude_none=True))
             return self._build(node, where, name)
         except GraderConfigError:
             raise

@@ -16,7 +16,7 @@ FLAGS: dict[str, str] = {
     "params.max_completion_tokens": "--max-completion-tokens",
     "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",
     "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
-    "prices": "--prices",
+    "prices": "--prices", "context_window": "--context-window",
 }
 _FIELD = re.compile(r"`([a-z_.]+)`")
 

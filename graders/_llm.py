@@ -33,6 +33,8 @@ DEFAULT_PATHS = {
     "output": "response",
     "system": "system_instruction",
     "system_instruction": "system_instruction",
+    "trajectory": "trajectory",  # the whole rollout (a variable of type trajectory)
+    "messages": "trajectory",
 }
 
 
@@ -98,12 +100,13 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
     if verdict.usage.cached_tokens:
         metrics["judge_cached_tokens"] = float(verdict.usage.cached_tokens)
     lines = list(debug or [])
+    columns = trajectory_columns(verdict)
     if verdict.status != "ok":
         status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"
         if verdict.raw:
             lines.append(f"{name}: judge reply {verdict.raw[:300]!r}")
         return Grade.failed(status, f"grader {name!r}: {verdict.error_kind}: {verdict.error}", error_kind=verdict.error_kind,
-                            metrics=metrics, debug=lines)
+                            metrics=metrics, debug=lines, columns=columns)
     if rubric is not None and rubric.is_invalid(verdict.label):
         # The judge says the sample cannot be graded (CompassVerifier's INVALID): a state, not a score.
         if verdict.rationale:
@@ -119,13 +122,49 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
         lines.append(f"{name}: checklist {read}/{len(verdict.criteria)} criteria read -> {value:g}" + (" (cached)" if verdict.cached else ""))
         return Grade.scored(value, metrics={**metrics, **criteria_metrics(verdict.criteria)}, debug=lines,
                             parts=criteria_parts(verdict.criteria, name))
+    if verdict.steps is not None:
+        lines.extend(f"{name}: step {s.step}: " + (f"{s.label!r} -> {s.score:g}" if s.score is not None else f"{s.error_kind}: {s.error}")
+                     for s in verdict.steps)
     lines.append(f"{name}: judge label {verdict.label!r} -> {value:g}" + (" (cached)" if verdict.cached else ""))
     if verdict.rationale:
         lines.append(f"{name}: rationale: {verdict.rationale[:500]}")
-    return Grade.scored(value, metrics=metrics, debug=lines)
+    return Grade.scored(value, metrics=metrics, debug=lines, columns=columns)
 
 
-def llm_grader(judge: JudgeProtocol, rubric: Rubric | str | Path, mapping: Mapping[str, str] | None = None, *, name: str | None = None) -> Grader:
+def trajectory_columns(verdict: Verdict) -> dict[str, Any]:
+    """A trajectory verdict's output cells: ``trajectory_coverage`` and, per step, ``step_scores`` (None: a failed step)."""
+    columns: dict[str, Any] = {}
+    if verdict.coverage is not None:
+        columns["trajectory_coverage"] = verdict.coverage.model_dump(exclude_none=True)
+    if verdict.steps is not None:
+        columns["step_scores"] = [s.score for s in verdict.steps]
+    return columns
+
+
+# What a grader (an ``llm`` node) may set over its rubric's trajectory settings.
+TRAJECTORY_SETTINGS = ("granularity", "step_aggregate", "navigate", "navigate_rounds", "trajectory_budget", "truncation",
+                       "trajectory_reasoning")
+
+
+def with_settings(rubric: Rubric, settings: Mapping[str, Any] | None) -> Rubric:
+    """``rubric`` with a grader's trajectory settings over its own, checked as the rubric's own would be."""
+    given = {k: v for k, v in (settings or {}).items() if v is not None}
+    unknown = [k for k in given if k not in TRAJECTORY_SETTINGS]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a trajectory setting ({', '.join(TRAJECTORY_SETTINGS)})")
+    if not given:
+        return rubric
+    return Rubric.model_validate({**rubric.model_dump(), **given, "directory": rubric.directory})
+
+
+def trajectory_output_columns(rubric: Rubric) -> tuple[str, ...]:
+    if not rubric.trajectory_variables:
+        return ()
+    return ("trajectory_coverage", "step_scores") if rubric.granularity == "step" else ("trajectory_coverage",)
+
+
+def llm_grader(judge: JudgeProtocol, rubric: Rubric | str | Path, mapping: Mapping[str, str] | None = None, *, name: str | None = None,
+               settings: Mapping[str, Any] | None = None) -> Grader:
     """Grade with any rubric (a shipped name, a path to a .yaml spec, or a Rubric).
 
     Args:
@@ -134,9 +173,12 @@ def llm_grader(judge: JudgeProtocol, rubric: Rubric | str | Path, mapping: Mappi
         mapping: rubric variable -> sample path (``prompt``, ``response``, ``system_instruction``,
             ``references.<key>``, ``metadata.<key>``). Unmapped variables read the usual field:
             question/prompt -> prompt, prediction/response -> response, else a reference or
-            metadata key of the same name (``references`` falls back to Ark's ``answer``).
+            metadata key of the same name (``references`` falls back to Ark's ``answer``); ``trajectory``
+            reads the whole conversation (prompt, tool calls and results, final answer).
+        settings: trajectory settings over the rubric's (``granularity``, ``step_aggregate``, ``navigate``,
+            ``navigate_rounds``, ``trajectory_budget``, ``truncation``, ``trajectory_reasoning``).
     """
-    spec = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
+    spec = with_settings(rubric if isinstance(rubric, Rubric) else load_rubric(rubric), settings)
     paths = dict(mapping or {})
     unknown = [v for v in paths if v not in spec.variables]
     if unknown:
@@ -150,6 +192,8 @@ def llm_grader(judge: JudgeProtocol, rubric: Rubric | str | Path, mapping: Mappi
         return grade_from_verdict(verdict, label, rubric=spec)
 
     grade.__name__ = label
+    grade.output_columns = trajectory_output_columns(spec)  # type: ignore[attr-defined]
+    grade.rubric = spec  # type: ignore[attr-defined]
     return grade
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gradekit.judge import SyncRunner, clamp
 from gradekit.judge._media import data_uri
+from gradekit.judge._trajectory import content_text as _content_text
 
 GradeStatus = Literal["ok", "invalid", "error"]
 
@@ -69,19 +70,8 @@ class Message(BaseModel):
 
 
 def content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        pieces = []
-        for part in content:
-            if isinstance(part, str):
-                pieces.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                pieces.append(part["text"])
-        return "".join(pieces)
-    return str(content)
+    """The text of a message's content; list content keeps its text parts (judge._trajectory's reading)."""
+    return _content_text(content, name_other_parts=False)
 
 
 def _messages(value: Any, default_role: str) -> Any:
@@ -167,6 +157,11 @@ class Sample(BaseModel):
         """The final answer: the content of the last response message."""
         final = self.final_message
         return final.text if final is not None else ""
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        """The whole conversation as chat messages, prompt then response: the ``trajectory`` a rubric reads."""
+        return [m.model_dump(exclude_none=True) for m in (*self.messages, *self.response)]
 
     def with_response(self, response: Any) -> Sample:
         return self.model_copy(update={"response": Sample(response=response).response})
@@ -305,6 +300,7 @@ def resolve_path(sample: Sample, path: str) -> Any:
     """The sample value a path names.
 
     Paths: ``prompt`` (last user message), ``response`` (final answer text), ``system_instruction``,
+    ``trajectory`` (the whole conversation as chat messages, tool calls and results included),
     ``references.<key>`` (also ``item.<key>``, OpenAI's name), ``metadata.<key>``,
     ``sample.output_text``. Dots go into nested dicts and, by position, lists (``item.choices.0``).
     """
@@ -315,6 +311,8 @@ def resolve_path(sample: Sample, path: str) -> Any:
         return sample.response_text
     if path in ("system_instruction", "system"):
         return sample.system_text
+    if path == "trajectory":  # the whole rollout: prompt, tool calls, tool results and the final answer
+        return sample.conversation
     if head == "sample" and rest:  # OpenAI's sample namespace: output_json, choices, output_tools
         value = to_openai_sample(sample)
         for key in rest.split("."):
@@ -337,7 +335,7 @@ def resolve_path(sample: Sample, path: str) -> Any:
                 raise PlaceholderError(f"{path!r}: the sample has no {where} key {rest!r}")
         return value
     raise PlaceholderError(
-        f"unknown placeholder {path!r}; use prompt, response, system_instruction, references.<key> or metadata.<key>"
+        f"unknown placeholder {path!r}; use prompt, response, trajectory, system_instruction, references.<key> or metadata.<key>"
     )
 
 

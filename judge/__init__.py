@@ -1,6 +1,7 @@
 """gradekit's judge core: rubric -> render -> judge model -> parse -> Verdict.
 
-It knows nothing about datasets, trajectories or platforms; graders/ builds on it. Names load
+It knows nothing about datasets, files or platforms; a trajectory is prompt material it renders
+(numbered steps fitted into the judge's window). graders/ builds on it. Names load
 on first use (``gradekit.judge._lazy``), so importing ``judge`` alone does not import openai.
 """
 
@@ -29,5 +30,6 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._spec": ["JudgeSpec", "JurySpec", "Limits"],
     "._specs": ["RubricError"],  # without pydantic: a CLI catching it need not load the model
     "._sync": ["SyncRunner"],
-    "._verdict": ["ErrorKind", "PanelInfo", "ReadInfo", "Usage", "Verdict", "clamp"],
+    "._trajectory": ["TrajectoryCoverage"],
+    "._verdict": ["ErrorKind", "PanelInfo", "ReadInfo", "StepVerdict", "Usage", "Verdict", "clamp"],
 })

@@ -29,10 +29,14 @@ from ._limiters import process_limiter
 from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
 from ._protocol import JudgeIdentity, JudgeStats
+from ._redact import redact_url
 from ._retry import RetryPolicy, retry_after_seconds
-from ._rubric import AskMode, Rubric, RubricInputError, rubric_fingerprint
+from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, rubric_fingerprint
+from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
+from ._trajectory import TrajectoryCoverage
+from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_text, usage_detail, vectors_of
+from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -43,6 +47,15 @@ _VALUES_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), defau
 # a trajectory), and sending it would only buy a 400 or a very large bill.
 DEFAULT_MAX_PROMPT_TOKENS = 1_000_000
 _COMPLETION_ALLOWANCE = 256  # tokens reserved for the reply when pacing by tokens per minute
+# The reply's room in the context window when neither the rubric nor the judge's params cap it (at most a
+# quarter of the window: a small local model's 4k window keeps 3k for the prompt).
+DEFAULT_OUTPUT_RESERVE = 4096
+# While an endpoint's window is unknown, a prompt past this many tokens and larger than any it answered
+# waits for the first such one's answer: a wave of long prompts meets one context-length refusal, not one each.
+WINDOW_GATE_TOKENS = 8192
+
+
+_NO_ROOM = Room(None, ESTIMATE)  # no window to check a plain rubric's prompt against
 
 
 class _Relearn(Exception):
@@ -129,9 +142,13 @@ class Judge:
             two endpoints or more), False, or a :class:`~judge.HedgePolicy` / mapping of its knobs.
             A request unanswered after max(p95, 2 x median) of its endpoint's recent latencies is
             sent once more to another endpoint; the first answer wins. One endpoint never hedges.
+        context_window: the judge model's context window in tokens, which a trajectory is fitted into
+            (:mod:`gradekit.judge._trajectory`). Default: learnt from the provider's first context-length
+            refusal and kept in the cache, or the model's documented window (:mod:`gradekit.judge._window`).
     """
 
     panel_columns: tuple[str, ...] = ()  # a single judge's verdicts have no panel (see judge._protocol)
+    RELEARN: type[Exception] = _Relearn  # what _send raises when a request must be built again (judge._navigate catches it)
 
     def __init__(
         self,
@@ -151,8 +168,12 @@ class Judge:
         max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
         params: Mapping[str, Any] | None = None,
         hedge: bool | HedgePolicy | Mapping[str, Any] | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
+        if context_window is not None and context_window < 1:
+            raise ValueError(f"context_window must be at least 1 token, got {context_window}")
+        self.context_window = context_window
         self.budget = budget
         if budget is not None:
             budget.check_model(self.model)  # an unpriced model under a cost cap fails here, not mid-run
@@ -276,7 +297,23 @@ class Judge:
             self.cache.set_mode(self.endpoint, mode)
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
-        """Judge one row. Every outcome, including bad input, comes back as a Verdict."""
+        """Judge one row. Every outcome, including bad input, comes back as a Verdict.
+
+        A rubric with ``granularity: step`` gets one verdict per assistant step (:mod:`gradekit.judge._steps`);
+        one with ``navigate: true`` lets the judge read the trace with tools (:mod:`gradekit.judge._navigate`).
+        """
+        if rubric.granularity == "step":
+            from ._steps import judge_steps
+
+            return await judge_steps(self, rubric, row)
+        if rubric.navigate:
+            from ._navigate import navigate
+
+            return await navigate(self, rubric, row)
+        return await self.judge_once(rubric, row)
+
+    async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
+        """One judgement of one row (a whole trajectory, or one step of it), whatever the rubric's granularity."""
         started = time.perf_counter()
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
@@ -296,7 +333,8 @@ class Judge:
                 if isinstance(prepared, Verdict):
                     return prepared
                 try:
-                    return await self._ask_within_budget(rubric, prepared, usage, finish)
+                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish)
+                    return verdict if prepared.coverage is None else verdict.model_copy(update={"coverage": prepared.coverage})
                 except _Relearn:
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
                         break  # another request learnt that this mode is refused
@@ -310,9 +348,10 @@ class Judge:
                         break  # this server may not support the mode: try the next one
                     if first_bad_request is not None and failure.kind == "bad_request":
                         failure = first_bad_request
-                    return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode)
+                    return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode, coverage=prepared.coverage)
             else:
-                return finish(status="error", error_kind="bad_request", mode=mode,
+                return finish(status="error", error_kind="context_overflow" if rubric.trajectory_variables or self.dialect.window
+                              else "bad_request", mode=mode,
                               error=f"the endpoint refused {_MAX_RELEARNS} versions of the request: "
                                     + "; ".join(self.dialect.learnt))
         assert first_bad_request is not None
@@ -400,14 +439,29 @@ class Judge:
         found only by the latter links the row key to it for next time. Without a cache the
         request key is hashed only when the caller needs it (``need_key``).
         """
-        shortcut = self._row_key(rubric, row, mode) if self.cache is not None else None
+        # A trajectory's prompt depends on the window it is fitted into (learnt as the run goes): no row-values shortcut.
+        fitted = bool(rubric.trajectory_variables)
+        shortcut = self._row_key(rubric, row, mode) if self.cache is not None and not fitted else None
         if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
             if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
                 return hit
+        # A plain rubric's prompt is checked against a window only once one is given or learnt: the hot path of
+        # short prompts pays nothing, and the provider's own refusal teaches the window the first time.
+        room = self.room(rubric) if fitted or self.context_window is not None or self.dialect.window is not None else _NO_ROOM
         try:
-            messages = rubric.render(row, mode)
+            # render() for the others: a rubric subclass may render its own way (a cascade's demonstrations).
+            messages, coverage = rubric.render_fitted(row, mode, room=room) if fitted else (rubric.render(row, mode), None)
         except RubricInputError as e:
             return finish(status="error", error_kind="input", error=str(e), mode=mode)
+        except PromptOverflow as e:
+            return finish(status="error", error_kind="context_overflow", mode=mode, error=f"{e} ({self._window_said()})")
+        counted = -1
+        if room.tokens is not None:
+            counted = sum(room.counter.count(_message_text(m)) + MESSAGE_OVERHEAD for m in messages)
+            if counted > room.tokens:
+                return finish(status="error", error_kind="context_overflow", mode=mode, coverage=coverage,
+                              error=f"the rendered prompt is about {counted:,} tokens, over the {room.tokens:,} "
+                                    f"the judge's window leaves ({self._window_said()})")
         estimated = -1  # not estimated yet (the limiter and the budget estimate it then)
         if self.max_prompt_tokens is not None:
             estimated = sum(estimate_tokens(m.get("content") or "") for m in messages)
@@ -421,10 +475,37 @@ class Judge:
             if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
-                return hit
+                return hit if coverage is None else hit.model_copy(update={"coverage": coverage})
         # Validated, though every field is ours: pydantic 2's model_construct deep-copies each default and
         # costs twice the validation (which copies only the request's top-level dict).
-        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version, prompt_estimate=estimated)
+        return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version, prompt_estimate=estimated,
+                        coverage=coverage, counted=counted if counted >= 0 else (
+                            sum(room.counter.count(_message_text(m)) + MESSAGE_OVERHEAD for m in messages) if fitted else -1))
+
+    def room(self, rubric: Rubric) -> Room:
+        """The prompt tokens this judge has room for with ``rubric``: its context window (configured,
+        learnt from a refusal, or documented) less the reply's budget, in the units of its token counter
+        scaled by what the provider was seen to count. ``tokens`` is None while the window is unknown."""
+        counter = token_counter(self.model)
+        windows = [w for w in (self.context_window, self.dialect.window) if w is not None]
+        window = min(windows) if windows else known_window(self.model)
+        if window is None:
+            return Room(None, counter)
+        output = 0
+        if not (self.dialect.window_input_only and self.dialect.window == window):
+            params = {**rubric.sampling, **self.sampling}
+            given = params.get("max_completion_tokens") or params.get("max_tokens")
+            output = int(given) if isinstance(given, (int, float)) and not isinstance(given, bool) else min(DEFAULT_OUTPUT_RESERVE, window // 4)
+        tokens = int((window - output) / self.dialect.token_scale * 0.98)  # 2%: the markup's estimate and a provider's own framing
+        return Room(max(tokens, 1), counter)
+
+    def _window_said(self) -> str:
+        windows = [w for w in (self.context_window, self.dialect.window) if w is not None]
+        if self.dialect.window is not None and self.dialect.window == min(windows):
+            return f"window {self.dialect.window:,} tokens, learnt from {self.model} at {self.base_url}"
+        if windows:
+            return f"window {min(windows):,} tokens (context_window)"
+        return f"window {known_window(self.model) or 0:,} tokens, documented for {self.model}"
 
     async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
                                  usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
@@ -451,7 +532,9 @@ class Judge:
         last: Unread | None = None
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
-                                          prompt_estimate=prepared.prompt_estimate)
+                                          prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
+            if prepared.counted > 0:
+                self._answered_size(completion, prepared.counted)
             reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
             if isinstance(reading, Reading):
                 if self.cache is not None:
@@ -468,8 +551,47 @@ class Judge:
             return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking)
         return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking)
 
+    def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
+        """An answered prompt: its size passes the window gate from now on, and a provider that counted
+        more tokens than gradekit did (usage.prompt_tokens) scales gradekit's counts up."""
+        said = (completion.get("usage") or {}).get("prompt_tokens")
+        tokens = int(said) if isinstance(said, (int, float)) and not isinstance(said, bool) and said > 0 else counted
+        changed = self.dialect.answered_size(counted)  # in gradekit's count, the one the gate compares
+        if tokens > counted * self.dialect.token_scale * 1.02 and counted >= 256:  # short by more than the noise
+            changed = self.dialect.learn_window(None, False, tokens / counted) or changed
+        if changed:
+            self.dialect.keep(self.cache, self.endpoint)
+
+    def _learn_overflow(self, exc: openai.BadRequestError, counted: int) -> bool | None:
+        """A context-length refusal: learn the window (and how short gradekit's count came) from it.
+
+        None: not a context-length refusal; True: something was learnt (render again); False: one,
+        but nothing new is known, so the same prompt would be refused again.
+        """
+        code, _, said = error_fields(exc.body, str(exc))
+        found = overflow_of(code, said)
+        if found is None:
+            return None
+        scale = None
+        if counted > 0:
+            if found.prompt_tokens is not None:
+                scale = found.prompt_tokens / counted
+            elif found.window is not None and counted * self.dialect.token_scale <= found.window:
+                # Refused at fewer tokens than the window by our count, and the refusal does not say how many it
+                # counted: it counts more than we do, by an unknown margin; a quarter more than the least it can be.
+                scale = max(self.dialect.token_scale * 1.25, (found.window + 1) / counted * 1.1)
+        window = found.window
+        if window is None and counted > 0:  # a refusal without a number: the prompt was too long, so the window is below it
+            window = max(int(counted * self.dialect.token_scale * 0.75), 1)
+        if self.dialect.learn_window(window, found.input_only, scale):
+            self.dialect.keep(self.cache, self.endpoint)
+            log.warning("%s at %s: %s", self.model, redact_url(self.base_url), self.dialect.learnt[-1])
+            return True
+        # Learnt already by another request of the wave: this one's prompt was built before it, so render it again.
+        return self.dialect.window is not None and counted > 0
+
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
-                    dialect_version: int | None = None, prompt_estimate: int = -1) -> dict[str, Any]:
+                    dialect_version: int | None = None, prompt_estimate: int = -1, counted: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
 
         On an endpoint met carefully (a model family known to refuse parameters, or one that refused
@@ -486,7 +608,30 @@ class Judge:
         else:
             estimate = prompt_estimate if prompt_estimate >= 0 else sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+        dialect = self.dialect
+        sizing = False
+        if route == "chat" and counted > WINDOW_GATE_TOKENS and self._window_unknown():
+            # A long prompt to an endpoint whose window is unknown: the first goes alone; its refusal (if any)
+            # teaches the window, and the others are rendered again within it instead of each meeting the 400.
+            sizing = await dialect.window_gate.enter(
+                lambda: (dialect_version is not None and dialect_version != dialect.version) or not self._window_unknown()
+                or counted <= dialect.accepted_tokens)
+            if dialect_version is not None and dialect_version != dialect.version:
+                if sizing:
+                    dialect.window_gate.leave()
+                raise _Relearn()
+        try:
+            return await self._send_sized(request, usage, route, dialect_version, estimate, counted)
+        finally:
+            if sizing:
+                dialect.window_gate.leave()
 
+    def _window_unknown(self) -> bool:
+        """Neither given nor learnt: a documented window may not be this endpoint's (a deployment's own limit)."""
+        return self.context_window is None and self.dialect.window is None
+
+    async def _send_sized(self, request: dict[str, Any], usage: dict[str, int], route: Route, dialect_version: int | None,
+                          estimate: int, counted: int) -> dict[str, Any]:
         def before_sleep(state: RetryCallState) -> None:
             self._fleet.before_retry(state.outcome.exception() if state.outcome else None)
 
@@ -510,6 +655,11 @@ class Judge:
                 except Failed:
                     raise
                 except Exception as exc:
+                    if route == "chat" and isinstance(exc, openai.BadRequestError) and (learnt := self._learn_overflow(exc, counted)) is not None:
+                        if learnt:
+                            raise _Relearn() from exc  # rendered again within the learnt window (or found not to fit)
+                        raise Failed("context_overflow", f"{status_message(exc)} (nothing to learn from it: the same prompt "
+                                     "would be refused again)", 400) from exc
                     if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
                         raise _Relearn() from exc  # not the row's failure, not the breaker's business
                     if breaker is not None and isinstance(exc, openai.RateLimitError):
@@ -632,6 +782,13 @@ class Judge:
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
 
 
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text") or "" for p in content or [] if isinstance(p, Mapping))
+
+
 class Prepared(BaseModel):
     """A judge request built by :meth:`Judge.prepare` but not sent: the same request, cache key and
     ask mode the live path would use. Hand ``mode``/``key``/``row_key`` back to
@@ -643,3 +800,5 @@ class Prepared(BaseModel):
     request: dict[str, Any]
     dialect_version: int = 0  # the endpoint's learnt fixes it was built with (rebuilt when they change)
     prompt_estimate: int = -1  # estimate_tokens of the messages, when already counted (-1: not yet)
+    coverage: TrajectoryCoverage | None = None  # what the judge is shown of the row's trajectory
+    counted: int = -1  # the prompt's tokens by the window's counter (-1: not counted), to learn what the provider counts

@@ -32,6 +32,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._window import window_record
+
 # The output-format parameters: a 400 naming one of them is for the json_schema -> tool ->
 # json_object -> tags chain, never a parameter to drop.
 FORMAT_PARAMS = frozenset({"response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"})
@@ -93,6 +95,15 @@ class Dialect:
     # the endpoint has refused something (a fix learnt here or kept in the cache).
     careful: bool = False
     gate: Gate = field(default_factory=lambda: Gate())
+    # The context window (judge._window): learnt from a context-length refusal, the tokens the provider
+    # counts per token of gradekit's count (>= 1 once a refusal or a reply showed the count short), and the
+    # largest prompt it answered while the window is unknown. Kept in the cache with the fixes.
+    window: int | None = None
+    window_input_only: bool = False
+    token_scale: float = 1.0
+    accepted_tokens: int = 0
+    # While the window is unknown, a prompt larger than any answered goes alone: one refusal teaches the window.
+    window_gate: Gate = field(default_factory=lambda: Gate())
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def knows(self, request: Mapping[str, Any]) -> bool:
@@ -127,9 +138,12 @@ class Dialect:
     def record(self) -> dict[str, Any]:
         """What was learnt, as JSON-able data for the cache (:meth:`adopt` reads it back)."""
         with self._lock:
-            return {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
-                    "fold_system": self.fold_system, "refused_modes": sorted(self.refused_modes),
-                    "accepted": sorted(self.accepted)}
+            record = {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
+                      "fold_system": self.fold_system, "refused_modes": sorted(self.refused_modes),
+                      "accepted": sorted(self.accepted)}
+            if self.window is not None or self.token_scale != 1.0 or self.accepted_tokens:
+                record.update(window_record(self.window, self.window_input_only, self.token_scale, self.accepted_tokens))
+            return record
 
     def load(self, cache: Any, endpoint: str) -> None:
         """Start from what an earlier process learnt about this endpoint and model (kept in ``cache``)."""
@@ -161,13 +175,55 @@ class Dialect:
             self.fold_system = self.fold_system or record.get("fold_system") is True
             self.refused_modes |= names("refused_modes")
             self.accepted |= names("accepted")
+            window_changed = self._adopt_window(record)
             if self.drop or self.rename or self.stream or self.fold_system or self.refused_modes:
                 self.careful = True  # an earlier process met a refusal here
-            changed = before != (self.drop, self.rename, self.stream, self.fold_system, self.refused_modes,
-                                 self.accepted)
+            changed = window_changed or before != (self.drop, self.rename, self.stream, self.fold_system,
+                                                   self.refused_modes, self.accepted)
             if changed:
                 self.version += 1
             return changed
+
+    def _adopt_window(self, record: Mapping[str, Any]) -> bool:
+        """Take a cache record's window, scale and accepted size (the lock is held); True when anything was new."""
+        before = (self.window, self.window_input_only, self.token_scale, self.accepted_tokens)
+        window = record.get("context_window")
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0 and (self.window is None or window < self.window):
+            self.window, self.window_input_only = window, record.get("window_input_only") is True
+        scale = record.get("token_scale")
+        if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 1.0 <= scale <= 10.0:
+            self.token_scale = max(self.token_scale, float(scale))
+        accepted = record.get("accepted_tokens")
+        if isinstance(accepted, int) and not isinstance(accepted, bool) and accepted > self.accepted_tokens:
+            self.accepted_tokens = accepted
+        return before != (self.window, self.window_input_only, self.token_scale, self.accepted_tokens)
+
+    def learn_window(self, window: int | None, input_only: bool, scale: float | None) -> bool:
+        """Record a context-length refusal's lesson (a smaller window, a larger scale); True when it is news.
+
+        ``version`` moves with it, so a request rendered for the old window (one waiting at the
+        window gate) is rendered again before it is sent.
+        """
+        with self._lock:
+            before = (self.window, self.token_scale)
+            if window is not None and window > 0 and (self.window is None or window < self.window):
+                self.window, self.window_input_only = window, input_only
+            if scale is not None and scale > self.token_scale:
+                self.token_scale = min(scale, 10.0)
+            if before == (self.window, self.token_scale):
+                return False
+            self.version += 1
+            self.learnt.append(f"context window {self.window:,} tokens" if self.window is not None
+                               else f"prompts count {self.token_scale:.2f}x gradekit's estimate")
+            return True
+
+    def answered_size(self, tokens: int) -> bool:
+        """A prompt of ``tokens`` was answered: prompts up to that size need not wait at the window gate."""
+        with self._lock:
+            if tokens <= self.accepted_tokens:
+                return False
+            self.accepted_tokens = tokens
+            return True
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:
         """``request`` with the learnt fixes applied (in place; returned for chaining)."""
@@ -428,7 +484,10 @@ def forget_dialects() -> None:
 
 
 def error_fields(body: Any, message: str) -> tuple[str | None, str | None, str]:
-    """(code, param, message) of an error body as the SDK hands it (the ``error`` object, or not)."""
+    """(code, param, message) of an error body as the SDK hands it (the ``error`` object, or not; Gemini's
+    JSON array of one such object)."""
+    if isinstance(body, list) and body and isinstance(body[0], Mapping):
+        body = body[0]
     if isinstance(body, Mapping):
         inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
         code, param = inner.get("code"), inner.get("param")

@@ -200,6 +200,8 @@ class Jury(Panel):
             "usage": sum((v.usage for v in verdicts), Usage()),
             "latency_s": max(v.latency_s for v in verdicts),
             "cached": all(v.cached for v in verdicts),
+            # A trajectory: what the jurors were shown (each fitted into its own window; the first juror's is said).
+            "coverage": next((v.coverage for v in verdicts if v.coverage is not None), None),
         }
         answered = [(j, v) for j, v in zip(self.jurors, verdicts) if v.status == "ok"]
         if len(answered) < self.quorum:

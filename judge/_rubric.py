@@ -7,12 +7,16 @@ import hashlib
 import json
 import math
 import re
+import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
+from ._tokens import ESTIMATE, TokenCounter
+from ._trajectory import TrajectoryCoverage
 from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults, literal_cell
 from ._specs import RubricError, read_spec, rubric_index, spec_path
 
@@ -24,6 +28,19 @@ OutputMode = Literal["json_schema", "tags", "regex", "text", "number"]
 # the other rubrics are always asked in plain text.
 AskMode = Literal["json_schema", "tool", "json_object", "tags", "text"]
 JSON_FALLBACK_CHAIN: tuple[AskMode, ...] = ("json_schema", "tool", "json_object", "tags")
+
+
+class PromptOverflow(ValueError):
+    """The prompt does not fit the room the judge's window leaves, even with its trajectory cut (a ``context_overflow``)."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """The prompt tokens a judge has room for (its context window less the output budget; None: unknown)
+    and how tokens are counted for it."""
+
+    tokens: int | None
+    counter: TokenCounter
 
 
 class RubricInputError(ValueError):
@@ -38,8 +55,10 @@ class VariableSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # media: images/audio attached to the user message as content parts; criteria: a checklist's
-    # criteria given per row (judge._criteria.criteria_from_cell), shown to the template as ``checklist``
-    type: Literal["str", "list", "media", "criteria"] = "str"
+    # criteria given per row (judge._criteria.criteria_from_cell), shown to the template as ``checklist``;
+    # trajectory: an agent rollout (chat messages with tool calls and results), rendered as numbered,
+    # delimited steps within the judge's window (judge._trajectory)
+    type: Literal["str", "list", "media", "criteria", "trajectory"] = "str"
     description: str = ""
     required: bool = True
 
@@ -124,6 +143,20 @@ class Rubric(BaseModel):
     # A checklist: one request, one verdict per criterion (judge._checklist). ``labels`` are then the
     # labels of a criterion that names none; a variable of type ``criteria`` gives them per row instead.
     criteria: list[Criterion] | None = None
+    # A trajectory variable (judge._trajectory): its token budget (default: the judge's context window
+    # minus the rest of the prompt and the output budget), what stays when it does not fit, and whether
+    # the policy's reasoning is shown.
+    trajectory_budget: int | None = Field(default=None, ge=1)
+    truncation: Literal["middle_out", "keep_recent", "none"] = "middle_out"
+    trajectory_reasoning: Literal["keep", "drop"] = "drop"
+    # whole: one verdict for the trajectory; step: one per assistant step, with the steps before it as
+    # context, aggregated into the row's score by step_aggregate (judge._steps).
+    granularity: Literal["whole", "step"] = "whole"
+    step_aggregate: Literal["mean", "min", "last", "product"] = "mean"
+    # The judge reads the trace itself: the budgeted overview plus read_steps/search tools, for at most
+    # navigate_rounds requests (judge._navigate); an endpoint without tools gets the budgeted view.
+    navigate: bool = False
+    navigate_rounds: int = Field(default=6, ge=1, le=32)
     directory: Path = Field(default=Path("."), exclude=True)
     _unbound: Rubric | None = PrivateAttr(default=None)  # a per-row checklist bound to one row's criteria: the rubric it came from
 
@@ -194,6 +227,18 @@ class Rubric(BaseModel):
                 raise ValueError("a checklist rubric cannot be pairwise")
         return self
 
+    @model_validator(mode="after")
+    def _trajectory_settings(self) -> Rubric:
+        if not self.trajectory_variables and (self.granularity == "step" or self.navigate):
+            what = "granularity: step" if self.granularity == "step" else "navigate: true"
+            raise ValueError(f"{what} needs a variable of type trajectory")
+        if self.granularity == "step" and (self.is_checklist or self.pairwise is not None or len(self.trajectory_variables) > 1):
+            raise ValueError("granularity: step judges the steps of one trajectory; not with a checklist, a pairwise rubric "
+                             "or several trajectory variables")
+        if self.navigate and len(self.trajectory_variables) > 1:
+            raise ValueError("navigate: true reads one trajectory; the rubric has several trajectory variables")
+        return self
+
     @property
     def is_checklist(self) -> bool:
         """One verdict per criterion (criteria in the spec, or a variable of type ``criteria``)."""
@@ -226,17 +271,70 @@ class Rubric(BaseModel):
             if value is None or (isinstance(value, float) and value != value):  # None or NaN
                 if spec.required:
                     raise RubricInputError(f"rubric {self.name!r} needs variable {var!r}, which is missing", var)
-                value = [] if spec.type in ("list", "media") else ""
+                value = [] if spec.type in ("list", "media", "trajectory") else ""
             values[var] = _coerce(value, spec.type, self.name, var)
         return values
 
-    def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None) -> list[dict[str, str]]:
-        """Render chat messages. Row values are only ever template variables, never template source."""
+    @property
+    def trajectory_variables(self) -> list[str]:
+        """The variables of type ``trajectory`` (rendered within the judge's window)."""
+        return [var for var, spec in self.variables.items() if spec.type == "trajectory"]
+
+    def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None, *, room: Room | None = None) -> list[dict[str, str]]:
+        """Render chat messages. Row values are only ever template variables, never template source.
+
+        ``room``: the prompt tokens the judge has room for (its window less the output budget), which
+        a trajectory variable is fitted into; see :meth:`render_fitted`.
+        """
+        return self.render_fitted(row, ask_mode, room=room)[0]
+
+    def render_fitted(self, row: Mapping[str, Any], ask_mode: AskMode | None = None, *,
+                      room: Room | None = None) -> tuple[list[dict[str, Any]], TrajectoryCoverage | None]:
+        """The messages and what the judge is shown of the trajectory (None: the rubric has no trajectory variable).
+
+        A trajectory variable is rendered last: the template is rendered once with a placeholder in
+        its place, the rest of the prompt is counted, and the trajectory gets what is left of
+        ``room`` (and at most ``trajectory_budget``), cut by ``truncation`` with every cut said.
+
+        Raises:
+            PromptOverflow: the parts never cut (the rest of the prompt, the task, the final answer) do not fit.
+        """
+        values = self.prepare(row)
+        trajectories = self.trajectory_variables
+        if not trajectories:
+            return self._render_values(values, ask_mode), None
+        from ._trajectory import TrajectoryOverflow, fit
+
+        placeholders = {var: _Placeholder(values[var]) for var in trajectories}
+        messages = self._render_values({**values, **placeholders}, ask_mode)
+        counter = room.counter if room is not None else ESTIMATE
+        budget = self.trajectory_budget
+        if room is not None and room.tokens is not None:
+            rest = sum(counter.count(_strip(m, placeholders)) + 4 for m in messages)
+            left = room.tokens - rest
+            if left <= 0:
+                raise PromptOverflow(f"rubric {self.name!r}: the prompt without its trajectory is about {rest:,} tokens, "
+                                     f"over the {room.tokens:,} the judge's window leaves")
+            budget = left if budget is None else min(budget, left)
+        share = None if budget is None else max(1, budget // len(trajectories))
+        coverage = None
+        texts: dict[str, str] = {}
+        for var in trajectories:
+            try:
+                rendered = fit(values[var], share, strategy=self.truncation, counter=counter,
+                               keep_reasoning=self.trajectory_reasoning == "keep")
+            except TrajectoryOverflow as e:
+                raise PromptOverflow(f"rubric {self.name!r}: variable {var!r}: {e}") from None
+            texts[placeholders[var].nonce] = rendered.text
+            coverage = coverage or rendered.coverage
+        return [_substitute(m, texts) for m in messages], coverage
+
+    def _render_values(self, values: Mapping[str, Any], ask_mode: AskMode | None) -> list[dict[str, Any]]:
         from jinja2 import TemplateError, UndefinedError
 
         mode = ask_mode or self.ask_modes[0]
         context = {
-            **self.prepare(row),
+            **values,
             "output_mode": mode,
             "offered_labels": list(self.labels),
             "verdict_tag": self.verdict_tag,
@@ -274,6 +372,46 @@ class Rubric(BaseModel):
         return messages
 
 
+class _Placeholder:
+    """A trajectory's stand-in while the rest of the prompt is rendered and counted: ``str()`` is a
+    random marker replaced by the fitted trajectory, and the parts shown whole are its attributes."""
+
+    def __init__(self, steps: Any) -> None:
+        self.nonce = f"\x00trajectory-{secrets.token_hex(8)}\x00"
+        self.task, self.final_answer, self.system = steps.task, steps.final_answer, steps.system
+        self.steps_total, self.ends_in_tool_call, self.judged_step = len(steps.steps), steps.ends_in_tool_call, steps.judged
+
+    def __str__(self) -> str:
+        return self.nonce
+
+
+def _strip(message: Mapping[str, Any], placeholders: Mapping[str, _Placeholder]) -> str:
+    content = message.get("content")
+    text = content if isinstance(content, str) else "".join(p.get("text") or "" for p in content or [] if isinstance(p, Mapping))
+    for placeholder in placeholders.values():
+        text = text.replace(placeholder.nonce, "")
+    return text
+
+
+def _substitute(message: dict[str, Any], texts: Mapping[str, str]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        for nonce, text in texts.items():
+            content = content.replace(nonce, text)
+        return {**message, "content": content}
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                text = part["text"]
+                for nonce, value in texts.items():
+                    text = text.replace(nonce, value)
+                part = {**part, "text": text}
+            parts.append(part)
+        return {**message, "content": parts}
+    return message
+
+
 def _mode_of(output: Any) -> str | None:
     return output.mode if isinstance(output, OutputSpec) else output.get("mode") if isinstance(output, Mapping) else None
 
@@ -287,8 +425,13 @@ def rubric_fingerprint(rubric: Rubric) -> str:
         source = template.read_text(encoding="utf-8") if template.exists() else ""
     # A field added since (left at its default) is not in the hash, so every cache key and checkpoint stays.
     unset = {name for name in ("invalid_labels", "inline_template", "criteria") if not getattr(rubric, name)}
+    unset |= {name for name, default in _TRAJECTORY_DEFAULTS.items() if getattr(rubric, name) == default}
     spec = rubric.model_dump_json(exclude={"directory", *unset})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
+
+
+_TRAJECTORY_DEFAULTS = {"trajectory_budget": None, "truncation": "middle_out", "trajectory_reasoning": "drop",
+                        "granularity": "whole", "step_aggregate": "mean", "navigate": False, "navigate_rounds": 6}
 
 
 def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
@@ -298,6 +441,13 @@ def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
         try:
             return criteria_from_cell(value)
         except ValueError as e:
+            raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
+    if kind == "trajectory":
+        from ._trajectory import TrajectoryInputError, read_steps
+
+        try:
+            return read_steps(value)
+        except TrajectoryInputError as e:
             raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
     if kind == "media":
         from ._media import as_media

@@ -77,6 +77,7 @@ class JudgeSpec:
     max_prompt_tokens: int | None = None  # [the Judge's default]; above it a row is an input error
     logprobs: int | None = None  # top logprobs per token, asked with every request
     hedge: bool | HedgePolicy | None = None  # hedged requests over a fleet (judge._hedge) [on for two endpoints or more]
+    context_window: int | None = None  # the model's window in tokens, a trajectory is fitted into [learnt, or documented]
 
     @classmethod
     def of(cls, model: str | None = None, *, base_url: str | Sequence[str] | None = None,
@@ -103,7 +104,7 @@ class JudgeSpec:
                  else {"base_url": self.base_url, "endpoints": self.endpoints})
         params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
         simple = {name: _merged(getattr(self, name), getattr(other, name))
-                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge")}
+                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge", "context_window")}
         return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
 
     @property
@@ -127,7 +128,8 @@ class JudgeSpec:
 
         if limiter is None and self.limits.given:
             limiter = self.limiter()
-        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge))
+        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge),
+                                                 ("context_window", self.context_window))
                  if value is not None}
         base_url: Any = list(self.base_url) if self.base_url else None
         api_key: Any = list(self.api_key) if self.api_key else None

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ._redact import redact
 
 from ._criteria import CriterionVerdict
+from ._trajectory import TrajectoryCoverage
 
 ErrorKind = Literal[
     "parse_failure",  # the judge answered, but no offered label could be read from it
@@ -23,6 +24,7 @@ ErrorKind = Literal[
     "budget",  # status "skipped": the budget's max_cost_usd / max_tokens was reached, so no request was sent
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
+    "context_overflow",  # the prompt does not fit the judge's context window even with its trajectory cut (the task and final answer alone)
 ]
 ScoreSource = Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"]
 
@@ -71,6 +73,21 @@ class PanelInfo(BaseModel):
     jurors: list[dict[str, Any]] | None = None  # Jury: each juror's model, label, score, status (and error_kind, error)
     decided_by: str | None = None  # Cascade: the model whose confidence met its threshold
     confidence: float | None = None  # Cascade: that judge's confidence (the best one seen on an abstained row)
+
+
+class StepVerdict(BaseModel):
+    """One assistant step's verdict under ``granularity: step``: a score, or the error that step met (never a 0)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int  # the step's number in the trajectory (1-based, as the judge was shown it)
+    status: Literal["ok", "error", "skipped"] = "ok"
+    score: float | None = None
+    label: str | None = None
+    rationale: str | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    cached: bool = False
 
 
 class ReadInfo(BaseModel):
@@ -131,6 +148,10 @@ class Verdict(BaseModel):
     # A checklist rubric (judge._checklist): each criterion's verdict, in the rubric's order; ``score``
     # is the weighted mean of those read, ``label`` is None. None for every other rubric.
     criteria: list[CriterionVerdict] | None = None
+    # A rubric with a trajectory variable: what the judge was shown of it (steps and tokens of the total, the cuts).
+    coverage: TrajectoryCoverage | None = None
+    # granularity: step: each assistant step's verdict, in order; ``score`` is their aggregate (step_aggregate).
+    steps: list[StepVerdict] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -22,6 +22,7 @@ import openai
 from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
 from ._verdict import ErrorKind
+from ._window import overflow_of
 
 Route = Literal["chat", "embeddings"]
 
@@ -80,6 +81,8 @@ def error_of(exc: BaseException) -> Failed:
         return Failed("timeout", f"the judge did not answer within the timeout ({url_of(exc)})")
     if isinstance(exc, openai.APIStatusError):
         code, param, said = error_fields(exc.body, status_message(exc))
+        if exc.status_code == 400 and overflow_of(code, said) is not None:  # the prompt is over the judge's window
+            return Failed("context_overflow", status_message(exc), 400)
         return Failed(status_error_kind(exc.status_code), status_message(exc), exc.status_code,
                        output_format=exc.status_code == 400 and names_output_format(code, param, said))
     if isinstance(exc, openai.APIConnectionError):

@@ -20,7 +20,8 @@ import pytest
 from gradekit.judge.testing import DIALECTS, Dialect, FakeProvider, Reply
 
 NAMES = {"openai", "openai-reasoning", "dashscope-thinking", "ark-thinking", "vllm-reasoning-parser",
-         "vllm-no-parser", "deepseek-reasoner", "gemini", "anthropic"}
+         "vllm-no-parser", "deepseek-reasoner", "gemini", "anthropic", "openai-context-window", "vllm-context-window",
+         "dashscope-context-window", "anthropic-context-window", "gemini-context-window"}
 HI = [{"role": "user", "content": "Is the answer right? Reply <answer>Yes</answer> or <answer>No</answer>."}]
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": {
     "type": "object", "properties": {"judgement": {"type": "string", "enum": ["correct", "incorrect"]}},

@@ -148,9 +148,16 @@ async def test_fallback_chain_reaches_a_working_mode_and_remembers_it(rejects, r
 
 
 async def test_a_400_no_output_format_can_fix_does_not_walk_the_chain(fake, make_judge) -> None:
+    fake.set_responder(lambda body: Reply(status=400, error_message="model not supported for this key"))
+    verdict = await make_judge().judge(ZH, ROW)
+    assert verdict.error_kind == "bad_request" and "model not supported" in verdict.error
+    assert len(fake.chat_requests()) == 1
+
+
+async def test_a_context_length_400_without_a_window_is_context_overflow_after_one_request(fake, make_judge) -> None:
     fake.set_responder(lambda body: Reply(status=400, error_message="context length exceeded"))
     verdict = await make_judge().judge(ZH, ROW)
-    assert verdict.error_kind == "bad_request" and "context length exceeded" in verdict.error
+    assert verdict.error_kind == "context_overflow" and "context length exceeded" in verdict.error
     assert len(fake.chat_requests()) == 1
 
 

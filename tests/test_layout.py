@@ -114,7 +114,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "judge/testing": {"starlette", "uvicorn"},
 }
 # The SDK's transport (httpx or httpx2) is never imported by name: judge/_wire.py takes it from the SDK (sdk_http).
-MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray"}}
+# tiktoken: a model's tokenizer for fitting a trajectory into the window, when installed and its encoding cached (judge/_tokens.py)
+MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray", "tiktoken"}}
 NEVER: dict[str, set[str]] = {"judge": {"graders", "prompts", "eval_sets", "notebooks", "tests", "benchmarks"}}
 
 
@@ -206,13 +207,14 @@ def test_each_flag_in_the_flag_table_is_an_option_of_grade() -> None:
 
 GRADERS_PUBLIC = [
     "AReaLReward", "BaseRewardComputer", "BatchRunError", "BreakerTripped", "CalibrationReport", "CodeTestsGrader",
-    "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError", "FunctionCall",
-    "Grade", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer", "GradingError", "GroupResult", "GroupStatus",
-    "Interval", "Isolation", "JudgeAgreementReport", "MathCheck", "MathEquivalenceGrader", "MathVerifier", "Message",
-    "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict", "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe",
-    "ProbeReport", "PythonGrader", "ROLLRewards", "RewardRequest", "RewardResponse", "RewardServer", "RunSummary", "Sample",
-    "SampleChecks", "SandboxUnavailable", "SandboxWarning", "SpreadReport", "SpreadTally", "SyncGrader", "ToolCall", "Trajectory",
-    "TrajectoryChecks", "VerlReward", "VertexSpec", "aclose_grader", "agrade_frame", "answer_listing", "areal_reward_fn",
+    "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError",
+    "FunctionCall", "Grade", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
+    "GradingError", "GroupResult", "GroupStatus", "Interval", "Isolation", "JudgeAgreementReport", "MathCheck",
+    "MathEquivalenceGrader", "MathVerifier", "Message", "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict",
+    "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe", "ProbeReport", "PythonGrader", "ROLLRewards",
+    "RewardRequest", "RewardResponse", "RewardServer", "RunSummary", "Sample", "SampleChecks", "SandboxUnavailable",
+    "SandboxWarning", "SpreadReport", "SpreadTally", "SyncGrader", "ToolCall", "Trajectory", "TrajectoryChecks",
+    "TrajectoryError", "VerlReward", "VertexSpec", "aclose_grader", "agrade_frame", "answer_listing", "areal_reward_fn",
     "ark_group_grader", "ark_single_grader", "autorater_grader", "calibrate", "calibrate_rows", "cloud_run_grader",
     "code_tests_grader", "correlations", "create_app", "dump_vertex_spec", "export_bedrock_lambda", "export_foundry_grader",
     "export_openai_grader", "export_vertex_evaluate", "export_vertex_spec", "formula_grader", "grade_dataset", "grade_file",
@@ -222,8 +224,8 @@ GRADERS_PUBLIC = [
     "pairwise_grader", "pairwise_report", "parse_vertex_spec", "plot_confusion", "plot_position_bias", "plot_scores",
     "position_swap", "ppi_mean", "python_grader", "reward_spread", "roll_rewards", "run_probes", "sample_from_row",
     "sample_from_vertex", "score_model_grader", "string_check_grader", "string_match_grader", "text_similarity_grader",
-    "trl_reward_func", "verbosity", "verifiers_group_reward_func", "verifiers_reward_func", "verl_compute_score", "vertex_grader",
-    "weighted_grader",
+    "trajectory_messages", "trl_reward_func", "verbosity", "verifiers_group_reward_func", "verifiers_reward_func",
+    "verifiers_step_reward_func", "verl_compute_score", "vertex_grader", "weighted_grader",
 ]
 
 

@@ -114,7 +114,7 @@ def test_judge_public_names() -> None:
         "HedgePolicy", "HedgeStats", "Judge", "JudgeCache", "JudgeIdentity", "JudgeProtocol", "JudgeSpec", "JudgeStats", "Jury",
         "JurySpec", "Limiter", "Limits", "MemberUsage", "ModelPrice", "Pacer", "Pacing", "PanelInfo", "ParseFailure", "Parsed",
         "RayLimiter", "ReadInfo", "RedisJudgeCache", "RetryPolicy", "Rubric", "RubricError", "RubricInputError",
-        "SharedLimiter", "SyncRunner", "Usage", "Verdict", "build_request", "cache_key", "clamp", "configure_limiter",
+        "SharedLimiter", "StepVerdict", "SyncRunner", "TrajectoryCoverage", "Usage", "Verdict", "build_request", "cache_key", "clamp", "configure_limiter",
         "cost_usd", "default_cache_path", "endpoint_limiter", "estimate_tokens", "is_transient", "limiter_from_url",
         "list_rubrics", "load_prices", "load_rubric", "match_label", "normalize_label", "open_cache", "parse_reply",
         "process_limiter", "retry_after_seconds",

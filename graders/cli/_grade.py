@@ -174,13 +174,13 @@ def _parse(args: _GradeArgs) -> _Command:
 
 def _resolve(command: _Command) -> RunInput:
     """The input, once for the whole run: a folder's files are listed here, so an empty or mixed one fails before any request."""
-    from ..runs._io import InputError, RunInput, codec, file_format
+    from ..runs._io import InputError, RunInput, codec, file_format, input_format
     from ..runs._lock import check_not_input
 
     input, output, encoding = command.args.input, command.args.output, command.args.encoding
     try:
         if not input.is_dir():
-            file_format(input)
+            input_format(input)  # a row file, or one ATIF trajectory (.json)
         file_format(output)
         if not input.exists():
             raise InputError(f"{input}: no such file")
@@ -213,6 +213,9 @@ def _check_run(command: _Command) -> None:
     if spec is not None and spec.criteria_variable is not None and batch:
         raise fail(f"rubric {spec.name!r} takes its criteria per row ({spec.criteria_variable!r}): --batch reads replies "
                    "without their rows, so grade it live (a checklist with fixed criteria takes --batch)")
+    if spec is not None and spec.trajectory_variables and batch:
+        raise fail(f"rubric {spec.name!r} reads a trajectory: --batch does not yet write trajectory_coverage, learn the "
+                   "window or judge steps and navigation rounds, so grade it live")
     if cascade_spec is not None and spec is not None:
         if spec.pairwise is not None:
             raise fail("--cascade grades single-answer rubrics; for a pairwise rubric use a jury (--model several times)")

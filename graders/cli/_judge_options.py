@@ -60,6 +60,10 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
                                               "of its endpoint's recent latencies once more to another endpoint, first answer wins, at most "
                                               "10% extra requests [default: on for a fleet, and a grader file's judge.hedge; one endpoint never "
                                               "hedges]. See docs/fleets.md.")),
+    ("context_window", int | None, None, _option("--context-window", metavar="TOKENS", envvar="GRADEKIT_CONTEXT_WINDOW",
+                                                 help="The judge model's context window, which a trajectory is fitted into [default: "
+                                                      "learnt from the provider's first context-length refusal and kept in the cache, "
+                                                      "or the model's documented window]. See docs/trajectories.md.")),
     ("concurrency", int, 16, _option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")),
     ("limiter_url", str | None, None, _option("--limiter", envvar="GRADEKIT_LIMITER",
                                               help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, "
@@ -114,6 +118,7 @@ class JudgeOptions:
     rps: float | None = None
     tpm: float | None = None
     hedge: bool | None = None  # None: the default (on for a fleet), or a grader file's judge.hedge
+    context_window: int | None = None  # None: learnt, documented, or a grader file's judge.context_window
     concurrency: int = 16
     limiter_url: str | None = None
     limiter_key: str | None = None
@@ -143,6 +148,8 @@ class JudgeOptions:
                        "in the same order")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
+        if self.context_window is not None and self.context_window < 1:
+            raise fail(f"--context-window must be at least 1 token, not {self.context_window}")
         try:
             self.params  # noqa: B018 - parsed here so a bad --judge-param fails before any request
         except ValueError as e:
@@ -234,7 +241,7 @@ class JudgeOptions:
                         key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         keys = api_key or self.api_key or ("replay" if self.replay else None)
         return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
-                            timeout=self.timeout, limits=limits, hedge=self.hedge)
+                            timeout=self.timeout, limits=limits, hedge=self.hedge, context_window=self.context_window)
 
     def judge(self, model: str | None, **parts: Any) -> Judge:
         """A Judge for ``model`` with these options (``parts``: limiter, cache, budget).

@@ -19,6 +19,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._nodes": ["ExportError"],
     "._openai_export": ["export_openai_grader"],
     "._skyrl": ["GradekitTextEnv"],
+    "._step_rewards": ["GradekitStepEnv", "verifiers_step_reward_func"],
     "._trainers": ["AReaLReward", "ROLLRewards", "areal_reward_fn", "roll_rewards", "verifiers_group_reward_func",
                    "verifiers_reward_func"],
     "._trl": ["trl_reward_func"],

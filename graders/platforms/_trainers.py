@@ -149,6 +149,12 @@ def _completion(value: Any) -> Any:
     return value
 
 
+def verifiers_sample(prompt: Any, completion: Any, answer: Any, info: Any) -> Sample:
+    """What a verifiers reward function is called with, as a Sample: ``answer`` and ``info`` are the references."""
+    references = {**(plain(info) if isinstance(info, Mapping) else {}), **reference_dict(answer, "answer")}
+    return Sample(messages=plain(prompt), response=_completion(completion), references=references)
+
+
 def verifiers_reward_func(grader: GraderSource, *, name: str | None = None) -> Any:
     """A verifiers ``Rubric`` reward function: ``async (prompt, completion, answer, state, info) -> float``.
 
@@ -160,8 +166,7 @@ def verifiers_reward_func(grader: GraderSource, *, name: str | None = None) -> A
 
     async def reward(prompt: Any = None, completion: Any = None, answer: Any = None, state: Any = None,
                      info: Any = None, **kwargs: Any) -> float:
-        references = {**(plain(info) if isinstance(info, Mapping) else {}), **reference_dict(answer, "answer")}
-        grade = await inner(Sample(messages=plain(prompt), response=_completion(completion), references=references))
+        grade = await inner(verifiers_sample(prompt, completion, answer, info))
         if grade.ok:
             return float(grade.score)  # type: ignore[arg-type]
         raise _mark(state, f"reward {label!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)

@@ -28,6 +28,7 @@ from gradekit.judge._redact import redact_url
 from gradekit.judge._rubric import rubric_fingerprint
 from gradekit.judge._pacing import Pacing
 
+from .._atif import TrajectoryError, is_atif, trajectory_messages
 from .._flags import said_as_flags
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
@@ -118,7 +119,8 @@ def check_columns(source: RunInput, rubric: Rubric, mapping: Mapping[str, str]) 
     header = source.columns
     if header is None:
         return
-    missing = {var: column for var, column in mapping.items() if rubric.variables[var].required and column not in header}
+    missing = {var: column for var, column in mapping.items() if rubric.variables[var].required and column not in header
+               and not (rubric.variables[var].type == "trajectory" and column == var and "messages" in header)}
     if missing:
         raise InputError(f"{source}: {_lacking(missing, rubric, 'column')} not in the file; "
                          f"columns are {', '.join(header) or '(none)'}; {_map_hint(missing, header, mapping)}")
@@ -128,6 +130,14 @@ def _variables(row: Mapping[str, Any], rubric: Rubric, mapping: Mapping[str, str
     values: dict[str, Any] = {}
     missing: dict[str, str] = {}
     for var, column in mapping.items():
+        if rubric.variables[var].type == "trajectory":
+            try:
+                found = trajectory_cell(row, var, column)
+            except RowError as e:
+                raise RowError(f"row {number}: {e}") from None
+            if found is not None:
+                values[var] = found[1]
+                continue
         if column in row and row[column] is not None:
             values[var] = row[column]
         elif rubric.variables[var].required:
@@ -145,6 +155,24 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
     "question": ("prompt", "query", "input", "instruction", "problem"),
     "response": ("output", "completion", "model_answer", "answer", "prediction"),
 }
+
+
+def trajectory_cell(row: Mapping[str, Any], var: str, column: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """A trajectory variable's value as chat messages: its column, else (unmapped) a ``messages`` column or the
+    row itself when the row is an ATIF document; None when the row has none. An unreadable one is the row's
+    error, naming the field at fault (RowError)."""
+    if row.get(column) is not None:
+        where, value = column, row[column]
+    elif column == var and row.get("messages") is not None:
+        where, value = "messages", row["messages"]
+    elif column == var and is_atif(row):
+        where, value = "the row (an ATIF document)", row
+    else:
+        return None
+    try:
+        return where, trajectory_messages(value)
+    except TrajectoryError as e:
+        raise RowError(f"{where}: not a trajectory: {e}") from None
 
 
 def _lacking(missing: Mapping[str, str], rubric: Rubric, what: str) -> str:
@@ -301,6 +329,11 @@ async def grade_file(
         to_row = lambda row, verdict: {**plain(row, verdict), **panel_cells(verdict, panel)}  # noqa: E731
     if rubric.is_checklist:
         columns, types, to_row = _checklist_output(rubric, destination, columns, types, to_row)
+    if rubric.trajectory_variables:  # what the judge saw of each row's trajectory (and each step's score)
+        extra_cells = ["trajectory_coverage", *(["step_scores"] if rubric.granularity == "step" else [])]
+        inner = to_row
+        columns, types = [*columns, *extra_cells], {**types, **{c: "string" for c in extra_cells}}
+        to_row = lambda row, verdict: {**inner(row, verdict), **trajectory_cells(verdict, extra_cells)}  # noqa: E731
     grading = Grading(
         columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
@@ -310,6 +343,17 @@ async def grade_file(
     )
     options = RunOptions(resume=resume, keep_going=keep_going, retry_errors=retry_errors, group_by=group_by)
     return await run_file(RunPlan(source, destination, grading, options, on_row=on_row))
+
+
+def trajectory_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
+    """``trajectory_coverage`` (steps and tokens shown of the total, the strategy) and ``step_scores`` (each
+    assistant step's score, None for a step that failed) of a verdict; None when it has none."""
+    cells: dict[str, Any] = {}
+    if "trajectory_coverage" in columns:
+        cells["trajectory_coverage"] = verdict.coverage.model_dump(exclude_none=True) if verdict.coverage is not None else None
+    if "step_scores" in columns:
+        cells["step_scores"] = [s.score for s in verdict.steps] if verdict.steps is not None else None
+    return cells
 
 
 def verdict_input_error(message: str) -> Verdict:
@@ -465,6 +509,10 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
         names = ", ".join(str(f.relative_to(source.source)) for f in outputs[:10]) + (", ..." if len(outputs) > 10 else "")
         warnings.insert(0, f"{source}: skipped {len(outputs)} file(s) that are earlier gradekit outputs (a .checkpoint.json, "
                            f".lock or .parts beside them): {names}; move them out of the folder, or delete that file, to grade them")
+    if source.ignored:  # a folder of ATIF trajectories: its other JSON files are not rows, and the run says which
+        names = ", ".join(str(f.relative_to(source.source)) for f in source.ignored[:10]) + (", ..." if len(source.ignored) > 10 else "")
+        warnings.append(f"{source}: read {len(source.files)} ATIF trajectory file(s); {len(source.ignored)} other .json file(s) "
+                        f"are not ATIF trajectories (no schema_version ATIF-v1.x) and were not read: {names}")
     for warning in warnings:
         logger.warning("warning: %s", warning)
     previous: Iterator[dict[str, Any]] | None = None

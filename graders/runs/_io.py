@@ -88,6 +88,29 @@ def file_format(path: Path) -> str:
 OUTPUT_MARKS = (".checkpoint.json", ".lock", ".parts")  # beside a file gradekit writes (see _checkpoint, _lock, RowWriter)
 
 
+# An ATIF trajectory is one JSON document per file (Harbor writes <trial>/agent/trajectory.json): a
+# file of its own, or a folder of them, is read as one row per file.
+ATIF_SUFFIX = ".json"
+_ATIF_HEAD = 1 << 16  # how much of a .json file is read to tell an ATIF trajectory from other JSON
+
+
+def input_format(path: Path) -> str:
+    """The format an input file is read as: a row file's (:func:`file_format`), or ``atif`` for a .json file."""
+    return "atif" if path.suffix.lower() == ATIF_SUFFIX else file_format(path)
+
+
+def looks_atif(path: Path) -> bool:
+    """Whether a .json file is an ATIF trajectory: named trajectory.json, or its head declares ``schema_version`` ATIF-v..."""
+    if path.name == "trajectory.json":
+        return True  # read even when broken, so its error is said by name rather than the file passed over
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_ATIF_HEAD)
+    except OSError:
+        return False
+    return re.search(rb'"schema_version"\s*:\s*"ATIF-', head) is not None
+
+
 def input_files(source: Path) -> list[Path]:
     """The files an INPUT names: itself, or every CSV/JSONL/Parquet file of a folder, in sorted path order.
 
@@ -96,24 +119,27 @@ def input_files(source: Path) -> list[Path]:
     return _walk(source)
 
 
-def _walk(source: Path, outputs: list[Path] | None = None) -> list[Path]:
+def _walk(source: Path, outputs: list[Path] | None = None, ignored: list[Path] | None = None) -> list[Path]:
     """The files an INPUT names (see :func:`input_files`).
 
     A folder is read recursively, as Ray Data reads one. Names starting with ``.`` or ``_`` are
     skipped at every level (hidden files, ``_SUCCESS``, ``_metadata``: Ray Data's and Spark's
     rule), so are files of other types (a README) and gradekit's own outputs (a file with a
     ``.checkpoint.json``, ``.lock`` or ``.parts`` beside it, and what is inside ``.parts``), so an
-    OUTPUT written into the folder is never read back as input. Order is by relative path,
+    OUTPUT written into the folder is never read back as input. A folder with no such file but
+    ATIF trajectories (.json files, :func:`looks_atif`) is read one row per trajectory; its other
+    .json files (a Harbor trial's config.json, result.json) go to ``ignored``, said by the run. Order is by relative path,
     compared part by part, so ``b/x.jsonl`` follows ``a.jsonl``. A folder holds one format:
     mixing CSV, JSONL and Parquet is an InputError, as is a folder with no such file.
     """
     if not source.is_dir():
-        file_format(source)
+        input_format(source)
         if not source.exists():
             raise InputError(f"{source}: no such file or folder")
         return [source]
     found: list[Path] = []
     others: list[str] = []
+    documents: list[Path] = []
     for folder, dirs, names in os.walk(source):
         here = Path(folder)
         # A Parquet output's part files (<output>.parquet.parts/) are never input.
@@ -128,13 +154,20 @@ def _walk(source: Path, outputs: list[Path] | None = None) -> list[Path]:
                 continue
             if file.suffix.lower() in FORMATS:
                 found.append(file)
+            elif name.endswith(ATIF_SUFFIX) and not name.endswith(OUTPUT_MARKS):
+                documents.append(file)
             elif not name.endswith((".tmp", ".json")):
                 others.append(name)
+    if not found and documents:  # no row file: the folder's ATIF trajectories, one row each
+        found = [f for f in documents if looks_atif(f)]
+        if ignored is not None:
+            ignored.extend(sorted(set(documents) - set(found), key=lambda f: f.relative_to(source).parts))
     if not found:
         ignored = f" (ignored: {', '.join(sorted(others)[:5])}{', ...' if len(others) > 5 else ''})" if others else ""
-        raise InputError(f"{source}: the folder holds no .csv, .jsonl or .parquet file{ignored}; names starting with . or _ are skipped")
+        raise InputError(f"{source}: the folder holds no .csv, .jsonl or .parquet file{ignored}; names starting with . or _ are "
+                         "skipped; nor an ATIF trajectory (.json)")
     found.sort(key=lambda f: f.relative_to(source).parts)
-    kinds = Counter(file_format(f) for f in found)
+    kinds = Counter(input_format(f) for f in found)
     if len(kinds) > 1:
         mixed = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         raise InputError(f"{source}: a folder input is one format, this one holds {mixed} files; put each format in its own folder")
@@ -166,6 +199,7 @@ class RunInput:
     format: str  # csv, jsonl or parquet: every file's
     encoding: str | None = None  # --encoding for CSV/JSONL, None for UTF-8
     skipped: tuple[Path, ...] = ()  # a folder's data files left out as earlier gradekit outputs (a checkpoint beside them, ...)
+    ignored: tuple[Path, ...] = ()  # a folder of ATIF trajectories: its .json files that are not one (said by the run)
     _counts: dict[Path, int] = field(default_factory=dict, repr=False)  # rows per file, once counted
 
     @classmethod
@@ -174,8 +208,9 @@ class RunInput:
         if isinstance(source, RunInput):
             return source
         outputs: list[Path] = []
-        files = tuple(_walk(source, outputs))
-        return cls(source, files, file_format(files[0]), encoding, tuple(sorted(outputs)))
+        ignored: list[Path] = []
+        files = tuple(_walk(source, outputs, ignored))
+        return cls(source, files, input_format(files[0]), encoding, tuple(sorted(outputs)), tuple(ignored))
 
     def __str__(self) -> str:
         return str(self.source)
@@ -303,9 +338,13 @@ def read_rows(path: Path, skip: int = 0, encoding: str | None = None) -> Iterato
 
 
 def _file_rows(path: Path, skip: int, encoding: str | None) -> Iterator[dict[str, Any] | RowError]:
-    kind = file_format(path)
+    kind = input_format(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
+    if kind == "atif":
+        if not skip:
+            yield _atif_row(path)
+        return
     with path.open("rb") as handle:
         yield from rows_of(handle, str(path), kind, skip, encoding)
 
@@ -523,8 +562,21 @@ def _columns(files: tuple[Path, ...], encoding: str | None, schema: Any) -> list
     return first
 
 
+def _atif_row(path: Path) -> dict[str, Any] | RowError:
+    """One ATIF file as a row: ``id`` (its path), ``session_id`` and ``trajectory`` (the document; checked when graded)."""
+    try:
+        document = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as e:
+        return RowError(f"{path}: not a readable JSON document ({e})")
+    if not isinstance(document, dict):
+        return RowError(f"{path}: an ATIF trajectory is a JSON object, this file holds {type(document).__name__}")
+    return {"id": str(path), "session_id": document.get("session_id"), "trajectory": document}
+
+
 def _file_columns(path: Path, encoding: str | None, schema: Any = None) -> list[str] | None:
-    kind = file_format(path)
+    kind = input_format(path)
+    if kind == "atif":
+        return None
     if kind == "parquet":
         columns = list((schema or _file_schema)(path).names)
     else:
@@ -583,6 +635,8 @@ def _file_schema(path: Path) -> Any:
 
 
 def _count_file(path: Path, encoding: str | None) -> int:
+    if input_format(path) == "atif":
+        return 1
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 

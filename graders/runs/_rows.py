@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._io import InputError, RowError
+from .._atif import TrajectoryError, is_atif, split_conversation, trajectory_messages
 from .._sample import Grade, Message, Sample
 
 # The result columns every row gets, before score_<part> and metric_<name>.
@@ -34,8 +35,8 @@ GRADE_COLUMNS = ["score", "status", "error_kind", "error"]
 _DEFAULT_PROMPT = ("messages", "prompt", "question")
 _DEFAULT_RESPONSE = ("response", "completion", "output")
 _DEFAULT_SYSTEM = ("system_instruction",)
-_ROLES = ("messages", "prompt", "response", "system_instruction")
-_PATHS = "prompt, messages, response, system_instruction, references.<key> or metadata.<key>"
+_ROLES = ("messages", "prompt", "response", "system_instruction", "trajectory")
+_PATHS = "prompt, messages, response, system_instruction, trajectory, references.<key> or metadata.<key>"
 
 
 class MappingError(InputError):
@@ -55,6 +56,9 @@ class _Plan:
     # A column named ``references`` holding an object (Vertex's examples carry one): its keys are the
     # references, over the other columns', rather than ``references.references.<key>``.
     merged: Hashable | None = None
+    # A whole rollout (chat messages with tool calls and results, or an ATIF document): its messages
+    # before the first assistant turn are the prompt, the rest the response.
+    trajectory: Hashable | None = None
 
 
 class RowMapping:
@@ -107,7 +111,8 @@ class RowMapping:
             messages, prompt = (found, None) if found == "messages" else (None, found)
         response = explicit["response"] if "response" in explicit else default(_DEFAULT_RESPONSE)
         system = explicit["system_instruction"] if "system_instruction" in explicit else default(_DEFAULT_SYSTEM)
-        used = {c for c in (messages, prompt, response, system) if c is not None}
+        trajectory = explicit["trajectory"] if "trajectory" in explicit else default(("trajectory",))
+        used = {c for c in (messages, prompt, response, system, trajectory) if c is not None}
         merged = "references" if "references" in present and "references" not in explicit.values() else None
         references: dict[tuple[str, ...], Hashable] = {(str(c),): c for c in columns if c not in used}
         metadata: dict[tuple[str, ...], Hashable] = {}
@@ -117,7 +122,7 @@ class RowMapping:
                 references[tuple(key.split("."))] = column
             elif head == "metadata":
                 metadata[tuple(key.split("."))] = column
-        return _Plan(messages, prompt, response, system, tuple(references.items()), tuple(metadata.items()), merged)
+        return _Plan(messages, prompt, response, system, tuple(references.items()), tuple(metadata.items()), merged, trajectory)
 
     def _plan_for(self, row: Mapping[Hashable, Any]) -> _Plan:
         if self._plan is not None:
@@ -136,6 +141,9 @@ class RowMapping:
         """
         if not self.explicit and is_eval_row(row):
             return eval_row_sample(row, where)
+        if not self.explicit and is_atif(row):  # a JSONL line that is an ATIF document itself
+            return Sample.model_construct(messages=[], response=[], references={}, metadata={}, tools=None) \
+                .model_copy(update=_rollout(row, where, "the row"))
         plan = self._plan_for(row)
         messages: list[Message] = []
         response: list[Message] = []
@@ -148,6 +156,12 @@ class RowMapping:
                 messages.extend(_as_messages(value, "user", where, plan.prompt, "prompt"))
             if plan.response is not None and not missing(value := row.get(plan.response)):
                 response = _as_messages(value, "assistant", where, plan.response, "response")
+            elif messages and plan.messages is not None:  # a conversation with the rollout in it: split off the response
+                messages, response = split_conversation(messages)
+            if plan.trajectory is not None and not missing(value := row.get(plan.trajectory)):
+                rollout = _rollout(value, where, f"column {plan.trajectory!r}")
+                messages = [*messages, *rollout["messages"]]
+                response = response or rollout["response"]
         except ValidationError as e:
             raise RowError(f"{where}: {_first_problem(e)}") from None
         references = _nest(row, plan.references)
@@ -164,6 +178,19 @@ class RowMapping:
         # The messages are validated and the rest is plain data: no second validation pass.
         return Sample.model_construct(messages=messages, response=response, references=references,
                                       metadata=_nest(row, plan.metadata), tools=None)
+
+
+def _rollout(value: Any, where: str, what: str) -> dict[str, list[Message]]:
+    """A trajectory cell (chat messages, ``{"messages": [...]}``, an ATIF document, or JSON text of one) as the
+    Sample's prompt messages and response."""
+    try:
+        conversation = trajectory_messages(plain(value))
+        prompt, response = split_conversation([Message.model_validate(m) for m in conversation])
+    except TrajectoryError as e:
+        raise RowError(f"{where}: {what} is not a trajectory: {e}") from None
+    except ValidationError as e:
+        raise RowError(f"{where}: {what}: {_first_problem(e)}") from None
+    return {"messages": prompt, "response": response}
 
 
 def is_eval_row(row: Mapping[Hashable, Any]) -> bool:

@@ -40,6 +40,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="JSON spec of judges of known reliability (gradekit.judge.testing.JudgePopulation.from_spec): models, truth, key_pattern")
     parser.add_argument("--dialect", choices=sorted(DIALECTS), default="openai",
                         help="answer as this provider does (see gradekit.judge.testing.DIALECTS)")
+    parser.add_argument("--context-window", type=int, default=None,
+                        help="the model's window in tokens: a longer prompt is refused in the dialect's wording")
     return parser.parse_args(argv)
 
 
@@ -62,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rate_limit_schedule=args.schedule, rate_limit_tpm=args.tpm, reject_json_schema=args.reject_json_schema,
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
                         reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port,
-                        dialect=args.dialect)
+                        dialect=args.dialect, context_window=args.context_window)
     if args.population is not None:
         import json
 

@@ -71,6 +71,10 @@ class Dialect:
         rate_headers: which rate-limit headers replies carry when the fake is rate limited.
         error_shape: the error body: OpenAI's object, DashScope's (with ``request_id``), Ark's
             (``type: BadRequest``), or Gemini's JSON array.
+        context_window: the model's window in tokens: a longer prompt is refused with ``overflow``'s wording
+            (OpenAI's by default), the completion's cap counted where the wording says so.
+        chars_per_token: how the fake counts a prompt's tokens (its text's characters per token), for the
+            window and for usage; below 4 it counts more than gradekit's estimate does.
     """
 
     name: str
@@ -86,6 +90,25 @@ class Dialect:
     reasoning_usage: bool = False
     rate_headers: RateHeaders = "openai"
     error_shape: ErrorShape = "openai"
+    context_window: int | None = None
+    overflow: Callable[[int, int, int], Refusal] | None = None
+    chars_per_token: float = 4.0
+
+    def overflowed(self, body: Mapping[str, Any], prompt_tokens: int, window: int | None = None) -> Refusal | None:
+        """The context-length refusal for a prompt of ``prompt_tokens`` (None when it fits ``window``, the dialect's by default).
+
+        The completion's cap counts toward the window where the provider's wording says it does (OpenAI, vLLM).
+        """
+        window = window if window is not None else self.context_window
+        if window is None:
+            return None
+        completion = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        completion = int(completion) if isinstance(completion, (int, float)) and not isinstance(completion, bool) else 0
+        wording = self.overflow or _openai_overflow
+        counts_output = getattr(wording, "counts_output", True)
+        if prompt_tokens + (completion if counts_output else 0) <= window:
+            return None
+        return wording(window, prompt_tokens, completion)
 
     def thinking_for(self, body: Mapping[str, Any]) -> bool:
         """Whether this request is answered by a thinking model."""
@@ -219,6 +242,49 @@ def _anthropic_thinks(body: Mapping[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") == "enabled"
 
 
+# ---- context-length refusals (each provider's own wording; the sources are in gradekit.judge._window) ----
+
+
+def _counts_output(flag: bool) -> Callable[[Callable[..., Refusal]], Callable[..., Refusal]]:
+    def mark(fn: Callable[..., Refusal]) -> Callable[..., Refusal]:
+        fn.counts_output = flag  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+@_counts_output(True)
+def _openai_overflow(window: int, prompt: int, completion: int) -> Refusal:
+    if completion:
+        said = (f"This model's maximum context length is {window} tokens. However, you requested {prompt + completion} tokens "
+                f"({prompt} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.")
+    else:
+        said = (f"This model's maximum context length is {window} tokens. However, your messages resulted in {prompt} tokens. "
+                "Please reduce the length of the messages.")
+    return Refusal(said, param="messages", code="context_length_exceeded")
+
+
+@_counts_output(True)
+def _vllm_overflow(window: int, prompt: int, completion: int) -> Refusal:
+    return Refusal(f"This model's maximum context length is {window} tokens. However, you requested {completion} output tokens "
+                   f"and your prompt contains at least {prompt} input tokens, for a total of at least {prompt + completion} tokens.")
+
+
+@_counts_output(False)
+def _dashscope_overflow(window: int, prompt: int, completion: int) -> Refusal:
+    return Refusal(f"<400> InternalError.Algo.InvalidParameter: Range of input length should be [1, {window}]",
+                   code="invalid_parameter_error")
+
+
+@_counts_output(False)
+def _anthropic_overflow(window: int, prompt: int, completion: int) -> Refusal:
+    return Refusal(f"prompt is too long: {prompt} tokens > {window} maximum")
+
+
+@_counts_output(False)
+def _gemini_overflow(window: int, prompt: int, completion: int) -> Refusal:
+    return Refusal(f"The input token count ({prompt}) exceeds the maximum number of tokens allowed ({window}).")
+
+
 _OPENAI_REASONING_DOCS = "https://platform.openai.com/docs/guides/reasoning"
 _DASHSCOPE_DOCS = "https://www.alibabacloud.com/help/en/model-studio/deep-thinking"
 _VLLM_DOCS = "https://docs.vllm.ai/en/latest/features/reasoning_outputs/"
@@ -331,6 +397,43 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
                            "frequency_penalty", "metadata", "prediction", "service_tier", "logit_bias", "store",
                            "user", "modalities", "audio", "reasoning_effort"}),
         rate_headers="anthropic",
+    ),
+    Dialect(
+        name="openai-context-window",
+        summary="OpenAI's chat models with an 8,192-token window (set context_window to vary it): a longer prompt is a 400 "
+                "code context_length_exceeded, param messages: \"This model's maximum context length is N tokens. However, "
+                "your messages resulted in M tokens.\" (with a completion cap: \"you requested T tokens (M in the messages, "
+                "C in the completion)\").",
+        sources=("https://github.com/crewAIInc/crewAI-examples/issues/121", "https://github.com/Chanzhaoyu/chatgpt-web/issues/354"),
+        context_window=8192, overflow=_openai_overflow,
+    ),
+    Dialect(
+        name="vllm-context-window",
+        summary="vLLM 0.20 with --max-model-len 8192: a 400 \"This model's maximum context length is N tokens. However, you "
+                "requested C output tokens and your prompt contains at least M input tokens, for a total of at least T "
+                "tokens.\" (type BadRequestError, code null); the window holds the completion's cap too.",
+        sources=("https://github.com/vllm-project/vllm/issues/42474", "https://github.com/vllm-project/vllm/issues/20409"),
+        context_window=8192, overflow=_vllm_overflow,
+    ),
+    Dialect(
+        name="dashscope-context-window",
+        summary="DashScope compatible mode: a 400 code invalid_parameter_error \"<400> InternalError.Algo.InvalidParameter: "
+                "Range of input length should be [1, N]\": the input alone, and it says nothing of what the prompt counted.",
+        sources=("https://github.com/agentscope-ai/QwenPaw/issues/6255", "https://github.com/QwenLM/qwen-code/issues/98"),
+        context_window=8192, overflow=_dashscope_overflow, error_shape="dashscope",
+    ),
+    Dialect(
+        name="anthropic-context-window",
+        summary="Anthropic (and its OpenAI compatibility): a 400 invalid_request_error \"prompt is too long: M tokens > N maximum\".",
+        sources=("https://github.com/sojohnnysaid/project-guide/issues/2", "https://github.com/anthropics/claude-code/issues/62560"),
+        context_window=8192, overflow=_anthropic_overflow,
+    ),
+    Dialect(
+        name="gemini-context-window",
+        summary="Gemini: a 400 INVALID_ARGUMENT \"The input token count (M) exceeds the maximum number of tokens allowed (N).\" "
+                "in Gemini's JSON-array error body.",
+        sources=("https://github.com/google-gemini/gemini-cli/issues/6678",),
+        context_window=8192, overflow=_gemini_overflow, error_shape="gemini",
     ),
 )}
 

@@ -259,6 +259,11 @@ def _text_len(messages: Any) -> int:
     return total
 
 
+def prompt_tokens_of(body: dict[str, Any], dialect: Dialect) -> int:
+    """The prompt's tokens as the fake counts them: its text's characters over the dialect's characters per token."""
+    return max(1, int(_text_len(body.get("messages")) / dialect.chars_per_token))
+
+
 _EFFORT_TOKENS = {"none": 0, "minimal": 0, "low": 64, "medium": 192, "high": 512, "xhigh": 1024}
 
 
@@ -303,7 +308,7 @@ def _turn(reply: Reply, body: dict[str, Any], dialect: Dialect, cached_tokens: i
         opened = "" if dialect.think_open_in_prompt else "<think>\n"
         closed = f"\n</think>\n\n{content or ''}" if finish_reason != "length" else ""
         content = f"{opened}{reasoning}{closed}"
-    prompt_tokens = max(1, _text_len(body.get("messages")) // 4)
+    prompt_tokens = prompt_tokens_of(body, dialect)
     completion_tokens = answer_tokens + reasoning_tokens
     usage = reply.usage or {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens}
@@ -455,10 +460,13 @@ class FakeProvider:
         host: str = "127.0.0.1",
         port: int = 0,
         dialect: str | Dialect = "openai",
+        context_window: int | None = None,
     ) -> None:
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"FakeProvider only binds loopback addresses, not {host!r}")
         self.dialect = resolve(dialect)
+        # A model window: a longer prompt is refused in the dialect's wording (OpenAI's context_length_exceeded by default).
+        self.context_window = context_window if context_window is not None else self.dialect.context_window
         self._last_prompt = ""  # the previous request's messages, for cached_tokens
         self.latency = latency
         self.rate_limit_rps = rate_limit_rps
@@ -673,8 +681,9 @@ class FakeProvider:
                               shape=self.dialect.error_shape, details=details)
 
     def _refused(self, body: dict[str, Any]) -> Response | None:
-        """The dialect's error for a body its provider refuses (one per request, in the dialect's order)."""
-        refusal = self.dialect.refuse(body)
+        """The dialect's error for a body its provider refuses (one per request, in the dialect's order),
+        then its context-length refusal for a prompt over its window."""
+        refusal = self.dialect.refuse(body) or self.dialect.overflowed(body, prompt_tokens_of(body, self.dialect), self.context_window)
         if refusal is None:
             return None
         return self._error(refusal.status, refusal.message, code=refusal.code, param=refusal.param)

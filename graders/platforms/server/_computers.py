@@ -18,6 +18,9 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from ..._atif import TrajectoryError, split_conversation, trajectory_messages
 from ..._sample import Grade, Grader, Message, Sample, aclose_grader
 from ._models import RewardRequest, RewardResponse
 
@@ -64,8 +67,15 @@ class GraderRewardComputer(BaseRewardComputer):
         ``metadata`` and unknown request fields become sample metadata."""
         prompt = request.prompt
         messages: list[Message] | str = request.messages if request.messages is not None else (prompt if prompt is not None else [])
-        metadata = {**(request.model_extra or {}), **(request.metadata or {})}
+        extra = dict(request.model_extra or {})
+        rollout = extra.pop("trajectory", None)
+        metadata = {**extra, **(request.metadata or {})}
         response = request.response_messages if request.response_messages else request.response
+        if rollout is not None:  # a whole rollout (chat messages with tool calls, or an ATIF document): prompt and response from it
+            conversation = [Message.model_validate(m) for m in trajectory_messages(rollout)]
+            head, tail = split_conversation(conversation)
+            messages = [*(messages if isinstance(messages, list) else []), *head] if head or not messages else messages
+            response = tail or response
         return Sample(messages=messages, response=response, references=dict(request.extra_params), metadata=metadata)
 
     def to_response(self, grade: Grade, request: RewardRequest) -> RewardResponse:
@@ -87,7 +97,12 @@ class GraderRewardComputer(BaseRewardComputer):
         return RewardResponse(score=0.0, status="fail", detail=grade.error or f"grade status {grade.status}", extra_info=info)
 
     async def compute_reward(self, request: RewardRequest) -> RewardResponse:
-        grade = await self.grader(self.to_sample(request))
+        try:
+            sample = self.to_sample(request)
+        except (TrajectoryError, ValidationError) as e:  # a trajectory that cannot be read: that request's failure, said
+            grade = Grade.failed("invalid", f"the request's trajectory cannot be read: {e}", error_kind="input")
+            return self.to_response(grade, request)
+        grade = await self.grader(sample)
         return self.to_response(grade, request)
 
     def health_check(self) -> dict[str, Any]:

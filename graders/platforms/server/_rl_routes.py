@@ -106,8 +106,9 @@ def verify_messages(params: dict[str, Any]) -> list[Message]:
 
 
 def verify_response_messages(response: dict[str, Any]) -> list[Message]:
-    """The Response's ``output``: assistant messages (``output_text`` parts) and function calls as
-    tool calls; reasoning items are left out (a verdict never reads the policy's thinking)."""
+    """The Response's ``output``: assistant messages (``output_text`` parts), function calls as tool
+    calls and their ``function_call_output`` items as tool results (a multi-turn rollout's trajectory);
+    reasoning items are left out (a verdict never reads the policy's thinking)."""
     out: list[Message] = []
     for item in response.get("output") or []:
         if not isinstance(item, dict):
@@ -119,6 +120,9 @@ def verify_response_messages(response: dict[str, Any]) -> list[Message]:
             call = {"id": item.get("call_id") or item.get("id") or "call", "type": "function",
                     "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or ""}}
             out.append(Message(role="assistant", content="", tool_calls=[call]))
+        elif kind == "function_call_output":  # a multi-turn rollout's tool result: the trajectory a rubric reads
+            output = item.get("output")
+            out.append(Message(role="tool", tool_call_id=item.get("call_id"), content=output if isinstance(output, str) else _text(output)))
     return out
 
 
@@ -129,7 +133,7 @@ def verify_request(body: VerifyRequest) -> RewardRequest:
     if "expected_answer" in references and "answer" not in references:
         references["answer"] = references["expected_answer"]
     answer = verify_response_messages(body.response)
-    text = "\n".join(m.text for m in answer if m.text)
+    text = "\n".join(m.text for m in answer if m.text and m.role == "assistant")
     return RewardRequest(messages=verify_messages(body.responses_create_params), response=text,
                          response_messages=answer or None, extra_params=references,
                          metadata={"response_id": body.response.get("id")} if body.response.get("id") else None)
