@@ -124,6 +124,137 @@ def test_nemo_gym_verify_echoes_the_request_with_a_reward_and_fails_through_gyms
     assert status == 422 and reply["detail"][0]["loc"] == ["body", "responses_create_params"]
 
 
+# ---- NeMo Gym's own client path: the simple agent's verify call and rollout collection -----------------
+# Copied from NVIDIA-NeMo/Gym 07d6b0d: nemo_gym/server_utils.py (raise_for_status, get_response_json; the
+# global aiohttp client has ClientTimeout(), no deadline), responses_api_agents/simple_agent/app.py (the
+# verify call inside /run), nemo_gym/rollout_collection.py (_post_subroutine; a result with
+# _ng_failure_class goes to the failures sidecar, any other to the main jsonl).
+
+
+async def gym_raise_for_status(response: aiohttp.ClientResponse) -> None:
+    if not response.ok:
+        content = await response.content.read()
+        try:
+            response.raise_for_status()
+        except aiohttp.ClientResponseError as e:
+            e.response_content = content  # type: ignore[attr-defined]
+            raise e
+
+
+async def gym_get_response_json(response: aiohttp.ClientResponse) -> Any:
+    return json.loads(await response.read())
+
+
+def gym_agent_app(verify_url: str) -> Any:
+    """The simple agent's /run after the model call: post the row plus the Response to the resources
+    server's /verify, raise_for_status, return the result (an exception is FastAPI's 500)."""
+    from fastapi import Body, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(body: dict = Body()) -> dict:  # noqa: B008 (FastAPI's own idiom, as Gym writes it)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout()) as session:  # on the agent's own loop
+            verify_response = await session.post(verify_url, json=body)
+            await gym_raise_for_status(verify_response)
+            return await gym_get_response_json(verify_response)
+
+    return app
+
+
+async def gym_collect(run_url: str, rows: list[dict], folder: Path) -> tuple[list[dict], list[dict]]:
+    """rollout_collection: _post_subroutine per row (raise_for_status re-raises a failed /run, which
+    stops the collection), then the routing rule: failures to <output>_failures.jsonl."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout()) as session:
+        async def _post_subroutine(row: dict) -> tuple[dict, dict]:
+            res = await session.post(run_url, json=row)
+            await gym_raise_for_status(res)
+            return row, await gym_get_response_json(res)
+
+        main, failures = [], []
+        with open(folder / "rollouts.jsonl", "wb") as results_file, open(folder / "rollouts_failures.jsonl", "wb") as failures_file:
+            for future in asyncio.as_completed([_post_subroutine(row) for row in rows]):
+                _row, result = await future
+                if result.get("_ng_failure_class") is not None:
+                    failures_file.write(json.dumps(result).encode() + b"\n")
+                    failures.append(result)
+                else:
+                    results_file.write(json.dumps(result).encode() + b"\n")
+                    main.append(result)
+    return main, failures
+
+
+@pytest.fixture
+def serve_app():
+    """Any ASGI app on a loopback port (Gym's agent server here); stopped at teardown."""
+    from gradekit.graders.platforms.server import RewardServer
+
+    servers = []
+
+    def start(app: Any) -> str:
+        servers.append(RewardServer(app, port=0, log_level="warning").start())
+        return servers[-1].url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_servers_timeout(fake: FakeProvider, serve, serve_app,
+                                                                                          tmp_path: Path) -> None:
+    from gradekit.graders.platforms.server._rl_routes import verify_deadline_s
+
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 2.0}})
+    agent = serve_app(gym_agent_app(url + "/verify"))
+    rows = [verify_body("Paris"), verify_body("HANG"), verify_body("FAIL"), verify_body("Lyon")]
+    started = time.monotonic()
+    main, failures = asyncio.run(gym_collect(agent + "/run", rows, tmp_path))
+    assert time.monotonic() - started < 2.0 + 5.0, "the hung row ended at the row's deadline, not the judge's"
+    assert sorted(r["reward"] for r in main) == [0.0, 1.0], "the collection went on past the hung judge"
+    by_class = {r["_ng_failure_class"]: r for r in failures}
+    assert set(by_class) == {"transient", "judge_failed"}
+    hung = by_class["transient"]
+    assert hung["mask_sample"] is True and hung["instance_config"]["mask_sample"] is True and nemo_rl_mask_sample(hung)
+    assert f"not graded within {verify_deadline_s(2.0):g} s" in hung["_ng_failure_judge_error"]
+    assert len((tmp_path / "rollouts_failures.jsonl").read_text().splitlines()) == 2
+    assert verify_deadline_s(120) == 115 and verify_deadline_s(2.0) == pytest.approx(1.8) and verify_deadline_s(0.5) < 0.5
+
+
+def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve) -> None:
+    import threading
+
+    from gradekit.graders.platforms import BaseRewardComputer, RewardResponse
+
+    release = threading.Event()
+
+    class Flaky(BaseRewardComputer):
+        async def compute_reward(self, request):  # type: ignore[override]
+            if "boom" in request.response:
+                raise KeyError("answer")
+            if "wait" in request.response:
+                await asyncio.to_thread(release.wait, 30)
+            return RewardResponse(score=1.0, status="success")
+
+    url = serve(Flaky(), {"thread_pool": {"max_workers": 1, "queue_size": 0}})
+    status, _, reply = call(url, "/verify", verify_body("boom"))
+    assert status == 200 and reply["_ng_failure_class"] == "reward_failed" and "KeyError" in reply["_ng_failure_judge_error"]
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(call, url, "/verify", verify_body("wait"))
+        try:
+            deadline = time.monotonic() + 30
+            while call(url, "/health")[2]["in_flight"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, _, reply = call(url, "/verify", verify_body("Paris"))
+            assert status == 200 and reply["_ng_failure_class"] == "transient" and "busy" in reply["_ng_failure_judge_error"]
+            assert reply["reward"] == 0.0 and reply["mask_sample"] is True
+            status, headers, _ = call(url, "/compute_reward", {"response": "x"})
+            assert status == 503 and headers["Retry-After"] == "1", "other routes keep their 503"
+        finally:
+            release.set()
+        assert held.result(timeout=30)[2]["reward"] == 1.0
+
+
 # ---- group routes: deadlines and too few finished ---------------------------------------------------
 
 
