@@ -212,7 +212,7 @@ GRADERS_PUBLIC = [
     "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict", "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe",
     "ProbeReport", "PythonGrader", "ROLLRewards", "RewardRequest", "RewardResponse", "RewardServer", "RunSummary", "Sample",
     "SampleChecks", "SandboxUnavailable", "SandboxWarning", "SpreadReport", "SpreadTally", "SyncGrader", "ToolCall", "Trajectory",
-    "TrajectoryChecks", "VerlReward", "VertexSpec", "aclose_grader", "agrade_frame", "answer_listing", "areal_reward_fn",
+    "TrajectoryChecks", "VerifiersV1Reward", "VerlReward", "VertexSpec", "aclose_grader", "agrade_frame", "answer_listing", "areal_reward_fn",
     "ark_group_grader", "ark_single_grader", "autorater_grader", "calibrate", "calibrate_rows", "cloud_run_grader",
     "code_tests_grader", "correlations", "create_app", "dump_vertex_spec", "export_bedrock_lambda", "export_foundry_grader",
     "export_openai_grader", "export_vertex_evaluate", "export_vertex_spec", "formula_grader", "grade_dataset", "grade_file",
@@ -222,7 +222,8 @@ GRADERS_PUBLIC = [
     "pairwise_grader", "pairwise_report", "parse_vertex_spec", "plot_confusion", "plot_position_bias", "plot_scores",
     "position_swap", "ppi_mean", "python_grader", "reward_spread", "roll_rewards", "run_probes", "sample_from_row",
     "sample_from_vertex", "score_model_grader", "string_check_grader", "string_match_grader", "text_similarity_grader",
-    "trl_reward_func", "verbosity", "verifiers_group_reward_func", "verifiers_reward_func", "verl_compute_score", "vertex_grader",
+    "trl_reward_func", "verbosity", "verifiers_group_reward_func", "verifiers_reward_func", "verifiers_v1_group_reward",
+    "verifiers_v1_reward", "verl_compute_score", "vertex_grader",
     "weighted_grader",
 ]
 
