@@ -20,6 +20,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._math_equivalence": ["MathEquivalenceGrader", "math_equivalence_grader"],
     "._math_verify": ["MathCheck", "MathVerifier"],
     "._llm": ["autorater_grader", "label_model_grader", "llm_grader", "score_model_grader"],
+    "._pairwise_group": ["pairwise_group_grader"],
     "._python": ["PythonGrader", "python_grader"],
     "._reward_model": ["RewardModelGrader", "reward_model_grader"],
     "._sample": ["FunctionCall", "Grade", "Grader", "Message", "Sample", "SyncGrader", "ToolCall", "Trajectory",

@@ -151,6 +151,7 @@ from ._math_verify import parse_modes
 from ._members import GroupPolicy, MemberPolicy
 from ._llm import autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._pairwise_group import pairwise_group_grader
 from ._relative import relative_group_grader
 from ._reward_model import GROUP_MAPPINGS, reward_model_grader
 
@@ -371,9 +372,22 @@ class RelativeSettings(BaseModel):
     rubric: str = "group_rank"
 
 
+class PairwiseSettings(BaseModel):
+    """``pairwise:`` of a group config: members compared in pairs, fitted with Bradley-Terry (graders._pairwise_group)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str = "arena_hard_pairwise"
+    pairing: Literal["circular", "all_pairs", "anchor"] = "circular"
+    anchor: int = Field(0, ge=0)
+    seed: int = 0
+    alpha: float = Field(0.01, gt=0)
+
+
 class GroupNode(_Node):
     grader: dict[str, Any] | None = None
     relative: RelativeSettings | None = None
+    pairwise: PairwiseSettings | None = None
     checks: TrajectoryChecks = TrajectoryChecks()
     sample_checks: SampleChecks = SampleChecks()
     on_judge_error: Policy = "RETRY"
@@ -763,8 +777,18 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgePro
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise GraderConfigError(f"{where}: {problems}") from None
-    if (node.grader is None) == (node.relative is None):
-        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone) and relative (one judge call ranks them all)")
+    if sum(x is not None for x in (node.grader, node.relative, node.pairwise)) != 1:
+        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone), relative (one judge call ranks them all) "
+                                "and pairwise (members compared in pairs)")
+    if node.pairwise is not None:
+        pw = node.pairwise
+        rubric = str(builder.path(pw.rubric)) if pw.rubric.endswith((".yaml", ".yml")) else pw.rubric
+        try:
+            return pairwise_group_grader(builder.judge(), rubric=rubric, pairing=pw.pairing, anchor=pw.anchor, seed=pw.seed,
+                                         alpha=pw.alpha, on_judge_error=node.on_judge_error, on_member_error=node.on_member_error,
+                                         min_members=node.min_members, group_deadline_s=node.group_deadline_s)
+        except (ValueError, RubricError) as e:
+            raise GraderConfigError(f"{where}: pairwise: {e}") from e
     if node.relative is not None:
         r = node.relative
         rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric

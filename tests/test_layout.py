@@ -219,7 +219,7 @@ GRADERS_PUBLIC = [
     "grade_file_batch", "grade_frame", "grade_pairwise_file", "group_grader", "instruction_injection", "json_match_grader",
     "judge_agreement", "label_model_grader", "llm_grader", "load_grader", "load_group_grader", "load_suite", "majority_vote",
     "master_keys", "math_equivalence_grader", "mean_vote", "meta_eval", "normalized_match_grader", "numeric_match_grader",
-    "pairwise_grader", "pairwise_report", "parse_vertex_spec", "plot_confusion", "plot_position_bias", "plot_scores",
+    "pairwise_grader", "pairwise_group_grader", "pairwise_report", "parse_vertex_spec", "plot_confusion", "plot_position_bias", "plot_scores",
     "position_swap", "ppi_mean", "python_grader", "reward_model_grader", "reward_spread", "roll_rewards", "run_probes", "sample_from_row",
     "sample_from_vertex", "score_model_grader", "string_check_grader", "string_match_grader", "text_similarity_grader",
     "trl_reward_func", "verbosity", "verifiers_group_reward_func", "verifiers_reward_func", "verifiers_v1_group_reward",
