@@ -69,6 +69,80 @@ def test_slime_remote_rm_gets_a_number_and_a_failure_is_non_2xx(fake: FakeProvid
     assert status == 422 and body["detail"][0]["loc"] == ["body", "label"]
 
 
+def test_slime_with_a_hung_judge_fails_each_try_at_request_timeout_s(fake: FakeProvider, serve) -> None:
+    """slime's shared session waits up to 120 s a try (ClientTimeout(total=120)) and tries 10 times: with
+    server.request_timeout_s below that, each try of a hung reward ends at the server's 504 instead."""
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 1.0}})
+    args = SimpleNamespace(rm_url=url + "/slime")
+    started = time.monotonic()
+    with pytest.raises(aiohttp.ClientResponseError) as failed:
+        asyncio.run(remote_rm(args, SimpleNamespace(prompt="Capital of France?", response="HANG", label="Paris"), max_retries=2))
+    assert failed.value.status == 504 and time.monotonic() - started < 2 * 1.0 + 2.0 + 5.0  # two tries and one backoff
+
+
+# ---- OpenRLHF 0.11.2: the agent executor's client, one query per request --------------------------------
+# Copied from openrlhf 0.11.2 (PyPI wheel) openrlhf/utils/agent.py: SingleTurnAgentExecutor._fetch_rewards_via_http
+# (ClientTimeout(total=180), try_max_times=5 one second apart, then RuntimeError) and execute()'s reward block,
+# which catches that error, logs it and leaves the sample's reward None (the experience maker then fails the step).
+
+
+async def openrlhf_fetch_rewards_via_http(endpoints: list[str], queries_list, prompts_list, labels_list, try_max_times: int = 5):
+    num_servers = len(endpoints)
+    batch_size = (len(queries_list) + num_servers - 1) // num_servers
+    timeout = aiohttp.ClientTimeout(total=180)
+    tasks = []
+    for i in range(num_servers):
+        start_idx = i * batch_size
+        if start_idx >= len(queries_list):
+            break
+        rm = endpoints[i]
+        end_idx = min((i + 1) * batch_size, len(queries_list))
+        payload = {"query": queries_list[start_idx:end_idx], "prompts": prompts_list[start_idx:end_idx],
+                   "labels": labels_list[start_idx:end_idx]}
+
+        async def _post_request(url, data, try_max_times=try_max_times):
+            for _ in range(try_max_times):
+                try:
+                    async with aiohttp.ClientSession(timeout=timeout) as session:
+                        async with session.post(url, json=data) as response:
+                            response.raise_for_status()
+                            return await response.json()
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(1)
+            raise RuntimeError(f"Request error for {try_max_times} times, returning None. Please check the API server.")
+
+        tasks.append(asyncio.create_task(_post_request(rm, payload)))
+    return await asyncio.gather(*tasks)
+
+
+async def openrlhf_execute_reward(url: str, query: str, prompt: str, label: str) -> dict:
+    output = {"reward": None, "scores": None, "extra_logs": {}}
+    try:
+        rewards_info_list = await openrlhf_fetch_rewards_via_http([url], [query], [prompt], [label], try_max_times=2)
+        rewards_info = rewards_info_list[0] if rewards_info_list else None
+        if rewards_info:
+            score_value = rewards_info.get("scores")
+            if score_value is None:
+                score_value = rewards_info.get("rewards")
+            output.update(reward=rewards_info.get("rewards"), scores=score_value, extra_logs=rewards_info.get("extra_logs") or {})
+    except Exception:
+        pass  # logger.info(...) in OpenRLHF: the sample keeps reward None
+    return output
+
+
+def test_openrlhf_0_11_client_sends_one_query_and_a_failure_leaves_no_reward(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1)) + "/get_reward"
+    ok = asyncio.run(openrlhf_execute_reward(url, "France? Paris<|im_end|>", "France?", "Paris"))
+    assert ok["reward"] == [1.0] and ok["scores"] == [1.0]
+    bodies = [r for r in fake.chat_requests()]
+    assert len(bodies) == 1, "one query per request: the server's prompt groups never see a group from this client"
+    failed = asyncio.run(openrlhf_execute_reward(url, "France? FAIL", "France?", "Paris"))
+    assert failed["reward"] is None, "502 on every try: no reward reaches OpenRLHF, which then fails the step; never a 0"
+
+
 # ---- NeMo Gym: BaseVerifyRequest -> BaseVerifyResponse (NVIDIA-NeMo/Gym 07d6b0d) ----------------------
 
 
