@@ -33,26 +33,17 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel
-
-from ._verdict import ErrorKind
+from ._embeddings import RouteReply
 
 RewardRoute = Literal["/classify", "/pooling", "/v1/classify", "/v1/embeddings"]
 REWARD_ROUTES: tuple[str, ...] = ("/classify", "/pooling", "/v1/classify", "/v1/embeddings")
 CHAT_ROUTES = frozenset({"/classify", "/pooling"})  # vLLM: the conversation as messages; SGLang's take text
 
 
-class RewardScore(BaseModel):
+class RewardScore(RouteReply):
     """What :meth:`gradekit.judge.Judge.reward_score` returns: the reward model's raw score, or why there is none."""
 
-    status: Literal["ok", "error"]
     value: float | None = None
-    error_kind: ErrorKind | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    attempts: int = 0  # requests sent (0: the reply came from the cache)
-    latency_s: float = 0.0
-    cached: bool = False
 
 
 def server_root(base_url: str) -> str:

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from .._members import GroupPolicy, MemberPolicy, decide
-from .._sample import Grade, Grader, Sample
-from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, plain, reference_dict
+from .._sample import Grade, Sample
+from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, graded_within, plain, reference_dict
 
 FailurePolicy = float | str  # "raise" or a fixed score in [-1, 1]
 
@@ -44,15 +44,6 @@ def _failure(grade: Grade, policy: FailurePolicy, where: str) -> float:
     if policy == "raise":
         raise GradingError(f"{where}{grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
     return float(policy)
-
-
-async def _graded(grader: Grader, sample: Sample, deadline_s: float | None) -> Grade:
-    if deadline_s is None:
-        return await grader(sample)
-    try:
-        return await asyncio.wait_for(grader(sample), deadline_s)
-    except asyncio.TimeoutError:
-        return Grade.failed("error", f"not graded within deadline_s ({deadline_s:g} s)", error_kind="timeout")
 
 
 # ---- AReaL --------------------------------------------------------------------------------------
@@ -104,7 +95,7 @@ class AReaLReward:
 
     def __call__(self, prompt: Any, completions: Any, prompt_ids: Any = None, completion_ids: Any = None, **data: Any) -> float:
         private = self._private()
-        grade = private.run(_graded(private.grader, self.sample(prompt, completions, data), self.deadline_s))
+        grade = private.run(graded_within(private.grader, self.sample(prompt, completions, data), self.deadline_s))
         if grade.ok:
             return float(grade.score)  # type: ignore[arg-type]
         policy = self.on_invalid if grade.status == "invalid" else self.on_error

@@ -31,13 +31,12 @@ legacy      ``Rubric`` reward functions, called with the names they ask for (``p
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._members import GroupPolicy, MemberPolicy, decide
 from .._sample import Grade, Sample
-from ._common import GraderSource, GradingError, grader_name, plain, reference_dict, resolve_grader
+from ._common import GraderSource, GradingError, graded_within, grader_name, plain, reference_dict, resolve_grader
 
 # TaskData's own fields (verifiers 0.4.0 verifiers/v1/task.py): the prompt, placement and limits, never references.
 _TASK_FIELDS = frozenset({"idx", "id", "name", "description", "prompt", "system_prompt", "image", "workdir", "agent_user", "skills",
@@ -108,16 +107,6 @@ def _scoring_deadline(task: Any, deadline_s: float | None) -> float | None:
     return min(x for x in (deadline_s, share) if x is not None) if deadline_s is not None or share is not None else None
 
 
-async def _graded(grader: Any, sample: Sample, deadline_s: float | None) -> Grade:
-    if deadline_s is None:
-        return await grader(sample)
-    try:
-        return await asyncio.wait_for(grader(sample), deadline_s)
-    except asyncio.TimeoutError:
-        return Grade.failed("error", f"not graded within {deadline_s:g} s (deadline_s, or {SCORING_SHARE:g} of the task's "
-                            "timeout.scoring)", error_kind="timeout")
-
-
 class VerifiersV1Reward:
     """A verifiers v1 reward over a grader, marked as ``@vf.reward`` marks a function.
 
@@ -139,7 +128,8 @@ class VerifiersV1Reward:
         self.__doc__ = f"gradekit reward {self.__name__!r}"
 
     async def __call__(self, task: Any = None, trace: Any = None, runtime: Any = None) -> float:
-        grade = await _graded(self.grader, v1_sample(task, trace, self.answer_key), _scoring_deadline(task, self.deadline_s))
+        grade = await graded_within(self.grader, v1_sample(task, trace, self.answer_key), _scoring_deadline(task, self.deadline_s),
+                                    what=f"deadline_s, or {SCORING_SHARE:g} of the task's timeout.scoring")
         if grade.ok:
             return float(grade.score)  # type: ignore[arg-type]
         raise GradingError(f"reward {self.__name__!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
