@@ -313,6 +313,8 @@ def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve
     url = serve(Flaky(), {"thread_pool": {"max_workers": 1, "queue_size": 0}})
     status, _, reply = call(url, "/verify", verify_body("boom"))
     assert status == 200 and reply["_ng_failure_class"] == "reward_failed" and "KeyError" in reply["_ng_failure_judge_error"]
+    status, _, reply = call(url, "/verify", verify_body("boom", instance_config="seed-7"))  # a row's odd instance_config: still a row
+    assert status == 200 and reply["mask_sample"] is True and reply["instance_config"] == "seed-7"
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(call, url, "/verify", verify_body("wait"))
         try:

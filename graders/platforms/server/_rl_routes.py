@@ -169,7 +169,10 @@ def verify_reply(raw: dict[str, Any], response: RewardResponse) -> dict[str, Any
     failure = ("skipped" if invalid else "transient" if kind == "timeout" else "reward_failed" if kind == "reward_exception"
                else "judge_failed")
     out.update({"reward": 0.0, NG_FAILURE_CLASS_KEY: failure, "_ng_failure_judge_error": response.detail or "reward failed",
-                MASK_SAMPLE_KEY: True, "instance_config": {**(raw.get("instance_config") or {}), MASK_SAMPLE_KEY: True}})
+                MASK_SAMPLE_KEY: True})
+    config = raw.get("instance_config")
+    if config is None or isinstance(config, dict):  # anything else is the row's own, echoed as sent: the top-level mark stands
+        out["instance_config"] = {**(config or {}), MASK_SAMPLE_KEY: True}
     if invalid:
         out[NG_TERMINAL_KEY] = True
     return out
