@@ -33,7 +33,7 @@ from gradekit.judge import clamp
 
 from ._sample import Grade, Sample
 
-Mapping_ = Literal["sigmoid", "raw", "minmax", "zscore"]
+RewardMapping = Literal["sigmoid", "raw", "minmax", "zscore"]
 GROUP_MAPPINGS = frozenset({"minmax", "zscore"})
 REWARD_ROUTES = ("/classify", "/pooling", "/v1/classify", "/v1/embeddings")
 _TEXT_ROUTES = frozenset({"/v1/classify", "/v1/embeddings"})  # SGLang: text in, no chat template applied
@@ -46,7 +46,7 @@ def sigmoid_reward(raw: float, scale: float = 1.0, center: float = 0.0) -> float
     return 2.0 * s - 1.0
 
 
-def group_rewards(raws: Sequence[float], mapping: Mapping_, scale: float | None = None) -> list[float]:
+def group_rewards(raws: Sequence[float], mapping: RewardMapping, scale: float | None = None) -> list[float]:
     """``minmax`` or ``zscore`` over one group's raw scores (population std; a flat group is all 0)."""
     if not raws:
         return []
@@ -71,10 +71,28 @@ def _conversation(sample: Sample) -> list[dict[str, Any]]:
     return messages
 
 
+def _chat_template(source: str) -> Any:
+    """A Hugging Face chat template compiled as transformers compiles it (``apply_chat_template``): a
+    sandboxed Jinja environment with ``trim_blocks``, ``lstrip_blocks``, loop controls and the
+    ``raise_exception`` and ``strftime_now`` globals, so a template copied from ``tokenizer_config.json``
+    renders here as it does for the server."""
+    from datetime import datetime  # noqa: PLC0415
+
+    from jinja2.exceptions import TemplateError  # noqa: PLC0415
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(source)
+
+
 class RewardModelGrader:
     """A served reward model's score for each sample (see the module docstring)."""
 
-    def __init__(self, judge: Any, *, route: str = "/classify", mapping: Mapping_ = "sigmoid", scale: float | None = None,
+    def __init__(self, judge: Any, *, route: str = "/classify", mapping: RewardMapping = "sigmoid", scale: float | None = None,
                  center: float = 0.0, use_activation: bool = False, task: str | None = None, chat_template: str | None = None,
                  name: str = "reward_model") -> None:
         if route not in REWARD_ROUTES:
@@ -94,13 +112,7 @@ class RewardModelGrader:
         self.judge, self.route, self.mapping, self.center = judge, route, mapping, center
         self.scale = scale
         self.use_activation, self.task = use_activation, task
-        self._template = None
-        if chat_template:
-            import jinja2  # noqa: PLC0415
-            from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
-
-            env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-            self._template = env.from_string(chat_template)
+        self._template = _chat_template(chat_template) if chat_template else None
         self.__name__ = name
 
     @property

@@ -188,3 +188,19 @@ def test_the_server_refuses_a_group_mapping_it_would_grade_per_request(tmp_path)
 
     with pytest.raises(GraderConfigError, match="use sigmoid or raw"):
         load_group_members(group_config(mapping="zscore"), judge=judge("http://127.0.0.1:9"))
+
+
+async def test_a_hugging_face_chat_template_renders_as_transformers_renders_it(rm: FakeProvider) -> None:
+    """The shape of Qwen2.5's template: a tools branch, raise_exception, loop controls; no tools given."""
+    template = ("{% if tools %}{{ raise_exception('no tools here') }}{% endif %}"
+                "{% for message in messages %}{% if message.role == 'system' and not loop.first %}{% continue %}{% endif %}"
+                "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}")
+    grade = load_grader({"type": "reward_model", "route": "/v1/embeddings", "chat_template": template, "mapping": "raw"},
+                        judge=judge(rm.base_url))
+    got = await grade(SAMPLE.with_response("Paris"))
+    assert got.ok and got.metrics["raw_score"] == pytest.approx(head("assistant: Paris"))
+    assert rm.requests[-1].body["input"].endswith("<|im_start|>assistant\nParis<|im_end|>\n")
+    bad = load_grader({"type": "reward_model", "route": "/v1/embeddings", "chat_template": "{{ raise_exception('odd roles') }}"},
+                      judge=judge(rm.base_url))
+    refused = await bad(SAMPLE.with_response("Paris"))
+    assert refused.status == "invalid" and "odd roles" in refused.error and len(rm.requests) == 1, "nothing sent for it"
