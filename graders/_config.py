@@ -46,6 +46,10 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     sampling_params: {temperature: 0, seed: 1}
     model: gpt-4.1              # recorded and exported; the judge that runs it is judge:'s
 
+    type: reward_model          # a served scalar reward model (vLLM /classify, /pooling; SGLang /v1/embeddings)
+    route: /classify            # the judge block names its model and endpoint (base_url, or a fleet)
+    mapping: sigmoid            # sigmoid (scale, center) | raw (clipped) | minmax, zscore (under type: group)
+
     type: llm                   # any rubric: a shipped name or a path to a .yaml spec
     rubric: semantic_equivalence_zh
     map: {question: prompt, references: references.answer, prediction: response}
@@ -147,7 +151,9 @@ from ._math_verify import parse_modes
 from ._members import GroupPolicy, MemberPolicy
 from ._llm import TRAJECTORY_SETTINGS, autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._pairwise_group import pairwise_group_grader
 from ._relative import relative_group_grader
+from ._reward_model import GROUP_MAPPINGS, reward_model_grader
 
 from ._sample import Grade, Grader, Sample, aclose_grader
 from ._string_match import (
@@ -274,6 +280,19 @@ class ScoreModelNode(_Node):
         return self
 
 
+class RewardModelNode(_Node):
+    """A served reward model's score (graders._reward_model): the judge block names its model and endpoint."""
+
+    route: Literal["/classify", "/pooling", "/v1/classify", "/v1/embeddings"] = "/classify"
+    mapping: Literal["sigmoid", "raw", "minmax", "zscore"] = "sigmoid"
+    scale: float | None = Field(None, gt=0)
+    center: float = 0.0
+    use_activation: bool = False
+    task: str | None = None  # vLLM /pooling's task (e.g. token_classify); the server's default otherwise
+    chat_template: str | None = None  # SGLang's routes: the reward model's Jinja chat template ...
+    chat_template_file: str | None = None  # ... or the file holding it (relative to this config)
+
+
 class _Sandboxed(_Node):
     workers: int | None = None
     sandbox: SandboxPolicy = "auto"
@@ -362,9 +381,22 @@ class RelativeSettings(BaseModel):
     rubric: str = "group_rank"
 
 
+class PairwiseSettings(BaseModel):
+    """``pairwise:`` of a group config: members compared in pairs, fitted with Bradley-Terry (graders._pairwise_group)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str = "arena_hard_pairwise"
+    pairing: Literal["circular", "all_pairs", "anchor"] = "circular"
+    anchor: int = Field(0, ge=0)
+    seed: int = 0
+    alpha: float = Field(0.01, gt=0)
+
+
 class GroupNode(_Node):
     grader: dict[str, Any] | None = None
     relative: RelativeSettings | None = None
+    pairwise: PairwiseSettings | None = None
     checks: TrajectoryChecks = TrajectoryChecks()
     sample_checks: SampleChecks = SampleChecks()
     on_judge_error: Policy = "RETRY"
@@ -482,6 +514,7 @@ NODES: dict[str, type[_Node]] = {
     "autorater": AutoraterNode,
     "label_model": LabelModelNode,
     "score_model": ScoreModelNode,
+    "reward_model": RewardModelNode,
     "text_similarity": TextSimilarityNode,
     "python": PythonNode,
     "code_tests": CodeTestsNode,
@@ -526,6 +559,7 @@ class _Builder:
         self.made_judge: JudgeProtocol | None = None
         self.sandboxes: dict[str, Isolation] = {}  # where each code-running grader runs, for validate
         self.media_root: Path | None = None  # the folder local image paths are read from: the input's
+        self.in_group = False  # building a type: group's grader node (a reward model may map within the group)
 
     def judge(self) -> JudgeProtocol:
         if self._judge is not None and not callable(self._judge):  # a Judge, a Jury or a Cascade, not a factory of one
@@ -594,6 +628,17 @@ class _Builder:
         if isinstance(node, ScoreModelNode):
             return score_model_grader(self.judge(), node.input, range=node.range, sampling_params=node.sampling_params, name=name,
                                       media_root=self.media_root)
+        if isinstance(node, RewardModelNode):
+            if node.mapping in GROUP_MAPPINGS and not self.in_group:
+                raise self.fail(where or name, f"mapping {node.mapping} maps scores within a group: put this node under "
+                                f"type: group (grader: {{type: reward_model, mapping: {node.mapping}}}), or use sigmoid or raw")
+            if node.chat_template is not None and node.chat_template_file is not None:
+                raise self.fail(where or name, "give chat_template or chat_template_file, not both")
+            template = node.chat_template
+            if node.chat_template_file is not None:
+                template = self.path(node.chat_template_file).read_text(encoding="utf-8")
+            return reward_model_grader(self.judge(), route=node.route, mapping=node.mapping, scale=node.scale, center=node.center,
+                                       use_activation=node.use_activation, task=node.task, chat_template=template, name=name)
         if isinstance(node, PythonNode):
             if (node.file is None) == (node.source is None):
                 raise self.fail(where or name, "give exactly one of file and source")
@@ -745,8 +790,18 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgePro
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise GraderConfigError(f"{where}: {problems}") from None
-    if (node.grader is None) == (node.relative is None):
-        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone) and relative (one judge call ranks them all)")
+    if sum(x is not None for x in (node.grader, node.relative, node.pairwise)) != 1:
+        raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone), relative (one judge call ranks them all) "
+                                "and pairwise (members compared in pairs)")
+    if node.pairwise is not None:
+        pw = node.pairwise
+        rubric = str(builder.path(pw.rubric)) if pw.rubric.endswith((".yaml", ".yml")) else pw.rubric
+        try:
+            return pairwise_group_grader(builder.judge(), rubric=rubric, pairing=pw.pairing, anchor=pw.anchor, seed=pw.seed,
+                                         alpha=pw.alpha, on_judge_error=node.on_judge_error, on_member_error=node.on_member_error,
+                                         min_members=node.min_members, group_deadline_s=node.group_deadline_s)
+        except (ValueError, RubricError) as e:
+            raise GraderConfigError(f"{where}: pairwise: {e}") from e
     if node.relative is not None:
         r = node.relative
         rubric = str(builder.path(r.rubric)) if r.rubric.endswith((".yaml", ".yml")) else r.rubric
@@ -756,6 +811,7 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgePro
                                          group_deadline_s=node.group_deadline_s)
         except (ValueError, RubricError) as e:
             raise GraderConfigError(f"{where}: relative: {e}") from e
+    builder.in_group = True  # a reward model's minmax/zscore maps the group's members together
     inner = builder.node(node.grader, "grader")
     return group_grader(inner, checks=node.checks, sample_checks=node.sample_checks, on_judge_error=node.on_judge_error,
                         on_invalid=node.on_invalid, pass_threshold=node.pass_threshold, on_member_error=node.on_member_error,
@@ -775,6 +831,9 @@ def load_group_members(source: str | Path | Mapping[str, Any], *, judge: JudgePr
         raise GraderConfigError(f"{where}: {problems}") from None
     if node.grader is None:
         raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
+    if node.grader.get("type") == "reward_model" and node.grader.get("mapping") in GROUP_MAPPINGS:
+        raise GraderConfigError(f"{where}: grader.mapping: {node.grader['mapping']} maps within a group, and the server's group "
+                                "routes grade each member in its own request: use sigmoid or raw to serve it")
     policy = GroupPolicy(on_member_error=node.on_member_error, min_members=node.min_members,
                          group_deadline_s=node.group_deadline_s, member_retries=node.member_retries)
     return ConfiguredGrader(builder.node(node.grader, "grader"), builder), policy

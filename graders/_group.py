@@ -233,11 +233,16 @@ def group_grader(
     members = GroupPolicy(on_member_error=on_member_error, min_members=min_members, group_deadline_s=group_deadline_s,
                           member_retries=member_retries)
 
+    # A grader whose scores are decided within the group (a reward model's minmax/zscore) grades each
+    # member raw (``member``) and maps the finished ones together (``map_group``) once they are in.
+    map_group = getattr(grader, "map_group", None)
+    grade_member = getattr(grader, "member", grader) if map_group is not None else grader
+
     async def one(sample: Sample, trajectory: Trajectory, schemas: dict[str, dict[str, Any]] | None) -> Grade:
         decided = check_trajectory(trajectory, traj_checks, schemas)
         if decided is not None:
             return decided
-        return await grader(sample.with_response(trajectory.messages))
+        return await grade_member(sample.with_response(trajectory.messages))
 
     async def grade_group(sample: Sample, trajectories: Sequence[Trajectory]) -> GroupResult:
         problem = sample_problem(sample, usable)
@@ -261,6 +266,8 @@ def group_grader(
                 for i, g in zip(again, retried):
                     g.debug.append(f"policy: member {i} re-graded (on_member_error: retry, attempt {attempt + 2})")
                     grades[i] = g
+        if map_group is not None:
+            grades = map_group(grades)
         timeouts = sum(g.error_kind == "timeout" for g in grades)
         # An invalid trajectory (the sample cannot be graded this way) is decided before a
         # transient error: retrying a sample that can never be graded helps no one.

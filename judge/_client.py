@@ -30,6 +30,7 @@ from ._pacing import Pacing
 from ._parse import Reading, Unread, read_completion, read_missed_schema, reasoning_of
 from ._protocol import JudgeIdentity, JudgeStats
 from ._redact import redact_url
+from ._reward_model import NoScore, RewardRoute, RewardScore, read_reward, server_root
 from ._retry import RetryPolicy, retry_after_seconds
 from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, rubric_fingerprint
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
@@ -398,6 +399,41 @@ class Judge:
             vectors = [fresh[text] if vector is None else vector for text, vector in zip(texts, vectors)]
         return finish(status="ok", vectors=vectors)
 
+    async def reward_score(self, route: RewardRoute, request: dict[str, Any]) -> RewardScore:
+        """Ask a served reward model for its score: ``request`` (the route's body, judge._reward_model)
+        posted to ``route`` under the endpoint's root, ``model`` set to the judge's.
+
+        The same path as a judgement: the response cache (the reply is cached under the route and
+        body), the shared limiter, the retry policy with Retry-After, the run's breaker, and a fleet's
+        routing, failover and hedging. Never raises: a failure is ``status="error"`` with the judge's
+        error kinds, never a score of 0.
+        """
+        started = time.perf_counter()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+        request = {"model": self.model, **request}
+        key = cache_key(self.base_url, {"route": route, **request})
+
+        def finish(**fields: Any) -> RewardScore:
+            return RewardScore(latency_s=time.perf_counter() - started, prompt_tokens=usage["prompt_tokens"],
+                               attempts=usage["attempts"], **fields)
+
+        stored = self.cache.get(key) if self.cache is not None else None
+        if isinstance(stored, dict) and isinstance(value := read_reward(route, stored), float):
+            return finish(status="ok", value=value, cached=True)
+        try:
+            reply = await self._send(request, usage, route=route)
+        except Failed as failure:
+            error = str(failure)
+            if failure.status == 404:
+                error = f"{server_root(self.base_url)}{route} has no route or no model {self.model!r}: {error}"
+            return finish(status="error", error_kind=failure.kind, error=error)
+        value = read_reward(route, reply)
+        if isinstance(value, NoScore):
+            return finish(status="error", error_kind="bad_request", error=value.message)
+        if self.cache is not None:
+            self.cache.put(key, reply)
+        return finish(status="ok", value=value)
+
     def _row_key(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode) -> str | None:
         """A cache key from the row's values instead of the rendered prompt.
 
@@ -605,6 +641,9 @@ class Judge:
         """
         if route == "embeddings":
             estimate = sum(estimate_tokens(text) for text in request["input"])
+        elif route.startswith("/"):  # a reward model: a conversation or its templated text in, one number out
+            estimate = sum(estimate_tokens(str(m.get("content") or "")) for m in request.get("messages") or []) \
+                + estimate_tokens(str(request.get("input") or ""))
         else:
             estimate = prompt_estimate if prompt_estimate >= 0 else sum(estimate_tokens(m.get("content") or "") for m in request["messages"])
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)

@@ -10,17 +10,22 @@ from ._cache import cache_key
 from ._verdict import ErrorKind
 
 
-class Embeddings(BaseModel):
-    """What :meth:`Judge.embed` returns: one vector per text, in order, or why there are none."""
+class RouteReply(BaseModel):
+    """What a request to a non-chat route returned (embeddings, a reward model's score): ok, or why not."""
 
     status: Literal["ok", "error"]
-    vectors: list[list[float]] = []
     error_kind: ErrorKind | None = None
     error: str | None = None
     prompt_tokens: int = 0
-    attempts: int = 0  # requests sent (0: every text came from the cache)
+    attempts: int = 0  # requests sent (0: the answer came from the cache)
     latency_s: float = 0.0
     cached: bool = False
+
+
+class Embeddings(RouteReply):
+    """What :meth:`Judge.embed` returns: one vector per text, in order, or why there are none."""
+
+    vectors: list[list[float]] = []
 
 
 def embedding_key(base_url: str, model: str, text: str) -> str:

@@ -21,10 +21,11 @@ import openai
 
 from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
+from ._reward_model import NoScore, read_reward, server_root
 from ._verdict import ErrorKind
 from ._window import overflow_of
 
-Route = Literal["chat", "embeddings"]
+Route = Literal["chat", "embeddings", "/classify", "/pooling", "/v1/classify", "/v1/embeddings"]  # the last four: judge._reward_model
 
 class Failed(Exception):
     """A request that failed for good, as the judge's error kind and message."""
@@ -245,8 +246,7 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
                 return await _post(client, request, route)
         return await asyncio.wait_for(_post(client, request, route), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-        url = f"{str(getattr(client, 'base_url', '')).rstrip('/')}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
-        raise openai.APITimeoutError(request=sdk_http().Request("POST", url)) from None
+        raise openai.APITimeoutError(request=sdk_http().Request("POST", route_url(client, route))) from None
 
 
 def whole_request_seconds(client: Any) -> float | None:
@@ -259,9 +259,20 @@ def whole_request_seconds(client: Any) -> float | None:
     return max(seconds) if seconds else None
 
 
+def route_url(client: Any, route: Route) -> str:
+    """Where ``route`` goes: chat and embeddings under the client's base URL, a reward model's routes
+    under the server's root (vLLM's ``/classify`` is not under ``/v1``)."""
+    base = str(getattr(client, "base_url", "")).rstrip("/")
+    if route.startswith("/"):
+        return server_root(base) + route
+    return f"{base}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
+
+
 async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[Any, Any]:
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
+    elif route.startswith("/"):  # a reward model's route: the SDK's client.post, to an absolute URL
+        raw = await client.post(route_url(client, route), body=request, cast_to=sdk_http().Response)
     else:
         if request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
             send = functools.partial(client.chat.completions.with_raw_response.create, **sdk_arguments(request))
@@ -304,5 +315,9 @@ def check_body(completion: Any, request: Mapping[str, Any], route: Route) -> Non
     if route == "embeddings":
         if not vectors_of(completion, len(request["input"])):
             raise ValueError("embeddings response has no vector for every input")  # a malformed 200: transient
+    elif route.startswith("/"):
+        read = read_reward(route, completion)
+        if isinstance(read, NoScore) and read.malformed:
+            raise ValueError(read.message)  # a malformed 200: transient (a well-formed refusal is the judge's to say)
     elif not completion.get("choices"):
         raise ValueError("completion has no choices")  # a malformed 200: transient

@@ -429,6 +429,68 @@ def test_trl_before_0_27_gets_a_plain_function_that_returns_rewards() -> None:
     assert func.__name__ == "string_match"
 
 
+# TRL 1.16.0 (PyPI wheel) trl/trainer/grpo_trainer.py GRPOTrainer._calculate_rewards, its async branch: a reward
+# function is async when trl/trainer/utils.py is_async_callable says so; the async ones are gathered on TRL's own
+# loop thread (asyncio.run_coroutine_threadsafe(..., self.async_loop).result()) and a None becomes NaN.
+
+
+def trl_is_async_callable(func: Any) -> bool:
+    import functools
+    import inspect
+
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(func.__call__)
+
+
+def trl_1_16_calculate_rewards(reward_func: Any, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
+                               async_loop: asyncio.AbstractEventLoop) -> list[float]:
+    assert trl_is_async_callable(reward_func)
+    keys = [key for key in inputs[0] if key not in ["prompt", "completion", "completion_ids"]]
+    reward_kwargs = {key: [example[key] for example in inputs] for key in keys}
+    reward_kwargs["trainer_state"] = object()
+
+    async def _invoke_async(index: int, func: Any) -> tuple[int, list[float]]:
+        output = await func(prompts=prompts, completions=completions, completion_ids=[[1, 2]] * len(prompts), **reward_kwargs)
+        output = [r if r is not None else float("nan") for r in output]
+        return index, output
+
+    async def _run_async_funcs() -> list[tuple[int, list[float]]]:
+        return await asyncio.gather(*[_invoke_async(0, reward_func)])
+
+    return asyncio.run_coroutine_threadsafe(_run_async_funcs(), async_loop).result(timeout=60)[0][1]
+
+
+def test_trl_1_16_gathers_the_async_reward_and_a_skipped_row_is_nan(fake: FakeProvider) -> None:
+    import math
+
+    from gradekit.graders.platforms import trl_reward_func
+
+    def judge(body: dict) -> Any:
+        from gradekit.judge.testing import Reply
+
+        return Reply(content="I cannot tell.") if "FAIL" in body["messages"][-1]["content"] else reference_judge(body)
+
+    fake.set_responder(judge)
+    grader = {"type": "llm", "rubric": "semantic_equivalence_en",
+              "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 30}}
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)  # TRL's async_loop thread
+    thread.start()
+    try:
+        inputs = [{"prompt": "Capital of France?", "answer": "Paris"}] * 3
+        skipping = trl_reward_func(grader, sync=False, on_error=None)
+        got = trl_1_16_calculate_rewards(skipping, inputs, ["Capital of France?"] * 3, ["Paris", "Lyon", "FAIL"], loop)
+        assert got[:2] == [1.0, 0.0] and math.isnan(got[2]), "None -> NaN: TRL leaves the row out for this function"
+        raising = trl_reward_func(grader, sync=False)
+        with pytest.raises(Exception, match="parse_failure"):  # the default: training stops, never a 0
+            trl_1_16_calculate_rewards(raising, inputs, ["Capital of France?"] * 3, ["Paris", "Lyon", "FAIL"], loop)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
 @pytest.mark.parametrize(("version", "sync"), [
     ("0.14.0", True), ("0.26.2", True), ("0.9.6", True), ("0.27.0", False), ("0.27.0.dev0", False), ("1.16.0", False), ("1.0.0rc1", False),
 ])

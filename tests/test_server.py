@@ -220,6 +220,8 @@ def test_dashscope_group_reward_keeps_order_and_length(serve) -> None:
     assert [r["reward_score"] for r in body["reward"]["rewards"]] == [1.0, -1.0, 1.0, -1.0]
 
 
+# DashScope's processor contract, dashscope 2.0.2 (PyPI) server.py: a failure is 200 status FAILED, which the platform
+# retries or drops (tests/test_platform_sdks.py builds the requests with that package's own models).
 def test_dashscope_transient_judge_failure_is_failed_not_a_score(fake: FakeProvider, serve) -> None:
     fake.set_responder(lambda body: Reply(status=500) if "boom" in json.dumps(body) else reference_judge(body))
     url = serve(judge_grader(fake, attempts=2))

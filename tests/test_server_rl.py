@@ -69,6 +69,80 @@ def test_slime_remote_rm_gets_a_number_and_a_failure_is_non_2xx(fake: FakeProvid
     assert status == 422 and body["detail"][0]["loc"] == ["body", "label"]
 
 
+def test_slime_with_a_hung_judge_fails_each_try_at_request_timeout_s(fake: FakeProvider, serve) -> None:
+    """slime's shared session waits up to 120 s a try (ClientTimeout(total=120)) and tries 10 times: with
+    server.request_timeout_s below that, each try of a hung reward ends at the server's 504 instead."""
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 1.0}})
+    args = SimpleNamespace(rm_url=url + "/slime")
+    started = time.monotonic()
+    with pytest.raises(aiohttp.ClientResponseError) as failed:
+        asyncio.run(remote_rm(args, SimpleNamespace(prompt="Capital of France?", response="HANG", label="Paris"), max_retries=2))
+    assert failed.value.status == 504 and time.monotonic() - started < 2 * 1.0 + 2.0 + 5.0  # two tries and one backoff
+
+
+# ---- OpenRLHF 0.11.2: the agent executor's client, one query per request --------------------------------
+# Copied from openrlhf 0.11.2 (PyPI wheel) openrlhf/utils/agent.py: SingleTurnAgentExecutor._fetch_rewards_via_http
+# (ClientTimeout(total=180), try_max_times=5 one second apart, then RuntimeError) and execute()'s reward block,
+# which catches that error, logs it and leaves the sample's reward None (the experience maker then fails the step).
+
+
+async def openrlhf_fetch_rewards_via_http(endpoints: list[str], queries_list, prompts_list, labels_list, try_max_times: int = 5):
+    num_servers = len(endpoints)
+    batch_size = (len(queries_list) + num_servers - 1) // num_servers
+    timeout = aiohttp.ClientTimeout(total=180)
+    tasks = []
+    for i in range(num_servers):
+        start_idx = i * batch_size
+        if start_idx >= len(queries_list):
+            break
+        rm = endpoints[i]
+        end_idx = min((i + 1) * batch_size, len(queries_list))
+        payload = {"query": queries_list[start_idx:end_idx], "prompts": prompts_list[start_idx:end_idx],
+                   "labels": labels_list[start_idx:end_idx]}
+
+        async def _post_request(url, data, try_max_times=try_max_times):
+            for _ in range(try_max_times):
+                try:
+                    async with aiohttp.ClientSession(timeout=timeout) as session:
+                        async with session.post(url, json=data) as response:
+                            response.raise_for_status()
+                            return await response.json()
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(1)
+            raise RuntimeError(f"Request error for {try_max_times} times, returning None. Please check the API server.")
+
+        tasks.append(asyncio.create_task(_post_request(rm, payload)))
+    return await asyncio.gather(*tasks)
+
+
+async def openrlhf_execute_reward(url: str, query: str, prompt: str, label: str) -> dict:
+    output = {"reward": None, "scores": None, "extra_logs": {}}
+    try:
+        rewards_info_list = await openrlhf_fetch_rewards_via_http([url], [query], [prompt], [label], try_max_times=2)
+        rewards_info = rewards_info_list[0] if rewards_info_list else None
+        if rewards_info:
+            score_value = rewards_info.get("scores")
+            if score_value is None:
+                score_value = rewards_info.get("rewards")
+            output.update(reward=rewards_info.get("rewards"), scores=score_value, extra_logs=rewards_info.get("extra_logs") or {})
+    except Exception:
+        pass  # logger.info(...) in OpenRLHF: the sample keeps reward None
+    return output
+
+
+def test_openrlhf_0_11_client_sends_one_query_and_a_failure_leaves_no_reward(fake: FakeProvider, serve) -> None:
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1)) + "/get_reward"
+    ok = asyncio.run(openrlhf_execute_reward(url, "France? Paris<|im_end|>", "France?", "Paris"))
+    assert ok["reward"] == [1.0] and ok["scores"] == [1.0]
+    bodies = [r for r in fake.chat_requests()]
+    assert len(bodies) == 1, "one query per request: the server's prompt groups never see a group from this client"
+    failed = asyncio.run(openrlhf_execute_reward(url, "France? FAIL", "France?", "Paris"))
+    assert failed["reward"] is None, "502 on every try: no reward reaches OpenRLHF, which then fails the step; never a 0"
+
+
 # ---- NeMo Gym: BaseVerifyRequest -> BaseVerifyResponse (NVIDIA-NeMo/Gym 07d6b0d) ----------------------
 
 
@@ -122,6 +196,139 @@ def test_nemo_gym_verify_echoes_the_request_with_a_reward_and_fails_through_gyms
     assert status == 200 and reply["_ng_failure_class"] == "skipped" and reply["_ng_failure_terminal"] is True
     status, _, reply = call(url, "/verify", {"response": {}})
     assert status == 422 and reply["detail"][0]["loc"] == ["body", "responses_create_params"]
+
+
+# ---- NeMo Gym's own client path: the simple agent's verify call and rollout collection -----------------
+# Copied from NVIDIA-NeMo/Gym 07d6b0d: nemo_gym/server_utils.py (raise_for_status, get_response_json; the
+# global aiohttp client has ClientTimeout(), no deadline), responses_api_agents/simple_agent/app.py (the
+# verify call inside /run), nemo_gym/rollout_collection.py (_post_subroutine; a result with
+# _ng_failure_class goes to the failures sidecar, any other to the main jsonl).
+
+
+async def gym_raise_for_status(response: aiohttp.ClientResponse) -> None:
+    if not response.ok:
+        content = await response.content.read()
+        try:
+            response.raise_for_status()
+        except aiohttp.ClientResponseError as e:
+            e.response_content = content  # type: ignore[attr-defined]
+            raise e
+
+
+async def gym_get_response_json(response: aiohttp.ClientResponse) -> Any:
+    return json.loads(await response.read())
+
+
+def gym_agent_app(verify_url: str) -> Any:
+    """The simple agent's /run after the model call: post the row plus the Response to the resources
+    server's /verify, raise_for_status, return the result (an exception is FastAPI's 500)."""
+    from fastapi import Body, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(body: dict = Body()) -> dict:  # noqa: B008 (FastAPI's own idiom, as Gym writes it)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout()) as session:  # on the agent's own loop
+            verify_response = await session.post(verify_url, json=body)
+            await gym_raise_for_status(verify_response)
+            return await gym_get_response_json(verify_response)
+
+    return app
+
+
+async def gym_collect(run_url: str, rows: list[dict], folder: Path) -> tuple[list[dict], list[dict]]:
+    """rollout_collection: _post_subroutine per row (raise_for_status re-raises a failed /run, which
+    stops the collection), then the routing rule: failures to <output>_failures.jsonl."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout()) as session:
+        async def _post_subroutine(row: dict) -> tuple[dict, dict]:
+            res = await session.post(run_url, json=row)
+            await gym_raise_for_status(res)
+            return row, await gym_get_response_json(res)
+
+        main, failures = [], []
+        with open(folder / "rollouts.jsonl", "wb") as results_file, open(folder / "rollouts_failures.jsonl", "wb") as failures_file:
+            for future in asyncio.as_completed([_post_subroutine(row) for row in rows]):
+                _row, result = await future
+                if result.get("_ng_failure_class") is not None:
+                    failures_file.write(json.dumps(result).encode() + b"\n")
+                    failures.append(result)
+                else:
+                    results_file.write(json.dumps(result).encode() + b"\n")
+                    main.append(result)
+    return main, failures
+
+
+@pytest.fixture
+def serve_app():
+    """Any ASGI app on a loopback port (Gym's agent server here); stopped at teardown."""
+    from gradekit.graders.platforms.server import RewardServer
+
+    servers = []
+
+    def start(app: Any) -> str:
+        servers.append(RewardServer(app, port=0, log_level="warning").start())
+        return servers[-1].url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_servers_timeout(fake: FakeProvider, serve, serve_app,
+                                                                                          tmp_path: Path) -> None:
+    from gradekit.graders.platforms.server._rl_routes import verify_deadline_s
+
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 2.0}})
+    agent = serve_app(gym_agent_app(url + "/verify"))
+    rows = [verify_body("Paris"), verify_body("HANG"), verify_body("FAIL"), verify_body("Lyon")]
+    started = time.monotonic()
+    main, failures = asyncio.run(gym_collect(agent + "/run", rows, tmp_path))
+    assert time.monotonic() - started < 2.0 + 5.0, "the hung row ended at the row's deadline, not the judge's"
+    assert sorted(r["reward"] for r in main) == [0.0, 1.0], "the collection went on past the hung judge"
+    by_class = {r["_ng_failure_class"]: r for r in failures}
+    assert set(by_class) == {"transient", "judge_failed"}
+    hung = by_class["transient"]
+    assert hung["mask_sample"] is True and hung["instance_config"]["mask_sample"] is True and nemo_rl_mask_sample(hung)
+    assert f"not graded within {verify_deadline_s(2.0):g} s" in hung["_ng_failure_judge_error"]
+    assert len((tmp_path / "rollouts_failures.jsonl").read_text().splitlines()) == 2
+    assert verify_deadline_s(120) == 115 and verify_deadline_s(2.0) == pytest.approx(1.8) and verify_deadline_s(0.5) < 0.5
+
+
+def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve) -> None:
+    import threading
+
+    from gradekit.graders.platforms import BaseRewardComputer, RewardResponse
+
+    release = threading.Event()
+
+    class Flaky(BaseRewardComputer):
+        async def compute_reward(self, request):  # type: ignore[override]
+            if "boom" in request.response:
+                raise KeyError("answer")
+            if "wait" in request.response:
+                await asyncio.to_thread(release.wait, 30)
+            return RewardResponse(score=1.0, status="success")
+
+    url = serve(Flaky(), {"thread_pool": {"max_workers": 1, "queue_size": 0}})
+    status, _, reply = call(url, "/verify", verify_body("boom"))
+    assert status == 200 and reply["_ng_failure_class"] == "reward_failed" and "KeyError" in reply["_ng_failure_judge_error"]
+    status, _, reply = call(url, "/verify", verify_body("boom", instance_config="seed-7"))  # a row's odd instance_config: still a row
+    assert status == 200 and reply["mask_sample"] is True and reply["instance_config"] == "seed-7"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(call, url, "/verify", verify_body("wait"))
+        try:
+            deadline = time.monotonic() + 30
+            while call(url, "/health")[2]["in_flight"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, _, reply = call(url, "/verify", verify_body("Paris"))
+            assert status == 200 and reply["_ng_failure_class"] == "transient" and "busy" in reply["_ng_failure_judge_error"]
+            assert reply["reward"] == 0.0 and reply["mask_sample"] is True
+            status, headers, _ = call(url, "/compute_reward", {"response": "x"})
+            assert status == 503 and headers["Retry-After"] == "1", "other routes keep their 503"
+        finally:
+            release.set()
+        assert held.result(timeout=30)[2]["reward"] == 1.0
 
 
 # ---- group routes: deadlines and too few finished ---------------------------------------------------

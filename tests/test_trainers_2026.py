@@ -120,6 +120,7 @@ async def test_areal_deadline_raises_before_the_wrappers_timeout_returns_zero(fa
 
 
 # ---- SkyRL: the real skyrl-gym, driven as skyrl/train/generators/skyrl_gym_generator.py (a956457) does ------
+# (skyrl-gym 0.4.0 from PyPI, in the conformance extra)
 
 
 def test_skyrl_text_env_registered_made_and_stepped_like_the_generator(fake: FakeProvider, tmp_path) -> None:
@@ -234,3 +235,83 @@ def test_roll_rewards_decide_groups_and_raise_when_one_fails_whole(grader) -> No
             roll_compute_rewards_impl(rewards, bad)
     finally:
         rewards.close()
+
+
+# ---- verl 0.9.1: the reward loop's naive manager (the trainer always builds the reward loop) -------------
+# Copied from verl 0.9.1 (PyPI wheel) verl/experimental/reward_loop/reward_manager/naive.py
+# NaiveRewardManager.run_single (after the response is decoded) and verl/experimental/reward_loop/reward_loop.py
+# RewardLoopWorker.compute_score_batch: one call per response, gathered; nothing catches an exception.
+
+
+async def verl_naive_run_single(compute_score, data_source, response_str, ground_truth, extra_info) -> dict:
+    extra_info = dict(extra_info)
+    extra_info["num_turns"] = None
+    extra_info["rollout_reward_scores"] = {}
+    loop = asyncio.get_running_loop()
+    if inspect.iscoroutinefunction(compute_score):
+        result = await compute_score(data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info)
+    else:
+        result = await loop.run_in_executor(None, lambda: compute_score(data_source=data_source, solution_str=response_str,
+                                                                        ground_truth=ground_truth, extra_info=extra_info))
+    reward_extra_info = {}
+    if isinstance(result, dict):
+        score = result["score"]
+        for key, value in result.items():
+            reward_extra_info[key] = value
+    else:
+        score = result
+        reward_extra_info["acc"] = score
+    return {"reward_score": score, "reward_extra_info": reward_extra_info}
+
+
+async def verl_compute_score_batch(compute_score, items: list[tuple]) -> list[dict]:
+    tasks = [asyncio.create_task(verl_naive_run_single(compute_score, *item)) for item in items]
+    return await asyncio.gather(*tasks)
+
+
+async def test_verl_0_9_reward_loop_naive_manager_scores_and_a_failure_stops_the_step(fake: FakeProvider) -> None:
+    from gradekit.graders.platforms import verl_compute_score
+
+    fake.set_responder(responder)
+    compute_score = verl_compute_score(config(fake))
+    try:
+        extra = {"question": "Capital of France?"}
+        out = await verl_compute_score_batch(compute_score, [("qa", "Paris", "Paris", extra), ("qa", "Lyon", "Paris", extra)])
+        assert [o["reward_score"] for o in out] == [1.0, 0.0]
+        assert set(out[0]["reward_extra_info"]) == {"score", "reward", "ok", "invalid", "judge_error"}, "the same keys every call"
+        # verl has no per-sample mask: the default raises, which the naive manager lets stop the step (never a 0).
+        with pytest.raises(GradingError, match="parse_failure"):
+            await verl_compute_score_batch(compute_score, [("qa", "Paris", "Paris", extra), ("qa", "FAIL", "Paris", extra)])
+    finally:
+        compute_score.close()
+
+
+# ---- AReaL 1.0.4: a group is GroupedRolloutWorkflow over RLVRWorkflow episodes ---------------------------
+# Copied from areal 1.0.4 (PyPI wheel) areal/infra/remote_inf_engine.py GroupedRolloutWorkflow.arun_episode:
+# asyncio.gather over group_size episodes (no return_exceptions); a None episode is dropped, an exception
+# rejects the whole group (areal/infra/workflow_executor.py).
+
+
+async def areal_grouped_arun_episode(episode, group_size: int) -> list | None:
+    results = await asyncio.gather(*[episode(k) for k in range(group_size)])
+    valid_results = [r for r in results if r is not None]
+    if not valid_results:
+        return None
+    return valid_results
+
+
+async def test_areal_group_with_a_failed_member_is_rejected_whole(fake: FakeProvider) -> None:
+    fake.set_responder(responder)
+    wrapper = AsyncRewardWrapper(AReaLReward(config(fake), deadline_s=5.0), timeout_seconds=30, max_retries=0)
+    try:
+        answers = ["Paris", "Lyon", "Paris"]
+
+        async def episode(k: int) -> float:  # RLVRWorkflow.arun_episode's reward, one sample (n_samples=1)
+            return await rlvr_compute_rewards(wrapper, "Capital of France?", answers[k], {"answer": "Paris"})
+
+        assert await areal_grouped_arun_episode(episode, 3) == [1.0, 0.0, 1.0]
+        answers[1] = "FAIL"
+        with pytest.raises(GradingError, match="parse_failure"):  # the workflow executor rejects the group: no 0 is trained on
+            await areal_grouped_arun_episode(episode, 3)
+    finally:
+        wrapper.executor.shutdown(cancel_futures=True)

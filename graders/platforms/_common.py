@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from .._config import load_grader
-from .._sample import Grade, Grader, aclose_grader
+from .._sample import Grade, Grader, Sample, aclose_grader
 
 GraderSource = Grader | str | Path | Mapping[str, Any]
 RaisePolicy = Literal["raise"]
@@ -27,6 +28,17 @@ class GradingError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable with its grade: AReaL's process pool and Ray send it back to the trainer.
         return (type(self), (str(self), self.grade))
+
+
+async def graded_within(grader: Grader, sample: Sample, deadline_s: float | None, *, what: str = "deadline_s") -> Grade:
+    """The grade, or a ``timeout`` error once ``deadline_s`` passes: a trainer whose own timeout turns
+    a late reward into 0 (AReaL) or an unscored trace (verifiers v1) gets an error first."""
+    if deadline_s is None:
+        return await grader(sample)
+    try:
+        return await asyncio.wait_for(grader(sample), deadline_s)
+    except asyncio.TimeoutError:
+        return Grade.failed("error", f"not graded within {deadline_s:g} s ({what})", error_kind="timeout")
 
 
 def resolve_grader(grader: GraderSource) -> Grader:

@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._sample import Sample
-from ._common import check_fixed, plain, reference_dict
-from ._common import PrivateGrader
-from ._trainers import FailurePolicy, _failure, _graded
+from ._common import PrivateGrader, check_fixed, graded_within, plain, reference_dict
+from ._trainers import FailurePolicy, _failure
 
 # ---- SkyRL --------------------------------------------------------------------------------------
 
@@ -77,7 +76,7 @@ class GradekitTextEnv(_TextEnvBase):  # type: ignore[misc, valid-type]
 
     def step(self, action: str) -> dict[str, Any]:
         sample = Sample(messages=self.prompt, response=action, references=self.references)
-        grade = self.private.run(_graded(self.private.grader, sample, self.deadline_s))
+        grade = self.private.run(graded_within(self.private.grader, sample, self.deadline_s))
         metadata = {"grade_status": grade.status, "error_kind": grade.error_kind, "error": grade.error}
         reward = float(grade.score) if grade.ok else _failure(grade, self.on_error, "SkyRL gradekit env: ")  # type: ignore[arg-type]
         return {"observations": [], "reward": reward, "done": True, "metadata": metadata, "postprocessed_action": None}

@@ -30,9 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._sample import Grade, Sample
-from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, grader_name, plain, reference_dict, resolve_grader
+from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, graded_within, grader_name, plain, reference_dict, resolve_grader
 from ._skyrl import _TextEnvBase, _get
-from ._trainers import FailurePolicy, _failure, _graded, _mark, verifiers_sample
+from ._trainers import FailurePolicy, _failure
+from ._verifiers import _mark, verifiers_sample
 
 
 def step_scores(grade: Grade, where: str) -> list[float | None]:
@@ -145,7 +146,7 @@ class GradekitStepEnv(_TextEnvBase):  # type: ignore[misc, valid-type]
         self.history.append({"role": "assistant", "content": action})
         self.history.extend(plain(o) for o in out.get("observations") or [] if isinstance(o, Mapping))
         sample = Sample(messages=self.prompt, response=list(self.history), references=self.references)
-        grade = self.private.run(_graded(self.private.grader, sample, self.deadline_s))
+        grade = self.private.run(graded_within(self.private.grader, sample, self.deadline_s))
         scores = grade.columns.get("step_scores") if isinstance(grade.columns.get("step_scores"), list) else None
         score = scores[-1] if scores else None
         metadata = {**(out.get("metadata") or {}), "grade_status": grade.status, "error_kind": grade.error_kind, "error": grade.error,

@@ -1,4 +1,4 @@
-"""The 2026 trainers that call Python: AReaL, SkyRL, verifiers / prime-rl and ROLL.
+"""The 2026 trainers that call Python: AReaL, SkyRL and ROLL (verifiers / prime-rl: ._verifiers).
 
 Each adapter is shaped as its trainer calls it (the code read is named per class), and sends a
 failed reward through the trainer's own failure channel, never as a bare 0:
@@ -15,13 +15,6 @@ SkyRL     ``BaseTextEnv.step(action) -> {observations, reward, done, metadata}``
           ``skyrl/train/generators/skyrl_gym_generator.py``). SkyRL has no per-sample mask: a
           failure raises from ``step`` (the generator does not catch it, so the step fails),
           unless ``on_error`` names a score.
-verifiers ``Rubric`` reward functions, called with the names they ask for (``prompt``,
-          ``completion``, ``answer``, ``state``, ``info``; group functions ``prompts``,
-          ``completions``, ``answers``, ``states``) (PrimeIntellect-ai/verifiers a60a606
-          ``verifiers/legacy/rubrics/rubric.py``). The Rubric turns an exception into 0.0, so the
-          failure is first written to ``state["error"]`` (the rollout's error field, which
-          verifiers saves with the rollout and prime-rl reads as ``has_error``: prime-rl 559b447
-          ``src/prime_rl/orchestrator/algo/base.py`` skips such traces), then raised.
 ROLL      the reward worker's ``compute_rewards`` over decoded prompts, responses,
           ``non_tensor_batch["id"]`` and ``["ground_truth"]`` (alibaba/ROLL 8eb27cc
           ``roll/pipeline/rlvr/rewards/llm_judge_reward_worker.py``). ROLL rebuilds its loss
@@ -41,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from .._members import GroupPolicy, MemberPolicy, decide
-from .._sample import Grade, Grader, Sample
-from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, grader_name, plain, reference_dict, resolve_grader
+from .._sample import Grade, Sample
+from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, graded_within, plain, reference_dict
 
 FailurePolicy = float | str  # "raise" or a fixed score in [-1, 1]
 
@@ -51,15 +44,6 @@ def _failure(grade: Grade, policy: FailurePolicy, where: str) -> float:
     if policy == "raise":
         raise GradingError(f"{where}{grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
     return float(policy)
-
-
-async def _graded(grader: Grader, sample: Sample, deadline_s: float | None) -> Grade:
-    if deadline_s is None:
-        return await grader(sample)
-    try:
-        return await asyncio.wait_for(grader(sample), deadline_s)
-    except asyncio.TimeoutError:
-        return Grade.failed("error", f"not graded within deadline_s ({deadline_s:g} s)", error_kind="timeout")
 
 
 # ---- AReaL --------------------------------------------------------------------------------------
@@ -111,7 +95,7 @@ class AReaLReward:
 
     def __call__(self, prompt: Any, completions: Any, prompt_ids: Any = None, completion_ids: Any = None, **data: Any) -> float:
         private = self._private()
-        grade = private.run(_graded(private.grader, self.sample(prompt, completions, data), self.deadline_s))
+        grade = private.run(graded_within(private.grader, self.sample(prompt, completions, data), self.deadline_s))
         if grade.ok:
             return float(grade.score)  # type: ignore[arg-type]
         policy = self.on_invalid if grade.status == "invalid" else self.on_error
@@ -121,102 +105,6 @@ class AReaLReward:
 def areal_reward_fn(grader: str | Path | Mapping[str, Any], **kwargs: Any) -> AReaLReward:
     """AReaL's ``reward_fn`` (pass it to ``RLVRWorkflow(reward_fn=...)``); see :class:`AReaLReward`."""
     return AReaLReward(grader, **kwargs)
-
-
-# ---- verifiers / prime-rl -----------------------------------------------------------------------
-
-
-def _verifiers_error_class() -> type[Exception]:
-    """verifiers' own InfraError when verifiers is installed (its error chain names it), else GradingError."""
-    try:
-        import verifiers as vf  # noqa: PLC0415
-
-        return getattr(vf, "InfraError", GradingError)  # type: ignore[no-any-return]
-    except Exception:
-        return GradingError
-
-
-def _mark(state: Any, message: str, grade: Grade) -> GradingError:
-    error = GradingError(message, grade)
-    if isinstance(state, dict) or hasattr(state, "__setitem__"):
-        cls = _verifiers_error_class()
-        state["error"] = error if cls is GradingError else cls(message)
-    return error
-
-
-def _completion(value: Any) -> Any:
-    value = plain(value)
-    return value
-
-
-def verifiers_sample(prompt: Any, completion: Any, answer: Any, info: Any) -> Sample:
-    """What a verifiers reward function is called with, as a Sample: ``answer`` and ``info`` are the references."""
-    references = {**(plain(info) if isinstance(info, Mapping) else {}), **reference_dict(answer, "answer")}
-    return Sample(messages=plain(prompt), response=_completion(completion), references=references)
-
-
-def verifiers_reward_func(grader: GraderSource, *, name: str | None = None) -> Any:
-    """A verifiers ``Rubric`` reward function: ``async (prompt, completion, answer, state, info) -> float``.
-
-    A reward that could not be computed sets ``state["error"]`` and raises (the Rubric logs it
-    and scores 0.0 beside the marker; the rollout is saved with its error and prime-rl skips it).
-    """
-    inner = resolve_grader(grader)
-    label = name or grader_name(inner, "gradekit")
-
-    async def reward(prompt: Any = None, completion: Any = None, answer: Any = None, state: Any = None,
-                     info: Any = None, **kwargs: Any) -> float:
-        grade = await inner(verifiers_sample(prompt, completion, answer, info))
-        if grade.ok:
-            return float(grade.score)  # type: ignore[arg-type]
-        raise _mark(state, f"reward {label!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
-
-    reward.__name__ = reward.__qualname__ = label
-    reward.grader = inner  # type: ignore[attr-defined]
-    return reward
-
-
-def verifiers_group_reward_func(grader: GraderSource, *, name: str | None = None, on_member_error: MemberPolicy = "renormalize",
-                                min_members: int = 2, group_deadline_s: float | None = None) -> Any:
-    """A verifiers group reward function: ``async (prompts, completions, answers, states, infos) -> list[float]``.
-
-    The members are graded at once; ``on_member_error`` decides a group with a failed member
-    (graders._members). A placeholder member's state gets ``state["error"]``, so it is not
-    trained on while the group's baseline stays the finished members' mean; a group that fails
-    as a whole marks every state and raises.
-    """
-    from .._members import gather_members  # noqa: PLC0415
-
-    inner = resolve_grader(grader)
-    label = name or grader_name(inner, "gradekit")
-    policy = GroupPolicy(on_member_error=on_member_error, min_members=min_members, group_deadline_s=group_deadline_s)
-
-    async def group_reward(prompts: Sequence[Any], completions: Sequence[Any], answers: Sequence[Any] | None = None,
-                           states: Sequence[Any] | None = None, infos: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
-        n = len(completions)
-        answers = list(answers) if answers is not None else [None] * n
-        infos = list(infos) if infos is not None else [{}] * n
-        states = list(states) if states is not None else [None] * n
-
-        def call(i: int) -> Any:
-            info = plain(infos[i]) if isinstance(infos[i], Mapping) else {}
-            sample = Sample(messages=plain(prompts[i]), response=_completion(completions[i]),
-                            references={**info, **reference_dict(answers[i], "answer")})
-            return lambda: inner(sample)
-
-        grades = await gather_members([call(i) for i in range(n)], policy.group_deadline_s)
-        decided, failed, why = decide([g.score if g.ok else None for g in grades], policy)
-        if decided is None:
-            for i in range(n):
-                error = _mark(states[i], f"group reward {label!r}: {why}", grades[failed[0]] if failed else grades[i])
-            raise error
-        for i in failed:
-            _mark(states[i], f"group reward {label!r}, member {i}: {grades[i].error_kind or 'error'}: {grades[i].error}", grades[i])
-        return decided
-
-    group_reward.__name__ = group_reward.__qualname__ = label
-    group_reward.grader = inner  # type: ignore[attr-defined]
-    return group_reward
 
 
 # ---- ROLL ---------------------------------------------------------------------------------------

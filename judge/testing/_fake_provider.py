@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from ._fake_batch import BatchAPI, BatchFault
 from ._fake_embeddings import embedding_inputs, embeddings_payload
+from ._fake_reward import REWARD_PATHS, RewardFn, reward_payload, reward_text
 from ._dialects import DIALECTS, Dialect, draft_reasoning, resolve
 from ._wire import RecordedRequest, _DroppedResponse, _DroppedStream, error_response
 
@@ -425,6 +426,11 @@ class FakeProvider:
     makes the route a 404, as on a chat-only server; ``embedding_models`` limits the models it
     knows (any other is a 404 ``model_not_found``).
 
+    ``reward_model`` (a function of the text a reward model reads, returning its head's outputs)
+    makes it a served reward model too: vLLM's ``POST /classify`` and ``POST /pooling``, SGLang's
+    ``POST /v1/classify`` and ``POST /v1/embeddings`` (which then answers the head's outputs as the
+    embedding), shapes from their source (:mod:`gradekit.judge.testing._fake_reward`).
+
     ``dialect`` (a name in :data:`gradekit.judge.testing.DIALECTS`, or a :class:`Dialect`) makes it answer as
     that provider does: the parameters it refuses and their error bodies, where a thinking model's
     reasoning goes, its rate-limit headers and its 429. Every dialect streams (``stream: true``:
@@ -452,6 +458,7 @@ class FakeProvider:
         reject_json_object: bool = False,
         reject_embeddings: bool = False,
         embedding_models: Iterable[str] | None = None,
+        reward_model: RewardFn | None = None,
         batch_polls_until_done: int = 1,
         hold_batches: bool = False,
         batch_faults: Iterable[BatchFault] = (),
@@ -475,6 +482,7 @@ class FakeProvider:
         self.reject_json_object = reject_json_object
         self.reject_embeddings = reject_embeddings
         self.embedding_models = None if embedding_models is None else set(embedding_models)
+        self.reward_model = reward_model
         self.model = model
         self.host = host
         self.port = port
@@ -660,6 +668,8 @@ class FakeProvider:
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
                                                              "created": 0, "owned_by": "gradekit.judge.testing"}]})
+        if method == "POST" and self.reward_model is not None and record.path in REWARD_PATHS:
+            return await self._reward(record, gone)
         embeddings = method == "POST" and record.path in ("/v1/embeddings", "/embeddings") and not self.reject_embeddings
         if not embeddings and (method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions")):
             return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")
@@ -672,6 +682,42 @@ class FakeProvider:
             response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True, gone=gone)
         else:
             response = self._rejected(record.body) or self._refused(record.body) or await self._answer(record.body, gone=gone)
+        response.headers.update(limits)
+        return response
+
+    async def _reward(self, record: RecordedRequest, gone: asyncio.Event | None) -> Response:
+        """A reward model's route (:mod:`gradekit.judge.testing._fake_reward`): recorded, rate limited, then
+        a scripted or responder's ``Reply`` (its faults apply: status, delay, drop, raw_body), else the score."""
+        if record.body is None:
+            return error_response(400, "Request body must be a JSON object.")
+        try:
+            text = reward_text(record.path, record.body)
+        except ValueError as e:
+            return error_response(400, str(e))
+        refused, limits = self._rate_limited(record.body)
+        if refused is not None:
+            return refused
+        with self._lock:
+            reply = self._script.popleft() if self._script else None
+            responder = self._responder
+        if reply is None and responder is not None:
+            try:
+                result = responder(record.body)
+                reply = await result if inspect.isawaitable(result) else result
+            except Exception:
+                reply = None  # a responder written for chat bodies has no say on a reward route
+        reply = reply or Reply()
+        latency = self.latency(record.body) if callable(self.latency) else self.latency
+        await self._pause(latency + reply.delay, gone)
+        if reply.drop:
+            return _DroppedResponse()
+        if reply.raw_body is not None:
+            return Response(reply.raw_body, status_code=reply.status, headers=reply.headers, media_type="application/json")
+        if reply.status != 200:
+            return self._error(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}", headers=reply.headers)
+        assert self.reward_model is not None
+        payload = reward_payload(record.path, record.body, self.reward_model(text), model=self.model, text=text)
+        response = JSONResponse(payload, headers=reply.headers)
         response.headers.update(limits)
         return response
 

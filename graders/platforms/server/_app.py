@@ -85,7 +85,7 @@ from ._models import (
 )
 from ._groups import compute_group, fill_member_failed, prompt_groups
 from ._pool import Busy, WorkPool
-from ._rl_routes import RL_ROUTES, register_rl_routes
+from ._rl_routes import BUSY_REPLIES, RL_ROUTES, register_rl_routes
 from ._workers import ProcessWorkers
 
 logger = logging.getLogger("gradekit.server")
@@ -326,8 +326,10 @@ class _Admission:
     the request or its body is parsed, so a refusal costs next to nothing even under a flood.
     Admitted requests hold their place until the response is sent."""
 
-    def __init__(self, app: ASGIApp, pool: WorkPool, paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, pool: WorkPool, paths: frozenset[str],
+                 busy_replies: Mapping[str, Callable[[bytes], Response | None]] | None = None) -> None:
         self.app, self.pool, self.paths = app, pool, paths
+        self.busy_replies = dict(busy_replies or {})  # a route whose client stops on any non-2xx answers busy its own way
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
@@ -337,11 +339,15 @@ class _Admission:
             self.pool.admit()
         except Busy:
             scope.setdefault("state", {})["gradekit_outcome"] = "busy"
-            more = True
+            more, body = True, []
             while more:  # drain the body so the keep-alive connection stays usable
                 message = await receive()
+                body.append(message.get("body", b""))
                 more = message.get("more_body", False) and message["type"] == "http.request"
-            response = JSONResponse({"detail": BUSY}, status_code=503, headers={"Retry-After": RETRY_AFTER})
+            own = self.busy_replies.get(scope["path"])
+            response = own(b"".join(body)) if own is not None else None
+            if response is None:
+                response = JSONResponse({"detail": BUSY}, status_code=503, headers={"Retry-After": RETRY_AFTER})
             await response(scope, receive, send)
             return
         try:
@@ -575,7 +581,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
     from ._metrics import install_metrics  # prometheus_client loads with the server only
 
     install_metrics(app, engine, computer)
-    app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES)  # innermost of ours: after the body is in
+    app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES, busy_replies=BUSY_REPLIES)  # innermost of ours: after the body is in
     app.add_middleware(_BodyLimits, max_bytes=cfg.server.max_body_bytes, timeout_s=cfg.server.body_timeout_s, paths=REWARD_ROUTES)
     token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None
     if token:

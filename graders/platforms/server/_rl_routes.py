@@ -20,13 +20,23 @@ resource-server ``/verify`` (``POST /verify``).
                    ``instance_config`` (where NeMo-RL 7ea279a ``nemo_rl/experience/rollouts.py``
                    ``_extract_mask_sample_flags`` reads it), so NeMo-RL drops it from the loss.
                    A timeout is ``transient``; a sample that can never be graded is ``skipped``
-                   with ``_ng_failure_terminal: true`` (never retried).
+                   with ``_ng_failure_terminal: true`` (never retried); an exception in the
+                   reward computer is ``reward_failed``.
 =================  ==========================================================================
+
+Every failure on ``/verify`` is such a 200 row, a hung or slow judge included: Gym's simple agent
+calls ``raise_for_status`` on the verify reply (NVIDIA-NeMo/Gym 07d6b0d
+``responses_api_agents/simple_agent/app.py``), its ``/run`` then fails, and rollout collection
+re-raises it (``nemo_gym/rollout_collection.py`` ``_post_subroutine``): one 504 would stop the
+whole collection. So the route grades under its own deadline, :func:`verify_deadline_s`, which
+ends before ``server.request_timeout_s`` always; a row not graded by then is ``transient``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request  # at run time: FastAPI reads the handlers' annotations
@@ -40,6 +50,15 @@ RL_ROUTES = frozenset({"/slime", "/verify"})
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"  # nemo_gym.rollout_collection.NG_FAILURE_CLASS_KEY
 NG_TERMINAL_KEY = "_ng_failure_terminal"
 MASK_SAMPLE_KEY = "mask_sample"  # nemo_gym.token_id_capture.delivery.MASK_SAMPLE_KEY; NeMo-RL reads instance_config.mask_sample
+VERIFY_MARGIN_S = 5.0  # what a /verify row keeps between its own deadline and server.request_timeout_s (at most)
+
+logger = logging.getLogger("gradekit.server")
+
+
+def verify_deadline_s(request_timeout_s: float) -> float:
+    """How long ``/verify`` grades one row: ``server.request_timeout_s`` less a margin (5 s, or a tenth
+    of a shorter timeout), so the failure row is written and sent before the server's 504 could be."""
+    return request_timeout_s - min(VERIFY_MARGIN_S, request_timeout_s / 10)
 
 
 # ---- slime / miles -------------------------------------------------------------------------------
@@ -151,12 +170,33 @@ def verify_reply(raw: dict[str, Any], response: RewardResponse) -> dict[str, Any
         return out
     kind = response.extra_info.get("error_kind")
     invalid = response.extra_info.get("grade_status") == "invalid"
-    failure = "skipped" if invalid else "transient" if kind == "timeout" else "judge_failed"
+    failure = ("skipped" if invalid else "transient" if kind == "timeout" else "reward_failed" if kind == "reward_exception"
+               else "judge_failed")
     out.update({"reward": 0.0, NG_FAILURE_CLASS_KEY: failure, "_ng_failure_judge_error": response.detail or "reward failed",
-                MASK_SAMPLE_KEY: True, "instance_config": {**(raw.get("instance_config") or {}), MASK_SAMPLE_KEY: True}})
+                MASK_SAMPLE_KEY: True})
+    config = raw.get("instance_config")
+    if config is None or isinstance(config, dict):  # anything else is the row's own, echoed as sent: the top-level mark stands
+        out["instance_config"] = {**(config or {}), MASK_SAMPLE_KEY: True}
     if invalid:
         out[NG_TERMINAL_KEY] = True
     return out
+
+
+def verify_busy_reply(body: bytes) -> Response | None:
+    """A full server's answer on ``/verify``: the request's own failure row (``transient``, retried on
+    resume) rather than 503, which Gym's collection would re-raise; a body that is no JSON object keeps the 503."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    busy = RewardResponse(status="fail", detail="the reward server is busy (thread_pool.max_workers + queue_size in flight)",
+                          extra_info={"grade_status": "error", "error_kind": "timeout"})
+    return JSONResponse(verify_reply(raw, busy))
+
+
+BUSY_REPLIES = {"/verify": verify_busy_reply}
 
 
 # ---- the routes ---------------------------------------------------------------------------------
@@ -182,6 +222,17 @@ def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
     async def verify(request: Request) -> Response:
         raw = await core._json_body(request)
         parsed = core._parse(VerifyRequest, raw)
-        response = await engine.compute(verify_request(parsed))
+        limit = request.app.state.config.server.request_timeout_s
+        deadline = verify_deadline_s(limit)
+        try:
+            response = await asyncio.wait_for(engine.compute(verify_request(parsed)), deadline)
+        except asyncio.TimeoutError:
+            response = RewardResponse(status="fail", extra_info={"grade_status": "error", "error_kind": "timeout"},
+                                      detail=f"not graded within {deadline:g} s (server.request_timeout_s {limit:g} s less "
+                                             "the margin that lets this row reach Gym before a 504 could)")
+        except Exception as e:  # a bug in a reward class: still a row, since a 500 would stop Gym's collection
+            logger.exception("POST /verify: the reward computer raised")
+            response = RewardResponse(status="fail", detail=f"{type(e).__name__}: {e}",
+                                      extra_info={"grade_status": "error", "error_kind": "reward_exception"})
         core._set_outcome(request, response.status)
         return JSONResponse(verify_reply(raw, response))
