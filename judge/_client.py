@@ -36,7 +36,7 @@ from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
+from ._wire import Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -429,7 +429,7 @@ class Judge:
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
         return finish(cached=True, mode=mode, **reading.verdict_fields(), reasoning=reading.thinking,
-                      saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion)
+                      saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion, **served_of(stored))
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
                  need_key: bool) -> Prepared | Verdict:
@@ -530,26 +530,29 @@ class Judge:
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
+        served: dict[str, str | None] = {}
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
                                           prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
+            served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
             reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
                 self._remember(rubric, mode)
-                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking)
+                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking, **served)
             if reading.kind == "refusal":  # refusals are deterministic: no re-ask
-                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw)
+                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw, **served)
             last = reading
             if reading.kind == "truncated":
                 break  # the same limit cuts the same reply off again: no re-ask
         assert last is not None
         if (number := read_missed_schema(rubric, last)) is not None:
-            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking)
-        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking)
+            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
+        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
+                      **served)
 
     def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
         """An answered prompt: its size passes the window gate from now on, and a provider that counted
@@ -751,7 +754,7 @@ class Judge:
                                   "completion_tokens": int(spent.get("completion_tokens") or 0),
                                   "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
                                   "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
-                                  "reasoning": reasoning_of(completion)}
+                                  "reasoning": reasoning_of(completion), **served_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)

@@ -152,6 +152,11 @@ class Verdict(BaseModel):
     coverage: TrajectoryCoverage | None = None
     # granularity: step: each assistant step's verdict, in order; ``score`` is their aggregate (step_aggregate).
     steps: list[StepVerdict] | None = None
+    # What the provider says answered (a cached verdict: what answered when it was cached): the reply's
+    # ``model`` (a dated snapshot behind an alias) and ``system_fingerprint`` (OpenAI's backend, vLLM's
+    # version, GPU and config hash), where it gives them. A change mid-run is how a served judge drifts.
+    served_model: str | None = None
+    system_fingerprint: str | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -626,17 +626,36 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
         table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
+    if s.served:
+        table.add_row("served", served_text(s))
     if s.result_counts is not None:
         c = s.result_counts
         table.add_row("eval results", f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}")
         for r in s.per_testing_criteria_results or []:
             table.add_row("", f"{r['testing_criteria']}: {r['passed']} passed, {r['failed']} failed")
     console.print(table)
+    if s.served_note:
+        console.print(s.served_note, style="yellow", highlight=False, markup=False, soft_wrap=True)
     if s.budget:
         console.print(f"[yellow]{s.skipped} rows skipped: {s.budget}. Run the same command with a larger cap to grade them;"
                       " the rows already judged come from the cache.[/yellow]", highlight=False)
     for example in s.error_examples:
         console.print(f"  [red]{example}[/red]", markup=True, highlight=False)
+
+
+def served_text(s: RunSummary) -> str:
+    """Who answered the rows (model and system_fingerprint, as the provider says), and where that changed mid-run."""
+    def who(model: str | None, fingerprint: str | None) -> str:
+        return f"{model or '?'}" + (f" {fingerprint}" if fingerprint else "")
+
+    groups = "; ".join(f"{who(g['model'], g['system_fingerprint'])}: {g['rows']} rows ({g['first_row']}-{g['last_row']})"
+                       for g in s.served)
+    if not s.served_changes_total:
+        return groups
+    first = s.served_changes[0]
+    was = first["was"]
+    return (f"{groups}; changed mid-run {s.served_changes_total} time{'s' if s.served_changes_total > 1 else ''}, first at row "
+            f"{first['row']} ({who(was['model'], was['system_fingerprint'])} -> {who(first['model'], first['system_fingerprint'])})")
 
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,

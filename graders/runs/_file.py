@@ -33,6 +33,7 @@ from .._flags import said_as_flags
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
 from ._checkpoint import Checkpoint
+from ._drift import ServedTally, alias_note
 from ._io import InputError, RowError, RowWriter, RunInput, file_format, written_rows
 from ._lock import output_lock
 from ._plan import Grading, O, RunOptions, RunPlan
@@ -41,7 +42,7 @@ from .._spread import SpreadReport, SpreadTally
 logger = logging.getLogger("gradekit.runs")
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached",
-                  "raw_reply", "attempts"]
+                  "raw_reply", "attempts", "served_model", "system_fingerprint"]
 RAW_REPLY_CHARS = 2000  # an error row keeps this much of the judge's reply: enough to see why, not a whole essay
 # The error kinds --retry-errors grades again: nothing about the row itself caused them.
 TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
@@ -88,6 +89,12 @@ class RunSummary(BaseModel):
     reward_seconds_p50: float | None = None
     reward_seconds_p99: float | None = None
     slowest_rows: list[dict[str, Any]] = Field(default_factory=list)  # [{"row": n, "id": ..., "seconds": s}], slowest first
+    # Drift, seen (runs._drift): rows per (served model, system_fingerprint) in output order, where it changed, and a
+    # note for a long run whose judge is named by an alias.
+    served: list[dict[str, Any]] = Field(default_factory=list)  # [{"model", "system_fingerprint", "rows", "first_row", "last_row"}]
+    served_changes: list[dict[str, Any]] = Field(default_factory=list)  # [{"row", "model", "system_fingerprint", "was": {...}}]
+    served_changes_total: int = 0  # changes seen (the list keeps the first runs._drift.CHANGES_LISTED)
+    served_note: str | None = None
 
     @model_serializer(mode="wrap")
     def _hybrid_only(self, handler: Any) -> dict[str, Any]:
@@ -229,6 +236,9 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
         "raw_reply": failed_reply(verdict),
         "attempts": verdict.usage.requests if verdict.status != "ok" else None,
+        # Who answered, as the provider says (docs/align.md#drift-seen): how a judge that changed mid-run shows.
+        "served_model": verdict.served_model,
+        "system_fingerprint": verdict.system_fingerprint,
     }
 
 
@@ -243,7 +253,7 @@ def failed_reply(verdict: Verdict | None) -> str | None:
 
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
                 "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool",
-                "raw_reply": "string", "attempts": "int64"}
+                "raw_reply": "string", "attempts": "int64", "served_model": "string", "system_fingerprint": "string"}
 # The columns a Jury (agreement, jurors) or a Cascade (decided_by, confidence) adds: its ``panel_columns``.
 PANEL_TYPES = {"agreement": "float64", "jurors": "string", "decided_by": "string", "confidence": "float64"}
 
@@ -604,6 +614,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             raise
         raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
+    summary.served_note = alias_note(settings.get("model"), summary.served, summary.rows, summary.wall_s)
     timed.report(summary)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
@@ -876,6 +887,7 @@ class _Tally:
         self.agreement_n = 0
         self.hybrid = False  # a hybrid grader's run: judge_calls_saved is reported
         self.saved = 0
+        self.served = ServedTally()
 
     def _panel(self, decided_by: Any, agreement: Any) -> None:
         if decided_by not in (None, ""):
@@ -897,6 +909,7 @@ class _Tally:
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
+        self.served.add(self.verdicts, getattr(verdict, "served_model", None), getattr(verdict, "system_fingerprint", None))
         label = None
         if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
             for name, value in verdict.metrics.items():
@@ -944,6 +957,7 @@ class _Tally:
     def add_written(self, row: Mapping[str, Any]) -> None:
         """Count a row kept from an earlier output (its cells may be CSV text)."""
         self.verdicts += 1
+        self.served.add_written(self.verdicts, row)
         status = row.get("status")
         self._panel(row.get("decided_by"), row.get("agreement"))
         if "metrics" in row and row.get("decided_by") in ("symbolic", "judge"):  # a hybrid grader's row (grader runs have metrics)
@@ -967,14 +981,17 @@ class _Tally:
 
     def state(self) -> dict[str, Any]:
         """The counts, for a checkpoint: a resumed run's summary covers the whole output."""
-        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds", "decided")},
-                "labels": dict(self.labels), "kinds": dict(self.kinds), "decided": dict(self.decided)}
+        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds", "decided", "served")},
+                "labels": dict(self.labels), "kinds": dict(self.kinds), "decided": dict(self.decided), "served": self.served.state()}
 
     @classmethod
     def restore(cls, state: Mapping[str, Any]) -> _Tally:
         tally = cls()
         for key, value in state.items():
             if key == "requests":  # "requests sent" is this run's traffic; the rows and tokens are the whole output's
+                continue
+            if key == "served":
+                tally.served = ServedTally.restore(value)
                 continue
             setattr(tally, key, Counter(value) if key in ("labels", "kinds", "decided") else value)
         return tally
@@ -1002,4 +1019,7 @@ class _Tally:
             requests=self.requests,
             wall_s=wall,
             judgements_per_s=self.verdicts / wall if wall > 0 else 0.0,
+            served=[dict(g) for g in self.served.groups],
+            served_changes=[dict(c) for c in self.served.changes],
+            served_changes_total=self.served.change_count,
         )
