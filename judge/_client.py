@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import openai
 from openai import AsyncOpenAI
@@ -35,7 +35,8 @@ from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, ru
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
-from ._verdict import ErrorKind, Verdict
+from ._thinking import read_message
+from ._verdict import ErrorKind, Usage, Verdict
 from ._wire import Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
@@ -397,6 +398,68 @@ class Judge:
                     self.cache.put(keys[text], {"object": "embedding", "model": model, "embedding": vector})
             vectors = [fresh[text] if vector is None else vector for text, vector in zip(texts, vectors)]
         return finish(status="ok", vectors=vectors)
+
+    async def generate(self, messages: list[dict[str, Any]], *, json_object: bool = False) -> Generated:
+        """Free text from the judge's model (an optimiser writing guidelines, not a verdict), through the same path as a
+        judgement: the cache, the budget, the limiter, the retry policy, the learnt dialect and the run's breaker.
+
+        ``json_object`` asks for a JSON object (``response_format``); an endpoint that refuses it is asked in plain
+        text once. Never raises: a failure is ``status="error"`` (or ``skipped`` past the budget) with its kind.
+        """
+        started = time.perf_counter()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
+
+        def finish(**fields: Any) -> Generated:
+            spent = Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                          reasoning_tokens=usage["reasoning_tokens"], cached_tokens=usage["cached_tokens"], requests=usage["attempts"])
+            return Generated(latency_s=time.perf_counter() - started, usage=spent, **fields)
+
+        shapes = [True, False] if json_object else [False]
+        failure: Failed | None = None
+        for as_json in shapes:
+            for _ in range(_MAX_RELEARNS):
+                request: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0.0, **self.sampling}
+                if as_json:
+                    request["response_format"] = {"type": "json_object"}
+                request = self.dialect.apply(request)
+                version = self.dialect.version
+                key = cache_key(self.base_url, request)
+                if self.cache is not None and (stored := self.cache.get(key)) is not None:
+                    answer = read_message(((stored.get("choices") or [{}])[0]).get("message") or {}).answer
+                    if answer:
+                        return finish(status="ok", text=answer, cached=True, **served_of(stored))
+                reservation = None
+                if self.budget is not None:
+                    prompt = sum(estimate_tokens(m.get("content") or "") for m in messages)
+                    reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+                    reservation = await self.budget.start(prompt, reply, model=self.model)
+                    if reservation is None:
+                        return finish(status="skipped", error_kind="budget", error=self.budget.reason())
+                before = usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]
+                try:
+                    completion = await self._send(request, usage, dialect_version=version)
+                except _Relearn:
+                    continue  # a fix was learnt: build the request again
+                except Failed as e:
+                    failure = e
+                    break
+                finally:
+                    if reservation is not None and self.budget is not None:
+                        self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
+                                           usage["cached_tokens"] - before[2])
+                answer = read_message(((completion.get("choices") or [{}])[0]).get("message") or {}).answer
+                if not answer:
+                    return finish(status="error", error_kind="parse_failure", error="the reply holds no text (only thinking, or nothing)",
+                                  **served_of(completion))
+                if self.cache is not None:
+                    self.cache.put(key, completion)
+                return finish(status="ok", text=answer, **served_of(completion))
+            else:
+                return finish(status="error", error_kind="bad_request", error=f"the endpoint refused {_MAX_RELEARNS} versions of the request")
+            if failure is not None and not (as_json and failure.kind == "bad_request" and failure.output_format):
+                break  # only a refused output format is worth asking again in plain text
+        assert failure is not None
+        return finish(status="error", error_kind=failure.kind, error=str(failure))
 
     def _row_key(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode) -> str | None:
         """A cache key from the row's values instead of the rendered prompt.
@@ -790,6 +853,20 @@ def _message_text(message: Mapping[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text") or "" for p in content or [] if isinstance(p, Mapping))
+
+
+class Generated(BaseModel):
+    """What :meth:`Judge.generate` produced: the reply's text (its final answer, thinking set apart), or why not."""
+
+    status: Literal["ok", "error", "skipped"]
+    text: str | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    usage: Usage = Usage()
+    cached: bool = False
+    latency_s: float = 0.0
+    served_model: str | None = None
+    system_fingerprint: str | None = None
 
 
 class Prepared(BaseModel):
