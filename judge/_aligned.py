@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     from ._rubric import Rubric
 
 ALIGNMENT_VERSION = 1
-log = logging.getLogger("gradekit.certificate")
-_printed: set[tuple[str, str]] = set()  # (path, certificate digest) already announced by this process
+log = logging.getLogger("gradekit.certificate")  # the CLI shows its INFO lines: `grade` and `serve` print a certificate on load
 
 # The fields of the spec an aligned rubric's digest covers (everything but where it lives): a change to any is a hand edit.
 SPEC_FIELDS = ("name", "description", "language", "variables", "output", "labels", "unmatched", "invalid_labels", "sampling",
@@ -128,10 +127,7 @@ def check_alignment(rubric: Rubric, template: str, where: str) -> None:
     if changed:
         raise ValueError(f"{where}: {', '.join(changed)} changed after alignment (the rubric's digest does not match): its "
                          "certificate was measured on other values; run gradekit align again rather than edit the aligned rubric")
-    key = (where, alignment.digest.get("alignment.certificate.difference_ci", ""))
-    if key not in _printed:
-        _printed.add(key)
-        log.info("%s", certificate_line(rubric, where))
+    log.info("%s", certificate_line(rubric, where))
 
 
 def certificate_line(rubric: Rubric, where: str) -> str:

@@ -38,7 +38,7 @@ from ._digest import changed_fields, field_digest
 from ._jury import Panel
 from ._protocol import JudgeIdentity, JudgeProtocol, MemberUsage
 from ._redact import redact_url
-from ._rubric import AskMode, Rubric
+from ._rubric import Rubric
 from ._spec import JudgeSpec
 from ._verdict import PanelInfo, Usage, Verdict
 

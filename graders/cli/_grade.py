@@ -169,6 +169,13 @@ def _parse(args: _GradeArgs) -> _Command:
         variables = resolve_mapping(spec, args.mapping) if spec is not None else sample_mapping(args.mapping)
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
+    certified = spec.alignment.judge.get("model") if spec is not None and spec.alignment is not None else None
+    if certified and not panel:
+        from gradekit.judge._client import DEFAULT_MODEL
+
+        if (model or DEFAULT_MODEL) != certified:
+            typer.echo(f"warning: {rubric}: its certificate holds for judge {certified}, not {model or DEFAULT_MODEL}: it says "
+                       "nothing about this one; align it for this judge (gradekit align)", err=True)
     return _Command(args, spec, variables, cascade_spec, panel, model)
 
 

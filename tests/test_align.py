@@ -1,0 +1,179 @@
+"""`gradekit align` end to end against a fake judge whose agreement with the labels depends on what its prompt teaches it
+(judge.testing.AlignmentLab), over HTTP: the certificate, ship-only-if-better, no test row reaching the optimiser or the
+choice (checked at the fake), and the digest that makes `grade` refuse a hand-edited aligned rubric."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gradekit.graders.calibration._align import stratified_split
+from gradekit.graders.cli import app
+from gradekit.judge import load_rubric
+from gradekit.judge.testing import AlignmentLab, FakeProvider
+
+runner = CliRunner()
+RUBRIC = "semantic_equivalence_en"
+LESSONS = {"words": "A number written out in words is the same answer as the number.",
+           "hedge": "An answer that lists several candidates is incorrect even when one of them is right.",
+           "units": "The same quantity given in other units is a correct answer."}
+
+
+def labelled_set(path: Path, n: int = 160, seed: int = 7) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """``n`` labelled rows, half correct; 40% carry a trait the judge gets wrong until its prompt teaches it."""
+    rng = random.Random(seed)
+    truth, traits = {}, {}
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            key = f"q{i:03d}"
+            label = "correct" if i % 2 == 0 else "incorrect"
+            trait = rng.choice(["words", "hedge", "units"]) if rng.random() < 0.4 else None
+            truth[key] = label
+            if trait:
+                traits[key] = trait
+            f.write(json.dumps({"id": key, "question": f"{key}: what is the answer?", "references": ["42"],
+                                "prediction": "42" if label == "correct" else "41", "label": label}) + "\n")
+    return path, truth, traits
+
+
+def lab(truth: dict[str, str], traits: dict[str, str], **kwargs) -> AlignmentLab:
+    return AlignmentLab(truth, ["correct", "incorrect"], r"\b(q\d{3})\b", traits=traits, lessons=LESSONS, **kwargs)
+
+
+def align(fake: FakeProvider, data: Path, out: Path, *more: str) -> tuple[int, dict, str]:
+    result = runner.invoke(app, ["align", str(data), "-r", RUBRIC, "-o", str(out), "--on", "id", "--base-url", fake.base_url,
+                                 "--api-key", "k", "--model", "fake-judge", "--optimiser-model", "fake-optimiser",
+                                 "--cache", str(out.parent / "cache.sqlite3"), "--json", *more])
+    stdout = result.stdout
+    report = json.loads(stdout[stdout.index("{"):]) if "{" in stdout else {}
+    return result.exit_code, report, result.output
+
+
+@pytest.fixture
+def learnable(tmp_path: Path):
+    data, truth, traits = labelled_set(tmp_path / "labelled.jsonl")
+    judge = lab(truth, traits)
+    with FakeProvider(responder=judge) as fake:
+        yield fake, judge, data, traits
+
+
+def test_align_raises_test_agreement_with_an_interval_above_zero_and_no_test_row_reaches_the_optimiser(learnable, tmp_path) -> None:
+    fake, judge, data, traits = learnable
+    out = tmp_path / "aligned.yaml"
+    code, report, text = align(fake, data, out)
+    assert code == 0, text
+    c = report["certificate"]
+    assert report["written"] and report["output"] == str(out) and out.exists() and out.with_suffix(".j2").exists()
+    assert c["difference_ci"][0] > 0 and c["aligned"]["accuracy"] > c["original"]["accuracy"]
+    assert c["n"] == len(report["splits"]["test"])
+
+    train, dev, test = (set(report["splits"][k]) for k in ("train", "dev", "test"))
+    assert not (train & dev or train & test or dev & test) and len(train | dev | test) == 160
+    # Checked at the fake: the optimiser was shown train rows only, and each test row was judged with two prompts,
+    # the original and the chosen one: no candidate was ever scored on it.
+    assert judge.optimiser_keys and judge.optimiser_keys <= train and not judge.optimiser_keys & test
+    assert {judge.prompts_for(k) for k in test} == {2}
+
+    aligned, original = load_rubric(out), load_rubric(RUBRIC)
+    assert aligned.output == original.output and aligned.labels == original.labels and aligned.unmatched == original.unmatched
+    assert aligned.guidelines and set(aligned.guidelines) <= set(LESSONS.values())
+    assert all(e.row["question"][:4] in train for e in aligned.examples)  # examples come from train
+    a = aligned.alignment
+    assert a is not None and a.seed == 0 and a.labels_file["rows"] == 160 and a.judge["model"] == "fake-judge"
+    assert a.original["rubric"] == RUBRIC and a.optimiser == {"model": "fake-optimiser"}
+    assert [r["round"] for r in report["rounds"]] and report["rounds"][0]["candidates"]
+
+
+def test_splits_are_stratified_seeded_and_recorded() -> None:
+    labels = ["a"] * 50 + ["b"] * 30 + ["c"] * 5
+    first = stratified_split(labels, (0.4, 0.2, 0.4), seed=3)
+    assert first == stratified_split(labels, (0.4, 0.2, 0.4), seed=3) != stratified_split(labels, (0.4, 0.2, 0.4), seed=4)
+    train, dev, test = first
+    assert sorted(train + dev + test) == list(range(85))
+    for split, share in ((train, 0.4), (dev, 0.2), (test, 0.4)):
+        counts = Counter(labels[i] for i in split)
+        assert set(counts) == {"a", "b", "c"}  # every label in every split
+        assert abs(counts["a"] - 50 * share) <= 1 and abs(counts["b"] - 30 * share) <= 1
+
+
+def test_a_judge_no_prompt_can_improve_gets_nothing_written_and_the_reason(tmp_path: Path) -> None:
+    data, truth, traits = labelled_set(tmp_path / "labelled.jsonl")
+    with FakeProvider(responder=lab(truth, traits, learnable=False)) as fake:
+        code, report, text = align(fake, data, tmp_path / "aligned.yaml")
+    assert code == 1, text
+    assert not report["written"] and report["output"] is None and "nothing written" in report["reason"]
+    assert not (tmp_path / "aligned.yaml").exists() and not (tmp_path / "aligned.j2").exists()
+
+
+def test_better_but_not_by_the_margin_is_not_written(learnable, tmp_path) -> None:
+    fake, _, data, _ = learnable
+    code, report, text = align(fake, data, tmp_path / "aligned.yaml", "--margin", "0.9")
+    assert code == 1, text
+    c = report["certificate"]
+    assert c["difference"] > 0 and c["difference_ci"][0] <= 0.9 and c["margin"] == 0.9
+    assert "not above the margin" in report["reason"] and not (tmp_path / "aligned.yaml").exists()
+
+
+@pytest.mark.parametrize("edit, field", [
+    pytest.param(lambda spec, j2: (spec["guidelines"].append("Always say correct."), j2)[1], "guidelines", id="guideline_added"),
+    pytest.param(lambda spec, j2: (spec["labels"].update(correct=0.5), j2)[1], "labels", id="score_map"),
+    pytest.param(lambda spec, j2: (spec["alignment"]["certificate"]["difference_ci"].__setitem__(0, 0.5), j2)[1],
+                 "alignment.certificate.difference_ci", id="certificate_widened"),
+    pytest.param(lambda spec, j2: (spec["alignment"].update(seed=1), j2)[1], "alignment.seed", id="seed"),
+    pytest.param(lambda spec, j2: j2.replace("careful", "lenient"), "template", id="template_reworded"),
+])
+def test_grade_prints_the_certificate_and_refuses_a_hand_edited_aligned_rubric(learnable, tmp_path, edit, field) -> None:
+    fake, _, data, _ = learnable
+    out = tmp_path / "aligned.yaml"
+    assert align(fake, data, out)[0] == 0
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(line for line in data.read_text().splitlines(keepends=True)[:3]), encoding="utf-8")
+    args = [str(rows), "-r", str(out), "--base-url", fake.base_url, "--api-key", "k", "--model", "fake-judge", "--no-cache"]
+    ok = runner.invoke(app, ["grade", *args, "-o", str(tmp_path / "graded.jsonl")])
+    assert ok.exit_code == 0, ok.output
+    assert "aligned rubric certified on" in ok.stderr and "difference +" in ok.stderr
+
+    spec = yaml.safe_load(out.read_text(encoding="utf-8"))
+    template = out.with_suffix(".j2").read_text(encoding="utf-8")
+    template = edit(spec, template)
+    out.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    out.with_suffix(".j2").write_text(template, encoding="utf-8")
+    refused = runner.invoke(app, ["grade", *args, "-o", str(tmp_path / "again.jsonl")])
+    assert refused.exit_code == 2, refused.output
+    assert f"{field} changed after alignment" in refused.stderr and "run gradekit align again" in refused.stderr
+    assert not (tmp_path / "again.jsonl").exists()
+
+
+def test_align_as_a_real_subprocess_with_its_progress_lines(learnable, tmp_path) -> None:
+    fake, _, data, _ = learnable
+    out = tmp_path / "aligned.yaml"
+    done = subprocess.run([sys.executable, "-m", "gradekit", "align", str(data), "-r", RUBRIC, "-o", str(out), "--base-url",
+                           fake.base_url, "--api-key", "k", "--model", "fake-judge", "--optimiser-model", "fake-optimiser",
+                           "--no-cache", "--progress-every", "0.01"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "round 1:" in done.stderr and "align: original on train and dev:" in done.stderr
+    assert "written: on " in done.stdout and "difference" in done.stdout and out.exists()
+
+
+def test_the_vectorized_kappa_interval_is_scikit_learns_kappa_resampled() -> None:
+    import numpy as np
+    from scipy.stats import bootstrap
+    from sklearn.metrics import cohen_kappa_score
+
+    from gradekit.graders.calibration._agreement import kappa_interval
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 3, 120)
+    b = np.where(rng.random(120) < 0.7, a, rng.integers(0, 3, 120))
+    fast = kappa_interval(a, b, 3, resamples=300, confidence=0.9, seed=5)
+    slow = bootstrap((a, b), lambda x, y: cohen_kappa_score(x, y), n_resamples=300, vectorized=False, paired=True,
+                     confidence_level=0.9, method="percentile", rng=5).confidence_interval
+    assert fast is not None and fast.low == pytest.approx(slow.low) and fast.high == pytest.approx(slow.high)
