@@ -26,6 +26,12 @@ def grade(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def grade_json(*args: str) -> tuple[int, dict, str]:
+    """Exit status, the --json printed on stdout, and stderr."""
+    result = runner.invoke(app, ["grade", *args])
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
+
+
 def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -153,3 +159,157 @@ def test_view_filters_rows_by_who_answered(tmp_path: Path) -> None:
             results.rows(as_filter({"drift": "true"}))  # no run flagged this file: a named error, never a silent "no filter"
     finally:
         results.close()
+
+
+# ---- a canary ------------------------------------------------------------------------------------------------
+
+
+class Toggle:
+    """A judge the test replaces at will: ``changed`` gives a new fingerprint and inverted answers."""
+
+    def __init__(self) -> None:
+        self.changed = False
+        self.after: int | None = None  # change by itself after this many requests
+        self.seen = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict) -> Reply:
+        with self._lock:
+            self.seen += 1
+            if self.after is not None and self.seen > self.after:
+                self.changed = True
+            changed = self.changed
+        reply = reference_judge(body)
+        if changed and reply.content:
+            verdict = json.loads(reply.content)
+            verdict["judgement"] = {"correct": "incorrect", "incorrect": "correct"}[verdict["judgement"]]
+            reply = Reply(content=json.dumps(verdict))
+        return reply.model_copy(update={"model": "fake-judge-2024-01-01", "system_fingerprint": "fp_new" if changed else "fp_old"})
+
+
+@pytest.mark.parametrize("values, rows, seconds", [
+    pytest.param(["500"], 500, None, id="rows"),
+    pytest.param(["10m"], None, 600.0, id="minutes"),
+    pytest.param(["200", "90s"], 200, 90.0, id="whichever_first"),
+    pytest.param(["1h"], None, 3600.0, id="hours"),
+])
+def test_canary_every_reads_rows_and_times(values, rows, seconds) -> None:
+    from gradekit.graders.runs._canary import parse_every
+
+    assert parse_every(values) == (rows, seconds)
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "ten", "5d", "0s", ""])
+def test_canary_every_refuses_what_is_not_a_count_or_a_time(bad) -> None:
+    from gradekit.graders.runs._canary import parse_every
+
+    with pytest.raises(ValueError, match="--canary-every"):
+        parse_every([bad])
+
+
+def test_the_sequential_levels_sum_to_alpha_and_the_exact_test() -> None:
+    from gradekit.graders.runs._canary import level, mcnemar_p
+
+    assert sum(level(0.05, k) for k in range(1, 100_000)) == pytest.approx(0.05, rel=1e-4)
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(10, 0) == pytest.approx(2 / 1024) and mcnemar_p(0, 10) == mcnemar_p(10, 0)
+
+
+def canary_args(fake: FakeProvider, data: Path, out: Path, canary: Path, *more: str) -> list[str]:
+    return [str(data), "-r", "semantic_equivalence_en", "-o", str(out), "--base-url", fake.base_url, "--api-key", "k",
+            "--concurrency", "2", "--cache", str(out.parent / "cache.sqlite3"), "--canary", str(canary), "--canary-every", "10",
+            "--json", *more]
+
+
+def test_a_judge_that_changes_midway_stops_the_run_at_the_next_canary_check_and_resumes_only_once_it_agrees_again(tmp_path) -> None:
+    data = write_rows(tmp_path / "rows.jsonl", 80)
+    canary = write_rows(tmp_path / "canary.jsonl", 16, start=1000)
+    out = tmp_path / "out.jsonl"
+    judge = Toggle()
+    judge.after = 16 + 30  # the canary's start, then 30 rows' requests: the provider swaps the judge mid-run
+    with FakeProvider(responder=judge) as fake:
+        code, stop, err = grade_json(*canary_args(fake, data, out, canary))
+        assert code == 3, err
+        assert stop["stopped"] == "drift" and stop["error_kind"] == "drift" and "the judge changed" in stop["message"]
+        assert "the judge changed" in err and "--on-drift flag" in err
+        written = rows(out)
+        assert 0 < len(written) < 80
+        assert {r["system_fingerprint"] for r in written} == {"fp_old"} and not any(r["drift"] for r in written)
+        assert [r["id"] for r in written] == [f"r{i}" for i in range(len(written))]  # in order, nothing after the cut
+        drift = stop["summary"]["canary"]["drift"]
+        assert drift["agreement_start"] == 1.0 and drift["agreement_now"] == 0.0 and drift["served_now"][0]["system_fingerprint"] == "fp_new"
+
+        again, _, err = grade_json(*canary_args(fake, data, out, canary))  # still the new judge: refused before any row
+        assert again == 3 and "the judge changed" in err and rows(out) == written
+
+        judge.after, judge.changed = None, False  # the provider rolls the judge back
+        done, summary, err = grade_json(*canary_args(fake, data, out, canary))
+    assert done == 0, err
+    final = rows(out)
+    assert [r["id"] for r in final] == [f"r{i}" for i in range(80)]
+    assert {r["system_fingerprint"] for r in final} == {"fp_old"} and not any(r["drift"] for r in final)
+    # Rows the new judge answered before the stop are in the cache; after a change none is read from it.
+    assert not any(r["cached"] for r in final[len(written):])
+    assert summary["canary"]["drift"] is None and summary["rows"] == 80
+
+
+def test_on_drift_flag_goes_on_and_flags_every_row_after_the_change(tmp_path) -> None:
+    data = write_rows(tmp_path / "rows.jsonl", 80)
+    canary = write_rows(tmp_path / "canary.jsonl", 16, start=1000)
+    out = tmp_path / "out.jsonl"
+    judge = Toggle()
+    judge.after = 16 + 30
+    with FakeProvider(responder=judge) as fake:
+        code, summary, err = grade_json(*canary_args(fake, data, out, canary, "--on-drift", "flag"))
+    assert code == 0, err
+    written = rows(out)
+    assert [r["id"] for r in written] == [f"r{i}" for i in range(80)]
+    assert all(r["drift"] for r in written if r["system_fingerprint"] == "fp_new")  # every row after the change is flagged
+    assert not any(r["drift"] for r in written[:5]) and written[-1]["drift"]
+    assert summary["canary"]["drift"]["check"] >= 1 and summary["canary"]["flagged_rows"] == sum(r["drift"] for r in written)
+    assert len(summary["served"]) == 2 and summary["served_changes_total"] >= 1
+
+
+def test_a_judge_that_does_not_change_passes_every_check_and_a_warm_cache_from_another_judge_is_counted(tmp_path) -> None:
+    data = write_rows(tmp_path / "rows.jsonl", 40)
+    canary = write_rows(tmp_path / "canary.jsonl", 8, start=1000)
+    judge = Toggle()
+    with FakeProvider(responder=judge) as fake:
+        code, text = grade(*canary_args(fake, data, tmp_path / "a.jsonl", canary))
+        assert code == 0, text
+        first = json.loads(text)["canary"]
+        assert first["checks"] >= 4 and first["drift"] is None and first["agreement_start"] == first["agreement_last"] == 1.0
+        assert not any(r["drift"] for r in rows(tmp_path / "a.jsonl"))
+
+        judge.changed = True  # a new judge from the start of the next run: no drift within it, but its cache is the old judge's
+        code, text = grade(*canary_args(fake, data, tmp_path / "b.jsonl", canary))
+    assert code == 0, text
+    second = json.loads(text)
+    assert second["canary"]["drift"] is None and second["canary"]["cached_other_judge"] == 40
+    assert "40 cached rows were served by another" in canary_text_of(second["canary"])
+
+
+def canary_text_of(block: dict) -> str:
+    from gradekit.graders.cli._grade import canary_text
+
+    return canary_text(block)
+
+
+@pytest.mark.parametrize("more, message", [
+    pytest.param(["--on-drift", "flag"], "go with --canary", id="on_drift_alone"),
+    pytest.param(["--canary-every", "10"], "go with --canary", id="every_alone"),
+])
+def test_canary_options_without_a_canary_are_refused(tmp_path, more, message) -> None:
+    data = write_rows(tmp_path / "rows.jsonl", 2)
+    code, text = grade(str(data), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"), *more)
+    assert code == 2 and message in text
+
+
+def test_a_canary_label_the_rubric_does_not_offer_is_exit_2_before_any_request(tmp_path) -> None:
+    data = write_rows(tmp_path / "rows.jsonl", 2)
+    canary = tmp_path / "canary.jsonl"
+    canary.write_text(json.dumps({"question": "q", "references": ["a"], "prediction": "a", "label": "yes"}) + "\n")
+    with FakeProvider(responder=reference_judge) as fake:
+        code, text = grade(str(data), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"), "--base-url", fake.base_url,
+                           "--api-key", "k", "--canary", str(canary))
+        assert code == 2 and "--canary" in text and "'yes'" in text and not fake.chat_requests()
