@@ -177,3 +177,58 @@ def test_the_vectorized_kappa_interval_is_scikit_learns_kappa_resampled() -> Non
     slow = bootstrap((a, b), lambda x, y: cohen_kappa_score(x, y), n_resamples=300, vectorized=False, paired=True,
                      confidence_level=0.9, method="percentile", rng=5).confidence_interval
     assert fast is not None and fast.low == pytest.approx(slow.low) and fast.high == pytest.approx(slow.high)
+
+
+def test_the_budget_stops_an_alignment_before_anything_is_written_and_the_same_command_resumes_from_the_cache(learnable, tmp_path) -> None:
+    fake, _, data, _ = learnable
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("fake-judge: {input: 1000, output: 1000}\nfake-optimiser: {input: 1000, output: 1000}\n", encoding="utf-8")
+    out = tmp_path / "aligned.yaml"
+    code, _, text = align(fake, data, out, "--prices", str(prices), "--max-cost", "5")
+    assert code == 3, text
+    assert "budget" in text and "nothing written" in text and "--max-cost" in text and not out.exists()
+    sent = len(fake.chat_requests())
+    code, report, text = align(fake, data, out, "--prices", str(prices), "--max-cost", "10000")
+    assert code == 0, text
+    first = report["rounds"][0]
+    assert out.exists() and len(fake.chat_requests()) - sent < report["requests"] + 1  # the first run's judgements came from the cache
+    assert first["cost_usd"] is not None and first["cost_usd"] > 0 and report["cost_usd"] > 0
+
+
+def test_a_broken_judge_stops_the_alignment_with_exit_3_and_writes_nothing(tmp_path: Path) -> None:
+    from gradekit.judge.testing import Reply
+
+    data, _, _ = labelled_set(tmp_path / "labelled.jsonl", n=40)
+    with FakeProvider(responder=lambda body: Reply(status=401, error_message="Incorrect API key provided")) as fake:
+        code, _, text = align(fake, data, tmp_path / "aligned.yaml")
+        sent = len(fake.chat_requests())
+    assert code == 3, text
+    assert "looks broken" in text and "nothing written" in text and not (tmp_path / "aligned.yaml").exists()
+    assert sent < 40  # stopped early, not after asking every row
+
+
+def test_serve_prints_an_aligned_rubrics_certificate_and_refuses_it_once_edited(learnable, tmp_path) -> None:
+    import os
+
+    fake, _, data, _ = learnable
+    out = tmp_path / "aligned.yaml"
+    assert align(fake, data, out)[0] == 0
+    (tmp_path / "grader.yaml").write_text("type: llm\nrubric: aligned.yaml\njudge: {model: fake-judge}\n", encoding="utf-8")
+    (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\nlogging:\n  enable: false\n", encoding="utf-8")
+    env = {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"}
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "aligned rubric certified on" in err and "for judge fake-judge" in err
+
+    spec = yaml.safe_load(out.read_text(encoding="utf-8"))
+    spec["label_definitions"]["correct"] = "anything that mentions the reference"
+    out.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    refused = subprocess.run([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "label_definitions changed after alignment" in refused.stderr

@@ -313,3 +313,59 @@ def test_a_canary_label_the_rubric_does_not_offer_is_exit_2_before_any_request(t
         code, text = grade(str(data), "-r", "semantic_equivalence_en", "-o", str(tmp_path / "o.jsonl"), "--base-url", fake.base_url,
                            "--api-key", "k", "--canary", str(canary))
         assert code == 2 and "--canary" in text and "'yes'" in text and not fake.chat_requests()
+
+
+def test_serve_runs_the_canary_on_a_schedule_and_exposes_it_in_metrics(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    write_rows(tmp_path / "canary.jsonl", 12, start=1000)
+    (tmp_path / "grader.yaml").write_text("type: llm\nrubric: semantic_equivalence_en\njudge: {model: fake-judge}\n", encoding="utf-8")
+    (tmp_path / "config.yaml").write_text(
+        "reward:\n  grader: grader.yaml\nlogging:\n  enable: false\n"
+        "canary:\n  file: canary.jsonl\n  rubric: semantic_equivalence_en\n  every_s: 0.2\n  on_drift: fail\n", encoding="utf-8")
+    judge = Toggle()
+
+    def get(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return reply.read().decode()
+
+    def reward(url: str) -> dict:
+        body = json.dumps({"prompt": "what is number 2?", "response": "2", "extra_params": {"references": ["2"]}})
+        request = urllib.request.Request(url + "/compute_reward", data=body.encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    def wait(url: str, line: str) -> str:
+        deadline = time.monotonic() + 60  # a safety net against a hang, not a timed assertion
+        while line not in (text := get(url + "/metrics")):
+            assert time.monotonic() < deadline, f"no {line!r} in /metrics:\n{text}"
+            time.sleep(0.05)
+        return text
+
+    with FakeProvider(responder=judge) as fake:
+        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"})
+        try:
+            url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+            assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
+            wait(url, 'gradekit_canary_agreement{check="start"} 1.0')
+            metrics = wait(url, "gradekit_canary_checks_total 2.0")  # checks go on, on the schedule
+            assert "gradekit_canary_drift 0.0" in metrics
+            assert reward(url)["status"] == "success"
+
+            judge.changed = True  # the provider swaps the judge under the running server
+            metrics = wait(url, "gradekit_canary_drift 1.0")
+            assert 'gradekit_canary_agreement{check="last"} 0.0' in metrics
+            failed = reward(url)
+            assert failed["status"] == "fail" and failed["extra_info"]["error_kind"] == "drift"
+            stats = json.loads(get(url + "/stats"))["canary"]
+            assert stats["drift"]["served_now"] == [{"model": "fake-judge-2024-01-01", "system_fingerprint": "fp_new"}]
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "canary: the judge changed" in err

@@ -171,7 +171,9 @@ def parse_proposal(text: str | None, labels: Sequence[str], most: int) -> tuple[
         return [], {}, f"the optimiser's reply is not JSON: {body[:200]!r}"
     if not isinstance(data, dict):
         return [], {}, "the optimiser's reply is not a JSON object"
-    guidelines = [g.strip() for g in data.get("guidelines") or [] if isinstance(g, str) and g.strip() and len(g) <= 500][:most]
+    given = data.get("guidelines")
+    given = given if isinstance(given, list) else [given] if isinstance(given, str) else []
+    guidelines = [g.strip() for g in given if isinstance(g, str) and g.strip() and len(g) <= 500][:most]
     offered = {lab.casefold(): lab for lab in labels}
     raw = data.get("label_definitions") if isinstance(data.get("label_definitions"), dict) else {}
     definitions = {offered[str(k).casefold()]: v.strip() for k, v in raw.items()
@@ -220,6 +222,7 @@ class Aligner:
         self.section = section_template(rubric.language)
         self.template = spliced(template_source(rubric), self.section)
         self.judgements = 0  # made so far (cache hits included): the unit the budget's reserve is counted in
+        self.short_of_budget = False  # a round was not run (or not compared) for want of budget
 
     # ---- judging ---------------------------------------------------------------------------
 
@@ -322,6 +325,8 @@ class Aligner:
             if step is None:
                 break
             base, base_dev = step
+        if not base.candidate.changed and self.short_of_budget:
+            raise Stopped("the budget (--max-cost / --max-tokens) leaves no room for a round and the certificate after it")
         if not base.candidate.changed:
             self.report.reason = ("no candidate agreed with the labels more than the original rubric on dev: nothing to certify, "
                                   "nothing written")
@@ -343,6 +348,7 @@ class Aligner:
             # Room for this round (candidates on dev, the winner on train) and for the certificate (two rubrics on test).
             if not self.room_for(3 * len(dev) + len(train) + 2 * len(test)):
                 record.note = "stopped before this round: the budget keeps what the certificate on test needs"
+                self.short_of_budget = True
                 return None
             rng = random.Random(f"{self.seed}:{number}")
             cases = self.cases(sorted(wrong), rng)
@@ -366,6 +372,7 @@ class Aligner:
             await self.judged(f"round {number}: {len(scored)} candidates on dev", [(s, i) for s, _ in scored for i in dev])
             if any(self.skipped(s, dev) for s, _ in scored):
                 record.note = "the budget ran out while the candidates were judged on dev: this round is not compared"
+                self.short_of_budget = True
                 return None
             for s, name in scored:
                 kappa = calibrate([self.human_label(i) for i in dev],

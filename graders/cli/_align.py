@@ -145,7 +145,7 @@ def round_line(r: Any) -> str:
         return f"round {r.round}: {r.note}"
     head = f"round {r.round}: {r.train_disagreements} disagreements on train, {r.shown_to_optimiser} shown to the optimiser"
     if r.new_guidelines:
-        head += f", {len(r.new_guidelines)} new guidelines"
+        head += f", {len(r.new_guidelines)} new guideline{'s' if len(r.new_guidelines) != 1 else ''}"
     if r.optimiser_error:
         head += f" ({r.optimiser_error})"
     candidates = "; ".join(f"{c.name} {c.dev_accuracy:.1%}" + (f" kappa {c.dev_kappa:.2f}" if c.dev_kappa is not None else "")

@@ -270,8 +270,8 @@ class Canary:
 
     # ---- what it says ------------------------------------------------------------------------
 
-    def message(self, where: str) -> str:
-        """Why the run stopped on drift, and how to go on."""
+    def finding(self) -> str:
+        """What the check that saw the change found, in one sentence."""
         d = self.drift or {}
 
         def who(pairs: list[dict[str, Any]]) -> str:
@@ -280,10 +280,13 @@ class Canary:
         return (f"the judge changed: the canary agreed with its known verdicts on {d.get('agreement_start', 0):.0%} of its rows at "
                 f"the start and {d.get('agreement_now', 0):.0%} now ({d.get('right_then_wrong')} right then wrong, "
                 f"{d.get('wrong_then_right')} wrong then right; McNemar p = {d.get('p', 1):.2g} <= {d.get('level', 0):.2g} at "
-                f"check {d.get('check')}); served {who(d.get('served_start') or [])} then {who(d.get('served_now') or [])}. "
-                f"Stopped early: {where}; the same command resumes once the canary agrees with the start again (rows are then "
-                "judged without the cache); --restart grades every row with the judge as it is now; --on-drift flag goes on "
-                "and marks the rows judged after the change")
+                f"check {d.get('check')}); served {who(d.get('served_start') or [])} then {who(d.get('served_now') or [])}")
+
+    def message(self, where: str) -> str:
+        """Why the run stopped on drift, and how to go on."""
+        return (f"{self.finding()}. Stopped early: {where}; the same command resumes once the canary agrees with the start again "
+                "(rows are then judged without the cache); --restart grades every row with the judge as it is now; "
+                "--on-drift flag goes on and marks the rows judged after the change")
 
     def trip(self) -> Trip:
         d = self.drift or {}
