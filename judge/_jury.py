@@ -56,8 +56,8 @@ def default_aggregate(rubric: Rubric) -> Aggregate:
 def juror_entry(verdict: Verdict, model: str) -> dict[str, Any]:
     """One juror's line in the ``jurors`` column."""
     entry: dict[str, Any] = {"model": model, "label": verdict.label, "score": verdict.score, "status": verdict.status}
-    if verdict.served_model or verdict.system_fingerprint:  # who answered for this juror, as its provider says
-        entry.update(served_model=verdict.served_model, system_fingerprint=verdict.system_fingerprint)
+    if verdict.read.served_model or verdict.read.system_fingerprint:  # who answered for this juror, as its provider says
+        entry.update(served_model=verdict.read.served_model, system_fingerprint=verdict.read.system_fingerprint)
     if verdict.status != "ok":
         entry.update(error_kind=verdict.error_kind, error=verdict.error)
     return entry
@@ -66,10 +66,10 @@ def juror_entry(verdict: Verdict, model: str) -> dict[str, Any]:
 def served_by_all(verdicts: Sequence[Verdict]) -> dict[str, str | None]:
     """A panel's row was answered by every member that answered: their served models and fingerprints, joined in
     member order (``-`` for one that gave none), so a change of any member's shows as a change of the row's."""
-    if not any(v.served_model or v.system_fingerprint for v in verdicts):
+    if not any(v.read.served_model or v.read.system_fingerprint for v in verdicts):
         return {}
-    return {"served_model": ", ".join(v.served_model or "-" for v in verdicts),
-            "system_fingerprint": ", ".join(v.system_fingerprint or "-" for v in verdicts)}
+    return {"served_model": ", ".join(v.read.served_model or "-" for v in verdicts),
+            "system_fingerprint": ", ".join(v.read.system_fingerprint or "-" for v in verdicts)}
 
 
 def decide(rubric: Rubric | None, labels: Sequence[str | None], scores: Sequence[float | None],

@@ -91,7 +91,8 @@ class StepVerdict(BaseModel):
 
 
 class ReadInfo(BaseModel):
-    """How the reply was read: the output mode the judge was asked in, and where the score came from."""
+    """How the reply was read: the output mode the judge was asked in, where the score came from, and who the reply says
+    answered it."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -100,6 +101,11 @@ class ReadInfo(BaseModel):
     # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
     # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
     score_source: ScoreSource = "label"
+    # What the provider says answered (a cached verdict: what answered when it was cached): the reply's ``model`` (a dated
+    # snapshot behind an alias) and ``system_fingerprint`` (OpenAI's backend; vLLM's version, GPU, parallelism and config
+    # hash), where it gives them. A change mid-run is how a served judge drifts (docs/align.md#drift-seen).
+    served_model: str | None = None
+    system_fingerprint: str | None = None
 
 
 # Flat keys a caller may still pass to Verdict(...): each goes into its value (attempts is Usage.requests).
@@ -152,11 +158,6 @@ class Verdict(BaseModel):
     coverage: TrajectoryCoverage | None = None
     # granularity: step: each assistant step's verdict, in order; ``score`` is their aggregate (step_aggregate).
     steps: list[StepVerdict] | None = None
-    # What the provider says answered (a cached verdict: what answered when it was cached): the reply's
-    # ``model`` (a dated snapshot behind an alias) and ``system_fingerprint`` (OpenAI's backend, vLLM's
-    # version, GPU and config hash), where it gives them. A change mid-run is how a served judge drifts.
-    served_model: str | None = None
-    system_fingerprint: str | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -151,7 +151,7 @@ class Canary:
         verdicts = await asyncio.gather(*(self.fresh.judge(self.rubric, row) for row in self.rows))
         labels = [v.label if v.status == "ok" else None for v in verdicts]
         right = [None if lab is None else lab.casefold() == k.casefold() for lab, k in zip(labels, self.known)]
-        check = Check(labels, right, [(v.served_model, v.system_fingerprint) for v in verdicts])
+        check = Check(labels, right, [(v.read.served_model, v.read.system_fingerprint) for v in verdicts])
         check.failure = next((f"{v.error_kind}: {v.error}" for v in verdicts if v.status != "ok"), None)
         self.requests += sum(v.usage.requests for v in verdicts)
         return check
@@ -240,9 +240,10 @@ class Canary:
     def finished(self, number: int, verdict: Any) -> None:
         """Row ``number``'s outcome is in: note which check it follows, and start a check when one is due."""
         self._epoch[number] = self._started - 1
-        if getattr(verdict, "cached", False) and getattr(verdict, "system_fingerprint", None) and self.baseline is not None:
+        read = getattr(verdict, "read", None)
+        if getattr(verdict, "cached", False) and getattr(read, "system_fingerprint", None) and self.baseline is not None:
             seen = {p for p in self.baseline.served if p != (None, None)}
-            if seen and (verdict.served_model, verdict.system_fingerprint) not in seen:
+            if seen and (read.served_model, read.system_fingerprint) not in seen:  # type: ignore[union-attr]
                 self.cached_other_judge += 1
         self._rows_since += 1
         if self.drift is None and self._task is None and (

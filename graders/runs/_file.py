@@ -240,8 +240,8 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         "raw_reply": failed_reply(verdict),
         "attempts": verdict.usage.requests if verdict.status != "ok" else None,
         # Who answered, as the provider says (docs/align.md#drift-seen): how a judge that changed mid-run shows.
-        "served_model": verdict.served_model,
-        "system_fingerprint": verdict.system_fingerprint,
+        "served_model": verdict.read.served_model,
+        "system_fingerprint": verdict.read.system_fingerprint,
     }
 
 
@@ -964,7 +964,8 @@ class _Tally:
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
-        self.served.add(self.verdicts, getattr(verdict, "served_model", None), getattr(verdict, "system_fingerprint", None))
+        read = getattr(verdict, "read", None)  # a Verdict's; a grader's Grade names no served judge
+        self.served.add(self.verdicts, getattr(read, "served_model", None), getattr(read, "system_fingerprint", None))
         label = None
         if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
             for name, value in verdict.metrics.items():
