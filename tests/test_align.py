@@ -232,3 +232,36 @@ def test_serve_prints_an_aligned_rubrics_certificate_and_refuses_it_once_edited(
     refused = subprocess.run([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
                              capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and "label_definitions changed after alignment" in refused.stderr
+
+
+@pytest.mark.parametrize("template, expected", [
+    pytest.param("{% block system %}Be fair.{% endblock %}{% block user %}{{ x }}{% endblock %}",
+                 "{% block system %}Be fair.\nSECTION\n{% endblock %}{% block user %}{{ x }}{% endblock %}", id="end_of_system"),
+    pytest.param("{% block user %}{{ x }}{% endblock %}",
+                 "{% block system %}\nSECTION\n{% endblock %}\n{% block user %}{{ x }}{% endblock %}", id="no_system_block"),
+    pytest.param("{%- block system -%}A{% block inner %}B{% endblock %}C{%- endblock -%}{% block user %}u{% endblock %}",
+                 "{%- block system -%}A{% block inner %}B{% endblock %}C\nSECTION\n{%- endblock -%}{% block user %}u{% endblock %}",
+                 id="nested_block_and_whitespace_control"),
+])
+def test_the_section_is_spliced_at_the_end_of_the_system_block(template: str, expected: str) -> None:
+    from gradekit.judge._aligned import spliced
+
+    assert spliced(template, "\nSECTION\n") == expected
+
+
+def test_an_aligned_rubric_renders_its_guidelines_definitions_and_examples_and_zh_gets_its_own_wording() -> None:
+    from gradekit.judge._aligned import Example, section_template, spliced
+    from gradekit.judge._rubric import template_source
+
+    for name, heading in (("semantic_equivalence_en", "Guidelines, learnt"), ("semantic_equivalence_zh", "准则")):
+        rubric = load_rubric(name)
+        row = {"question": "q?", "references": ["a"], "prediction": "a"}
+        aligned = rubric.model_copy(update={"guidelines": ["<b>{{ 7*7 }}</b>"], "label_definitions": {next(iter(rubric.labels)): "means yes"},
+                                            "examples": [Example(row=row, label=next(iter(rubric.labels)))],
+                                            "inline_template": spliced(template_source(rubric), section_template(rubric.language))})
+        messages = aligned.render(row)
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+        assert heading in messages[0]["content"] and "{{ 7*7 }}" in messages[0]["content"]  # data, never template source
+        assert "means yes" in messages[0]["content"]
+        plain = rubric.model_copy(update={"inline_template": spliced(template_source(rubric), section_template(rubric.language))})
+        assert plain.render(row) == rubric.render(row)  # nothing to show: the spliced template renders as the original

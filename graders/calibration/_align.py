@@ -498,6 +498,9 @@ def check_alignable(rubric: Rubric) -> None:
         raise AlignError(f"rubric {rubric.name!r} is a checklist (a verdict per criterion): align works on one label per row")
     if rubric.output.mode == "number" or not rubric.labels:
         raise AlignError(f"rubric {rubric.name!r} scores with a number: align compares labels")
+    if re.search(r"\{%-?\s*(include|extends|import|from)\b", template_source(rubric)):
+        raise AlignError(f"rubric {rubric.name!r}: its template includes or extends other templates; align writes a "
+                         "self-contained template beside the aligned rubric, so inline them first")
 
 
 def label_counts_problem(human: Sequence[str], fractions: tuple[float, float, float]) -> str | None:
