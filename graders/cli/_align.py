@@ -10,6 +10,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from gradekit._extras import require
+
 from ._common import fail, print_json, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
@@ -53,6 +55,7 @@ def align(
     looks broken or the budget (--max-cost) ran out before the test rows were judged: nothing
     written, and the same command resumes from the cache; 130 on Ctrl-C.
     """
+    require("calibration", "gradekit align")  # its intervals and kappa: before any request
     import asyncio
 
     from gradekit.judge import BreakerTripped, RubricError, load_rubric
