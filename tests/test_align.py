@@ -188,11 +188,17 @@ def test_the_budget_stops_an_alignment_before_anything_is_written_and_the_same_c
     assert code == 3, text
     assert "budget" in text and "nothing written" in text and "--max-cost" in text and not out.exists()
     sent = len(fake.chat_requests())
+    assert sent > 0
     code, report, text = align(fake, data, out, "--prices", str(prices), "--max-cost", "10000")
     assert code == 0, text
+    assert out.exists() and report["requests"] == len(fake.chat_requests()) - sent
     first = report["rounds"][0]
-    assert out.exists() and len(fake.chat_requests()) - sent < report["requests"] + 1  # the first run's judgements came from the cache
     assert first["cost_usd"] is not None and first["cost_usd"] > 0 and report["cost_usd"] > 0
+    cold = tmp_path / "cold"  # the same alignment with an empty cache: what the resumed run did not send again
+    cold.mkdir()
+    code, again, _ = align(fake, data, cold / "aligned.yaml", "--prices", str(prices), "--max-cost", "10000")
+    assert code == 0 and again["requests"] == report["requests"] + sent  # every judgement of the stopped run came from the cache
+    assert again["certificate"] == report["certificate"]
 
 
 def test_a_broken_judge_stops_the_alignment_with_exit_3_and_writes_nothing(tmp_path: Path) -> None:

@@ -93,6 +93,9 @@ def test_alias_note_only_for_long_runs_and_names_what_was_served() -> None:
     note = alias_note("gpt-4o", served, LONG_RUN_ROWS, 1.0)
     assert note is not None and "'gpt-4o' is an alias" in note and "gpt-4o-2024-08-06" in note and "\n" not in note
     assert alias_note("gpt-4o", served, 3, 3600.0) is not None  # long in time
+    jury = alias_note("jury(gpt-4o-2024-08-06, deepseek-chat)", served, LONG_RUN_ROWS, 1.0)
+    assert jury is not None and "'deepseek-chat' is an alias" in jury and "gpt-4o-2024-08-06'" not in jury
+    assert alias_note("cascade(gpt-4o-mini-2024-07-18 -> gpt-4o-2024-08-06)", served, LONG_RUN_ROWS, 1.0) is None
 
 
 def test_served_tally_counts_groups_and_changes_through_a_checkpoint() -> None:
@@ -369,3 +372,47 @@ def test_serve_runs_the_canary_on_a_schedule_and_exposes_it_in_metrics(tmp_path:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "canary: the judge changed" in err
+
+
+async def test_after_the_canary_sees_a_change_no_row_reads_the_old_judges_cached_verdict(tmp_path) -> None:
+    """Through the library: rows 0-2 are held at the fake until the canary has seen the change; every later row is in the
+    cache (the old judge's verdicts), and none of them is read from it."""
+    import asyncio
+    import time
+
+    from gradekit.graders.runs._canary import Canary
+    from gradekit.graders.runs._file import grade_file
+    from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
+
+    from .conftest import Gate
+
+    rubric = load_rubric("semantic_equivalence_en")
+    mapping = {v: v for v in rubric.variables}
+    data = write_rows(tmp_path / "rows.jsonl", 40)
+    warm = tmp_path / "warm.jsonl"
+    warm.write_text("".join(data.read_text().splitlines(keepends=True)[3:]), encoding="utf-8")  # every row but 0-2
+    canary_rows = [json.loads(line) for line in write_rows(tmp_path / "canary.jsonl", 12, start=1000).read_text().splitlines()]
+    judge = Toggle()
+    gate = Gate(0, 1, 2, pattern=r"number (\d+)\?", answer=judge)
+    with FakeProvider(responder=gate) as fake:
+        def build(cache: JudgeCache | None, concurrency: int) -> Judge:
+            return Judge("fake-judge", base_url=fake.base_url, api_key="k", cache=cache, limiter=Limiter(concurrency=concurrency))
+
+        # One row in flight: the run keeps concurrency + 2 = 3 rows going, rows 0-2, all held at the fake.
+        cached, fresh = build(JudgeCache(tmp_path / "cache.sqlite3"), 1), build(None, 8)
+        await grade_file(cached, rubric, warm, tmp_path / "warm.out.jsonl", mapping)
+        judge.after = judge.seen + 12  # the start's check meets the old judge; the checks after it, the new one
+        canary = Canary([{k: r[k] for k in mapping} for r in canary_rows], [r["label"] for r in canary_rows], rubric, fresh,
+                        every_rows=None, every_seconds=0.05, on_drift="flag")
+        run = asyncio.ensure_future(grade_file(cached, rubric, data, tmp_path / "out.jsonl", mapping, canary=canary))
+        deadline = time.monotonic() + 60  # a safety net against a hang, not a timed assertion
+        while canary.drift is None:
+            assert time.monotonic() < deadline and not run.done(), "the canary never saw the change"
+            await asyncio.sleep(0.01)
+        gate.open.set()  # rows 0-2 go on; the rows after them are in the cache, from the old judge
+        summary = await run
+        await cached.aclose()
+        await fresh.aclose()
+    written = rows(tmp_path / "out.jsonl")
+    assert [r["id"] for r in written] == [f"r{i}" for i in range(40)] and summary.canary["drift"] is not None
+    assert not any(r["cached"] for r in written) and all(r["drift"] and r["system_fingerprint"] == "fp_new" for r in written)

@@ -39,6 +39,8 @@ from gradekit.judge._breaker import BreakerTripped, Trip, current_breaker
 
 OnDrift = Literal["stop", "flag"]
 DEFAULT_EVERY_ROWS = 500
+# Rows waiting for a check at most: past it a check starts at once, so a time-only schedule over fast rows keeps memory bounded.
+MAX_WAITING = 10_000
 
 
 def mcnemar_p(b: int, c: int) -> float:
@@ -248,7 +250,8 @@ class Canary:
         self._rows_since += 1
         if self.drift is None and self._task is None and (
                 (self.every_rows is not None and self._rows_since >= self.every_rows)
-                or (self.every_seconds is not None and time.monotonic() - self._since >= self.every_seconds)):
+                or (self.every_seconds is not None and time.monotonic() - self._since >= self.every_seconds)
+                or len(self._epoch) >= MAX_WAITING):
             self.launch()
 
     def holds(self, number: int) -> bool:

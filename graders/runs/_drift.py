@@ -35,13 +35,20 @@ def is_alias(model: str | None) -> bool:
 
 
 def alias_note(requested: str | None, served: list[dict[str, Any]], rows: int, wall_s: float) -> str | None:
-    """One line for a long run whose judge is named by an alias; None for a short run or a pinned name."""
-    if not (rows >= LONG_RUN_ROWS or wall_s >= LONG_RUN_S) or not is_alias(requested):
+    """One line for a long run whose judge (or a jury's or cascade's member) is named by an alias; None for a short run
+    or pinned names."""
+    if not requested or not (rows >= LONG_RUN_ROWS or wall_s >= LONG_RUN_S):
         return None
-    names = sorted({str(s["model"]) for s in served if s.get("model") and s.get("model") != requested})
-    behind = f" (the provider served {', '.join(names)})" if names else ""
-    return (f"note: model {requested!r} is an alias with no date or version{behind}: the provider may move it to another "
-            "snapshot during a long run; pin a dated snapshot, and see `served` for what answered each row")
+    panel = re.fullmatch(r"(?:jury|cascade)\((.*)\)", requested)  # a panel's name: jury(a, b), cascade(a -> b)
+    names = re.split(r",\s*|\s*->\s*", panel.group(1)) if panel else [requested]
+    aliases = [name for name in names if is_alias(name)]
+    if not aliases:
+        return None
+    seen = sorted({str(s["model"]) for s in served if s.get("model") and s.get("model") not in names})
+    behind = f" (the provider served {', '.join(seen)})" if seen else ""
+    which = f"model {aliases[0]!r} is an alias" if len(aliases) == 1 else f"models {', '.join(map(repr, aliases))} are aliases"
+    return (f"note: {which} with no date or version{behind}: the provider may move it to another snapshot during a long run; "
+            "pin a dated snapshot, and see `served` for what answered each row")
 
 
 class ServedTally:
