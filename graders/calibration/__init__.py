@@ -15,6 +15,7 @@ judge that rewards length, listings, injected instructions, content-free openers
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._align": ["AlignReport", "align"],
     "._agreement": ["CalibrationReport", "CorrelationReport", "FileCalibration", "Interval", "JudgeAgreementReport",
                     "PairwiseReport", "calibrate", "calibrate_rows", "correlations", "judge_agreement", "majority_vote",
                     "mean_vote", "pairwise_report", "plot_confusion", "plot_position_bias", "plot_scores"],

@@ -15,6 +15,7 @@ judge it started with is still the one answering.
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._canary": ["Canary"],
     "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],
     "._frame": ["agrade_frame", "grade_frame"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],
