@@ -91,6 +91,12 @@ def test_align_raises_test_agreement_with_an_interval_above_zero_and_no_test_row
     assert a.original["rubric"] == RUBRIC and a.optimiser == {"model": "fake-optimiser"}
     assert [r["round"] for r in report["rounds"]] and report["rounds"][0]["candidates"]
 
+    # Aligned again: it already agrees with every train label, so nothing is left to learn and nothing is written.
+    result = runner.invoke(app, ["align", str(data), "-r", str(out), "-o", str(tmp_path / "again.yaml"), "--on", "id", "--base-url",
+                                 fake.base_url, "--api-key", "k", "--model", "fake-judge", "--optimiser-model", "fake-optimiser",
+                                 "--cache", str(tmp_path / "cache.sqlite3")])
+    assert result.exit_code == 1 and "agrees with every train label" in result.stdout and not (tmp_path / "again.yaml").exists()
+
 
 def test_splits_are_stratified_seeded_and_recorded() -> None:
     labels = ["a"] * 50 + ["b"] * 30 + ["c"] * 5

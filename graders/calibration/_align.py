@@ -23,7 +23,6 @@ only if better); otherwise nothing is written and the report says why. A verdict
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from collections import Counter
@@ -38,6 +37,7 @@ from gradekit.judge import Rubric
 from gradekit.judge._aligned import Agreement, Alignment, Certificate, Example, section_template, seal, spliced
 from gradekit.judge._breaker import Breaker
 from gradekit.judge._rubric import render_prompt, rubric_fingerprint, template_source
+from gradekit.judge._specs import spec_path
 
 from ._agreement import _bootstrap, as_label, calibrate, kappa_interval
 from ._judging import Labelled, judge_all, stopped
@@ -209,7 +209,7 @@ class Aligner:
     def __init__(self, judge: Any, optimiser: Any, rubric: Rubric, rows: Sequence[Mapping[str, Any]], human: Sequence[str],
                  ids: Sequence[str], *, report: AlignReport, fractions: tuple[float, float, float], seed: int, rounds: int,
                  examples: int, guidelines: int, margin: float, confidence: float, resamples: int, concurrency: int,
-                 budget: Any = None, prices: Any = None, on_round: Callable[[AlignRound], None] | None = None,
+                 budget: Any = None, on_round: Callable[[AlignRound], None] | None = None,
                  on_judged: Callable[[str, int, int], None] | None = None) -> None:
         self.judge, self.optimiser, self.rubric = judge, optimiser, rubric
         self.rows, self.human, self.ids = rows, [str(as_label(h)) for h in human], list(ids)
@@ -220,19 +220,24 @@ class Aligner:
         self.labels = list(rubric.labels)
         self.breaker = Breaker(endpoint=(judge.identity().base_url, judge.model))
         self.section = section_template(rubric.language)
-        self.template = spliced(template_source(rubric), self.section)
+        source = template_source(rubric)
+        # An aligned rubric aligned again shows its section already: it is not spliced in twice.
+        self.template = source if self.section.strip() in source else spliced(source, self.section)
         self.judgements = 0  # made so far (cache hits included): the unit the budget's reserve is counted in
         self.short_of_budget = False  # a round was not run (or not compared) for want of budget
 
     # ---- judging ---------------------------------------------------------------------------
 
     def variant(self, candidate: Candidate) -> Rubric:
-        """The rubric a candidate is judged with: the original's spec, its template with the section spliced in."""
+        """The rubric a candidate is judged with: the original's spec and what it already shows (an aligned rubric's
+        guidelines, definitions and examples), with the candidate's added, and its template with the section spliced in."""
         if not candidate.changed:
             return self.rubric
-        return self.rubric.model_copy(update={
-            "guidelines": list(candidate.guidelines), "label_definitions": dict(candidate.definitions),
-            "examples": [Example(row=dict(self.rows[i]), label=self.human_label(i)) for i in candidate.examples],
+        rubric = self.rubric
+        return rubric.model_copy(update={
+            "guidelines": list(dict.fromkeys([*rubric.guidelines, *candidate.guidelines])),
+            "label_definitions": {**rubric.label_definitions, **dict(candidate.definitions)},
+            "examples": [*rubric.examples, *(Example(row=dict(self.rows[i]), label=self.human_label(i)) for i in candidate.examples)],
             "inline_template": self.template})
 
     def human_label(self, i: int) -> str:
@@ -510,11 +515,8 @@ def label_counts_problem(human: Sequence[str], fractions: tuple[float, float, fl
     if small:
         return (f"labels {', '.join(map(repr, small))} have fewer than 3 rows: each label needs a row in train, dev and test; "
                 "label more rows")
-    test = sum(max(1, round(n * fractions[2])) for n in counts.values())
-    if test < 2:
+    if sum(max(1, round(n * fractions[2])) for n in counts.values()) < 2:
         return "too few rows for a test split"
-    if not all(math.isfinite(f) for f in fractions):
-        return "the split fractions must be numbers"
     return None
 
 
@@ -541,8 +543,6 @@ async def align(judge: Any, optimiser: Any, rubric: Rubric, labelled: Labelled, 
     if problem is not None:
         raise AlignError(f"{labelled.name}: {problem}")
     template_path = output.with_suffix(".j2")
-    from gradekit.judge._specs import spec_path
-
     originals = {Path(rubric.directory, rubric.template).resolve(), spec_path(rubric_name).resolve()}
     if output.suffix.lower() not in (".yaml", ".yml"):
         raise AlignError(f"{output}: an aligned rubric is a YAML spec (and its template beside it): name it .yaml")
