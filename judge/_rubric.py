@@ -464,27 +464,6 @@ def render_prompt(name: str, context: Mapping[str, Any]) -> list[dict[str, Any]]
     return _blocks(_environment(packaged_prompts()).get_template(name), context)
 
 
-def _blocks(template: Any, context: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A template's ``system`` and ``user`` blocks rendered with ``context``, as chat messages (empty ones left out)."""
-    messages = []
-    for role in ("system", "user"):
-        block = template.blocks.get(role)
-        if block is None:
-            continue
-        text = "".join(block(template.new_context(context))).strip()
-        if text:
-            messages.append({"role": role, "content": text})
-    return messages
-
-
-def render_prompt(name: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A shipped prompt that is not a rubric (``gradekit align``'s optimiser, prompts/<name>), rendered in the same sandbox:
-    whatever ``context`` holds stays a variable, never template source."""
-    from ._specs import packaged_prompts
-
-    return _blocks(_environment(packaged_prompts()).get_template(name), context)
-
-
 def _mode_of(output: Any) -> str | None:
     return output.mode if isinstance(output, OutputSpec) else output.get("mode") if isinstance(output, Mapping) else None
 
