@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gradekit.judge import clamp
+from gradekit.judge import Judge, clamp
 
 from ._sample import Grade, Sample
 
@@ -92,7 +92,7 @@ def _chat_template(source: str) -> Any:
 class RewardModelGrader:
     """A served reward model's score for each sample (see the module docstring)."""
 
-    def __init__(self, judge: Any, *, route: str = "/classify", mapping: RewardMapping = "sigmoid", scale: float | None = None,
+    def __init__(self, judge: Judge, *, route: str = "/classify", mapping: RewardMapping = "sigmoid", scale: float | None = None,
                  center: float = 0.0, use_activation: bool = False, task: str | None = None, chat_template: str | None = None,
                  name: str = "reward_model") -> None:
         if route not in REWARD_ROUTES:
@@ -101,7 +101,7 @@ class RewardModelGrader:
             raise ValueError(f"mapping must be sigmoid, raw, minmax or zscore, got {mapping!r}")
         if scale is not None and not scale > 0:
             raise ValueError(f"scale must be above 0, got {scale}")
-        if not callable(getattr(judge, "reward_score", None)):
+        if not isinstance(judge, Judge):  # a reward model's score is one model's: a jury or cascade has no such request
             raise ValueError("a reward model is asked through one judge (its model on its endpoint or fleet), not a jury")
         if route in _TEXT_ROUTES and not chat_template:
             raise ValueError(f"{route} (SGLang) takes text, not messages: give chat_template, the reward model's Jinja chat "

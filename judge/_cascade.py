@@ -23,10 +23,8 @@ logprobs              one judgement with top logprobs: the probability mass of t
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -35,10 +33,12 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
+from ._aligned import Example
+from ._digest import changed_fields, field_digest
 from ._jury import Panel
 from ._protocol import JudgeIdentity, JudgeProtocol, MemberUsage
 from ._redact import redact_url
-from ._rubric import AskMode, Rubric
+from ._rubric import Rubric
 from ._spec import JudgeSpec
 from ._verdict import PanelInfo, Usage, Verdict
 
@@ -146,8 +146,7 @@ class CascadeSpec(BaseModel):
                 "%s: the cascade carries no digest of its fit (written by hand or by an older gradekit): "
                 "its guarantee cannot be checked against what it was fitted on", path)
         else:
-            changed = [name for name, value in guarantee_digest(spec).items() if spec.digest.get(name) != value]
-            changed += [name for name in spec.digest if name not in guarantee_fields(spec)]
+            changed = changed_fields(spec.digest, guarantee_fields(spec))
             if changed:
                 raise ValueError(f"{path}: {', '.join(changed)} changed after the fit (the file's digest does not match): "
                                  "its guarantee was measured on other values; fit the cascade again (gradekit cascade fit) "
@@ -172,13 +171,7 @@ def guarantee_fields(spec: CascadeSpec) -> dict[str, Any]:
 
 
 def guarantee_digest(spec: CascadeSpec) -> dict[str, str]:
-    def sha(value: Any) -> str:
-        if isinstance(value, float) and not math.isfinite(value):
-            value = repr(value)
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    return {name: sha(value) for name, value in guarantee_fields(spec).items()}
+    return field_digest(guarantee_fields(spec))
 
 
 def _first_problem(e: ValueError) -> str:
@@ -192,35 +185,6 @@ def _first_problem(e: ValueError) -> str:
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
             return f"{where}: {first.get('msg')}{more}"
     return str(e).splitlines()[0]
-
-
-class Demonstrated(Rubric):
-    """A rubric whose messages start with human-labelled demonstrations (one simulated annotator).
-
-    The demonstrations are part of the spec, so they are in the cache key like any prompt text.
-    """
-
-    demonstrations: list[dict[str, Any]] = Field(default_factory=list)
-
-    def render(self, row: Mapping[str, Any], ask_mode: AskMode | None = None) -> list[dict[str, Any]]:
-        plain = Rubric.model_validate({**self.model_dump(exclude={"demonstrations", "directory"}), "directory": self.directory})
-        mode = ask_mode or self.ask_modes[0]
-        turns: list[dict[str, Any]] = []
-        for demo in self.demonstrations:
-            messages = plain.render(demo["row"], mode)
-            turns += [m for m in messages if m["role"] != "system" or not turns]
-            turns.append({"role": "assistant", "content": demonstration_reply(self, mode, str(demo["label"]))})
-        messages = plain.render(row, mode)
-        return turns + [m for m in messages if m["role"] != "system" or not turns]
-
-
-def demonstration_reply(rubric: Rubric, mode: AskMode, label: str) -> str:
-    """The reply a demonstration shows for ``label``, in the form the ask mode reads."""
-    if mode in ("json_schema", "tool", "json_object"):
-        return json.dumps({rubric.output.field or "label": label}, ensure_ascii=False)
-    if mode == "tags":
-        return f"<{rubric.verdict_tag}>{label}</{rubric.verdict_tag}>"
-    return label
 
 
 def sampled(rubric: Rubric, index: int) -> Rubric:
@@ -239,8 +203,7 @@ def annotators(rubric: Rubric, spec: CascadeSpec) -> list[Rubric]:
     out: list[Rubric] = []
     for i in range(spec.samples):
         demos = spec.demonstrations[i * per:(i + 1) * per]
-        out.append(Demonstrated.model_validate({**rubric.model_dump(exclude={"directory"}), "directory": rubric.directory,
-                                                "demonstrations": demos}))
+        out.append(rubric.model_copy(update={"examples": [*rubric.examples, *(Example(row=d["row"], label=d["label"]) for d in demos)]}))
     return out
 
 

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import openai
 from openai import AsyncOpenAI
@@ -36,8 +36,9 @@ from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, ru
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
-from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
+from ._thinking import read_message
+from ._verdict import ErrorKind, Usage, Verdict
+from ._wire import Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -335,7 +336,7 @@ class Judge:
                     return prepared
                 try:
                     verdict = await self._ask_within_budget(rubric, prepared, usage, finish)
-                    return verdict if prepared.coverage is None else verdict.model_copy(update={"coverage": prepared.coverage})
+                    return verdict.shown(prepared.coverage)
                 except _Relearn:
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
                         break  # another request learnt that this mode is refused
@@ -434,6 +435,68 @@ class Judge:
             self.cache.put(key, reply)
         return finish(status="ok", value=value)
 
+    async def generate(self, messages: list[dict[str, Any]], *, json_object: bool = False) -> Generated:
+        """Free text from the judge's model (an optimiser writing guidelines, not a verdict), through the same path as a
+        judgement: the cache, the budget, the limiter, the retry policy, the learnt dialect and the run's breaker.
+
+        ``json_object`` asks for a JSON object (``response_format``); an endpoint that refuses it is asked in plain
+        text once. Never raises: a failure is ``status="error"`` (or ``skipped`` past the budget) with its kind.
+        """
+        started = time.perf_counter()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
+
+        def finish(**fields: Any) -> Generated:
+            spent = Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                          reasoning_tokens=usage["reasoning_tokens"], cached_tokens=usage["cached_tokens"], requests=usage["attempts"])
+            return Generated(latency_s=time.perf_counter() - started, usage=spent, **fields)
+
+        shapes = [True, False] if json_object else [False]
+        failure: Failed | None = None
+        for as_json in shapes:
+            for _ in range(_MAX_RELEARNS):
+                request: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0.0, **self.sampling}
+                if as_json:
+                    request["response_format"] = {"type": "json_object"}
+                request = self.dialect.apply(request)
+                version = self.dialect.version
+                key = cache_key(self.base_url, request)
+                if self.cache is not None and (stored := self.cache.get(key)) is not None:
+                    answer = read_message(((stored.get("choices") or [{}])[0]).get("message") or {}).answer
+                    if answer:
+                        return finish(status="ok", text=answer, cached=True, **served_of(stored))
+                reservation = None
+                if self.budget is not None:
+                    prompt = sum(estimate_tokens(m.get("content") or "") for m in messages)
+                    reply = int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
+                    reservation = await self.budget.start(prompt, reply, model=self.model)
+                    if reservation is None:
+                        return finish(status="skipped", error_kind="budget", error=self.budget.reason())
+                before = usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]
+                try:
+                    completion = await self._send(request, usage, dialect_version=version)
+                except _Relearn:
+                    continue  # a fix was learnt: build the request again
+                except Failed as e:
+                    failure = e
+                    break
+                finally:
+                    if reservation is not None and self.budget is not None:
+                        self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
+                                           usage["cached_tokens"] - before[2])
+                answer = read_message(((completion.get("choices") or [{}])[0]).get("message") or {}).answer
+                if not answer:
+                    return finish(status="error", error_kind="parse_failure", error="the reply holds no text (only thinking, or nothing)",
+                                  **served_of(completion))
+                if self.cache is not None:
+                    self.cache.put(key, completion)
+                return finish(status="ok", text=answer, **served_of(completion))
+            else:
+                return finish(status="error", error_kind="bad_request", error=f"the endpoint refused {_MAX_RELEARNS} versions of the request")
+            if failure is not None and not (as_json and failure.kind == "bad_request" and failure.output_format):
+                break  # only a refused output format is worth asking again in plain text
+        assert failure is not None
+        return finish(status="error", error_kind=failure.kind, error=str(failure))
+
     def _row_key(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode) -> str | None:
         """A cache key from the row's values instead of the rendered prompt.
 
@@ -465,7 +528,7 @@ class Judge:
         if self.budget is not None:
             self.budget.record_cache_hit(saved_prompt, saved_completion, model=self.model)
         return finish(cached=True, mode=mode, **reading.verdict_fields(), reasoning=reading.thinking,
-                      saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion)
+                      saved_prompt_tokens=saved_prompt, saved_completion_tokens=saved_completion, **served_of(stored))
 
     def _prepare(self, rubric: Rubric, row: Mapping[str, Any], mode: AskMode, finish: Callable[..., Verdict], *,
                  need_key: bool) -> Prepared | Verdict:
@@ -511,7 +574,7 @@ class Judge:
             if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
-                return hit if coverage is None else hit.model_copy(update={"coverage": coverage})
+                return hit.shown(coverage)
         # Validated, though every field is ours: pydantic 2's model_construct deep-copies each default and
         # costs twice the validation (which copies only the request's top-level dict).
         return Prepared(key=key, row_key=shortcut, mode=mode, request=request, dialect_version=version, prompt_estimate=estimated,
@@ -566,26 +629,29 @@ class Judge:
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
+        served: dict[str, str | None] = {}
         for _ in range(1 + self.retry.parse_retries):
             completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
                                           prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
+            served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
             reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
                 self._remember(rubric, mode)
-                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking)
+                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking, **served)
             if reading.kind == "refusal":  # refusals are deterministic: no re-ask
-                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw)
+                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw, **served)
             last = reading
             if reading.kind == "truncated":
                 break  # the same limit cuts the same reply off again: no re-ask
         assert last is not None
         if (number := read_missed_schema(rubric, last)) is not None:
-            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking)
-        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking)
+            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
+        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
+                      **served)
 
     def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
         """An answered prompt: its size passes the window gate from now on, and a provider that counted
@@ -790,7 +856,7 @@ class Judge:
                                   "completion_tokens": int(spent.get("completion_tokens") or 0),
                                   "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
                                   "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
-                                  "reasoning": reasoning_of(completion)}
+                                  "reasoning": reasoning_of(completion), **served_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
@@ -826,6 +892,20 @@ def _message_text(message: Mapping[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text") or "" for p in content or [] if isinstance(p, Mapping))
+
+
+class Generated(BaseModel):
+    """What :meth:`Judge.generate` produced: the reply's text (its final answer, thinking set apart), or why not."""
+
+    status: Literal["ok", "error", "skipped"]
+    text: str | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    usage: Usage = Usage()
+    cached: bool = False
+    latency_s: float = 0.0
+    served_model: str | None = None
+    system_fingerprint: str | None = None
 
 
 class Prepared(BaseModel):

@@ -56,9 +56,20 @@ def default_aggregate(rubric: Rubric) -> Aggregate:
 def juror_entry(verdict: Verdict, model: str) -> dict[str, Any]:
     """One juror's line in the ``jurors`` column."""
     entry: dict[str, Any] = {"model": model, "label": verdict.label, "score": verdict.score, "status": verdict.status}
+    if verdict.read.served_model or verdict.read.system_fingerprint:  # who answered for this juror, as its provider says
+        entry.update(served_model=verdict.read.served_model, system_fingerprint=verdict.read.system_fingerprint)
     if verdict.status != "ok":
         entry.update(error_kind=verdict.error_kind, error=verdict.error)
     return entry
+
+
+def served_by_all(verdicts: Sequence[Verdict]) -> dict[str, str | None]:
+    """A panel's row was answered by every member that answered: their served models and fingerprints, joined in
+    member order (``-`` for one that gave none), so a change of any member's shows as a change of the row's."""
+    if not any(v.read.served_model or v.read.system_fingerprint for v in verdicts):
+        return {}
+    return {"served_model": ", ".join(v.read.served_model or "-" for v in verdicts),
+            "system_fingerprint": ", ".join(v.read.system_fingerprint or "-" for v in verdicts)}
 
 
 def decide(rubric: Rubric | None, labels: Sequence[str | None], scores: Sequence[float | None],
@@ -202,6 +213,7 @@ class Jury(Panel):
             "cached": all(v.cached for v in verdicts),
             # A trajectory: what the jurors were shown (each fitted into its own window; the first juror's is said).
             "coverage": next((v.coverage for v in verdicts if v.coverage is not None), None),
+            **served_by_all(verdicts),
         }
         answered = [(j, v) for j, v in zip(self.jurors, verdicts) if v.status == "ok"]
         if len(answered) < self.quorum:

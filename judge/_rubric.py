@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ._tokens import ESTIMATE, TokenCounter
 from ._trajectory import TrajectoryCoverage
+from ._aligned import Alignment, Example, check_alignment
 from ._criteria import Criterion, check_criteria, checklist_context, checklist_defaults, literal_cell
 from ._specs import RubricError, read_spec, rubric_index, spec_path
 
@@ -157,6 +158,13 @@ class Rubric(BaseModel):
     # navigate_rounds requests (judge._navigate); an endpoint without tools gets the budgeted view.
     navigate: bool = False
     navigate_rounds: int = Field(default=6, ge=1, le=32)
+    # What `gradekit align` may change (judge._aligned), or a user may write: guidelines and label definitions, shown
+    # to a template that asks for them (``guidelines``, ``label_definitions``; an aligned rubric's template does), and
+    # few-shot examples, shown as earlier turns (a labelled row, then the reply naming its label).
+    guidelines: list[str] = Field(default_factory=list)
+    label_definitions: dict[str, str] = Field(default_factory=dict)
+    examples: list[Example] = Field(default_factory=list)
+    alignment: Alignment | None = None  # an aligned rubric's certificate and digest (checked by load_rubric)
     directory: Path = Field(default=Path("."), exclude=True)
     _unbound: Rubric | None = PrivateAttr(default=None)  # a per-row checklist bound to one row's criteria: the rubric it came from
 
@@ -211,6 +219,19 @@ class Rubric(BaseModel):
         scores = self.labels.values()
         if not (any(s > 0 for s in scores) and any(s < 0 for s in scores)):
             raise ValueError("pairwise: labels need a positive score (first output wins) and a negative one (second wins)")
+        return self
+
+    @model_validator(mode="after")
+    def _alignment_speaks_the_labels(self) -> Rubric:
+        """Definitions and examples name offered labels: alignment changes what the judge is told, never what it may answer."""
+        offered = set(self.labels)
+        unknown = sorted({lab for lab in self.label_definitions if lab not in offered}
+                         | {e.label for e in self.examples if e.label not in offered})
+        if unknown:
+            raise ValueError(f"label_definitions and examples must name offered labels ({', '.join(self.labels)}), not "
+                             f"{', '.join(map(repr, unknown))}")
+        if self.examples and self.is_checklist:
+            raise ValueError("examples show one label per row; a checklist has one per criterion")
         return self
 
     @model_validator(mode="after")
@@ -301,16 +322,17 @@ class Rubric(BaseModel):
         """
         values = self.prepare(row)
         trajectories = self.trajectory_variables
+        turns = self._example_turns(ask_mode)
         if not trajectories:
-            return self._render_values(values, ask_mode), None
+            return turns + self._render_values(values, ask_mode, first=not turns), None
         from ._trajectory import TrajectoryOverflow, fit
 
         placeholders = {var: _Placeholder(values[var]) for var in trajectories}
-        messages = self._render_values({**values, **placeholders}, ask_mode)
+        messages = self._render_values({**values, **placeholders}, ask_mode, first=not turns)
         counter = room.counter if room is not None else ESTIMATE
         budget = self.trajectory_budget
         if room is not None and room.tokens is not None:
-            rest = sum(counter.count(_strip(m, placeholders)) + 4 for m in messages)
+            rest = sum(counter.count(_strip(m, placeholders)) + 4 for m in [*turns, *messages])
             left = room.tokens - rest
             if left <= 0:
                 raise PromptOverflow(f"rubric {self.name!r}: the prompt without its trajectory is about {rest:,} tokens, "
@@ -327,9 +349,23 @@ class Rubric(BaseModel):
                 raise PromptOverflow(f"rubric {self.name!r}: variable {var!r}: {e}") from None
             texts[placeholders[var].nonce] = rendered.text
             coverage = coverage or rendered.coverage
-        return [_substitute(m, texts) for m in messages], coverage
+        return turns + [_substitute(m, texts) for m in messages], coverage
 
-    def _render_values(self, values: Mapping[str, Any], ask_mode: AskMode | None) -> list[dict[str, Any]]:
+    def _example_turns(self, ask_mode: AskMode | None) -> list[dict[str, Any]]:
+        """The few-shot examples as earlier turns: each rendered as a row would be (whole), answered with its label (one
+        system message, the first)."""
+        if not self.examples:
+            return []
+        mode = ask_mode or self.ask_modes[0]
+        plain = self.model_copy(update={"examples": []})
+        turns: list[dict[str, Any]] = []
+        for example in self.examples:
+            turns += [m for m in plain.render(example.row, mode) if m["role"] != "system" or not turns]
+            turns.append({"role": "assistant", "content": example_reply(self, mode, example.label)})
+        return turns
+
+    def _render_values(self, values: Mapping[str, Any], ask_mode: AskMode | None, first: bool = True) -> list[dict[str, Any]]:
+        """The row's messages; ``first=False`` (after example turns): without the system message, which they hold."""
         from jinja2 import TemplateError, UndefinedError
 
         mode = ask_mode or self.ask_modes[0]
@@ -339,20 +375,15 @@ class Rubric(BaseModel):
             "offered_labels": list(self.labels),
             "verdict_tag": self.verdict_tag,
             "rationale_field": self.output.rationale_field,
+            "guidelines": self.guidelines,
+            "label_definitions": self.label_definitions,
         }
         if self.is_checklist:
             context["checklist"] = checklist_context(self, context)
         template = _inline(self.inline_template) if self.inline_template is not None else \
             _environment(self.directory).get_template(self.template)
-        messages = []
         try:
-            for role in ("system", "user"):
-                block = template.blocks.get(role)
-                if block is None:
-                    continue
-                text = "".join(block(template.new_context(context))).strip()
-                if text:
-                    messages.append({"role": role, "content": text})
+            messages = _blocks(template, context)
         except UndefinedError as e:
             raise RubricInputError(f"rubric {self.name!r}: template uses an undefined variable: {e.message}") from e
         except TemplateError as e:
@@ -369,7 +400,7 @@ class Rubric(BaseModel):
                 raise RubricInputError(f"rubric {self.name!r}: {e}", next(v for v, s in self.variables.items() if s.type == "media")) from None
         if media:  # the chat API's content parts: the rendered text first, then each image or clip in order
             messages[-1] = {"role": "user", "content": [{"type": "text", "text": messages[-1]["content"]}, *(m.part() for m in media)]}
-        return messages
+        return messages if first else [m for m in messages if m["role"] != "system"]
 
 
 class _Placeholder:
@@ -412,21 +443,57 @@ def _substitute(message: dict[str, Any], texts: Mapping[str, str]) -> dict[str, 
     return message
 
 
+def _blocks(template: Any, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A template's ``system`` and ``user`` blocks rendered with ``context``, as chat messages (empty ones left out)."""
+    messages = []
+    for role in ("system", "user"):
+        block = template.blocks.get(role)
+        if block is None:
+            continue
+        text = "".join(block(template.new_context(context))).strip()
+        if text:
+            messages.append({"role": role, "content": text})
+    return messages
+
+
+def render_prompt(name: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A shipped prompt that is not a rubric (``gradekit align``'s optimiser, prompts/<name>), rendered in the same sandbox:
+    whatever ``context`` holds stays a variable, never template source."""
+    from ._specs import packaged_prompts
+
+    return _blocks(_environment(packaged_prompts()).get_template(name), context)
+
+
 def _mode_of(output: Any) -> str | None:
     return output.mode if isinstance(output, OutputSpec) else output.get("mode") if isinstance(output, Mapping) else None
 
 
+def example_reply(rubric: Rubric, mode: AskMode, label: str) -> str:
+    """The reply an example (or a simulated annotator's demonstration) shows for ``label``, in the form the ask mode reads."""
+    if mode in ("json_schema", "tool", "json_object"):
+        return json.dumps({rubric.output.field or "label": label}, ensure_ascii=False)
+    if mode == "tags":
+        return f"<{rubric.verdict_tag}>{label}</{rubric.verdict_tag}>"
+    return label
+
+
+def template_source(rubric: Rubric) -> str:
+    """The source of the rubric's template ("" when its file is gone)."""
+    if rubric.inline_template is not None:
+        return rubric.inline_template
+    template = rubric.directory / rubric.template
+    return template.read_text(encoding="utf-8") if template.exists() else ""
+
+
 def rubric_fingerprint(rubric: Rubric) -> str:
     """A hash of everything that decides a rubric's messages: its spec and its template's source."""
-    if rubric.inline_template is not None:
-        source = rubric.inline_template
-    else:
-        template = rubric.directory / rubric.template
-        source = template.read_text(encoding="utf-8") if template.exists() else ""
-    # A field added since (left at its default) is not in the hash, so every cache key and checkpoint stays.
-    unset = {name for name in ("invalid_labels", "inline_template", "criteria") if not getattr(rubric, name)}
+    source = template_source(rubric)
+    # A field added since (left at its default) is not in the hash, so every cache key and checkpoint stays. An aligned
+    # rubric's certificate decides no message: it is never in the hash.
+    unset = {name for name in ("invalid_labels", "inline_template", "criteria", "guidelines", "label_definitions", "examples")
+             if not getattr(rubric, name)}
     unset |= {name for name, default in _TRAJECTORY_DEFAULTS.items() if getattr(rubric, name) == default}
-    spec = rubric.model_dump_json(exclude={"directory", *unset})
+    spec = rubric.model_dump_json(exclude={"directory", "alignment", *unset})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
 
@@ -521,4 +588,9 @@ def load_rubric(name_or_path: str | Path) -> Rubric:
         raise RubricError(f"rubric {data.get('name', path.stem)!r} ({path}): {where}") from e
     if not (rubric.directory / rubric.template).exists():
         raise RubricError(f"rubric {rubric.name!r}: template {rubric.template!r} not found beside {path}")
+    if rubric.alignment is not None:  # an aligned rubric is what was certified, or it is refused (naming the field)
+        try:
+            check_alignment(rubric, template_source(rubric), str(path))
+        except ValueError as e:
+            raise RubricError(str(e)) from None
     return rubric

@@ -91,7 +91,8 @@ class StepVerdict(BaseModel):
 
 
 class ReadInfo(BaseModel):
-    """How the reply was read: the output mode the judge was asked in, and where the score came from."""
+    """How the reply was read: the output mode the judge was asked in, where the score came from, who the reply says
+    answered it, and what the judge was shown of a trajectory."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -100,6 +101,13 @@ class ReadInfo(BaseModel):
     # verdict token's alternatives; "label_no_logprobs" when the server returned no logprobs and
     # "label_no_verdict_token" when none of the tokens is the verdict, the plain label's score used.
     score_source: ScoreSource = "label"
+    # What the provider says answered (a cached verdict: what answered when it was cached): the reply's ``model`` (a dated
+    # snapshot behind an alias) and ``system_fingerprint`` (OpenAI's backend; vLLM's version, GPU, parallelism and config
+    # hash), where it gives them. A change mid-run is how a served judge drifts (docs/align.md#drift-seen).
+    served_model: str | None = None
+    system_fingerprint: str | None = None
+    # A rubric with a trajectory variable: what the judge was shown of it (steps and tokens of the total, the cuts).
+    coverage: TrajectoryCoverage | None = None
 
 
 # Flat keys a caller may still pass to Verdict(...): each goes into its value (attempts is Usage.requests).
@@ -148,8 +156,6 @@ class Verdict(BaseModel):
     # A checklist rubric (judge._checklist): each criterion's verdict, in the rubric's order; ``score``
     # is the weighted mean of those read, ``label`` is None. None for every other rubric.
     criteria: list[CriterionVerdict] | None = None
-    # A rubric with a trajectory variable: what the judge was shown of it (steps and tokens of the total, the cuts).
-    coverage: TrajectoryCoverage | None = None
     # granularity: step: each assistant step's verdict, in order; ``score`` is their aggregate (step_aggregate).
     steps: list[StepVerdict] | None = None
 
@@ -172,3 +178,12 @@ class Verdict(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def coverage(self) -> TrajectoryCoverage | None:
+        """What the judge was shown of the row's trajectory (``read.coverage``), or None."""
+        return self.read.coverage
+
+    def shown(self, coverage: TrajectoryCoverage | None) -> Verdict:
+        """This verdict with ``coverage`` as what its judge was shown (a cache hit read for a row fitted anew)."""
+        return self if coverage is None else self.model_copy(update={"read": self.read.model_copy(update={"coverage": coverage})})

@@ -121,6 +121,13 @@ def breaker_failure(exc: BaseException) -> tuple[str, str] | None:
 
 
 
+def served_of(completion: Mapping[str, Any]) -> dict[str, str | None]:
+    """Who answered, as the reply says: its ``model`` and ``system_fingerprint`` (None where it gives none)."""
+    model, fingerprint = completion.get("model"), completion.get("system_fingerprint")
+    return {"served_model": model if isinstance(model, str) and model else None,
+            "system_fingerprint": fingerprint if isinstance(fingerprint, str) and fingerprint else None}
+
+
 def vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
     """The ``count`` vectors of an embeddings response in input order, or [] if it does not hold them all."""
     data = response.get("data")
@@ -196,9 +203,11 @@ async def assemble_stream(raw: Any) -> dict[str, Any]:
     finish_reason = None
     usage = None
     last: dict[str, Any] = {}
+    fingerprint = None
     async for chunk in stream:
         data = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
         last = data
+        fingerprint = data.get("system_fingerprint") or fingerprint
         if data.get("usage"):
             usage = data["usage"]
         for choice in data.get("choices") or []:
@@ -223,8 +232,11 @@ async def assemble_stream(raw: Any) -> dict[str, Any]:
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     choices = [{"index": 0, "message": message, "finish_reason": finish_reason}] if (content or reasoning or calls or finish_reason) else []
-    return {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
+    body = {"id": last.get("id"), "object": "chat.completion", "model": last.get("model"), "choices": choices,
             "usage": usage or {}}
+    if fingerprint:
+        body["system_fingerprint"] = fingerprint
+    return body
 
 
 

@@ -19,8 +19,11 @@ RUBRIC = "semantic_equivalence_en"
 ROW = {"question": "Capital of France?", "references": ["Paris"], "prediction": "Paris"}
 
 
-def test_a_verdict_is_at_most_14_fields_and_its_values_add_up() -> None:
-    assert len(Verdict.model_fields) <= 14
+def test_a_verdict_is_at_most_15_fields_and_its_values_add_up() -> None:
+    # The decision (status, score, label, rationale, raw, error_kind, error, reasoning), its cost (usage, latency_s,
+    # cached), how it was read (read: mode, score source, who served it, what of a trajectory it was shown) and its
+    # parts (panel, criteria, steps): a new concern goes into one of those values, not beside them.
+    assert len(Verdict.model_fields) <= 15
     a = Usage(prompt_tokens=10, completion_tokens=2, reasoning_tokens=1, cached_tokens=4, requests=1)
     b = Usage(prompt_tokens=5, saved_prompt_tokens=7, saved_completion_tokens=3)
     assert a + b == Usage(prompt_tokens=15, completion_tokens=2, reasoning_tokens=1, cached_tokens=4, saved_prompt_tokens=7,

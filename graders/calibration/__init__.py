@@ -7,12 +7,15 @@ judge on labelled pairwise suites beside the published judges; ``_ppi`` turns a 
 plus many judge scores into an estimate with an honest interval (weighted by the labels' draw
 probabilities when they were drawn actively); ``_labels`` is the human labels store (one fsynced
 JSONL line per act) and the active order rows are offered in; ``_probes`` perturbs inputs to catch a
-judge that rewards length, listings, injected instructions, content-free openers or position.
+judge that rewards length, listings, injected instructions, content-free openers or position;
+``_align`` makes a rubric agree better with human labels and certifies it on held-out ones;
+``_judging`` reads a labelled set and judges it under a breaker (shared by cascade fit and align).
 """
 
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._align": ["AlignReport", "align"],
     "._agreement": ["CalibrationReport", "CorrelationReport", "FileCalibration", "Interval", "JudgeAgreementReport",
                     "PairwiseReport", "calibrate", "calibrate_rows", "correlations", "judge_agreement", "majority_vote",
                     "mean_vote", "pairwise_report", "plot_confusion", "plot_position_bias", "plot_scores"],

@@ -18,23 +18,18 @@ trusted rows together hold at >= target with probability >= 1 - delta (a union b
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gradekit._extras import require
 from gradekit.judge import Rubric
-from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
+from gradekit.judge._breaker import Breaker
 from gradekit.judge._cascade import CascadeJudge, CascadeSpec, ConfidenceMethod, ThresholdTest, asked, opinion
 from gradekit.judge._rubric import rubric_fingerprint
 
 from ._agreement import as_label
-
-
-def _stopped(trip: Trip) -> BreakerTripped:
-    return BreakerTripped(trip, f"{trip.describe()}. Stopped early: nothing written; fix the judge and run the same command "
-                                "again (with a cache, the judgements made so far come back from it)")
+from ._judging import judge_all
 
 
 def clopper_pearson_lower(agree: int, n: int, delta: float) -> float:
@@ -150,40 +145,16 @@ async def fit_cascade(
                          f"{spec.delta_per_judge:g} the fewest rows that can pass are {fewest}, all agreeing with the humans; "
                          "label more rows (a few hundred give useful coverage)")
     rubrics = asked(rubric, samples=samples, method=confidence, spec=spec)
-    gate = asyncio.Semaphore(max(1, concurrency))
-
-    async def ask(judge: Any, i: int, breaker: Breaker):
-        async with gate:
-            if breaker.tripped is not None:
-                raise _stopped(breaker.tripped)
-            found = await opinion(judge, rubric, rows[i], method=confidence, rubrics=rubrics)
-        v = found.verdict
-        breaker.row(v.status, v.error_kind, v.error, v.raw)
-        if breaker.tripped is not None:
-            raise _stopped(breaker.tripped)
-        if on_row is not None:
-            on_row()
-        return found
-
     async def ask_all(judge: Any, reaching: list[int]) -> list[Any]:
-        """Every row's opinion, or BreakerTripped as soon as the judge is seen to be broken (a grade run's breaker:
-        the same rules), with the rows still in flight cancelled rather than retried to the end."""
-        if not reaching:
-            return []
+        """Every row's opinion, under a breaker of this judge's own (a grade run's rules)."""
         who = judge.identity()
         breaker = Breaker(endpoint=(who.base_url, who.model))
-        with breaker_scope(breaker):
-            tasks = [asyncio.ensure_future(ask(judge, i, breaker)) for i in reaching]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
-            if failed is not None:
-                raise failed.exception()  # type: ignore[misc]
-            return [t.result() for t in tasks]
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+
+        def call(i: int) -> Any:
+            return lambda: opinion(judge, rubric, rows[i], method=confidence, rubrics=rubrics)
+
+        return await judge_all([call(i) for i in reaching], breaker, verdict=lambda found: found.verdict,
+                               concurrency=concurrency, on_done=on_row)
 
     reaching = indices
     trusted: list[bool] = []

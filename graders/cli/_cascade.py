@@ -47,8 +47,9 @@ def fit(
     from gradekit.judge._cascade import CONFIDENCE_METHODS
 
     from ..calibration._cascade import fit_cascade
-    from ..runs._file import _variables, check_columns, resolve_mapping
-    from ..runs._io import InputError, RowError, RunInput
+    from ..calibration._judging import read_labelled
+    from ..runs._file import resolve_mapping
+    from ..runs._io import InputError, RowError
 
     warnings_to_stderr()
     opts.check()
@@ -71,30 +72,10 @@ def fit(
     try:
         spec = load_rubric(rubric)
         variables = resolve_mapping(spec, mapping)
-        if not labelled.exists():
-            raise InputError(f"{labelled}: no such file")
-        source = RunInput.resolve(labelled)
-        check_columns(source, spec, variables)
-        rows, human = [], []
-        for number, row in enumerate(source.read(), start=1):
-            if isinstance(row, RowError):
-                raise InputError(f"{labelled}: {row}")
-            if human_column not in row:
-                raise InputError(f"{labelled} row {number}: no column {human_column!r} with the human label; "
-                                 f"its columns are {', '.join(row)}; name it with --human-column")
-            rows.append(_variables(row, spec, variables, number))
-            human.append(row[human_column])
+        labelled_set = read_labelled(labelled, spec, variables, human_column)
     except (RubricError, InputError, RowError) as e:
         raise fail(str(e)) from e
-    if not rows:
-        raise fail(f"{labelled}: no rows")
-    from ..calibration._agreement import as_label
-
-    offered = {"1", "2", "tie"} if spec.pairwise is not None else {str(as_label(lab)).casefold() for lab in spec.labels}
-    unknown = sorted({str(as_label(h)) for h in human if as_label(h) is not None and str(as_label(h)).casefold() not in offered})
-    if unknown:
-        raise fail(f"{labelled}: human labels {', '.join(map(repr, unknown[:5]))} are not labels rubric {spec.name!r} offers "
-                   f"({', '.join(sorted(offered) if spec.pairwise is not None else spec.labels)})")
+    rows, human = labelled_set.rows, labelled_set.human
     from gradekit.judge._cascade import LOGPROBS_TOP
 
     cache = opts.open_cache()

@@ -38,9 +38,22 @@ class _Echo(logging.Handler):
 
 
 def warnings_to_stderr() -> None:
-    """Show a file run's warnings (``gradekit.runs``, ``gradekit.cache``) to the user, once, whatever logging is set up."""
+    """Show a file run's warnings (``gradekit.runs``, ``gradekit.cache``) to the user, once, whatever logging is set up,
+    and the certificate of an aligned rubric when one is loaded."""
     for name in ("gradekit.runs", "gradekit.cache", "gradekit.judge"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(h, _Echo) for h in logger.handlers):
-            logger.addHandler(_Echo(logging.WARNING))
-            logger.propagate = False  # not twice when the host logs to stderr too
+        _echo(name, logging.WARNING)
+    certificates_to_stderr()
+
+
+def certificates_to_stderr() -> None:
+    """Print an aligned rubric's certificate when it is loaded (``gradekit.certificate``, INFO): `grade` and `serve` do."""
+    _echo("gradekit.certificate", logging.INFO)
+
+
+def _echo(name: str, level: int) -> None:
+    logger = logging.getLogger(name)
+    if level < logging.WARNING:
+        logger.setLevel(level)
+    if not any(isinstance(h, _Echo) for h in logger.handlers):
+        logger.addHandler(_Echo(level))
+        logger.propagate = False  # not twice when the host logs to stderr too

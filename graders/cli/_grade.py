@@ -51,6 +51,9 @@ def grade(
     quorum: int = typer.Option(None, "--quorum", metavar="N", help="A jury decides a row when at least N jurors answered it (a failing juror abstains) [default: a majority of the jury]."),
     cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Grade with a cascade from `gradekit cascade fit`: each row goes to the first judge confident enough, else status abstained. Adds decided_by and confidence columns (docs/juries.md)."),
     keep_reasoning: bool = typer.Option(False, "--keep-reasoning", help="Add a reasoning column: the judge's thinking (a reasoning model's reasoning field or <think> block), never read for the verdict."),
+    canary: Path = typer.Option(None, "--canary", metavar="FILE", help="Rows with known verdicts (the rubric's variables and a label column), judged before the run and again as it goes; a judge whose answers changed since the start stops the run (exit 3, resumable). Adds a drift column (docs/align.md)."),
+    canary_every: list[str] = typer.Option([], "--canary-every", metavar="N|TIME", help="With --canary: check again every N rows (default 500) and/or every TIME (90s, 10m, 1h), whichever comes first; repeatable."),
+    on_drift: str = typer.Option("stop", "--on-drift", help="With --canary: stop (exit 3, resumable) or flag (go on; rows judged after the change get drift = true)."),
     *,
     opts: JudgeOptions,
 ) -> None:
@@ -83,8 +86,8 @@ def grade(
     Exit status: 0 when every row was judged, 1 when some rows carry an error (the output still has
     one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
     its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
-    not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable), 130 on
-    Ctrl-C (resumable).
+    not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable),
+    or when the --canary saw the judge change (resumable once it agrees with the start again), 130 on Ctrl-C (resumable).
     """
     args = _GradeArgs(**locals())  # the command line as one value, which each step below reads
     warnings_to_stderr()
@@ -128,6 +131,9 @@ class _GradeArgs:
     quorum: int | None
     cascade: Path | None
     keep_reasoning: bool
+    canary: Path | None
+    canary_every: list[str]
+    on_drift: str
     opts: JudgeOptions
 
 
@@ -169,6 +175,13 @@ def _parse(args: _GradeArgs) -> _Command:
         variables = resolve_mapping(spec, args.mapping) if spec is not None else sample_mapping(args.mapping)
     except (RubricError, InputError) as e:
         raise fail(str(e)) from e
+    certified = spec.alignment.judge.get("model") if spec is not None and spec.alignment is not None else None
+    if certified and not panel:
+        from gradekit.judge._client import DEFAULT_MODEL
+
+        if (model or DEFAULT_MODEL) != certified:
+            typer.echo(f"warning: {rubric}: its certificate holds for judge {certified}, not {model or DEFAULT_MODEL}: it says "
+                       "nothing about this one; align it for this judge (gradekit align)", err=True)
     return _Command(args, spec, variables, cascade_spec, panel, model)
 
 
@@ -236,6 +249,13 @@ def _check_run(command: _Command) -> None:
         raise fail("--progress-every takes seconds >= 0 (0: no progress lines)")
     if a.ray_workers is not None and ray_address is None:
         raise fail("--ray-workers needs --ray ADDRESS")
+    if a.canary is None and (a.canary_every or a.on_drift != "stop"):
+        raise fail("--canary-every and --on-drift go with --canary FILE")
+    if a.on_drift not in ("stop", "flag"):
+        raise fail(f"--on-drift is stop or flag, not {a.on_drift!r}")
+    if a.canary is not None and (spec is None or spec.pairwise is not None or batch or ray_address is not None or a.retry_errors):
+        raise fail("--canary watches a live run of a single-answer rubric (-r): it excludes --grader, pairwise rubrics, --batch, "
+                   "--ray and --retry-errors")
     if a.ray_workers is not None and not 1 <= a.ray_workers <= 1024:
         raise fail("--ray-workers is a number of actors from 1 to 1024")
     if ray_address is not None:
@@ -337,6 +357,8 @@ def _plan(command: _Command, judges: _Judges, source: RunInput) -> _Plan:
         if spec is None or spec.pairwise is not None or a.batch:
             raise fail("--keep-reasoning works with a single-answer rubric (-r), not with --grader, pairwise rubrics or --batch")
         run_options["keep_reasoning"] = True
+    if a.canary is not None:
+        run_options["canary"] = _canary(command, judges)
     if spec is None:
         endpoint = {"model": ", ".join(opts.model) if panel else model or DEFAULT_MODEL, "base_url": opts.first_base_url,
                     **({"jury": a.jury, "quorum": a.quorum} if panel else {})}
@@ -433,7 +455,8 @@ def _breaker_exit(e, output: Path, json_output: bool, err: Console, judge: Judge
 
     if json_output:
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
-        print_json({"output": str(output), "model": e.trip.model, "stopped": "breaker", "message": in_flags(str(e)),
+        print_json({"output": str(output), "model": e.trip.model, "stopped": "drift" if e.trip.kind == "drift" else "breaker",
+                    "message": in_flags(str(e)),
                     "base_url": e.trip.base_url, "error_kind": e.trip.kind, "example": in_flags(e.trip.example), "summary": partial,
                     "endpoints": _endpoints(judge.stats().endpoints) if judge is not None else []})
     err.print(f"error: {in_flags(str(e))}", style="red", highlight=False, markup=False, soft_wrap=True)
@@ -468,14 +491,39 @@ def fleet_text(judge: JudgeProtocol) -> str:
     return f"; fleet {sum(e.rps for e in stats if e.state == 'up'):.1f} req/s ({parts})"
 
 
+def _canary(command: _Command, judges: _Judges):  # -> Canary
+    """The --canary: its rows (read like labelled rows, with the run's --map), and the run's judge built again without a
+    cache (a check never reads one), sharing the run's limiter and budget."""
+    from ..calibration._judging import read_labelled
+    from ..runs._canary import Canary, parse_every
+    from ..runs._io import InputError, RowError
+    from ._panel import build_panel
+
+    a, opts = command.args, command.args.opts
+    try:
+        every_rows, every_seconds = parse_every(a.canary_every)
+        rows = read_labelled(a.canary, command.spec, command.variables, "label")
+        fresh = build_panel(opts, jury=a.jury, quorum=a.quorum, spec=command.cascade_spec, cache=None, budget=judges.budget) \
+            or opts.spec(command.model).build(limiter=judges.limiter, cache=None, budget=judges.budget)
+    except (InputError, RowError, ValueError) as e:
+        raise fail(f"--canary: {e}") from e
+    return Canary(rows.rows, rows.human, command.spec, fresh, every_rows=every_rows, every_seconds=every_seconds,
+                  on_drift=a.on_drift, source={"name": rows.name, "sha256": rows.sha256})  # type: ignore[arg-type]
+
+
 async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, variables: dict[str, str], show: _Show,
                options: dict) -> RunSummary:
     from ..runs._file import grade_file
 
+    canary = options.get("canary")
     async with judge:
-        progress = show.progress(source)
-        async with progress.showing():
-            return await grade_file(judge, spec, source, destination, variables, on_row=progress.row, **options)
+        try:
+            progress = show.progress(source)
+            async with progress.showing():
+                return await grade_file(judge, spec, source, destination, variables, on_row=progress.row, **options)
+        finally:
+            if canary is not None:
+                await canary.fresh.aclose()
 
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
@@ -626,17 +674,54 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
         table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
+    if s.served:
+        table.add_row("served", served_text(s))
+    if s.canary is not None:
+        table.add_row("canary", canary_text(s.canary))
     if s.result_counts is not None:
         c = s.result_counts
         table.add_row("eval results", f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}")
         for r in s.per_testing_criteria_results or []:
             table.add_row("", f"{r['testing_criteria']}: {r['passed']} passed, {r['failed']} failed")
     console.print(table)
+    if s.served_note:
+        console.print(s.served_note, style="yellow", highlight=False, markup=False, soft_wrap=True)
     if s.budget:
         console.print(f"[yellow]{s.skipped} rows skipped: {s.budget}. Run the same command with a larger cap to grade them;"
                       " the rows already judged come from the cache.[/yellow]", highlight=False)
     for example in s.error_examples:
         console.print(f"  [red]{example}[/red]", markup=True, highlight=False)
+
+
+def served_text(s: RunSummary) -> str:
+    """Who answered the rows (model and system_fingerprint, as the provider says), and where that changed mid-run."""
+    def who(model: str | None, fingerprint: str | None) -> str:
+        return f"{model or '?'}" + (f" {fingerprint}" if fingerprint else "")
+
+    groups = "; ".join(f"{who(g['model'], g['system_fingerprint'])}: {g['rows']} rows ({g['first_row']}-{g['last_row']})"
+                       for g in s.served)
+    if not s.served_changes_total:
+        return groups
+    first = s.served_changes[0]
+    was = first["was"]
+    return (f"{groups}; changed mid-run {s.served_changes_total} time{'s' if s.served_changes_total > 1 else ''}, first at row "
+            f"{first['row']} ({who(was['model'], was['system_fingerprint'])} -> {who(first['model'], first['system_fingerprint'])})")
+
+
+def canary_text(c: dict) -> str:
+    """The canary's part of the summary: its checks, its agreement at the start and last, and the drift it saw."""
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.0%}"
+
+    text = (f"{c['rows']} rows, {c['checks']} checks after the start; agreement with its verdicts {pct(c['agreement_start'])} at "
+            f"the start, {pct(c['agreement_last'])} at the last check")
+    d = c.get("drift")
+    if d:
+        text += (f"; the judge changed at check {d['check']} ({pct(d['agreement_start'])} -> {pct(d['agreement_now'])}, "
+                 f"p = {d['p']:.2g})" + (f", {c['flagged_rows']} rows flagged drift" if c["on_drift"] == "flag" else ""))
+    if c.get("cached_other_judge"):
+        text += f"; {c['cached_other_judge']} cached rows were served by another model or fingerprint than the canary's"
+    return text
 
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,

@@ -41,6 +41,9 @@ def serve(
     from ..platforms.server import RewardServer, ServerConfigError, build_computer, create_app, load_server_config
     from ..platforms.server._app import TOKEN_ENV
     from ..platforms.server._run import PortInUse
+    from ._common import certificates_to_stderr
+
+    certificates_to_stderr()  # on stderr (stdout's first line is the URL): an aligned rubric's certificate as it loads
 
     try:
         cfg = load_server_config(config)

@@ -7,12 +7,15 @@ the output's lock (``_lock``), and can send its requests through the provider's 
 instead (``_provider_batch``). pandas
 users get the same path in memory (``_frame``); ``_cassette`` records and replays judge traffic.
 On a Ray cluster (``_ray``) actors (``_ray_worker``) judge the rows the same loop reads and
-writes; ``_ray_dataset`` adds grade columns to a user's own Ray Data pipeline.
+writes; ``_ray_dataset`` adds grade columns to a user's own Ray Data pipeline. ``_drift`` counts
+the rows each served model and fingerprint answered; ``_canary`` checks, as a run goes, that the
+judge it started with is still the one answering.
 """
 
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
+    "._canary": ["Canary"],
     "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],
     "._frame": ["agrade_frame", "grade_frame"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],

@@ -95,10 +95,14 @@ class Checkpoint:
             found = sum(pq.ParquetFile(parts / f"part-{n:05d}.parquet").metadata.num_rows for n in range(int(mark.get("parts", 0))))
         return None if found == rows else f"it claims {rows} rows, the output holds {found}"
 
-    def save(self, mark: Mapping[str, Any], tally: Mapping[str, Any], complete: bool = False) -> None:
+    def save(self, mark: Mapping[str, Any], tally: Mapping[str, Any], complete: bool = False,
+             canary: Mapping[str, Any] | None = None) -> None:
+        """``canary``: the run's canary state (runs._canary), so a resumed run checks against its start."""
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps({"identity": self.identity, "mark": dict(mark), "tally": dict(tally), "complete": complete}),
-                             encoding="utf-8")
+        state = {"identity": self.identity, "mark": dict(mark), "tally": dict(tally), "complete": complete}
+        if canary is not None:
+            state["canary"] = dict(canary)
+        temporary.write_text(json.dumps(state), encoding="utf-8")
         os.replace(temporary, self.path)
 
     def discard(self) -> None:

@@ -32,7 +32,9 @@ from .._atif import TrajectoryError, is_atif, trajectory_messages
 from .._flags import said_as_flags
 from ._rows import RowMapping
 from .._sample import Grade, Grader, Sample
+from ._canary import Canary
 from ._checkpoint import Checkpoint
+from ._drift import ServedTally, alias_note
 from ._io import InputError, RowError, RowWriter, RunInput, file_format, written_rows
 from ._lock import output_lock
 from ._plan import Grading, O, RunOptions, RunPlan
@@ -41,7 +43,7 @@ from .._spread import SpreadReport, SpreadTally
 logger = logging.getLogger("gradekit.runs")
 
 RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale", "prompt_tokens", "completion_tokens", "cached",
-                  "raw_reply", "attempts"]
+                  "raw_reply", "attempts", "served_model", "system_fingerprint"]
 RAW_REPLY_CHARS = 2000  # an error row keeps this much of the judge's reply: enough to see why, not a whole essay
 # The error kinds --retry-errors grades again: nothing about the row itself caused them.
 TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
@@ -88,13 +90,21 @@ class RunSummary(BaseModel):
     reward_seconds_p50: float | None = None
     reward_seconds_p99: float | None = None
     slowest_rows: list[dict[str, Any]] = Field(default_factory=list)  # [{"row": n, "id": ..., "seconds": s}], slowest first
+    # Drift, seen (runs._drift): rows per (served model, system_fingerprint) in output order, where it changed, and a
+    # note for a long run whose judge is named by an alias.
+    served: list[dict[str, Any]] = Field(default_factory=list)  # [{"model", "system_fingerprint", "rows", "first_row", "last_row"}]
+    served_changes: list[dict[str, Any]] = Field(default_factory=list)  # [{"row", "model", "system_fingerprint", "was": {...}}]
+    served_changes_total: int = 0  # changes seen (the list keeps the first runs._drift.CHANGES_LISTED)
+    served_note: str | None = None
+    canary: dict[str, Any] | None = None  # --canary: its checks, agreement at the start and last, and the drift it saw (runs._canary)
 
     @model_serializer(mode="wrap")
     def _hybrid_only(self, handler: Any) -> dict[str, Any]:
         """``judge_calls_saved`` is a hybrid run's figure: every other run's --json stays as it was, key for key."""
         data = handler(self)
-        if data.get("judge_calls_saved") is None:
-            data.pop("judge_calls_saved", None)
+        for key in ("judge_calls_saved", "canary"):  # a hybrid run's figure, a canary run's block
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -229,6 +239,9 @@ def result_row(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
         # ok row reads the same whether it came from the judge or the cache (ok rows have their rationale).
         "raw_reply": failed_reply(verdict),
         "attempts": verdict.usage.requests if verdict.status != "ok" else None,
+        # Who answered, as the provider says (docs/align.md#drift-seen): how a judge that changed mid-run shows.
+        "served_model": verdict.read.served_model,
+        "system_fingerprint": verdict.read.system_fingerprint,
     }
 
 
@@ -243,7 +256,7 @@ def failed_reply(verdict: Verdict | None) -> str | None:
 
 RESULT_TYPES = {"score": "float64", "label": "string", "status": "string", "error_kind": "string", "error": "string",
                 "rationale": "string", "prompt_tokens": "int64", "completion_tokens": "int64", "cached": "bool",
-                "raw_reply": "string", "attempts": "int64"}
+                "raw_reply": "string", "attempts": "int64", "served_model": "string", "system_fingerprint": "string"}
 # The columns a Jury (agreement, jurors) or a Cascade (decided_by, confidence) adds: its ``panel_columns``.
 PANEL_TYPES = {"agreement": "float64", "jurors": "string", "decided_by": "string", "confidence": "float64"}
 
@@ -299,6 +312,7 @@ async def grade_file(
     retry_errors: bool = False,
     encoding: str | None = None,
     keep_reasoning: bool = False,
+    canary: Canary | None = None,
 ) -> RunSummary:
     """Stream ``source`` through the judge into ``destination``, keeping input order.
 
@@ -312,7 +326,10 @@ async def grade_file(
     A broken judge (dead endpoint, wrong key or model) stops the run early with
     :class:`~judge._breaker.BreakerTripped` unless ``keep_going``; ``retry_errors`` grades again
     the rows an earlier run left with a transient error. See :func:`run_file`. ``source`` may be
-    a :class:`RunInput` the caller resolved already.
+    a :class:`RunInput` the caller resolved already. A ``canary`` (:mod:`gradekit.graders.runs._canary`)
+    is judged before the run and again as it goes; a judge that changed stops it (or, ``on_drift="flag"``,
+    its later rows get ``drift = true``), and after a change rows are judged by the canary's judge,
+    which reads no cache.
     """
     source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
     check_columns(source, rubric, mapping)
@@ -334,15 +351,19 @@ async def grade_file(
         inner = to_row
         columns, types = [*columns, *extra_cells], {**types, **{c: "string" for c in extra_cells}}
         to_row = lambda row, verdict: {**inner(row, verdict), **trajectory_cells(verdict, extra_cells)}  # noqa: E731
+    def asked(values: dict[str, Any]) -> Awaitable[Verdict]:
+        # After a change the canary saw, no cached verdict (the old judge's) is read: its judge has no cache.
+        who = canary.fresh if canary is not None and canary.after_change else judge
+        return who.judge(rubric, values)
+
     grading = Grading(
         columns, types, rubric_settings(judge, rubric, mapping, **extra), judge.concurrency + 2,
         prepare=lambda row, number: _variables(row, rubric, mapping, number),
-        judge_row=(lambda values: _invalid_as_error(rubric, judge.judge(rubric, values))) if rubric.invalid_labels
-        else (lambda values: judge.judge(rubric, values)),
+        judge_row=(lambda values: _invalid_as_error(rubric, asked(values))) if rubric.invalid_labels else asked,
         input_error=verdict_input_error, to_row=to_row,
     )
     options = RunOptions(resume=resume, keep_going=keep_going, retry_errors=retry_errors, group_by=group_by)
-    return await run_file(RunPlan(source, destination, grading, options, on_row=on_row))
+    return await run_file(RunPlan(source, destination, grading, options, on_row=on_row, canary=canary))
 
 
 def trajectory_cells(verdict: Verdict, columns: Iterable[str]) -> dict[str, Any]:
@@ -536,6 +557,20 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
     # --retry-errors writes a new copy beside the output and swaps it in when done: the earlier
     # output is read while the new one is written, and stays whole if this run stops.
     target = _retry_path(destination) if previous is not None else destination
+    # The run's judge, named by its settings from the start: a trip before any request reached the wire (a parameter
+    # the dialect already refuses) still says which judge it is.
+    breaker = None if keep_going else Breaker(endpoint=(settings.get("base_url"), settings.get("model")))
+    canary = plan.canary
+    if canary is not None:  # rows get a drift cell: true when judged after the judge changed (on_drift flag)
+        to_row = _with_drift(to_row, canary)
+        result_columns, result_types = [*result_columns, "drift"], {**result_types, "drift": "bool"}
+        # Before any row: the start's check, or a resumed run's check against the start it saved (a change seen: exit 3).
+        with breaker_scope(breaker):
+            await canary.start(state.get("canary") if state else None)
+        if canary.stopping:
+            summary = _Tally.restore(state["tally"]).summary(0.0) if state else _Tally().summary(0.0)
+            summary.canary = canary.report()
+            raise BreakerTripped(canary.trip(), canary.message(f"{destination} was left as it was"), summary)
     try:
         writer = RowWriter(target, columns=output_columns(header, result_columns) if header is not None else None,
                            types=column_types(source, destination, header, result_types, result_columns), resume=mark)
@@ -555,7 +590,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             spread.add(group_key(out_row[group_by]), outcome.score)  # type: ignore[attr-defined]
         if on_row is not None:
             on_row(outcome)
-        return to_row(out_row, outcome)
+        return to_row(out_row, outcome, number) if canary is not None else to_row(out_row, outcome)
 
     def reuse(old: dict[str, Any]) -> dict[str, Any] | None:
         if old.get("status") == "error" and old.get("error_kind") in TRANSIENT:
@@ -567,15 +602,12 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             on_row(_Written(old))
         return old
 
-    # The run's judge, named by its settings from the start: a trip before any request reached the wire (a parameter
-    # the dialect already refuses) still says which judge it is.
-    breaker = None if keep_going else Breaker(endpoint=(settings.get("base_url"), settings.get("model")))
     trip: Trip | None = None
     finished = False
     saved: list[Mapping[str, Any] | None] = [mark]  # the last mark a checkpoint holds: where the output is whole
 
     def save_mark(at: Mapping[str, Any]) -> None:
-        checkpoint.save(at, tally.state())
+        checkpoint.save(at, tally.state(), canary=canary.state() if canary is not None else None)
         saved[0] = at
 
     try:
@@ -583,7 +615,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             with breaker_scope(breaker):
                 trip = await stream_in_order(
                     timed_plan, writer, emit, skip=done, on_mark=save_mark if previous is None else None, close=False,
-                    breaker=breaker, previous=previous, reuse=reuse)
+                    breaker=breaker, previous=previous, reuse=reuse, canary=canary)
             finished = trip is None
         finally:
             if previous is None and not finished and trip is not None:
@@ -598,12 +630,14 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
                 checkpoint.discard()  # rows skipped for the budget: the same command with a larger cap grades them
             elif finished:
                 checkpoint.save(writer.mark_after_close() if previous is None else _mark_of(destination, writer.rows),
-                                tally.state(), complete=True)
+                                tally.state(), complete=True, canary=canary.state() if canary is not None else None)
     except OSError as e:
         if not _disk_full(e):
             raise
         raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
+    summary.served_note = alias_note(settings.get("model"), summary.served, summary.rows, summary.wall_s)
+    summary.canary = canary.report() if canary is not None else None
     timed.report(summary)
     summary.resumed_from = done
     summary.spread = spread.report() if spread is not None else None
@@ -612,9 +646,19 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
         kept = writer.rows if previous is None else 0
         where = (f"{destination} holds the first {kept} rows and its checkpoint is saved" if previous is None
                  else f"{destination} was left as it was")
+        if canary is not None and trip.kind == "drift":
+            raise BreakerTripped(trip, canary.message(where), summary)
         raise BreakerTripped(trip, f"{trip.describe()}. Stopped early: {where}; fix it and run the same command again "
                                    "to resume (--keep-going turns this check off).", summary)
     return summary
+
+
+def _with_drift(to_row: Callable[..., dict[str, Any]], canary: Canary) -> Callable[..., dict[str, Any]]:
+    """The output row with its ``drift`` cell, from the canary (told the row's number as the row is written)."""
+    def row(out_row: dict[str, Any], outcome: Any, number: int) -> dict[str, Any]:
+        return {**to_row(out_row, outcome), "drift": canary.drifted(number)}
+
+    return row
 
 
 def _disk_full(error: OSError) -> bool:
@@ -721,6 +765,7 @@ async def stream_in_order(
     breaker: Breaker | None = None,
     previous: Iterator[dict[str, Any]] | None = None,
     reuse: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    canary: Canary | None = None,
 ) -> Trip | None:
     """Judge every row of the plan's input and write ``emit``'s row for each, in input order.
 
@@ -736,7 +781,9 @@ async def stream_in_order(
     judge has answered well after it (or the run ends); once the breaker trips no row is started,
     the rows in flight finish, the output ends before the first such row, and the trip is returned.
     ``previous`` (an earlier output's rows, in order) and ``reuse`` (the row to keep, or None to
-    judge it again) make a run that keeps some of an earlier output's rows.
+    judge it again) make a run that keeps some of an earlier output's rows. With a ``canary``, a
+    row waits until a check after it passes (:meth:`Canary.holds`); on drift with ``on_drift="stop"``
+    no row is started, the output ends before the first row not vouched for, and the trip is returned.
     """
     grading = plan.grading
     prepare, judge_row, input_error = grading.prepare, grading.judge_row, grading.input_error
@@ -760,6 +807,8 @@ async def stream_in_order(
                 out_row, outcome, seen = pending[next_to_write]
                 if hold and held(outcome, seen):
                     return  # maybe the first row of an outage: it waits for a good answer after it, or the run's end
+                if canary is not None and canary.holds(next_to_write):
+                    return  # no canary check after it has passed yet (or, the judge changed, it is cut)
                 del pending[next_to_write]
                 writer.write(emit(next_to_write, out_row, outcome))
             else:
@@ -774,7 +823,7 @@ async def stream_in_order(
             last_mark = time.monotonic()
 
     async def worker() -> None:
-        while breaker is None or breaker.tripped is None:
+        while (breaker is None or breaker.tripped is None) and (canary is None or not canary.stopping):
             try:
                 number, row = next(rows)  # a shared iterator: each row goes to exactly one worker
                 old = next(previous, None) if previous is not None else None
@@ -797,12 +846,23 @@ async def stream_in_order(
                     outcome.error = f"row {number}: {outcome.error}"
                 if breaker is not None and getattr(outcome, "error_kind", None) not in ("input", "budget"):
                     breaker.row(outcome.status, getattr(outcome, "error_kind", None), outcome.error, getattr(outcome, "raw", None))
+            if canary is not None:
+                canary.finished(number, outcome)
             pending[number] = (out_row, outcome, breaker.successes if breaker is not None else 0)
             flush()
 
+    ticker = asyncio.ensure_future(canary.ticker()) if canary is not None else None
+    if canary is not None:
+        canary.wake = flush
     try:
         await asyncio.gather(*(worker() for _ in range(grading.workers)))
+        if canary is not None and not canary.stopping and (breaker is None or breaker.tripped is None):
+            await canary.final()  # the tail of the run is vouched for, flagged or cut like the rest
         trip = breaker.tripped if breaker is not None else None
+        if trip is None and canary is not None and canary.stopping:
+            write_ready(hold=False)  # the rows vouched for; the output ends at the first row judged after the last check passed
+            stopped = True
+            return canary.trip()
         if trip is not None:
             assert breaker is not None
             failed = [n for n, (_, outcome, _) in pending.items() if outcome.status == "error" and breaker.cuts(outcome.error_kind)]
@@ -812,6 +872,12 @@ async def stream_in_order(
             write_ready(hold=False)  # the run is over: rows held for the breaker's verdict are final
         return trip
     finally:
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+        if canary is not None:
+            canary.wake = None
+            await canary.aclose()
         write_ready()
         if close:
             writer.close()
@@ -876,6 +942,7 @@ class _Tally:
         self.agreement_n = 0
         self.hybrid = False  # a hybrid grader's run: judge_calls_saved is reported
         self.saved = 0
+        self.served = ServedTally()
 
     def _panel(self, decided_by: Any, agreement: Any) -> None:
         if decided_by not in (None, ""):
@@ -897,6 +964,8 @@ class _Tally:
     def add(self, verdict: Any) -> None:
         """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
         self.verdicts += 1
+        read = getattr(verdict, "read", None)  # a Verdict's; a grader's Grade names no served judge
+        self.served.add(self.verdicts, getattr(read, "served_model", None), getattr(read, "system_fingerprint", None))
         label = None
         if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
             for name, value in verdict.metrics.items():
@@ -944,6 +1013,7 @@ class _Tally:
     def add_written(self, row: Mapping[str, Any]) -> None:
         """Count a row kept from an earlier output (its cells may be CSV text)."""
         self.verdicts += 1
+        self.served.add_written(self.verdicts, row)
         status = row.get("status")
         self._panel(row.get("decided_by"), row.get("agreement"))
         if "metrics" in row and row.get("decided_by") in ("symbolic", "judge"):  # a hybrid grader's row (grader runs have metrics)
@@ -967,14 +1037,17 @@ class _Tally:
 
     def state(self) -> dict[str, Any]:
         """The counts, for a checkpoint: a resumed run's summary covers the whole output."""
-        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds", "decided")},
-                "labels": dict(self.labels), "kinds": dict(self.kinds), "decided": dict(self.decided)}
+        return {**{k: v for k, v in vars(self).items() if k not in ("labels", "kinds", "decided", "served")},
+                "labels": dict(self.labels), "kinds": dict(self.kinds), "decided": dict(self.decided), "served": self.served.state()}
 
     @classmethod
     def restore(cls, state: Mapping[str, Any]) -> _Tally:
         tally = cls()
         for key, value in state.items():
             if key == "requests":  # "requests sent" is this run's traffic; the rows and tokens are the whole output's
+                continue
+            if key == "served":
+                tally.served = ServedTally.restore(value)
                 continue
             setattr(tally, key, Counter(value) if key in ("labels", "kinds", "decided") else value)
         return tally
@@ -1002,4 +1075,7 @@ class _Tally:
             requests=self.requests,
             wall_s=wall,
             judgements_per_s=self.verdicts / wall if wall > 0 else 0.0,
+            served=[dict(g) for g in self.served.groups],
+            served_changes=[dict(c) for c in self.served.changes],
+            served_changes_total=self.served.change_count,
         )

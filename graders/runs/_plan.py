@@ -69,7 +69,8 @@ class RunPlan(Generic[O]):
     """One run over one input: the resolved input, the output path, the grading and the options.
 
     ``on_row`` is told each outcome as its row is written (a progress bar); ``reader`` yields the
-    input's rows from a skip (``--ray`` reads them with Ray Data).
+    input's rows from a skip (``--ray`` reads them with Ray Data); ``canary`` checks the judge did not
+    change mid-run (runs._canary), adding a ``drift`` column.
     """
 
     input: RunInput
@@ -78,6 +79,7 @@ class RunPlan(Generic[O]):
     options: RunOptions = RunOptions()
     on_row: Callable[[O], None] | None = None
     reader: Reader = RunInput.read
+    canary: Any = None
 
     def judged_by(self, judge_row: Callable[[Any], Awaitable[O]], workers: int | None = None) -> RunPlan[O]:
         """The same plan with another way to grade a prepared row (timed, or sent to a pool of actors)."""

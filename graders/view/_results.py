@@ -49,6 +49,9 @@ class RowFilter(BaseModel):
     q: str | None = None  # case-insensitive text search over every text column
     disagree: bool = False  # the judge's label differs from the human label
     flipped: bool = False  # pairwise: the two orders disagree
+    served_model: str | None = None  # the model the provider says answered the row
+    system_fingerprint: str | None = None  # the reply's system_fingerprint
+    drift: bool = False  # rows a canary flagged as judged after the judge changed (grade --on-drift flag)
     sort: str | None = None  # a column, "-column" for descending; default: file order
 
 
@@ -598,6 +601,12 @@ class ResultsFile:
             clauses.append(self._disagrees())
         if f.flipped:
             clauses.append(f"CAST({column('agree', 'flipped')} AS VARCHAR) IN ('false', 'False', '0')")
+        for name in ("served_model", "system_fingerprint"):
+            if getattr(f, name):
+                clauses.append(f"CAST({column(name, name)} AS VARCHAR) = ?")
+                params.append(getattr(f, name))
+        if f.drift:
+            clauses.append(f"CAST({column('drift', 'drift')} AS VARCHAR) IN ('true', 'True', '1')")
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
     def _disagrees(self) -> str:
@@ -695,7 +704,8 @@ class ResultsFile:
         return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
 
 
-ROW_PARAMS = ("offset", "limit", "status", "label", "error_kind", "score_min", "score_max", "q", "disagree", "flipped", "sort")
+ROW_PARAMS = ("offset", "limit", "status", "label", "error_kind", "score_min", "score_max", "q", "disagree", "flipped",
+              "served_model", "system_fingerprint", "drift", "sort")
 _YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -727,7 +737,9 @@ def as_filter(query: Mapping[str, str]) -> RowFilter:
 
     return RowFilter(status=query.get("status") or None, label=query.get("label") or None,
                      error_kind=query.get("error_kind") or None, score_min=number("score_min"), score_max=number("score_max"),
-                     q=query.get("q") or None, disagree=flag("disagree"), flipped=flag("flipped"), sort=query.get("sort") or None)
+                     q=query.get("q") or None, disagree=flag("disagree"), flipped=flag("flipped"),
+                     served_model=query.get("served_model") or None, system_fingerprint=query.get("system_fingerprint") or None,
+                     drift=flag("drift"), sort=query.get("sort") or None)
 
 
 MAX_OFFSET = 2**62  # DuckDB's OFFSET is a BIGINT: past it a query fails instead of returning an empty page

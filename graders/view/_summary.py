@@ -184,6 +184,9 @@ def summarise(r: ResultsFile) -> dict[str, Any]:
         "columns": r.columns, "judge_column": r.judge_column,
         "status": _counts(r, "status"), "labels": _counts(r, r.judge_column) if r.judge_column else {},
         "error_kinds": _counts(r, "error_kind"), "score": _scores(r, "score"), "parts": parts,
+        # Who answered the rows, as the provider said (docs/align.md#drift-seen), and the rows a canary flagged.
+        "served_models": _counts(r, "served_model"), "system_fingerprints": _counts(r, "system_fingerprint"),
+        "drift": _counts(r, "drift"),
         "tokens": tokens, "cost_usd": cost, "pairwise": pairwise, "agreement": _agreement(r), "checklist": _checklist(r),
         **(_eval_run(r) or {"result_counts": None, "per_testing_criteria_results": None}),
         "warnings": r.warnings,

@@ -8,11 +8,13 @@ including rate limits, server errors, broken bodies and dropped connections.
 and Ark thinking models, vLLM with and without a reasoning parser, DeepSeek's reasoner, Gemini,
 Anthropic); :data:`DIALECTS` is the table of them, with their sources.
 :class:`JudgePopulation` is a responder whose models judge rows of known truth with known accuracy
-(for juries and cascades). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
+(for juries and cascades). :class:`AlignmentLab` is a judge whose agreement with labels depends on what its prompt teaches it, and an
+optimiser that reads its disagreements (for ``gradekit align``). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
 takes a number or a function of the request body).
 ``python -m gradekit.judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
 
+from gradekit.judge.testing._aligning import AlignmentLab
 from gradekit.judge.testing._dialects import DIALECTS, Dialect, Refusal
 from gradekit.judge.testing._down import DownJudge
 from gradekit.judge.testing._fake_batch import BatchFault
@@ -20,5 +22,5 @@ from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest,
 from gradekit.judge.testing._latency import Lognormal
 from gradekit.judge.testing._population import JudgePopulation, labelled_reply
 
-__all__ = ["DIALECTS", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal",
+__all__ = ["DIALECTS", "AlignmentLab", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal",
            "Reply", "auto_reply", "labelled_reply"]

@@ -38,6 +38,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--script", type=Path, default=None, help="JSONL file, one Reply per line")
     parser.add_argument("--population", type=Path, default=None,
                         help="JSON spec of judges of known reliability (gradekit.judge.testing.JudgePopulation.from_spec): models, truth, key_pattern")
+    parser.add_argument("--lab", type=Path, default=None,
+                        help="JSON spec of a judge whose agreement depends on what its prompt teaches it, and its optimiser "
+                             "(gradekit.judge.testing.AlignmentLab.from_spec): truth, traits, lessons, key_pattern")
+    parser.add_argument("--served-model", default=None, help="the model every reply says served it (default: the one asked for)")
+    parser.add_argument("--system-fingerprint", default=None, help="the system_fingerprint every reply carries (default: none)")
     parser.add_argument("--dialect", choices=sorted(DIALECTS), default="openai",
                         help="answer as this provider does (see gradekit.judge.testing.DIALECTS)")
     parser.add_argument("--context-window", type=int, default=None,
@@ -64,13 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rate_limit_schedule=args.schedule, rate_limit_tpm=args.tpm, reject_json_schema=args.reject_json_schema,
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
                         reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port,
-                        dialect=args.dialect, context_window=args.context_window)
-    if args.population is not None:
+                        dialect=args.dialect, context_window=args.context_window, served_model=args.served_model,
+                        system_fingerprint=args.system_fingerprint)
+    if args.population is not None or args.lab is not None:
         import json
 
+        from gradekit.judge.testing._aligning import AlignmentLab
         from gradekit.judge.testing._population import JudgePopulation
 
-        fake.set_responder(JudgePopulation.from_spec(json.loads(args.population.read_text(encoding="utf-8"))))
+        if args.population is not None:
+            fake.set_responder(JudgePopulation.from_spec(json.loads(args.population.read_text(encoding="utf-8"))))
+        else:
+            fake.set_responder(AlignmentLab.from_spec(json.loads(args.lab.read_text(encoding="utf-8"))))
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

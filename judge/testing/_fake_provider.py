@@ -75,6 +75,9 @@ class Reply(BaseModel):
             until the client goes away or the fake stops (a provider stuck thinking, or holding a stream open).
         endless_every: Seconds between the events of an ``endless`` stream.
         usage: Override the token usage object.
+        model: The ``model`` the reply says served it (a dated snapshot behind the alias asked for);
+            default: the provider's ``served_model``, else the model the request names.
+        system_fingerprint: The reply's ``system_fingerprint``; default: the provider's (none unless set).
         reasoning: The model's thinking before its answer. Each dialect puts it on the wire its way
             (a message field, ``<think>`` tags in the content, stream deltas) or drops it (OpenAI's
             reasoning models, Gemini, Anthropic); the ``openai`` dialect never thinks. None on a
@@ -99,6 +102,8 @@ class Reply(BaseModel):
     endless: Literal["keep-alive", "deltas"] | None = None
     endless_every: float = 1.0
     usage: dict[str, Any] | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
     reasoning: str | None = None
 
 
@@ -321,9 +326,22 @@ def _turn(reply: Reply, body: dict[str, Any], dialect: Dialect, cached_tokens: i
                  finish_reason=finish_reason, usage=usage, logprobs=logprobs)
 
 
+def _served(reply: Reply, body: dict[str, Any], model: str, served_model: str | None,
+            system_fingerprint: str | None) -> dict[str, Any]:
+    """The reply's ``model`` and, when one is set, its ``system_fingerprint``: the reply's own, else the provider's."""
+    served = {"model": reply.model or served_model or body.get("model") or model}
+    fingerprint = reply.system_fingerprint or system_fingerprint
+    if fingerprint:
+        served["system_fingerprint"] = fingerprint
+    return served
+
+
 def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model: str,
-                       dialect: Dialect | None = None, cached_tokens: int = 0) -> dict[str, Any]:
-    """The ``chat.completion`` object for a 200 ``reply`` (``number`` makes ids unique), in ``dialect``'s shape."""
+                       dialect: Dialect | None = None, cached_tokens: int = 0, served_model: str | None = None,
+                       system_fingerprint: str | None = None) -> dict[str, Any]:
+    """The ``chat.completion`` object for a 200 ``reply`` (``number`` makes ids unique), in ``dialect``'s shape.
+
+    ``served_model`` / ``system_fingerprint``: what the provider says served it, unless the reply says otherwise."""
     dialect = dialect or DIALECTS["openai"]
     turn = _turn(reply, body, dialect, cached_tokens)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content, "refusal": reply.refusal}
@@ -334,20 +352,21 @@ def completion_payload(reply: Reply, body: dict[str, Any], *, number: int, model
     choice = {"index": 0, "message": message, "finish_reason": turn.finish_reason,
               "logprobs": {"content": turn.logprobs} if turn.logprobs is not None else None}
     return {"id": f"chatcmpl-fake-{number}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or model, "choices": [choice], "usage": turn.usage}
+            **_served(reply, body, model, served_model, system_fingerprint), "choices": [choice], "usage": turn.usage}
 
 
 _PIECE = 24  # characters per streamed delta
 
 
 def completion_chunks(reply: Reply, body: dict[str, Any], *, number: int, model: str, dialect: Dialect,
-                      cached_tokens: int = 0) -> list[dict[str, Any]]:
+                      cached_tokens: int = 0, served_model: str | None = None,
+                      system_fingerprint: str | None = None) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed reply: reasoning deltas, then content (or tool
     call) deltas, a finish chunk, and the usage chunk when ``stream_options.include_usage`` asks for it."""
     turn = _turn(reply, body, dialect, cached_tokens)
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     base = {"id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": body.get("model") or model}
+            **_served(reply, body, model, served_model, system_fingerprint)}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         extra = {"usage": None} if include_usage else {}
@@ -464,6 +483,8 @@ class FakeProvider:
         batch_faults: Iterable[BatchFault] = (),
         shuffle_batch_output: bool = False,
         model: str = "fake-judge",
+        served_model: str | None = None,
+        system_fingerprint: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         dialect: str | Dialect = "openai",
@@ -484,6 +505,10 @@ class FakeProvider:
         self.embedding_models = None if embedding_models is None else set(embedding_models)
         self.reward_model = reward_model
         self.model = model
+        # What every reply says served it (a test may change them mid-run, as a provider does): the reply's ``model``
+        # (default: the model the request names) and its ``system_fingerprint`` (default: none sent).
+        self.served_model = served_model
+        self.system_fingerprint = system_fingerprint
         self.host = host
         self.port = port
         self.base_url = ""
@@ -878,7 +903,8 @@ class FakeProvider:
             events.append("data: [DONE]\n\n")
             return StreamingResponse(iter(events), media_type="text/event-stream", headers=reply.headers)
         payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
-                                     dialect=self.dialect, cached_tokens=self._cached_tokens(body))
+                                     dialect=self.dialect, cached_tokens=self._cached_tokens(body), served_model=self.served_model,
+                                     system_fingerprint=self.system_fingerprint)
         return JSONResponse(payload, headers=reply.headers)
 
     async def _endless(self, reply: Reply, body: dict[str, Any]) -> AsyncIterator[str]:
@@ -896,7 +922,8 @@ class FakeProvider:
 
     def _chunks(self, reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
         return completion_chunks(reply, body, number=next(self._counter), model=self.model, dialect=self.dialect,
-                                 cached_tokens=self._cached_tokens(body))
+                                 cached_tokens=self._cached_tokens(body), served_model=self.served_model,
+                                 system_fingerprint=self.system_fingerprint)
 
     def _cached_tokens(self, body: dict[str, Any]) -> int:
         """Prompt tokens shared with the previous request's messages: the fake's prompt cache.

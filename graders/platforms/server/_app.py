@@ -9,7 +9,7 @@
 ``POST /grade``        Foundry endpoint grader: ``{sample, item, trace_id}`` -> ``{score}``
 ``POST /slime``        slime/miles ``--rm-url``: ``{prompt, response, label}`` -> a number (_rl_routes)
 ``POST /verify``       NeMo Gym resource server: BaseVerifyRequest -> BaseVerifyResponse (_rl_routes)
-``GET  /metrics``      Prometheus text format (_metrics)
+``GET  /metrics``      Prometheus text format (_metrics); with ``canary:`` in the config, its checks (_canary)
 =====================  ===================================================================
 
 The group routes (DashScope ``group_reward``, OpenRLHF's batch grouped by prompt) decide a group
@@ -62,7 +62,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from ..._sample import Grader, sample_from_vertex
 from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer
-from ._config import ServerConfig, load_health_check, parse_server_config
+from ._config import ServerConfig, ServerConfigError, load_health_check, parse_server_config
 from ._models import (
     DashScopeGroupRewardInput,
     DashScopeRewardInput,
@@ -193,10 +193,13 @@ def _checked(result: Any, computer: Any) -> RewardResponse:
 class _Engine:
     """One computer behind one pool: every route's work goes through ``compute``."""
 
-    def __init__(self, computer: Any, pool: WorkPool, workers: ProcessWorkers | None = None) -> None:
-        self.computer, self.pool, self.workers = computer, pool, workers
+    def __init__(self, computer: Any, pool: WorkPool, workers: ProcessWorkers | None = None, canary: Any = None) -> None:
+        self.computer, self.pool, self.workers, self.canary = computer, pool, workers, canary
 
     async def compute(self, request: RewardRequest) -> RewardResponse:
+        if self.canary is not None and self.canary.on_drift == "fail" and self.canary.drifted:
+            return RewardResponse(score=0.0, status="fail", extra_info={"error_kind": "drift"},
+                                  detail="the judge changed since the server started (its canary says so; see /stats): no reward")
         if self.workers is not None:  # a plain def in worker processes: a call past its deadline is killed
             return _checked(await self.workers.run(request), self.computer)
         return _checked(await self.pool.run(self.computer.compute_reward, request), self.computer)
@@ -444,14 +447,26 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
     health_fn = health_check or load_health_check(cfg)
     pool = WorkPool(cfg.thread_pool.max_workers, cfg.thread_pool.queue_size)
     workers = ProcessWorkers(computer.compute_reward, cfg.thread_pool.max_workers) if _isolated(computer, cfg) else None
-    engine = _Engine(computer, pool, workers)
+    canary = None
+    if cfg.canary is not None:
+        from ._canary import build_canary
+
+        try:
+            canary = build_canary(cfg.canary, cfg.base, computer, cfg.source)
+        except ValueError as e:
+            raise ServerConfigError(str(e)) from e
+    engine = _Engine(computer, pool, workers, canary)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
+        if canary is not None:
+            canary.start()  # its first check runs beside the first requests: serving never waits for it
         try:
             yield
         finally:
+            if canary is not None:
+                await canary.stop()
             await asyncio.to_thread(pool.close)  # in-flight work is done: uvicorn waited for it
             if workers is not None:
                 await asyncio.to_thread(workers.close)
@@ -459,7 +474,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
             logger.info("reward computer %s closed", type(computer).__name__)
 
     app = FastAPI(title="gradekit reward server", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
-    app.state.computer, app.state.pool, app.state.config = computer, pool, cfg
+    app.state.computer, app.state.pool, app.state.config, app.state.canary = computer, pool, cfg, canary
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -580,7 +595,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
     register_rl_routes(app, engine, sys.modules[__name__])
     from ._metrics import install_metrics  # prometheus_client loads with the server only
 
-    install_metrics(app, engine, computer)
+    install_metrics(app, engine, computer, canary)
     app.add_middleware(_Admission, pool=pool, paths=REWARD_ROUTES, busy_replies=BUSY_REPLIES)  # innermost of ours: after the body is in
     app.add_middleware(_BodyLimits, max_bytes=cfg.server.max_body_bytes, timeout_s=cfg.server.body_timeout_s, paths=REWARD_ROUTES)
     token = cfg.server.auth_token or os.environ.get(TOKEN_ENV) or None

@@ -33,6 +33,10 @@
       on_member_error: renormalize   # renormalize | drop_group | retry (graders._members)
       min_members: 2
       group_deadline_s: null     # members not graded by then fail as timeout
+    canary:                      # optional: rows with known verdicts, asked every every_s seconds (docs/align.md)
+      file: canary.jsonl         # the rubric's variables and a label column (relative to this file)
+      rubric: semantic_equivalence_en   # or a .yaml path relative to this file
+      every_s: 300               # alpha: 0.05; on_drift: report (only /metrics, /stats, a log line) | fail
     hedge: null                  # true | false | {max_extra: 0.1, min_samples: 20, quantile: 0.95, median_factor: 2}:
                                  # hedged judge requests over a fleet (the grader file's judge.endpoints); overrides
                                  # the grader file's judge.hedge (default: on for a fleet); --hedge/--no-hedge win
@@ -140,6 +144,18 @@ class LimiterSection(_Section):
     key: str = "default"  # the shared budget's name in Redis
 
 
+class CanarySection(_Section):
+    """A canary (docs/align.md#a-canary): rows with known verdicts the grader's judge is asked on a schedule."""
+
+    file: str  # rows with the rubric's variables and a known verdict (relative to this file)
+    rubric: str  # the rubric they are asked with: a shipped name or a .yaml path (relative to this file)
+    label_column: str = "label"
+    map: dict[str, str] = Field(default_factory=dict)  # rubric variable -> column
+    every_s: float = Field(300.0, gt=0)
+    alpha: float = Field(0.05, gt=0, lt=1)  # the chance a judge that did not change is reported changed, over every check
+    on_drift: Literal["report", "fail"] = "report"  # fail: every reward after the change answers fail, error_kind drift
+
+
 class ServerConfig(_Section):
     """The whole file; every section is optional except ``reward`` when serving from a file."""
 
@@ -154,6 +170,7 @@ class ServerConfig(_Section):
     group: GroupPolicy = GroupPolicy()
     # Hedged judge requests (judge._hedge) for the grader file's judge when it is a fleet; None: the file's judge.hedge.
     hedge: bool | HedgePolicy | None = None
+    canary: CanarySection | None = None  # the grader's judge asked a canary on a schedule; its drift in /metrics
     _source: Path | None = PrivateAttr(default=None)
 
     @field_validator("server", "health_check", "logging", "thread_pool", "limiter", "openrlhf", "group", mode="before")

@@ -15,6 +15,11 @@ Families, each on the app's own registry (two apps in one process never share co
                                       (sent; won: answered first; lost: cancelled or failed)
 ``gradekit_hedges_sent_total``,       hedges sent and won over every judge of the server
 ``gradekit_hedges_won_total``
+``gradekit_canary_checks_total``      with ``canary:`` in the config: checks compared with the start
+``gradekit_canary_agreement``         the canary's agreement with its known verdicts, by ``check`` (start, last)
+``gradekit_canary_drift``             1 once a check saw the judge change, else 0
+``gradekit_canary_failed_checks_total``  checks that could not run (no canary row got a verdict)
+``gradekit_canary_last_check_timestamp_seconds``  when the last check ran (Unix time)
 ====================================  =====================================================
 
 Route labels are the server's fixed routes (anything else is ``other``), so a scanner cannot grow
@@ -115,6 +120,32 @@ def hedge_totals(computer: Any) -> dict[str, int]:
     return totals
 
 
+class _CanaryCollector:
+    """The server's canary (_canary.ServedCanary) as gauges and counters, read when /metrics is asked."""
+
+    def __init__(self, canary: Any) -> None:
+        self.canary = canary
+
+    def collect(self) -> Iterator[Any]:
+        report = self.canary.report()
+        checks = CounterMetricFamily("gradekit_canary_checks", "Canary checks compared with the server's start")
+        checks.add_metric([], report["checks"])
+        agreement = GaugeMetricFamily("gradekit_canary_agreement", "The canary's agreement with its known verdicts",
+                                      labels=["check"])
+        for which in ("start", "last"):
+            if report[f"agreement_{which}"] is not None:
+                agreement.add_metric([which], report[f"agreement_{which}"])
+        drift = GaugeMetricFamily("gradekit_canary_drift", "1 once a canary check saw the judge change")
+        drift.add_metric([], 1.0 if report["drift"] is not None else 0.0)
+        failed = CounterMetricFamily("gradekit_canary_failed_checks", "Canary checks that could not run")
+        failed.add_metric([], report["failed_checks"])
+        yield from (checks, agreement, drift, failed)
+        if report["last_check"] is not None:
+            last = GaugeMetricFamily("gradekit_canary_last_check_timestamp_seconds", "When the last canary check ran")
+            last.add_metric([], report["last_check"])
+            yield last
+
+
 class _JudgeCollector:
     def __init__(self, computer: Any, pool: Any) -> None:
         self.computer, self.pool = computer, pool
@@ -156,14 +187,17 @@ class _JudgeCollector:
         yield in_flight
 
 
-def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
-    """``GET /metrics`` and ``GET /stats`` on the app; every reward the engine computes is counted and timed."""
+def install_metrics(app: Any, engine: Any, computer: Any, canary: Any = None) -> RewardTimes:
+    """``GET /metrics`` and ``GET /stats`` on the app; every reward the engine computes is counted and timed; a ``canary``
+    (_canary.ServedCanary) is reported in both."""
     registry = CollectorRegistry(auto_describe=True)
     requests = Counter("gradekit_requests", "HTTP requests by route and status code", ["route", "status"], registry=registry)
     latency = Histogram("gradekit_request_seconds", "HTTP request latency by route", ["route"], buckets=BUCKETS, registry=registry)
     rewards = Counter("gradekit_rewards", "Rewards by status and error kind", ["status", "error_kind"], registry=registry)
     reward_seconds = Histogram("gradekit_reward_seconds", "Per-sample reward time", buckets=BUCKETS, registry=registry)
     registry.register(_JudgeCollector(computer, engine.pool))
+    if canary is not None:
+        registry.register(_CanaryCollector(canary))
     times = RewardTimes()
     compute = engine.compute
     seq = [0]
@@ -193,7 +227,8 @@ def install_metrics(app: Any, engine: Any, computer: Any) -> RewardTimes:
 
     @app.get("/stats")
     async def stats() -> Response:
-        return JSONResponse({**times.report(), "hedges": hedge_totals(computer)})
+        return JSONResponse({**times.report(), "hedges": hedge_totals(computer),
+                             **({"canary": canary.report()} if canary is not None else {})})
 
     def observe(path: str, status: int, seconds: float) -> None:
         """One HTTP request, told by the server's outermost middleware (so a 503, 413 or 401 counts too)."""

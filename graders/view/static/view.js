@@ -9,7 +9,7 @@
   const RESULT = new Set(["index", "score", "label", "status", "error_kind", "error", "rationale", "reasoning", "prompt_tokens",
     "completion_tokens", "cached", "winner", "decided_by", "agree", "winner_ab", "winner_ba", "label_ab", "label_ba",
     "score_ab", "score_ba", "rationale_ab", "rationale_ba", "human_label", "raw_reply", "raw_reply_ab", "raw_reply_ba",
-    "human_note", "labelled", "hidden", "checklist", "criteria_read", "criteria_total"]);
+    "human_note", "labelled", "hidden", "checklist", "criteria_read", "criteria_total", "served_model", "system_fingerprint", "drift"]);
   // A checklist row's criteria.<id>.label / .score columns: shown in its checklist, not as inputs.
   const isCriterionColumn = (k) => /^criteria\.[^.]+\.(label|score)$/.test(k);
   const RAW = ["raw_reply", "raw_reply_ab", "raw_reply_ba"];
@@ -37,11 +37,11 @@
   }
   function params() {
     const form = $("filters"), out = {};
-    for (const name of ["status", "label", "error_kind", "score_min", "score_max", "q"]) {
+    for (const name of ["status", "label", "error_kind", "served_model", "system_fingerprint", "score_min", "score_max", "q"]) {
       const value = form.elements[name].value.trim();
       if (value) out[name] = value;
     }
-    for (const name of ["disagree", "flipped"]) if (form.elements[name].checked) out[name] = "true";
+    for (const name of ["disagree", "flipped", "drift"]) if (form.elements[name].checked) out[name] = "true";
     if ($("sort").value) out.sort = $("sort").value;
     return out;
   }
@@ -54,6 +54,9 @@
     let rows = DATA.rows.filter((r) =>
       (!statuses || statuses.includes(show(r.status))) && (!p.label || show(r[judgeColumn]) === p.label) &&
       (!p.error_kind || show(r.error_kind) === p.error_kind) &&
+      (!p.served_model || show(r.served_model) === p.served_model) &&
+      (!p.system_fingerprint || show(r.system_fingerprint) === p.system_fingerprint) &&
+      (!p.drift || r.drift === true || r.drift === "true") &&
       (p.score_min === undefined || (r.score !== null && r.score >= Number(p.score_min))) &&
       (p.score_max === undefined || (r.score !== null && r.score <= Number(p.score_max))) &&
       (!p.disagree || disagrees(r)) && (!p.flipped || r.agree === false || r.agree === "false") &&
@@ -154,7 +157,12 @@
       $("flipped-box").hidden = false;
     }
     if (s.warnings && s.warnings.length) box.append(el("div", { class: "card" }, el("h3", {}, "warnings"), ...s.warnings.map((w) => el("div", {}, w))));
-    for (const [name, table] of [["status", s.status], ["label", s.labels], ["error_kind", s.error_kinds]]) {
+    // Who answered: a filter once the file holds more than one served model or fingerprint (a judge that changed mid-run).
+    for (const [name, table] of [["served_model", s.served_models], ["system_fingerprint", s.system_fingerprints]])
+      $(name + "-box").hidden = Object.keys(table || {}).length < 2;
+    $("drift-box").hidden = !Object.keys(s.drift || {}).length;
+    for (const [name, table] of [["status", s.status], ["label", s.labels], ["error_kind", s.error_kinds],
+      ["served_model", s.served_models], ["system_fingerprint", s.system_fingerprints]]) {
       const select = $("filter-" + name), current = select.value;
       select.replaceChildren(el("option", { value: "" }, "any"), ...Object.keys(table || {}).map((k) => el("option", { value: k }, k)));
       select.value = current;
