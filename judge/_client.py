@@ -36,7 +36,7 @@ from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
+from ._wire import (Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text, usage_counts, usage_detail, vectors_of)
 
 log = logging.getLogger("gradekit.judge")
 TOOL_NAME = "submit_verdict"
@@ -61,6 +61,10 @@ _NO_ROOM = Room(None, ESTIMATE)  # no window to check a plain rubric's prompt ag
 class _Relearn(Exception):
     """The endpoint's dialect changed since this request was built: build it again (new cache key too)."""
 
+
+# The counts a reply bills, in the order judge._budget prices them, then their flex-tier part.
+_BILLED = ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens",
+           "flex_prompt_tokens", "flex_completion_tokens", "flex_cached_tokens", "flex_cache_write_tokens", "flex_reasoning_tokens")
 
 # A row rebuilt this many times (each time for a newly learnt fix) has met a server that refuses
 # everything; its last 400 is the row's error.
@@ -520,12 +524,14 @@ class Judge:
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
-        before = usage["prompt_tokens"], usage["completion_tokens"], usage.get("cached_tokens", 0)
+        before = dict(usage)
         try:
             return await self._ask(rubric, prepared, usage, finish)
         finally:
-            self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
-                               usage.get("cached_tokens", 0) - before[2])
+            spent = {name: usage.get(name, 0) - before.get(name, 0) for name in _BILLED}
+            self.budget.settle(reservation, spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"],
+                               cache_write_tokens=spent["cache_write_tokens"], reasoning_tokens=spent["reasoning_tokens"],
+                               flex=tuple(spent[f"flex_{name}"] for name in _BILLED[:5]))  # type: ignore[arg-type]
 
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
@@ -747,11 +753,7 @@ class Judge:
         """
         completion = dict(completion)
         spent = completion.get("usage") or {}
-        fields: dict[str, Any] = {"mode": mode, "attempts": attempts, "prompt_tokens": int(spent.get("prompt_tokens") or 0),
-                                  "completion_tokens": int(spent.get("completion_tokens") or 0),
-                                  "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
-                                  "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
-                                  "reasoning": reasoning_of(completion)}
+        fields: dict[str, Any] = {"mode": mode, "attempts": attempts, **usage_counts(spent), "reasoning": reasoning_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)
