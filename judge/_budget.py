@@ -220,12 +220,28 @@ def cost_usd(prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, c
     return float(_cost(price.at(tier), prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens))
 
 
-def usage_cost(prices: Mapping[str, ModelPrice], model: str, usage: object, *, base_url: str | None = None) -> Decimal | None:
-    """A :class:`~judge.Usage`'s cost (its flex part at the flex prices); None when the model has no price."""
+def usage_cost(prices: Mapping[str, ModelPrice], model: str, usage: object, *, base_url: str | None = None,
+               tier: str | None = None) -> Decimal | None:
+    """A :class:`~judge.Usage`'s cost (its flex part at the flex prices; ``tier="flex"``: that part alone);
+    None when the model has no price."""
     price = price_of(prices, model, base_url=base_url)
     if price is None:
         return None
-    return sum((_cost(price.at(tier), *parts) for tier, parts in tier_parts(usage)), Decimal(0))
+    return sum((_cost(price.at(part_tier), *parts) for part_tier, parts in tier_parts(usage)
+                if tier is None or part_tier == tier), Decimal(0))
+
+
+def prompt_cache_usd(price: ModelPrice, usage: object) -> Decimal:
+    """What the provider's prompt cache saved on ``usage`` (reads below the input price) less what its writes
+    cost above it, each tier at its own prices: negative when the cache cost more than it saved."""
+    total = Decimal(0)
+    for tier, (_, _, cached, written, _) in tier_parts(usage):
+        p = price.at(tier)
+        d = lambda value: Decimal(str(value))  # noqa: E731
+        read = p.cached_input if p.cached_input is not None else p.input
+        write = p.cache_write if p.cache_write is not None else p.input
+        total += (d(cached) * (d(p.input) - d(read)) - d(written) * (d(write) - d(p.input))) / 1_000_000
+    return total
 
 
 def tier_parts(usage: object) -> list[tuple[str | None, tuple[int, int, int, int, int]]]:
@@ -236,7 +252,7 @@ def tier_parts(usage: object) -> list[tuple[str | None, tuple[int, int, int, int
             get("flex_cache_write_tokens"), get("flex_reasoning_tokens"))
     total = (get("prompt_tokens"), get("completion_tokens"), get("cached_tokens"), get("cache_write_tokens"), get("reasoning_tokens"))
     standard = tuple(t - f for t, f in zip(total, flex))
-    return [(None, standard), ("flex", flex)]  # type: ignore[list-item]
+    return [(None, standard), ("flex", flex)]  # type: ignore[list-item]  # None: the standard tier
 
 
 class Reservation:
