@@ -164,6 +164,9 @@ class Judge:
         prompt_cache_key: the provider's prompt-cache routing key, one per (rubric version, judge):
             None sends it where the provider documents it (OpenAI, Azure OpenAI), True everywhere,
             False never, a string is the key itself.
+        warm: send one request per cold shared prefix ahead of its wave, so the provider's prompt cache is
+            written once and read by the rest (:mod:`gradekit.judge._warm` says when it applies); False: every
+            request goes at once, as before.
         hedge: hedged requests over a fleet (:mod:`gradekit.judge._hedge`): None or True (the default: on for
             two endpoints or more), False, or a :class:`~judge.HedgePolicy` / mapping of its knobs.
             A request unanswered after max(p95, 2 x median) of its endpoint's recent latencies is
@@ -199,6 +202,7 @@ class Judge:
         service_tier: str | None = None,
         flex_deadline_s: float | None = None,
         prompt_cache_key: bool | str | None = None,
+        warm: bool = True,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
@@ -242,6 +246,7 @@ class Judge:
         self._timeout = timeout
         self._cache_key_setting = prompt_cache_key
         self._cache_keys: dict[int, tuple[Rubric, str]] = {}
+        self.warm = warm
         self.warmer = Warmer()
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
@@ -335,7 +340,7 @@ class Judge:
 
     def _warm_key(self, request: Mapping[str, Any], route: Route) -> str | None:
         """The key of the request's shared prefix when it is worth warming (see judge._warm), else None."""
-        if self.concurrency <= 1:
+        if not self.warm or self.concurrency <= 1:
             return None
         shared = shared_prefix(request)
         if shared is None:
@@ -841,7 +846,7 @@ class Judge:
             return False
         if fix.param == "service_tier" and self.service_tier is not None:
             raise Failed("bad_request", f"{self.model} at {self.base_url} does not take service_tier={self.service_tier!r} "
-                          f"(HTTP 400: {said}); run it without --service-tier / `service_tier:`", 400) from exc
+                          f"(HTTP 400: {said}); run it without `service_tier`", 400) from exc
         if fix.param is not None and fix.param in self.sampling:
             name = fix.param
             fix = user_fix(fix)
