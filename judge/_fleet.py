@@ -647,9 +647,9 @@ class Fleet:
                 send = post_native if route in NATIVE_ROUTES else post
                 raw, completion = await send(member.client(), request, route)
             except openai.APIStatusError as refused:
-                member.replied(refused.status_code, time.monotonic() - sent_at)
                 if flex_capacity(refused, request):
-                    raise  # flex has no capacity now: not a rate limit, so the pacer and the hold learn nothing
+                    raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing
+                member.replied(refused.status_code, time.monotonic() - sent_at)
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
                 limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
                 if self.router is not None and isinstance(refused, openai.RateLimitError):

@@ -215,3 +215,28 @@ class Billing:
     @staticmethod
     def _key(segments: Segments, offset: int) -> str:
         return hashlib.sha256(f"{segments.address}\0{segments.text[:offset]}".encode()).hexdigest()
+
+
+_FILLER = ("Weigh the prediction against every gold answer; a number matches to the precision the gold answer gives; "
+           "harmless extra detail, wording and order do not matter; a hedge among candidates is incorrect. ")
+
+
+def write_long_rubric(directory: Any, tokens: int = 2000, name: str = "long_rubric") -> Any:
+    """A copy of the shipped ``correctness_3way`` rubric whose fixed system block is about ``tokens`` long (the
+    fake's count), written into ``directory``; returns the path of its spec. For cache and cost tests and benchmarks."""
+    from pathlib import Path
+
+    from gradekit.judge._specs import read_spec, spec_path
+
+    source = spec_path("correctness_3way")
+    spec = read_spec(source)
+    template = (source.parent / spec["template"]).read_text(encoding="utf-8")
+    filler = (_FILLER * (tokens * 4 // len(_FILLER) + 1))[: tokens * 4]
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.j2").write_text(template.replace("{% block system %}", "{% block system %}\n" + filler + "\n", 1), encoding="utf-8")
+    lines = source.read_text(encoding="utf-8").splitlines()
+    lines = [f"name: {name}" if line.startswith("name:") else f"template: {name}.j2" if line.startswith("template:") else line
+             for line in lines]
+    (folder / f"{name}.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder / f"{name}.yaml"

@@ -1,0 +1,271 @@
+"""The cost of a judgement (issue 45): the provider's prompt cache, the flex tier and the native APIs, against
+the loopback fake provider playing each provider's caching and billing model (judge.testing._fake_billing).
+
+What gradekit reports is compared with what the fake billed, writes included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradekit.judge import Budget, Judge, Limiter, list_rubrics, load_prices, load_rubric
+from gradekit.judge._budget import price_of
+from gradekit.judge.testing import FakeProvider, Reply, write_long_rubric
+
+ROW = {"question": "What is the capital of France?", "references": ["Paris"], "prediction": "Paris"}
+# The fake bills these for every model (USD per 1M tokens); the --prices file gradekit is given says the same,
+# with the write and read multipliers the provider documents (1.25x, 0.1x).
+FAKE_PRICES = {"input": 3.0, "output": 15.0}
+PRICE_FILE = {"input": 3.0, "output": 15.0, "cached_input": 0.3, "cache_write": 3.75, "tiers": {"flex": {
+    "input": 1.5, "output": 7.5, "cached_input": 0.15, "cache_write": 1.875}}}
+
+
+def rows(n: int) -> list[dict]:
+    return [{"question": f"question {i}: what is {i} + {i}?", "references": [str(2 * i)], "prediction": str(2 * i)} for i in range(n)]
+
+
+def gradekit(*args: str, env: dict[str, str]) -> dict:
+    """``python -m gradekit ARGS --json`` in a subprocess: its summary."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("GRADEKIT_PRICES", "OPENAI_BASE_URL")}
+    done = subprocess.run([sys.executable, "-m", "gradekit", *args, "--json"], capture_output=True, text=True, timeout=240,
+                          env={**environment, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def grade(tmp_path: Path, fake: FakeProvider, model: str, n: int, *extra: str, name: str = "run") -> dict:
+    source = tmp_path / f"{name}.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows(n)))
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({model: PRICE_FILE}))
+    spec = write_long_rubric(tmp_path / "rubric", 2000)
+    return gradekit("grade", str(source), "-r", str(spec), "-o", str(tmp_path / f"{name}.out.jsonl"), "--model", model,
+                    "--base-url", fake.base_url, "--api-key", "k", "--prices", str(prices), "--no-cache", *extra,
+                    env={})
+
+
+# ---- the layout: everything the rows share comes first -------------------------------------------------------
+
+
+@pytest.mark.parametrize("rubric", [pytest.param(r, id=r.name) for r in list_rubrics()])
+def test_two_rows_share_a_prefix_that_covers_the_static_part_in_every_mode(rubric) -> None:
+    """The system block (instructions, criteria, examples) comes before anything a row fills, in every ask mode."""
+    for mode in rubric.ask_modes:
+        first, second = (rubric.render(_row_for(rubric, i), mode) for i in (1, 2))
+        a, b = json.dumps(first), json.dumps(second)
+        shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        system = json.dumps(first[:1])[:-2] if first[0]["role"] == "system" else ""
+        assert first[0]["role"] == "system", f"{rubric.name}: no system block to cache"
+        assert shared >= len(system), f"{rubric.name} ({mode}): the rows differ before the end of the system block"
+
+
+def _row_for(rubric, i: int) -> dict:
+    values: dict = {}
+    for name, spec in rubric.variables.items():
+        if spec.type == "list":
+            values[name] = [f"gold {i}"]
+        elif spec.type == "criteria":
+            values[name] = [f"The response answers in English ({i})."]
+        elif spec.type == "media":
+            continue
+        else:
+            values[name] = f"value {i} of {name}"
+    return values
+
+
+# ---- OpenAI's caching model: one write per prefix, cost equal to the bill ------------------------------------
+
+
+def test_openai_cache_cost_reported_equals_billed_and_one_write_per_prefix(tmp_path: Path) -> None:
+    """--concurrency 64 over a 2,000-token rubric: warming sends one write, every other request reads; the cost
+    gradekit reports (writes included) is what the fake billed."""
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES) as fake:
+        summary = grade(tmp_path, fake, "gpt-4.1", 200, "--concurrency", "64")  # no learning gate holds its first wave
+        assert summary["ok"] == 200
+        assert fake.billing.cache_writes == 1, "one cache write for the one prefix, not one per request of the first wave"
+        assert summary["cost_usd"] == pytest.approx(fake.billing.billed_usd, rel=1e-9, abs=1e-12)
+        assert summary["cache_write_tokens"] == sum(c.cache_write_tokens for c in fake.billing.charges) > 1000
+        assert summary["cached_tokens"] == sum(c.cached_tokens for c in fake.billing.charges)
+        assert summary["cache_hit_ratio"] > 0.8 and summary["cache_saved_usd"] > 0
+        assert {r.body.get("prompt_cache_key") for r in fake.chat_requests()} == {None}, "sent only where documented"
+
+
+async def test_without_warming_the_first_wave_writes_once_per_request() -> None:
+    """The baseline warming fixes: 64 requests sent together with one cold prefix each miss and each pay the write."""
+    spec = write_long_rubric(Path(os.environ.get("TMPDIR", "/tmp")) / f"gk-warm-{os.getpid()}", 2000)
+    rubric = load_rubric(spec)
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, latency=0.05) as fake:
+        cold = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=64), warm=False)
+        await asyncio.gather(*(cold.judge(rubric, r) for r in rows(64)))
+        assert fake.billing.cache_writes == 64
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, latency=0.05) as fake:
+        warm = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=64), prompt_cache_key=True)
+        verdicts = await asyncio.gather(*(warm.judge(rubric, r) for r in rows(64)))
+        assert all(v.ok for v in verdicts) and fake.billing.cache_writes == 1
+        keys = {r.body["prompt_cache_key"] for r in fake.chat_requests()}
+        assert len(keys) == 1 and keys.pop().startswith("gradekit-")
+
+
+async def test_two_prefixes_are_warmed_once_each_and_a_short_one_not_at_all(tmp_path: Path) -> None:
+    long_a = load_rubric(write_long_rubric(tmp_path / "a", 2000, name="rubric_a"))
+    long_b = load_rubric(write_long_rubric(tmp_path / "b", 2400, name="rubric_b"))
+    short = load_rubric("correctness_3way")  # about 300 tokens: below OpenAI's 1,024-token minimum
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, latency=0.02) as fake:
+        judge = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=32))
+        work = [judge.judge(r, row) for row in rows(20) for r in (long_a, long_b, short)]
+        verdicts = await asyncio.gather(*work)
+        assert all(v.ok for v in verdicts)
+        assert fake.billing.cache_writes == 2 and judge.warmer.warmed == 2
+
+
+# ---- Anthropic: native Messages API vs its OpenAI-compatible endpoint -----------------------------------------
+
+
+def test_claude_native_costs_at_most_a_third_of_the_compatible_endpoint(tmp_path: Path) -> None:
+    """1,000 rows, 2,000-token rubric, --concurrency 64: api anthropic (cache_control breakpoint, output_config.format)
+    against Anthropic's OpenAI-compatible endpoint (no cache, response_format ignored); each figure is the bill."""
+    with FakeProvider(dialect="anthropic", cache_model="anthropic", prices=FAKE_PRICES) as native:
+        ours = grade(tmp_path, native, "claude-sonnet-4-5", 1000, "--concurrency", "64", "--api", "anthropic", name="native")
+        bodies = [r.body for r in native.requests if r.path.endswith("/messages")]
+        assert len(bodies) == 1000 and all("response_format" not in b for b in bodies)
+        assert bodies[0]["output_config"]["format"]["type"] == "json_schema"
+        assert bodies[0]["system"][-1]["cache_control"] == {"type": "ephemeral"}
+        assert native.billing.cache_writes == 1
+        assert ours["cost_usd"] == pytest.approx(native.billing.billed_usd, rel=1e-9)
+    with FakeProvider(dialect="anthropic", cache_model="none", prices=FAKE_PRICES) as compatible:
+        theirs = grade(tmp_path, compatible, "claude-sonnet-4-5", 1000, "--concurrency", "64", "--api", "chat", name="compatible")
+        assert theirs["cost_usd"] == pytest.approx(compatible.billing.billed_usd, rel=1e-9)
+    assert ours["ok"] == theirs["ok"] == 1000 and ours["label_counts"] == {"CORRECT": 1000}
+    assert ours["cost_usd"] <= 0.35 * theirs["cost_usd"], (ours["cost_usd"], theirs["cost_usd"])
+
+
+async def test_anthropic_thinking_stays_out_of_the_verdict_and_errors_keep_their_kinds(tmp_path: Path) -> None:
+    rubric = load_rubric("correctness_3way")
+    with FakeProvider(script=[Reply(status=529, error_message="Overloaded"), Reply(status=529, error_message="Overloaded")]) as fake:
+        judge = Judge("claude-sonnet-4-5", base_url=fake.base_url, api_key="k", api="anthropic", params={
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}, sleep=_no_wait)
+        verdict = await judge.judge(rubric, ROW)
+        assert verdict.ok and verdict.label == "CORRECT" and verdict.usage.requests == 3  # two 529s retried
+        assert verdict.reasoning and verdict.reasoning not in (verdict.raw or "")  # the thinking block, kept out of the verdict
+        sent = [r for r in fake.requests if r.path.endswith("/messages")][-1]
+        assert sent.headers["x-api-key"] == "k" and "authorization" not in sent.headers
+        assert sent.headers["anthropic-version"] == "2023-06-01"
+        fake.push(Reply(status=400, error_message="prompt is too long: 250000 tokens > 200000 maximum"))
+        refused = await judge.judge(rubric, {**ROW, "prediction": "Lyon"})
+        assert (refused.status, refused.error_kind) == ("error", "bad_request") and "prompt is too long" in refused.error
+
+
+async def _no_wait(seconds: float) -> None:
+    return None
+
+
+# ---- the Responses API ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", [pytest.param("responses", id="told"), pytest.param(None, id="learnt")])
+async def test_a_responses_only_model_is_judged_with_structured_verdicts(api: str | None) -> None:
+    rubric = load_rubric("correctness_3way")
+    with FakeProvider(responses_only=["o1-pro"]) as fake:
+        judge = Judge("o1-pro", base_url=fake.base_url, api_key="k", api=api, params={"reasoning_effort": "low"})
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(6)))
+        assert [v.label for v in verdicts] == ["CORRECT"] * 6 and all(v.read.mode == "json_schema" for v in verdicts)
+        bodies = [r.body for r in fake.requests if r.path.endswith("/responses")]
+        assert len(bodies) == 6 and all(b["text"]["format"]["type"] == "json_schema" and b["store"] is False
+                                        and "previous_response_id" not in b for b in bodies)
+        assert all(v.reasoning for v in verdicts), "the reasoning item is the verdict's reasoning"
+        assert len(fake.chat_requests()) == (0 if api else 1), "learnt from one 404, then every row goes to /responses"
+
+
+# ---- flex --------------------------------------------------------------------------------------------------------
+
+
+async def test_a_flex_capacity_429_does_not_slow_the_pacer_and_a_late_row_goes_standard() -> None:
+    rubric = load_rubric("correctness_3way")
+    with FakeProvider(flex_full=True, prices=FAKE_PRICES) as fake:
+        judge = Judge("gpt-5-mini", base_url=fake.base_url, api_key="k", service_tier="flex", flex_deadline_s=0,
+                      limiter=Limiter(concurrency=4), sleep=_no_wait)
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(8)))
+        assert all(v.ok for v in verdicts) and fake.flex_refused == 8
+        assert judge.pacing().rps is None, "no capacity is not a rate limit: the pacer was not slowed"
+        assert judge.endpoints[0].rate_limited == 0 and judge.flex_fallbacks == 8
+        tiers = [r.body.get("service_tier") for r in fake.chat_requests()]
+        assert tiers.count("flex") == 8 and tiers.count(None) == 8
+    with FakeProvider(rate_limit_rps=1, rate_limit_burst=1, prices=FAKE_PRICES) as limited:  # the control: a real 429
+        judge = Judge("gpt-5-mini", base_url=limited.base_url, api_key="k", limiter=Limiter(concurrency=4), sleep=_no_wait)
+        await asyncio.gather(*(judge.judge(rubric, r) for r in rows(4)))
+        assert judge.pacing().rps is not None
+
+
+async def test_flex_waits_for_capacity_until_its_deadline() -> None:
+    rubric = load_rubric("correctness_3way")
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    with FakeProvider(flex_refusals=2) as fake:
+        judge = Judge("gpt-5-mini", base_url=fake.base_url, api_key="k", service_tier="flex", flex_deadline_s=3600, sleep=record)
+        verdict = await judge.judge(rubric, ROW)
+        assert verdict.ok and verdict.usage.flex_prompt_tokens == verdict.usage.prompt_tokens > 0
+        assert waits == [1.0, 2.0] and judge.flex_fallbacks == 0
+
+
+def test_the_summary_splits_cost_by_tier(tmp_path: Path) -> None:
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, flex_refusals=5) as fake:
+        summary = grade(tmp_path, fake, "gpt-5.6", 40, "--concurrency", "1", "--service-tier", "flex", "--flex-deadline", "0")
+        billed = fake.billing.billed_by_tier()
+        assert set(summary["cost_by_tier"]) == {"standard", "flex"}
+        assert summary["cost_by_tier"]["flex"] == pytest.approx(billed["flex"], rel=1e-9)
+        assert summary["cost_by_tier"]["standard"] == pytest.approx(billed["default"], rel=1e-9)
+        assert summary["cost_usd"] == pytest.approx(fake.billing.billed_usd, rel=1e-9)
+        assert summary["flex_usage"]["prompt_tokens"] > 0
+
+
+# ---- prices: the judges people use --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model", "base_url"), [
+    pytest.param("gpt-5.6", None, id="openai"),
+    pytest.param("claude-sonnet-4-5", "https://api.anthropic.com/v1", id="anthropic"),
+    pytest.param("gemini-2.5-flash", None, id="google"),
+    pytest.param("deepseek-chat", "https://api.deepseek.com/v1", id="deepseek"),
+    pytest.param("qwen-plus", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", id="dashscope"),
+    pytest.param("doubao-seed-1-6-250615", "https://ark.cn-beijing.volces.com/api/v3", id="ark"),
+    pytest.param("llama-3.3-70b-versatile", "https://api.groq.com/openai/v1", id="groq"),
+    pytest.param("mistral-large-latest", "https://api.mistral.ai/v1", id="mistral"),
+])
+def test_max_cost_works_for_the_major_providers_models(model: str, base_url: str | None) -> None:
+    budget = Budget(max_cost_usd=1.0, model=model)  # refused before this issue for all but 10 OpenAI models
+    price = price_of(budget.prices, model, base_url=base_url)
+    assert price is not None and price.input > 0 and price.output > 0
+    if price.cached_input is not None:
+        assert price.cached_input < price.input
+
+
+def test_cache_writes_and_reads_are_priced_as_the_provider_prices_them() -> None:
+    prices = load_prices()
+    claude = price_of(prices, "claude-sonnet-4-5")
+    assert claude.cache_write == pytest.approx(1.25 * claude.input) and claude.cached_input == pytest.approx(0.1 * claude.input)
+    gpt = price_of(prices, "gpt-5.6")
+    assert gpt.cache_write == pytest.approx(1.25 * gpt.input) and gpt.at("flex").input == pytest.approx(gpt.input / 2)
+
+
+async def test_max_cost_counts_cache_writes() -> None:
+    """A cap that plain input would fit is reached once the writes are counted at 1.25x."""
+    spec = write_long_rubric(Path(os.environ.get("TMPDIR", "/tmp")) / f"gk-cap-{os.getpid()}", 2000)
+    rubric = load_rubric(spec)
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES) as fake:
+        budget = Budget(max_cost_usd=1.0, prices={"gpt-5.6": PRICE_FILE})
+        judge = Judge("gpt-5.6", base_url=fake.base_url, api_key="k", budget=budget, limiter=Limiter(concurrency=1))
+        await judge.judge(rubric, ROW)
+        assert budget.spent_usd == pytest.approx(fake.billing.billed_usd, rel=1e-9)
+        charge = fake.billing.charges[0]
+        assert charge.cache_write_tokens > 1000
+        assert budget.spent_usd > (charge.prompt_tokens * 3.0 + charge.completion_tokens * 15.0) / 1e6  # above plain input
