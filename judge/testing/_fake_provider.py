@@ -674,6 +674,10 @@ class FakeProvider:
         return response
 
     async def _dispatch(self, method: str, record: RecordedRequest, gone: asyncio.Event | None = None) -> Response:
+        if method == "GET" and record.path in ("/v1/fake/billing", "/fake/billing"):  # what this fake billed so far
+            return JSONResponse({"billed_usd": self.billing.billed_usd, "by_tier": self.billing.billed_by_tier(),
+                                 "cache_writes": self.billing.cache_writes, "requests_billed": len(self.billing.charges),
+                                 "cache_model": self.billing.model.name})
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
                                                              "created": 0, "owned_by": "gradekit.judge.testing"}]})
