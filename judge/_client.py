@@ -23,7 +23,7 @@ from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, unbound
-from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._hedge import HedgePolicy, HedgeStats
 from ._limiter import RequestLimiter, estimate_tokens
@@ -40,7 +40,8 @@ from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
 from ._native import claude_minimum_tokens
 from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_wait, standard
-from ._warm import OPENAI_MINIMUM_TOKENS, Warmer, prompt_cache_key, shared_prefix, takes_prompt_cache_key
+from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
+                    takes_prompt_cache_key)
 from ._wire import (Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text,
                     usage_counts, vectors_of)
 
@@ -248,6 +249,9 @@ class Judge:
         self._cache_keys: dict[int, tuple[Rubric, str]] = {}
         self.warm = warm
         self.warmer = Warmer()
+        # The explicit-cache breakpoint this endpoint wants at the end of the shared prefix (None: none); a native API
+        # places its own (judge._native), and an endpoint that refuses it is learnt to take none.
+        self._marker = breakpoint_marker(fleet[0].base_url, self.model) if prompt_cache_key is not False else None
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
         self._shells: dict[tuple[int, str], tuple[Rubric, int, str]] = {}
@@ -313,6 +317,9 @@ class Judge:
             request["prompt_cache_key"] = key
         if self.service_tier is not None and "service_tier" not in request:
             request["service_tier"] = self.service_tier
+        marker = self._marker
+        if marker is not None and marker[0] not in self.dialect.drop and messages:
+            request["messages"] = mark_shared_prefix(request["messages"], *marker)
         return self.dialect.apply(request)
 
     def _prompt_cache_key(self, rubric: Rubric) -> str | None:
@@ -839,6 +846,12 @@ class Judge:
         message naming the parameter), except max_tokens/max_completion_tokens, renamed.
         """
         code, param, said = error_fields(exc.body, str(exc))
+        marker = self._marker[0] if self._marker is not None else None
+        if marker is not None and marker not in self.dialect.drop and marker in f"{param or ''} {said}":
+            if self.dialect.learn(Fix(param=marker, drop=(marker,))):  # the explicit-cache breakpoint: sent no more
+                self.dialect.keep(self.cache, self.endpoint)
+                log.warning("%s at %s: %s", self.model, self.base_url, Fix(param=marker, drop=(marker,)).describe())
+            return True
         if names_output_format(code, param, said) and not (code or "").startswith("unsupported"):
             return False
         fix = parameter_fix(code, param, said, request)

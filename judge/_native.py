@@ -157,8 +157,8 @@ def anthropic_completion(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _responses_part(part: Mapping[str, Any], role: str) -> dict[str, Any]:
-    if part.get("type") == "text":
-        return {"type": "output_text" if role == "assistant" else "input_text", "text": part.get("text") or ""}
+    if part.get("type") == "text":  # a breakpoint marker (prompt_cache_breakpoint) stays on its part
+        return {**part, "type": "output_text" if role == "assistant" else "input_text", "text": part.get("text") or ""}
     if part.get("type") == "image_url":
         image = part.get("image_url") or {}
         return {"type": "input_image", "image_url": image.get("url"), "detail": image.get("detail") or "auto"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -47,6 +48,38 @@ def takes_prompt_cache_key(base_url: str) -> bool:
 def prompt_cache_key(fingerprint: str, model: str) -> str:
     """The ``prompt_cache_key`` of a rubric version (its fingerprint) and a judge model."""
     return "gradekit-" + hashlib.sha256(f"{fingerprint}|{model}".encode()).hexdigest()[:24]
+
+
+# OpenAI from GPT-5.6 on: implicit caching breaks near the latest user message, so a fixed block followed by a
+# changing row is cached only at an explicit ``prompt_cache_breakpoint`` (OpenAI's prompt-caching guide).
+_BREAKPOINT_MODELS = re.compile(r"^(?:gpt-5\.(?:[6-9]|\d{2,})|gpt-(?:[6-9]|\d{2,}))(?:\b|[-.])", re.IGNORECASE)
+
+
+def breakpoint_marker(base_url: str, model: str) -> tuple[str, dict[str, str]] | None:
+    """The content-part field that marks the end of the shared prefix for this endpoint's explicit cache, with
+    its value: DashScope's ``cache_control`` (Alibaba Model Studio's explicit cache), OpenAI's
+    ``prompt_cache_breakpoint`` for GPT-5.6 and later; None where the provider caches without one."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host.endswith("aliyuncs.com") or "dashscope" in host:
+        return "cache_control", {"type": "ephemeral"}
+    if _BREAKPOINT_MODELS.search(model):
+        return "prompt_cache_breakpoint", {"mode": "explicit"}
+    return None
+
+
+def mark_shared_prefix(messages: list[dict[str, Any]], field: str, value: Mapping[str, str]) -> list[dict[str, Any]]:
+    """``messages`` with the last system message's text as one content part carrying ``field`` (the breakpoint)."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") in ("system", "developer")), default=None)
+    if last is None:
+        return messages
+    content = messages[last].get("content")
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(p) for p in content or ()]
+    if not parts:
+        return messages
+    parts[-1] = {**parts[-1], field: dict(value)}
+    marked = list(messages)
+    marked[last] = {**messages[last], "content": parts}
+    return marked
 
 
 def shared_prefix(request: Mapping[str, Any]) -> tuple[str, int] | None:

@@ -269,3 +269,52 @@ async def test_max_cost_counts_cache_writes() -> None:
         charge = fake.billing.charges[0]
         assert charge.cache_write_tokens > 1000
         assert budget.spent_usd > (charge.prompt_tokens * 3.0 + charge.completion_tokens * 15.0) / 1e6  # above plain input
+
+
+# ---- explicit breakpoints -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("base_url", "model", "marker"), [
+    pytest.param("https://api.openai.com/v1", "gpt-5.6", ("prompt_cache_breakpoint", {"mode": "explicit"}), id="gpt-5.6"),
+    pytest.param("https://api.openai.com/v1", "gpt-5.6-mini-2026-09-01", ("prompt_cache_breakpoint", {"mode": "explicit"}), id="gpt-5.6-snapshot"),
+    pytest.param("https://api.openai.com/v1", "gpt-5.5", None, id="gpt-5.5-implicit"),
+    pytest.param("https://api.openai.com/v1", "gpt-4o-mini", None, id="gpt-4o-mini"),
+    pytest.param("https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "qwen-plus", ("cache_control", {"type": "ephemeral"}), id="dashscope"),
+    pytest.param("http://localhost:8000/v1", "my-vllm-model", None, id="vllm"),
+])
+def test_the_breakpoint_each_endpoint_wants(base_url: str, model: str, marker) -> None:
+    from gradekit.judge._warm import breakpoint_marker
+
+    assert breakpoint_marker(base_url, model) == marker
+
+
+async def test_a_breakpoint_the_endpoint_refuses_is_learnt_once_and_never_sent_again(tmp_path: Path) -> None:
+    rubric = load_rubric(write_long_rubric(tmp_path, 2000))
+    refused = []
+
+    def responder(body: dict):
+        system = body["messages"][0]["content"]
+        if isinstance(system, list) and "prompt_cache_breakpoint" in system[-1]:
+            refused.append(body)
+            return Reply(status=400, error_message="Unrecognized request argument supplied: messages[0].content[0].prompt_cache_breakpoint")
+        return None
+
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, responder=responder) as fake:
+        judge = Judge("gpt-5.6", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=8))
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(8)))
+        assert all(v.ok for v in verdicts) and len(refused) == 1, "one 400 teaches it (the first request of a careful model goes alone)"
+        assert "prompt_cache_breakpoint" in judge.dialect.drop
+        later = [r.body for r in fake.chat_requests()][1:]
+        assert all(isinstance(b["messages"][0]["content"], list) is False or "prompt_cache_breakpoint" not in b["messages"][0]["content"][-1]
+                   for b in later)
+
+
+async def test_gpt_5_6_marks_the_end_of_the_rubric_and_reads_it_back(tmp_path: Path) -> None:
+    rubric = load_rubric(write_long_rubric(tmp_path, 2000))
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES) as fake:
+        judge = Judge("gpt-5.6", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=16))
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(16)))
+        assert all(v.label == "CORRECT" for v in verdicts)
+        system = fake.chat_requests()[0].body["messages"][0]["content"]
+        assert system[-1]["prompt_cache_breakpoint"] == {"mode": "explicit"} and system[-1]["text"].startswith("Weigh")
+        assert fake.billing.cache_writes == 1 and sum(v.usage.cached_tokens for v in verdicts) > 15 * 2000
