@@ -517,6 +517,7 @@ def names_output_format(code: str | None, param: str | None, message: str) -> bo
         return True
     text = message.lower()
     return any(word in text for word in ("response_format", "json_schema", "json_object", "json mode", "structured output",
+                                         "output_config", "text.format",
                                          "tool_choice", "tools", "tool call", "function call", "functions"))
 
 

@@ -103,15 +103,21 @@ def anthropic_body(request: Mapping[str, Any]) -> dict[str, Any]:
     fmt = request.get("response_format") or {}
     if fmt.get("type") == "json_schema":
         body["output_config"] = {"format": {"type": "json_schema", "schema": (fmt.get("json_schema") or {}).get("schema") or {}}}
-    tools = request.get("tools") or []
+    tools, forced = _functions(request)
     if tools:
-        body["tools"] = [{"name": t["function"]["name"], "description": t["function"].get("description") or "",
-                          "input_schema": t["function"].get("parameters") or {"type": "object"}}
-                         for t in tools if isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)]
-        choice = request.get("tool_choice")
-        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
-            body["tool_choice"] = {"type": "tool", "name": choice["function"]["name"]}
+        body["tools"] = [{"name": name, "description": about, "input_schema": schema} for name, about, schema in tools]
+    if forced is not None:
+        body["tool_choice"] = {"type": "tool", "name": forced}
     return body
+
+
+def _functions(request: Mapping[str, Any]) -> tuple[list[tuple[str, str, Any]], str | None]:
+    """A chat request's function tools as (name, description, parameters), and the one ``tool_choice`` forces."""
+    tools = [(t["function"]["name"], t["function"].get("description") or "", t["function"].get("parameters") or {"type": "object"})
+             for t in request.get("tools") or () if isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)]
+    choice = request.get("tool_choice")
+    forced = choice["function"]["name"] if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping) else None
+    return tools, forced
 
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
@@ -188,14 +194,11 @@ def responses_body(request: Mapping[str, Any]) -> dict[str, Any]:
                                    "schema": schema.get("schema") or {}, "strict": bool(schema.get("strict", True))}}
     elif fmt.get("type") == "json_object":
         body["text"] = {"format": {"type": "json_object"}}
-    tools = request.get("tools") or []
+    tools, forced = _functions(request)
     if tools:
-        body["tools"] = [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description") or "",
-                          "parameters": t["function"].get("parameters") or {"type": "object"}}
-                         for t in tools if isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)]
-        choice = request.get("tool_choice")
-        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
-            body["tool_choice"] = {"type": "function", "name": choice["function"]["name"]}
+        body["tools"] = [{"type": "function", "name": name, "description": about, "parameters": schema} for name, about, schema in tools]
+    if forced is not None:
+        body["tool_choice"] = {"type": "function", "name": forced}
     return body
 
 

@@ -318,3 +318,104 @@ async def test_gpt_5_6_marks_the_end_of_the_rubric_and_reads_it_back(tmp_path: P
         system = fake.chat_requests()[0].body["messages"][0]["content"]
         assert system[-1]["prompt_cache_breakpoint"] == {"mode": "explicit"} and system[-1]["text"].startswith("Weigh")
         assert fake.billing.cache_writes == 1 and sum(v.usage.cached_tokens for v in verdicts) > 15 * 2000
+
+
+# ---- the native transports' translation, both ways ----------------------------------------------------------------
+
+TOOL_REQUEST = {"model": "m", "temperature": 0.0, "max_tokens": 50, "stop": "\n\n", "messages": [
+    {"role": "system", "content": "Judge."}, {"role": "user", "content": [
+        {"type": "text", "text": "Row"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+    "tools": [{"type": "function", "function": {"name": "submit_verdict", "description": "Record the verdict.",
+                                                 "parameters": {"type": "object", "properties": {"grade": {"type": "string"}}}}}],
+    "tool_choice": {"type": "function", "function": {"name": "submit_verdict"}}}
+
+
+def test_a_chat_request_as_the_messages_api_asks_it() -> None:
+    from gradekit.judge._native import anthropic_body
+
+    body = anthropic_body({**TOOL_REQUEST, "logprobs": True, "prompt_cache_key": "k", "thinking": {"type": "enabled"}})
+    assert body["system"] == [{"type": "text", "text": "Judge.", "cache_control": {"type": "ephemeral"}}]
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Row"}, {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]
+    assert body["tools"][0]["input_schema"]["properties"] == {"grade": {"type": "string"}}
+    assert body["tool_choice"] == {"type": "tool", "name": "submit_verdict"} and body["max_tokens"] == 50
+    assert body["stop_sequences"] == ["\n\n"] and body["thinking"] == {"type": "enabled"}
+    assert not {"logprobs", "prompt_cache_key", "stop", "response_format"} & set(body)
+
+
+def test_a_chat_request_as_the_responses_api_asks_it() -> None:
+    from gradekit.judge._native import responses_body
+
+    body = responses_body({**TOOL_REQUEST, "reasoning_effort": "low", "prompt_cache_key": "k", "service_tier": "flex",
+                           "response_format": {"type": "json_object"}})
+    assert body["input"][1]["content"] == [{"type": "input_text", "text": "Row"},
+                                           {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]
+    assert body["tools"][0]["name"] == "submit_verdict" and body["tool_choice"] == {"type": "function", "name": "submit_verdict"}
+    assert body["reasoning"] == {"effort": "low"} and body["max_output_tokens"] == 50 and body["store"] is False
+    assert body["text"] == {"format": {"type": "json_object"}} and body["prompt_cache_key"] == "k" and body["service_tier"] == "flex"
+    assert not {"messages", "max_tokens", "tool_choice_function", "previous_response_id"} & set(body)
+
+
+@pytest.mark.parametrize(("message", "content", "tool", "reasoning", "finish", "usage"), [
+    pytest.param({"content": [{"type": "thinking", "thinking": "draft: INCORRECT"}, {"type": "text", "text": '{"grade": "CORRECT"}'}],
+                  "stop_reason": "end_turn", "usage": {"input_tokens": 10, "cache_creation_input_tokens": 2000,
+                                                       "cache_read_input_tokens": 0, "output_tokens": 7}},
+                 '{"grade": "CORRECT"}', None, "draft: INCORRECT", "stop", (2010, 0, 2000), id="thinking-then-text-write"),
+    pytest.param({"content": [{"type": "tool_use", "id": "t1", "name": "submit_verdict", "input": {"grade": "CORRECT"}}],
+                  "stop_reason": "tool_use", "usage": {"input_tokens": 10, "cache_read_input_tokens": 2000, "output_tokens": 7}},
+                 None, '{"grade": "CORRECT"}', None, "tool_calls", (2010, 2000, 0), id="tool-use-read"),
+    pytest.param({"content": [{"type": "text", "text": '{"grade": "COR'}], "stop_reason": "max_tokens", "usage": {}},
+                 '{"grade": "COR', None, None, "length", (0, 0, 0), id="cut-off"),
+    pytest.param({"content": [], "stop_reason": "refusal", "usage": {"input_tokens": 5, "output_tokens": 0}},
+                 None, None, None, "content_filter", (5, 0, 0), id="refusal"),
+])
+def test_a_messages_api_reply_as_a_chat_completion(message, content, tool, reasoning, finish, usage) -> None:
+    from gradekit.judge._native import anthropic_completion
+
+    completion = anthropic_completion({"id": "msg", "model": "claude", **message})
+    reply, choice = completion["choices"][0]["message"], completion["choices"][0]
+    assert reply["content"] == content and reply.get("reasoning_content") == reasoning and choice["finish_reason"] == finish
+    assert (json.loads(reply["tool_calls"][0]["function"]["arguments"]) if tool else None) == (json.loads(tool) if tool else None)
+    spent = completion["usage"]
+    assert (spent["prompt_tokens"], spent["prompt_tokens_details"]["cached_tokens"], spent["prompt_tokens_details"]["cache_write_tokens"]) == usage
+
+
+@pytest.mark.parametrize(("response", "content", "tool", "reasoning", "finish"), [
+    pytest.param({"status": "completed", "output": [
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]},
+        {"type": "message", "content": [{"type": "output_text", "text": '{"grade": "CORRECT"}'}]}]},
+        '{"grade": "CORRECT"}', None, "thinking", "stop", id="reasoning-then-message"),
+    pytest.param({"status": "completed", "output": [{"type": "function_call", "call_id": "c1", "name": "submit_verdict",
+                                                     "arguments": '{"grade": "CORRECT"}'}]},
+                 None, '{"grade": "CORRECT"}', None, "tool_calls", id="function-call"),
+    pytest.param({"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": [
+        {"type": "reasoning", "summary": []}]}, None, None, None, "length", id="cut-off-while-reasoning"),
+    pytest.param({"status": "completed", "output": [{"type": "message", "content": [{"type": "refusal", "refusal": "no"}]}]},
+                 None, None, None, "stop", id="refusal"),
+])
+def test_a_responses_api_reply_as_a_chat_completion(response, content, tool, reasoning, finish) -> None:
+    from gradekit.judge._native import responses_completion
+
+    completion = responses_completion({"id": "resp", "model": "o1-pro", "usage": {"input_tokens": 9, "output_tokens": 3,
+                                                                                  "input_tokens_details": {"cached_tokens": 4}}, **response})
+    reply, choice = completion["choices"][0]["message"], completion["choices"][0]
+    assert reply["content"] == content and reply.get("reasoning_content") == reasoning and choice["finish_reason"] == finish
+    assert (reply["tool_calls"][0]["function"]["arguments"] if tool else None) == tool
+    assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
+
+
+async def test_a_claude_model_without_structured_outputs_is_asked_with_a_forced_tool() -> None:
+    rubric = load_rubric("correctness_3way")
+
+    def responder(body: dict):  # the fake hands responders the chat body a Messages request asks the same of
+        if body.get("response_format"):
+            return Reply(status=400, error_message="output_config.format: structured outputs are not supported for this model")
+        return None
+
+    with FakeProvider(responder=responder) as fake:
+        judge = Judge("claude-3-5-haiku-latest", base_url=fake.base_url, api_key="k", api="anthropic")
+        verdicts = [await judge.judge(rubric, r) for r in rows(3)]
+        assert [(v.label, v.read.mode) for v in verdicts] == [("CORRECT", "tool")] * 3
+        sent = [r.body for r in fake.requests if r.path.endswith("/messages")]
+        assert "output_config" in sent[0] and all(b["tool_choice"] == {"type": "tool", "name": "submit_verdict"} for b in sent[1:])
+        assert len(sent) == 4, "the refused mode is learnt once for the endpoint"
