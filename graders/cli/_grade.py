@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -228,6 +229,8 @@ def _check_run(command: _Command) -> None:
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
         raise fail("--max-cost and --max-tokens cap live requests; a --batch run is priced by the provider when it is submitted")
+    if batch and (opts.service_tier or (opts.api or "chat") != "chat"):
+        raise fail("--batch submits chat requests at the Batch API's own price: it excludes --service-tier and --api")
     if spec is None and (batch or a.tiebreak_model):
         raise fail("--batch and --tiebreak-model work with a rubric (-r), not with --grader")
     if a.retry_errors and (a.restart or batch or (spec is not None and spec.pairwise is not None)):
@@ -498,11 +501,13 @@ def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
         if summary.cached_tokens or summary.cache_write_tokens:
             summary.cache_saved_usd = float(prompt_cache_usd(price, usage))
         if summary.cache_write_tokens and not summary.cached_tokens:
-            summary.warnings.append(
+            warning = (
                 f"{summary.cache_write_tokens} prompt tokens were written to the provider's prompt cache and none was read "
                 f"back (${-summary.cache_saved_usd:.4f} above the input price): each row's prefix differs, or the cache "
                 "expired between requests" if summary.cache_saved_usd is not None else
                 f"{summary.cache_write_tokens} prompt tokens were written to the provider's prompt cache and none was read back")
+            summary.warnings.append(warning)
+            logging.getLogger("gradekit.runs").warning(warning)
     summary.saved_tokens = budget.saved_tokens
     summary.saved_usd = budget.saved_usd if price is not None else None
     if summary.skipped:
