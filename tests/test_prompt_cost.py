@@ -430,3 +430,32 @@ def test_writes_never_read_back_are_a_warning_and_a_negative_saving() -> None:
     assert summary.cache_saved_usd == pytest.approx(-20_000 * (3.75 - 3.0) / 1e6)
     assert summary.cost_usd == pytest.approx((5_000 * 3.0 + 20_000 * 3.75 + 100 * 15.0) / 1e6)
     assert any("never" not in w and "none was read back" in w for w in summary.warnings)
+
+
+# ---- the native transports ride the same fleet, limiter and retries -----------------------------------------------------
+
+
+async def test_anthropic_rate_limits_pace_the_limiter_through_its_own_headers() -> None:
+    rubric = load_rubric("correctness_3way")
+    with FakeProvider(dialect="anthropic", rate_limit_rps=20, rate_limit_burst=2) as fake:
+        judge = Judge("claude-sonnet-4-5", base_url=fake.base_url, api_key="k", api="anthropic", limiter=Limiter(concurrency=8))
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(24)))
+        assert all(v.ok for v in verdicts)
+        assert judge.pacing().mode == "headers", "anthropic-ratelimit-* headers on the Messages API pace the limiter"
+        replies = [r for r in fake.requests if r.path.endswith("/messages")]
+        assert len(replies) == 24 + fake.rate_limited
+
+
+async def test_a_native_fleet_fails_over_from_a_dead_endpoint() -> None:
+    from gradekit.judge.testing import DownJudge
+
+    rubric = load_rubric("correctness_3way")
+    down = DownJudge()
+    try:
+        with FakeProvider() as fake:
+            judge = Judge("o1-pro", base_url=[down.base_url, fake.base_url], api_key="k", api="responses", hedge=False)
+            verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(8)))
+            assert [v.label for v in verdicts] == ["CORRECT"] * 8
+            assert len([r for r in fake.requests if r.path.endswith("/responses")]) == 8 and down.accepted >= 1
+    finally:
+        down.close()
