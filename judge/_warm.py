@@ -13,7 +13,8 @@ request at a time. Below the minimum nothing is cached, so holding the wave woul
 judge that sends one request at a time already reads what the request before it wrote. The others
 wait at most ``wait_s`` (the judge's request timeout) for the first: a warming request stuck in
 retries does not hold the run. A prefix stays warm while it is used (``WARM_FOR_S`` after its last
-use, the providers' five-minute cache lifetime).
+use, the providers' five-minute cache lifetime). A warming request that fails (no reply) releases the
+others at once, and the prefix goes unheld for ``UNHELD_AFTER_FAILURE_S``.
 
 ``prompt_cache_key`` (OpenAI, Azure OpenAI): one key per (rubric version, judge), so every request
 with this prefix is routed to the same cache instead of spread over machines that each miss.
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from ._limiter import estimate_tokens
 
 WARM_FOR_S = 300.0
+UNHELD_AFTER_FAILURE_S = 30.0
 OPENAI_MINIMUM_TOKENS = 1024
 # Hosts documented to take prompt_cache_key (OpenAI's API reference; Azure tells GPT-5.6 users to set it).
 _CACHE_KEY_HOSTS = ("api.openai.com", ".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
@@ -101,6 +103,9 @@ class Warmer:
         self._lock = threading.Lock()
         self._warm: dict[str, float] = {}
         self._warming: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
+        # Prefixes whose warming request failed: the requests go unheld for a while, so a broken endpoint or a
+        # row the provider refuses does not make the wave wait on one failing request after another.
+        self._unheld_until: dict[str, float] = {}
         self.warmed = 0  # prefixes warmed (a request sent ahead of its wave)
         self.held = 0  # requests that waited for a warming request
 
@@ -119,6 +124,8 @@ class Warmer:
                 used = self._warm.get(key)
                 if used is not None and now - used < WARM_FOR_S:
                     self._warm[key] = now
+                    break
+                if self._unheld_until.get(key, 0.0) > now:
                     break
                 entry = self._warming.get(key)
                 if entry is None:
@@ -147,5 +154,7 @@ class Warmer:
                 self._warming.pop(key, None)
                 if answered:  # a reply came: the provider has cached the prefix
                     self._warm[key] = time.monotonic()
+                else:
+                    self._unheld_until[key] = time.monotonic() + UNHELD_AFTER_FAILURE_S
             if not mine.done():
                 mine.set_result(None)  # the others look again: warm now, or one of them warms it

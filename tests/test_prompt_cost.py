@@ -459,3 +459,13 @@ async def test_a_native_fleet_fails_over_from_a_dead_endpoint() -> None:
             assert len([r for r in fake.requests if r.path.endswith("/responses")]) == 8 and down.accepted >= 1
     finally:
         down.close()
+
+
+async def test_a_failing_warm_up_releases_the_wave_at_once(tmp_path: Path) -> None:
+    """The first request of a cold prefix fails for good (a 400): the others are not held behind one failing request after another."""
+    rubric = load_rubric(write_long_rubric(tmp_path, 2000))
+    with FakeProvider(cache_model="openai", script=[Reply(status=400, error_message="this row is refused")], latency=0.05) as fake:
+        judge = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=16))
+        verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(16)))
+        assert sorted(v.status for v in verdicts) == ["error"] + ["ok"] * 15
+        assert judge.warmer.warmed == 1, "after the failure the prefix goes unheld: no second warming request"
