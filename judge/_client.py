@@ -39,7 +39,7 @@ from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
 from ._verdict import ErrorKind, Verdict
 from ._native import claude_minimum_tokens
-from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_wait, standard
+from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_retrying, standard
 from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
                     takes_prompt_cache_key)
 from ._wire import (Failed, Route, breaker_failure, error_of, status_detail, status_error_kind, status_message, status_text,
@@ -697,20 +697,17 @@ class Judge:
             return await self._send(request, usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
                                     counted=counted)
         deadline = (ROW_STARTED.get() or time.monotonic()) + self.flex_deadline_s
-        attempt = 0
-        while True:
-            try:
-                return await self._send(request, usage, route=route, dialect_version=dialect_version,
-                                        prompt_estimate=prompt_estimate, counted=counted)
-            except FlexFull:
-                pass
-            if time.monotonic() >= deadline:
-                self.flex_fallbacks += 1
-                log.info("%s: no flex capacity until the row's deadline (%g s): sent at the standard tier", self.model, self.flex_deadline_s)
-                return await self._send(standard(request), usage, route=route, dialect_version=dialect_version,
-                                        prompt_estimate=prompt_estimate, counted=counted)
-            await (self._sleep or asyncio.sleep)(flex_wait(attempt, deadline))
-            attempt += 1
+        try:
+            async for attempt in flex_retrying(deadline, self._sleep):  # tenacity, the one owner of retries
+                with attempt:
+                    return await self._send(request, usage, route=route, dialect_version=dialect_version,
+                                            prompt_estimate=prompt_estimate, counted=counted)
+        except FlexFull:
+            pass
+        self.flex_fallbacks += 1
+        log.info("%s: no flex capacity until the row's deadline (%g s): sent at the standard tier", self.model, self.flex_deadline_s)
+        return await self._send(standard(request), usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
+                                counted=counted)
 
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
                     dialect_version: int | None = None, prompt_estimate: int = -1, counted: int = -1) -> dict[str, Any]:

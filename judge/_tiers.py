@@ -11,11 +11,14 @@ started, is sent at the standard tier instead, its cost counted there (:class:`~
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from ._dialect import error_fields
 
@@ -55,3 +58,11 @@ def standard(request: Mapping[str, Any]) -> dict[str, Any]:
 def flex_wait(attempt: int, deadline: float) -> float:
     """Seconds to wait before flex attempt ``attempt + 1``: doubling, never past the row's deadline."""
     return max(0.0, min(FLEX_FIRST_WAIT_S * 2 ** attempt, FLEX_MAX_WAIT_S, deadline - time.monotonic()))
+
+
+def flex_retrying(deadline: float, sleep: Callable[[float], Awaitable[Any]] | None = None) -> AsyncRetrying:
+    """A tenacity loop over a flex request: again after each FlexFull, waiting :func:`flex_wait`, until ``deadline``
+    (time.monotonic) has passed; then the last FlexFull is raised and the caller sends at the standard tier."""
+    return AsyncRetrying(retry=retry_if_exception_type(FlexFull), stop=lambda state: time.monotonic() >= deadline,
+                         wait=lambda state: flex_wait(state.attempt_number - 1, deadline), sleep=sleep or asyncio.sleep,
+                         reraise=True)
