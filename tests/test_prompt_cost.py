@@ -469,3 +469,20 @@ async def test_a_failing_warm_up_releases_the_wave_at_once(tmp_path: Path) -> No
         verdicts = await asyncio.gather(*(judge.judge(rubric, r) for r in rows(16)))
         assert sorted(v.status for v in verdicts) == ["error"] + ["ok"] * 15
         assert judge.warmer.warmed == 1, "after the failure the prefix goes unheld: no second warming request"
+
+
+async def test_an_endpoint_that_refuses_prompt_cache_key_is_learnt_once() -> None:
+    rubric = load_rubric("correctness_3way")
+    refused = []
+
+    def responder(body: dict):
+        if "prompt_cache_key" in body:
+            refused.append(body)
+            return Reply(status=400, error_message="Unrecognized request argument supplied: prompt_cache_key")
+        return None
+
+    with FakeProvider(responder=responder) as fake:
+        judge = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", prompt_cache_key=True, limiter=Limiter(concurrency=1))
+        verdicts = [await judge.judge(rubric, r) for r in rows(4)]
+        assert all(v.label == "CORRECT" for v in verdicts) and len(refused) == 1
+        assert "prompt_cache_key" in judge.dialect.drop and len(fake.chat_requests()) == 5
