@@ -101,7 +101,8 @@ async def test_without_warming_the_first_wave_writes_once_per_request() -> None:
     """The baseline warming fixes: 64 requests sent together with one cold prefix each miss and each pay the write."""
     spec = write_long_rubric(Path(os.environ.get("TMPDIR", "/tmp")) / f"gk-warm-{os.getpid()}", 2000)
     rubric = load_rubric(spec)
-    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, latency=0.05) as fake:
+    wave = Wave(64)  # no request is answered before all 64 have arrived: however loaded the machine, they all miss
+    with FakeProvider(cache_model="openai", prices=FAKE_PRICES, responder=wave) as fake:
         cold = Judge("gpt-4.1", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=64), warm=False)
         await asyncio.gather(*(cold.judge(rubric, r) for r in rows(64)))
         assert fake.billing.cache_writes == 64
@@ -111,6 +112,22 @@ async def test_without_warming_the_first_wave_writes_once_per_request() -> None:
         assert all(v.ok for v in verdicts) and fake.billing.cache_writes == 1
         keys = {r.body["prompt_cache_key"] for r in fake.chat_requests()}
         assert len(keys) == 1 and keys.pop().startswith("gradekit-")
+
+
+class Wave:
+    """A responder that answers nothing until ``size`` requests have arrived (at most 60 s), then answers as the fake would."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.arrived, self.all_in = size, 0, None
+
+    async def __call__(self, body: dict) -> None:
+        if self.all_in is None:
+            self.all_in = asyncio.Event()  # on the fake's own loop
+        self.arrived += 1
+        if self.arrived >= self.size:
+            self.all_in.set()
+        await asyncio.wait_for(self.all_in.wait(), 60)
+        return None
 
 
 async def test_two_prefixes_are_warmed_once_each_and_a_short_one_not_at_all(tmp_path: Path) -> None:
