@@ -22,7 +22,9 @@ so a test can compare what gradekit reports with what the provider charged. The 
 
 Every model fills its cache only when a request *completes*: requests sent together with one cold
 prefix each miss and each pay the write. A flex request (``service_tier: flex``) is billed at
-``flex_factor`` of the standard prices. Tokens are the fake's own count: four characters each.
+``flex_factor`` of the standard prices. Tokens are the fake's own count: four characters each. Each
+request is billed what its reply reports (a scripted ``Reply.usage`` included); errors, dropped
+connections and streamed chat replies are not billed and fill no cache.
 """
 
 from __future__ import annotations

@@ -895,11 +895,14 @@ class FakeProvider:
             payload = messages_payload(reply, native, number=next(self._counter), thinking=thinking,  # type: ignore[arg-type]
                                        prompt=prompt, cached=cached, written=written)
             spent = payload["usage"]
-            completion = int(spent.get("output_tokens") or 0)
+            read, wrote = int(spent.get("cache_read_input_tokens") or 0), int(spent.get("cache_creation_input_tokens") or 0)
+            billed_counts = (int(spent.get("input_tokens") or 0) + read + wrote, read, wrote, int(spent.get("output_tokens") or 0))
         elif route == "responses":
             payload = responses_payload(reply, native, number=next(self._counter), prompt=prompt, cached=cached,  # type: ignore[arg-type]
                                         written=written, tier=tier)
-            completion = int(payload["usage"].get("output_tokens") or 0)
+            spent, details = payload["usage"], payload["usage"].get("input_tokens_details") or {}
+            billed_counts = (int(spent.get("input_tokens") or 0), int(details.get("cached_tokens") or 0),
+                             int(details.get("cache_write_tokens") or 0), int(spent.get("output_tokens") or 0))
         else:
             payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
                                          dialect=self.dialect, cached_tokens=self._cached_tokens(body))
@@ -910,9 +913,12 @@ class FakeProvider:
                                     "prompt_tokens_details": {**(payload["usage"].get("prompt_tokens_details") or {}), **details}}
             if billed or "service_tier" in body:
                 payload["service_tier"] = tier
-            completion = int(payload["usage"].get("completion_tokens") or 0)
-        if billed:
-            self.billing.charge(str(body.get("model") or self.model), tier, prompt, cached, written, completion)
+            spent, details = payload["usage"], payload["usage"].get("prompt_tokens_details") or {}
+            billed_counts = (int(spent.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
+                             int(details.get("cache_write_tokens") or details.get("cache_creation_input_tokens") or 0),
+                             int(spent.get("completion_tokens") or 0))
+        if billed:  # what the reply reports is what is billed (a scripted usage included)
+            self.billing.charge(str(body.get("model") or self.model), tier, *billed_counts)
             self.billing.completed(writes)
         return JSONResponse(payload, headers=reply.headers)
 
