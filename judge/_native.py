@@ -33,7 +33,7 @@ from typing import Any
 import openai
 
 from ._dialect import answered, on_wire
-from ._wire import _httpx_response, whole_request_seconds
+from ._wire import sdk_http, whole_request_seconds
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096  # the Messages API requires max_tokens; a verdict with its rationale fits far below
@@ -270,10 +270,8 @@ async def post_native(client: Any, request: Mapping[str, Any], route: str) -> tu
                 return await _post_native(client, request, route)
         return await asyncio.wait_for(_post_native(client, request, route), seconds)
     except asyncio.TimeoutError:
-        import httpx
-
         url = f"{str(getattr(client, 'base_url', '')).rstrip('/')}/{'messages' if route == 'anthropic' else 'responses'}"
-        raise openai.APITimeoutError(request=httpx.Request("POST", url)) from None
+        raise openai.APITimeoutError(request=sdk_http().Request("POST", url)) from None
 
 
 async def _post_native(client: Any, request: Mapping[str, Any], route: str) -> tuple[Any, Any]:
@@ -286,7 +284,7 @@ async def _post_native(client: Any, request: Mapping[str, Any], route: str) -> t
         path, body, options = "/responses", responses_body(request), {}
     on_wire()
     try:
-        raw = await client.post(path, body=body, cast_to=_httpx_response(), options=options)
+        raw = await client.post(path, body=body, cast_to=sdk_http().Response, options=options)
     except openai.BadRequestError:
         answered()
         raise

@@ -503,3 +503,16 @@ async def test_an_endpoint_that_refuses_prompt_cache_key_is_learnt_once() -> Non
         verdicts = [await judge.judge(rubric, r) for r in rows(4)]
         assert all(v.label == "CORRECT" for v in verdicts) and len(refused) == 1
         assert "prompt_cache_key" in judge.dialect.drop and len(fake.chat_requests()) == 5
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+async def test_a_native_request_that_never_answers_is_a_timeout(api: str) -> None:
+    from gradekit.judge import RetryPolicy
+
+    rubric = load_rubric("correctness_3way")
+    with FakeProvider(script=[Reply(content="{}", delay=30)]) as fake:
+        judge = Judge("claude-sonnet-4-5" if api == "anthropic" else "o1-pro", base_url=fake.base_url, api_key="k", api=api,
+                      timeout=0.5, retry=RetryPolicy(max_attempts=1))
+        verdict = await judge.judge(rubric, ROW)
+        assert (verdict.status, verdict.error_kind) == ("error", "timeout")
+        assert ("/messages" if api == "anthropic" else "/responses") in verdict.error
