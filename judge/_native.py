@@ -33,7 +33,7 @@ from typing import Any
 import openai
 
 from ._dialect import answered, on_wire
-from ._wire import sdk_http, whole_request_seconds
+from ._wire import sdk_http, usage_detail, whole_request_seconds
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096  # the Messages API requires max_tokens; a verdict with its rationale fits far below
@@ -143,7 +143,7 @@ def anthropic_completion(message: Mapping[str, Any]) -> dict[str, Any]:
         reply["reasoning_content"] = "\n".join(thinking)
     if calls:
         reply["tool_calls"] = calls
-    spent = message.get("usage") or {}
+    spent = message.get("usage") if isinstance(message.get("usage"), Mapping) else {}
     read = int(spent.get("cache_read_input_tokens") or 0)
     written = int(spent.get("cache_creation_input_tokens") or 0)
     prompt = int(spent.get("input_tokens") or 0) + read + written
@@ -210,6 +210,8 @@ def responses_completion(response: Mapping[str, Any]) -> dict[str, Any]:
         kind = item.get("type") if isinstance(item, Mapping) else None
         if kind == "message":
             for part in item.get("content") or ():
+                if not isinstance(part, Mapping):
+                    continue
                 if part.get("type") == "output_text":
                     text.append(part.get("text") or "")
                 elif part.get("type") == "refusal":
@@ -229,13 +231,13 @@ def responses_completion(response: Mapping[str, Any]) -> dict[str, Any]:
     if response.get("status") == "incomplete":
         reason = (response.get("incomplete_details") or {}).get("reason")
         finish = "content_filter" if reason == "content_filter" else "length"
-    spent = response.get("usage") or {}
-    details = spent.get("input_tokens_details") or {}
+    spent = response.get("usage") if isinstance(response.get("usage"), Mapping) else {}
+    details = spent.get("input_tokens_details") if isinstance(spent.get("input_tokens_details"), Mapping) else {}
     prompt, completion = int(spent.get("input_tokens") or 0), int(spent.get("output_tokens") or 0)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
              "prompt_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0),
                                        "cache_write_tokens": int(details.get("cache_write_tokens") or 0)},
-             "completion_tokens_details": {"reasoning_tokens": int((spent.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)}}
+             "completion_tokens_details": {"reasoning_tokens": usage_detail(spent, "output_tokens_details", "reasoning_tokens")}}
     body: dict[str, Any] = {"id": response.get("id"), "object": "chat.completion", "model": response.get("model"),
                             "choices": [{"index": 0, "message": reply, "finish_reason": finish}], "usage": usage}
     if isinstance(response.get("service_tier"), str):
