@@ -75,6 +75,8 @@ def _row_for(rubric, i: int) -> dict:
             values[name] = [f"The response answers in English ({i})."]
         elif spec.type == "media":
             continue
+        elif spec.type == "trajectory":
+            values[name] = [{"role": "user", "content": f"task {i}"}, {"role": "assistant", "content": f"answer {i}"}]
         else:
             values[name] = f"value {i} of {name}"
     return values
@@ -174,9 +176,9 @@ async def test_anthropic_thinking_stays_out_of_the_verdict_and_errors_keep_their
         sent = [r for r in fake.requests if r.path.endswith("/messages")][-1]
         assert sent.headers["x-api-key"] == "k" and "authorization" not in sent.headers
         assert sent.headers["anthropic-version"] == "2023-06-01"
-        fake.push(Reply(status=400, error_message="prompt is too long: 250000 tokens > 200000 maximum"))
+        fake.push(Reply(status=400, error_message="messages.0.content.0.text: text content blocks must be non-empty"))
         refused = await judge.judge(rubric, {**ROW, "prediction": "Lyon"})
-        assert (refused.status, refused.error_kind) == ("error", "bad_request") and "prompt is too long" in refused.error
+        assert (refused.status, refused.error_kind) == ("error", "bad_request") and "must be non-empty" in refused.error
 
 
 async def _no_wait(seconds: float) -> None:
