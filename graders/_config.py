@@ -444,6 +444,10 @@ class JudgeSettings(BaseModel):
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     context_window: int | None = Field(None, ge=1)  # the model's window in tokens (a trajectory is fitted into it) [learnt]
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
+    api: Literal["chat", "responses", "anthropic"] | None = None  # how judgements are sent (docs/judges.md)
+    service_tier: str | None = None  # flex: cheaper and slower; a row past flex_deadline_s goes at the standard tier
+    flex_deadline_s: float | None = Field(None, ge=0)
+    prompt_cache_key: bool | str | None = None  # the provider's prompt-cache routing key [OpenAI and Azure OpenAI]
     # A jury instead of one judge (judge._jury): every juror judges each row; see docs/juries.md.
     jury: list[JurorSettings] | None = Field(default=None, min_length=1)
     aggregate: Literal["majority", "mean", "min", "unanimous"] | None = None  # default: majority for labels, mean for scores
@@ -482,6 +486,9 @@ class JudgeSettings(BaseModel):
             own["context_window"] = self.context_window
         if self.hedge is not None:
             own["hedge"] = self.hedge
+        for name in ("api", "service_tier", "flex_deadline_s", "prompt_cache_key"):
+            if getattr(self, name) is not None:
+                own[name] = getattr(self, name)
         return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
 
     def build(self, **common: Any) -> Any:

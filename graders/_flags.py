@@ -16,7 +16,8 @@ FLAGS: dict[str, str] = {
     "params.max_completion_tokens": "--max-completion-tokens",
     "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",
     "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
-    "prices": "--prices", "context_window": "--context-window",
+    "prices": "--prices", "context_window": "--context-window", "api": "--api", "service_tier": "--service-tier",
+    "flex_deadline_s": "--flex-deadline",
 }
 _FIELD = re.compile(r"`([a-z_.]+)`")
 

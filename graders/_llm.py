@@ -85,6 +85,9 @@ def with_prompt_media(rubric: Rubric, row: dict[str, Any], sample: Sample) -> Ru
     return rubric.model_copy(update={"variables": {**rubric.variables, PROMPT_MEDIA: VariableSpec(type="media", required=False)}})
 
 
+FLEX_COUNTS = ("flex_prompt_tokens", "flex_completion_tokens", "flex_cached_tokens", "flex_cache_write_tokens", "flex_reasoning_tokens")
+
+
 def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = None, debug: list[str] | None = None,
                        rubric: Rubric | None = None) -> Grade:
     metrics = {
@@ -99,6 +102,9 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
         metrics["judge_reasoning_tokens"] = float(verdict.usage.reasoning_tokens)
     if verdict.usage.cached_tokens:
         metrics["judge_cached_tokens"] = float(verdict.usage.cached_tokens)
+    for part in ("cache_write_tokens", *FLEX_COUNTS):  # cache writes and the flex tier's part, where there are any
+        if getattr(verdict.usage, part):
+            metrics[f"judge_{part}"] = float(getattr(verdict.usage, part))
     lines = list(debug or [])
     columns = trajectory_columns(verdict)
     if verdict.status != "ok":

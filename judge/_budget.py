@@ -28,44 +28,58 @@ PRICES_ENV = "GRADEKIT_PRICES"
 
 
 class ModelPrice(BaseModel):
-    """USD per one million tokens, as OpenAI's pricing page states them."""
+    """USD per one million tokens, as the provider's pricing page states them.
+
+    ``cache_write`` prices prompt tokens written to the provider's prompt cache (Anthropic's and
+    DashScope's explicit cache at 1.25x input, OpenAI's from GPT-5.6 on); ``reasoning`` prices a
+    thinking model's reasoning tokens where the provider bills them apart from the answer (most bill
+    them as output). ``tiers`` holds the prices of another service tier (``flex``), each field
+    falling back to the standard price.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     input: float = Field(ge=0, description="USD per 1M prompt (input) tokens")
     output: float = Field(ge=0, description="USD per 1M completion (output) tokens, reasoning tokens included")
     cached_input: float | None = Field(None, ge=0, description="USD per 1M prompt tokens served from the provider's prompt cache [default: input]")
+    cache_write: float | None = Field(None, ge=0, description="USD per 1M prompt tokens written to the provider's prompt cache [default: input]")
+    reasoning: float | None = Field(None, ge=0, description="USD per 1M reasoning tokens [default: output]")
+    tiers: dict[str, ModelPrice] = Field(default_factory=dict, description="prices of another service tier (flex), by tier name")
+
+    def at(self, tier: str | None) -> ModelPrice:
+        """The prices of ``tier`` (``flex``, ``priority``); the standard ones for None, ``default`` or a tier without prices."""
+        return self.tiers.get(tier, self) if tier else self
 
 
-# Standard-tier prices per 1M tokens from OpenAI's pricing page
-# (https://developers.openai.com/api/docs/pricing and each model's page, e.g. .../docs/models/gpt-5-nano),
-# as published in 2025 (o3 after its June 2025 price cut). Prices change and differ by tier (Batch,
-# Flex, Priority) and region: check them before relying on a cap, and override or extend the table
-# with a YAML/JSON file (load_prices, $GRADEKIT_PRICES, gradekit --prices). Cached prompt tokens
-# (usage.prompt_tokens_details.cached_tokens) are priced at ``cached_input`` once a reply reports
-# them; a reservation made before the reply assumes none are cached, so a cap errs on the safe side.
+# Prices for the judges the maintained source (genai-prices, below) does not carry: Alibaba Cloud Model
+# Studio (DashScope, international, 0-32K input band: https://www.alibabacloud.com/help/en/model-studio/models,
+# explicit cache writes 125% and reads 10% of input: .../model-studio/context-cache) and Volcengine Ark
+# (https://www.volcengine.com/docs/82379/1544106, list prices in CNY at 7.1 CNY per USD, 0-32K band).
+# Everything else is priced from genai-prices' bundled data. Prices change and differ by region and
+# context length: check them before relying on a cap, and override or extend them with a YAML/JSON
+# file (load_prices, $GRADEKIT_PRICES, gradekit --prices). A reservation made before the reply
+# assumes no cache hit and the cache-write price, so a cap errs on the safe side.
 DEFAULT_PRICES: dict[str, ModelPrice] = {
-    "gpt-4o": ModelPrice(input=2.50, output=10.00, cached_input=1.25),
-    "gpt-4o-mini": ModelPrice(input=0.15, output=0.60, cached_input=0.075),
-    "gpt-4.1": ModelPrice(input=2.00, output=8.00, cached_input=0.5),
-    "gpt-4.1-mini": ModelPrice(input=0.40, output=1.60, cached_input=0.1),
-    "gpt-4.1-nano": ModelPrice(input=0.10, output=0.40, cached_input=0.025),
-    "o3": ModelPrice(input=2.00, output=8.00, cached_input=0.5),
-    "o4-mini": ModelPrice(input=1.10, output=4.40, cached_input=0.275),
-    "gpt-5": ModelPrice(input=1.25, output=10.00, cached_input=0.125),
-    "gpt-5-mini": ModelPrice(input=0.25, output=2.00, cached_input=0.025),
-    "gpt-5-nano": ModelPrice(input=0.05, output=0.40, cached_input=0.005),
+    "qwen3-max": ModelPrice(input=1.2, output=6.0, cached_input=0.12, cache_write=1.5),
+    "qwen-max": ModelPrice(input=1.6, output=6.4, cached_input=0.16, cache_write=2.0),
+    "qwen-plus": ModelPrice(input=0.4, output=1.2, cached_input=0.04, cache_write=0.5),
+    "qwen-flash": ModelPrice(input=0.05, output=0.4, cached_input=0.005, cache_write=0.0625),
+    "qwen-turbo": ModelPrice(input=0.05, output=0.2, cached_input=0.005, cache_write=0.0625),
+    "doubao-seed-1-6": ModelPrice(input=0.11, output=1.13, cached_input=0.023),
+    "doubao-seed-1-6-flash": ModelPrice(input=0.021, output=0.21, cached_input=0.0042),
+    "doubao-seed-1-6-thinking": ModelPrice(input=0.11, output=1.13, cached_input=0.023),
 }
 
-# A snapshot name is its base name plus a release date: gpt-4o-mini-2024-07-18 -> gpt-4o-mini.
-_SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}$")
+# A snapshot name is its base name plus a release date: gpt-4o-mini-2024-07-18 -> gpt-4o-mini (Ark: -250615).
+_SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{6})$")
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, ModelPrice]:
-    """The price table: the defaults, then the file $GRADEKIT_PRICES names, then ``path``.
+    """The price table: gradekit's defaults, then the file $GRADEKIT_PRICES names, then ``path``.
 
-    A file is YAML or JSON, ``{model: {input: USD per 1M, output: USD per 1M}}``; each entry
-    replaces or adds one model, the rest keep their defaults.
+    A file is YAML or JSON, ``{model: {input: USD per 1M, output: USD per 1M, cached_input: ..,
+    cache_write: .., reasoning: .., tiers: {flex: {input: .., output: ..}}}}``; each entry replaces
+    or adds one model. A model in no table is priced from genai-prices' bundled data (:func:`price_of`).
     """
     prices = dict(DEFAULT_PRICES)
     for source in (os.environ.get(PRICES_ENV), path):
@@ -88,13 +102,87 @@ def _read_prices(path: Path) -> dict[str, ModelPrice]:
     return table
 
 
-def price_of(prices: Mapping[str, ModelPrice], model: str) -> ModelPrice | None:
-    """The model's price, a dated snapshot falling back to its base name; None when unknown."""
+def price_of(prices: Mapping[str, ModelPrice], model: str, *, base_url: str | None = None) -> ModelPrice | None:
+    """The model's price: the table's (a dated snapshot falling back to its base name), else the maintained
+    source's (genai-prices' bundled data, the provider told by ``base_url`` where it is a known API); None when unknown."""
     name = model.lower()
     found = prices.get(name)
     if found is None and _SNAPSHOT.search(name):
         found = prices.get(_SNAPSHOT.sub("", name))
+    return found if found is not None else maintained_price(name, base_url)
+
+
+_MAINTAINED: dict[tuple[str, str | None], ModelPrice | None] = {}
+
+
+def maintained_price(model: str, base_url: str | None = None) -> ModelPrice | None:
+    """The price genai-prices' bundled snapshot gives ``model`` today, as a ModelPrice (flex tier included).
+
+    Only the data shipped in the installed package is read: never a network refresh at run time.
+    Prices that grow with the prompt's length (above 200K or 272K tokens) are taken at their base
+    rate, as a judge's prompt is far below those thresholds.
+    """
+    key = (model.lower(), base_url)
+    if key in _MAINTAINED:
+        return _MAINTAINED[key]
+    _MAINTAINED[key] = found = _from_genai_prices(model.lower(), base_url)
     return found
+
+
+_FIRST_PARTY = ["openai", "anthropic", "google", "deepseek", "mistral", "groq", "x-ai", "moonshotai", "zai", "cohere"]
+
+
+def _from_genai_prices(model: str, base_url: str | None) -> ModelPrice | None:
+    try:
+        from datetime import datetime, timezone
+
+        from genai_prices import data_snapshot
+    except ImportError:  # not installed (a trimmed environment): only the tables price
+        return None
+    snapshot = data_snapshot.get_snapshot()
+    info = None
+    for url in ((base_url, None) if base_url else (None,)):
+        try:
+            _, info = snapshot.find_provider_model(model, None, None, url)
+            break
+        except LookupError:
+            continue
+    if info is None:  # a model served by a provider other than its maker (Groq's llama): its first-party host first
+        for provider in sorted(snapshot.providers, key=lambda p: (p.id not in _FIRST_PARTY, _FIRST_PARTY.index(p.id) if p.id in _FIRST_PARTY else 0)):
+            if provider.id in ("openrouter",) or provider.id.startswith("huggingface"):
+                continue  # resellers' prices are not the provider's
+            info = provider.find_model(model)
+            if info is not None:
+                break
+    if info is None:
+        return None
+    now = datetime.now(timezone.utc)
+
+    def convert(price: object, base: ModelPrice | None = None) -> ModelPrice | None:
+        def rate(name: str) -> float | None:
+            value = getattr(price, name, None)
+            value = getattr(value, "base", value)  # TieredPrices: the rate below the first threshold
+            return float(value) if value is not None else None
+
+        fields = {"input": rate("input_mtok"), "output": rate("output_mtok"), "cached_input": rate("cache_read_mtok"),
+                  "cache_write": rate("cache_write_mtok")}
+        if base is None:
+            if fields["input"] is None or fields["output"] is None:
+                return None  # priced per image, second or request: not a token price a cap can keep
+            return ModelPrice(**fields)  # type: ignore[arg-type]
+        return ModelPrice(**{name: value if value is not None else getattr(base, name) for name, value in fields.items()})  # type: ignore[arg-type]
+
+    standard = convert(info.get_prices(now))
+    if standard is None:
+        return None
+    tiers = {}
+    for tier in ("flex", "priority"):
+        variant = info.get_prices(now, {"service_tier": tier})
+        if variant.__dict__ != info.get_prices(now).__dict__:
+            converted = convert(variant, standard)
+            if converted is not None:
+                tiers[tier] = converted
+    return standard.model_copy(update={"tiers": tiers}) if tiers else standard
 
 
 def _unknown(model: str) -> ValueError:
@@ -105,21 +193,66 @@ def _unknown(model: str) -> ValueError:
     )
 
 
-def _cost(price: ModelPrice, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Decimal:
+def _cost(price: ModelPrice, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          cache_write_tokens: int = 0, reasoning_tokens: int = 0) -> Decimal:
+    """What the tokens cost at ``price``: the prompt's cache reads and writes at their own prices, the reasoning
+    tokens (counted in ``completion_tokens``, as providers report them) at ``reasoning`` where it is set."""
     # Decimal, not float: a cap of exactly N requests' cost must stop after exactly N requests.
-    cached = min(max(cached_tokens, 0), prompt_tokens) if price.cached_input is not None else 0
-    return (Decimal(prompt_tokens - cached) * Decimal(str(price.input)) + Decimal(cached) * Decimal(str(price.cached_input or 0))
-            + Decimal(completion_tokens) * Decimal(str(price.output))) / 1_000_000
+    cached = min(max(cached_tokens, 0), prompt_tokens)
+    written = min(max(cache_write_tokens, 0), prompt_tokens - cached)
+    reasoning = min(max(reasoning_tokens, 0), completion_tokens) if price.reasoning is not None else 0
+    d = lambda value: Decimal(str(value))  # noqa: E731
+    read_price = price.cached_input if price.cached_input is not None else price.input
+    write_price = price.cache_write if price.cache_write is not None else price.input
+    return (d(prompt_tokens - cached - written) * d(price.input) + d(cached) * d(read_price) + d(written) * d(write_price)
+            + d(completion_tokens - reasoning) * d(price.output) + d(reasoning) * d(price.reasoning or 0)) / 1_000_000
 
 
 def cost_usd(prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int,
-             cached_tokens: int = 0) -> float:
+             cached_tokens: int = 0, *, cache_write_tokens: int = 0, reasoning_tokens: int = 0,
+             tier: str | None = None, base_url: str | None = None) -> float:
     """What the tokens cost in USD at the table's price (``cached_tokens`` of the prompt at the cached
-    price); ValueError for a model without a price."""
-    price = price_of(prices, model)
+    price, ``cache_write_tokens`` at the cache-write price, ``tier``'s prices for a flex request);
+    ValueError for a model without a price."""
+    price = price_of(prices, model, base_url=base_url)
     if price is None:
         raise _unknown(model)
-    return float(_cost(price, prompt_tokens, completion_tokens, cached_tokens))
+    return float(_cost(price.at(tier), prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens))
+
+
+def usage_cost(prices: Mapping[str, ModelPrice], model: str, usage: object, *, base_url: str | None = None,
+               tier: str | None = None) -> Decimal | None:
+    """A :class:`~judge.Usage`'s cost (its flex part at the flex prices; ``tier="flex"``: that part alone);
+    None when the model has no price."""
+    price = price_of(prices, model, base_url=base_url)
+    if price is None:
+        return None
+    return sum((_cost(price.at(part_tier), *parts) for part_tier, parts in tier_parts(usage)
+                if tier is None or part_tier == tier), Decimal(0))
+
+
+def prompt_cache_usd(price: ModelPrice, usage: object) -> Decimal:
+    """What the provider's prompt cache saved on ``usage`` (reads below the input price) less what its writes
+    cost above it, each tier at its own prices: negative when the cache cost more than it saved."""
+    total = Decimal(0)
+    for tier, (_, _, cached, written, _) in tier_parts(usage):
+        p = price.at(tier)
+        d = lambda value: Decimal(str(value))  # noqa: E731
+        read = p.cached_input if p.cached_input is not None else p.input
+        write = p.cache_write if p.cache_write is not None else p.input
+        total += (d(cached) * (d(p.input) - d(read)) - d(written) * (d(write) - d(p.input))) / 1_000_000
+    return total
+
+
+def tier_parts(usage: object) -> list[tuple[str | None, tuple[int, int, int, int, int]]]:
+    """A Usage split by service tier: (tier, (prompt, completion, cached, cache write, reasoning)) for the
+    standard part and the flex part (the flex_* counts are included in the totals)."""
+    get = lambda name: int(getattr(usage, name, 0) or 0)  # noqa: E731
+    flex = (get("flex_prompt_tokens"), get("flex_completion_tokens"), get("flex_cached_tokens"),
+            get("flex_cache_write_tokens"), get("flex_reasoning_tokens"))
+    total = (get("prompt_tokens"), get("completion_tokens"), get("cached_tokens"), get("cache_write_tokens"), get("reasoning_tokens"))
+    standard = tuple(t - f for t, f in zip(total, flex))
+    return [(None, standard), ("flex", flex)]  # type: ignore[list-item]  # None: the standard tier
 
 
 class Reservation:
@@ -210,7 +343,12 @@ class Budget:
         price = price_of(self.prices, name)
         if price is None:
             self.check_model(name)
-        return name, (_cost(price, prompt_tokens, completion_tokens) if price is not None else Decimal(0))
+        if price is None:
+            return name, Decimal(0)
+        # Before the reply nothing says what the cache will serve: every prompt token at the dearer of
+        # the input and cache-write prices, so a cap errs on the safe side.
+        worst = price.model_copy(update={"input": max(price.input, price.cache_write or 0)})
+        return name, _cost(worst, prompt_tokens, completion_tokens)
 
     def _reserve(self, name: str, tokens: int, cost: Decimal) -> Reservation:
         """Book an admitted request (the lock is held)."""
@@ -266,8 +404,13 @@ class Budget:
                 _wake_all(waiting)
                 raise
 
-    def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
-        """Replace the reservation with what the request really used (0, 0 when nothing was billed)."""
+    def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, *,
+               cache_write_tokens: int = 0, reasoning_tokens: int = 0, flex: tuple[int, int, int, int, int] | None = None) -> None:
+        """Replace the reservation with what the request really used (0, 0 when nothing was billed).
+
+        Cache writes are priced at the cache-write price, reads at the cached price; ``flex`` is the part of
+        those counts (prompt, completion, cached, cache write, reasoning) billed at the flex tier.
+        """
         price = price_of(self.prices, reservation.model)
         with self._lock:
             if reservation.settled:
@@ -278,7 +421,11 @@ class Budget:
             self._in_flight -= 1
             self._spent_tokens += prompt_tokens + completion_tokens
             if price is not None:
-                self._spent_usd += _cost(price, prompt_tokens, completion_tokens, cached_tokens)
+                total = (prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens)
+                part = flex or (0, 0, 0, 0, 0)
+                self._spent_usd += _cost(price, *(t - f for t, f in zip(total, part)))
+                if flex:
+                    self._spent_usd += _cost(price.at("flex"), *part)
             elif prompt_tokens or completion_tokens:
                 self._unpriced.add(reservation.model)
             waiting = list(self._queue)

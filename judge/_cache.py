@@ -53,6 +53,10 @@ def cache_key(base_url: str, request: dict[str, Any]) -> str:
         from ._media import digest_media
 
         request = {**request, "messages": digest_media(request["messages"])}
+    if "prompt_cache_key" in request or "service_tier" in request:
+        # Where the provider caches the prompt and at which tier it answers do not change the reply: a flex run
+        # and a standard one share their cached replies, and so do runs before and after prompt_cache_key.
+        request = {k: v for k, v in request.items() if k not in ("prompt_cache_key", "service_tier")}
     canonical = json.dumps({"base_url": base_url.rstrip("/"), **request}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -7,9 +7,11 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import openai
 from openai import AsyncOpenAI
@@ -21,7 +23,7 @@ from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, unbound
-from ._dialect import ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._hedge import HedgePolicy, HedgeStats
 from ._limiter import RequestLimiter, estimate_tokens
@@ -36,11 +38,20 @@ from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, ru
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
+from ._native import claude_minimum_tokens
 from ._thinking import read_message
+from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_retrying, standard
 from ._verdict import ErrorKind, Usage, Verdict
-from ._wire import Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text, usage_detail, vectors_of
+from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
+                    takes_prompt_cache_key)
+from ._wire import (Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text,
+                    usage_counts, vectors_of)
 
 log = logging.getLogger("gradekit.judge")
+Api = Literal["chat", "responses", "anthropic"]
+APIS: tuple[str, ...] = ("chat", "responses", "anthropic")
+_RESPONSES_ONLY = re.compile(r"only supported in v1/responses|only available (?:in|via|through) the responses api|"
+                             r"use the responses api", re.IGNORECASE)
 TOOL_NAME = "submit_verdict"
 DEFAULT_MODEL = "gpt-4o-mini"
 # One encoder, built once: json.dumps with options builds a new JSONEncoder on every call.
@@ -63,6 +74,10 @@ _NO_ROOM = Room(None, ESTIMATE)  # no window to check a plain rubric's prompt ag
 class _Relearn(Exception):
     """The endpoint's dialect changed since this request was built: build it again (new cache key too)."""
 
+
+# The counts a reply bills, in the order judge._budget prices them, then their flex-tier part.
+_BILLED = ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens",
+           "flex_prompt_tokens", "flex_completion_tokens", "flex_cached_tokens", "flex_cache_write_tokens", "flex_reasoning_tokens")
 
 # A row rebuilt this many times (each time for a newly learnt fix) has met a server that refuses
 # everything; its last 400 is the row's error.
@@ -140,6 +155,21 @@ class Judge:
         max_prompt_tokens: a rendered prompt estimated above this many tokens is not sent: its
             Verdict is an ``input`` error (the row cannot be judged this way), not a request no
             model accepts. None: no cap.
+        api: how judgements are sent: ``chat`` (chat completions), ``responses`` (the OpenAI Responses API, for
+            Responses-only models) or ``anthropic`` (Anthropic's Messages API: prompt caching at a
+            ``cache_control`` breakpoint and structured output, which its OpenAI-compatible endpoint drops).
+            None: ``anthropic`` for api.anthropic.com, else chat until the endpoint says the model is
+            Responses-only (learnt once, kept in the cache like every other fix).
+        service_tier: ``flex`` sends every request at the flex tier (about half price, slower, sometimes
+            no capacity: :mod:`gradekit.judge._tiers`); None: the provider's standard tier.
+        flex_deadline_s: seconds after a row started past which a flex request the provider has no
+            capacity for is sent at the standard tier instead [600].
+        prompt_cache_key: the provider's prompt-cache routing key, one per (rubric version, judge):
+            None sends it where the provider documents it (OpenAI, Azure OpenAI), True everywhere,
+            False never, a string is the key itself.
+        warm: send one request per cold shared prefix ahead of its wave, so the provider's prompt cache is
+            written once and read by the rest (:mod:`gradekit.judge._warm` says when it applies); False: every
+            request goes at once, as before.
         hedge: hedged requests over a fleet (:mod:`gradekit.judge._hedge`): None or True (the default: on for
             two endpoints or more), False, or a :class:`~judge.HedgePolicy` / mapping of its knobs.
             A request unanswered after max(p95, 2 x median) of its endpoint's recent latencies is
@@ -171,6 +201,11 @@ class Judge:
         params: Mapping[str, Any] | None = None,
         hedge: bool | HedgePolicy | Mapping[str, Any] | None = None,
         context_window: int | None = None,
+        api: Api | None = None,
+        service_tier: str | None = None,
+        flex_deadline_s: float | None = None,
+        prompt_cache_key: bool | str | None = None,
+        warm: bool = True,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
@@ -203,6 +238,22 @@ class Judge:
         if max_prompt_tokens is not None and max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
         self.max_prompt_tokens = max_prompt_tokens
+        if api is not None and api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
+        if flex_deadline_s is not None and not flex_deadline_s >= 0:
+            raise ValueError(f"flex_deadline_s must be zero or more seconds, got {flex_deadline_s}")
+        self.api = api
+        self.service_tier = service_tier or None
+        self.flex_deadline_s = DEFAULT_FLEX_DEADLINE_S if flex_deadline_s is None else float(flex_deadline_s)
+        self.flex_fallbacks = 0  # flex requests sent at the standard tier after their row's deadline
+        self._timeout = timeout
+        self._cache_key_setting = prompt_cache_key
+        self._cache_keys: dict[int, tuple[Rubric, str]] = {}
+        self.warm = warm
+        self.warmer = Warmer()
+        # The explicit-cache breakpoint this endpoint wants at the end of the shared prefix (None: none); a native API
+        # places its own (judge._native), and an endpoint that refuses it is learnt to take none.
+        self._marker = breakpoint_marker(fleet[0].base_url, self.model) if prompt_cache_key is not False else None
         self._sleep = sleep
         self._modes: dict[str, AskMode] = {}
         self._shells: dict[tuple[int, str], tuple[Rubric, int, str]] = {}
@@ -260,8 +311,51 @@ class Judge:
         return JudgeStats(endpoints=self.endpoints, held_seconds=self.held_seconds, pacing=self.pacing())
 
     def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]:
-        """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes."""
-        return self.dialect.apply(build_request(rubric, messages, mode, self.model, self.sampling))
+        """What is sent for ``messages`` in ``mode``: build_request with this endpoint's learnt fixes, the
+        prompt-cache key and the service tier (neither of which changes the reply, so neither is in the cache key)."""
+        request = build_request(rubric, messages, mode, self.model, self.sampling)
+        key = self._prompt_cache_key(rubric)
+        if key is not None and "prompt_cache_key" not in request:
+            request["prompt_cache_key"] = key
+        if self.service_tier is not None and "service_tier" not in request:
+            request["service_tier"] = self.service_tier
+        marker = self._marker
+        if marker is not None and marker[0] not in self.dialect.drop and messages:
+            request["messages"] = mark_shared_prefix(request["messages"], *marker)
+        return self.dialect.apply(request)
+
+    def _prompt_cache_key(self, rubric: Rubric) -> str | None:
+        setting = self._cache_key_setting
+        if isinstance(setting, str):
+            return setting
+        if setting is False or (setting is None and not takes_prompt_cache_key(self.base_url)):
+            return None
+        rubric = unbound(rubric)
+        known = self._cache_keys.get(id(rubric))
+        if known is None or known[0] is not rubric:
+            known = (rubric, prompt_cache_key(rubric_fingerprint(rubric), self.model))
+            self._cache_keys[id(rubric)] = known
+        return known[1]
+
+    @property
+    def route(self) -> Route:
+        """How a judgement goes out now: the ``api`` given, else what the endpoint taught (or its host says)."""
+        if self.api is not None:
+            return self.api
+        learnt = self.dialect.api
+        if learnt is not None:
+            return learnt  # type: ignore[return-value]
+        return "anthropic" if (urlsplit(self.base_url).hostname or "").lower() == "api.anthropic.com" else "chat"
+
+    def _warm_key(self, request: Mapping[str, Any], route: Route) -> str | None:
+        """The key of the request's shared prefix when it is worth warming (see judge._warm), else None."""
+        if not self.warm or self.concurrency <= 1:
+            return None
+        shared = shared_prefix(request)
+        if shared is None:
+            return None
+        minimum = claude_minimum_tokens(self.model) if route == "anthropic" else OPENAI_MINIMUM_TOKENS
+        return f"{route}|{shared[0]}" if shared[1] >= minimum else None
 
     @property
     def client(self) -> AsyncOpenAI:
@@ -317,6 +411,7 @@ class Judge:
     async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """One judgement of one row (a whole trajectory, or one step of it), whatever the rubric's granularity."""
         started = time.perf_counter()
+        ROW_STARTED.set(time.monotonic())  # a flex request's deadline counts from here
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
 
@@ -619,20 +714,24 @@ class Judge:
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
-        before = usage["prompt_tokens"], usage["completion_tokens"], usage.get("cached_tokens", 0)
+        before = dict(usage)
         try:
             return await self._ask(rubric, prepared, usage, finish)
         finally:
-            self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
-                               usage.get("cached_tokens", 0) - before[2])
+            spent = {name: usage.get(name, 0) - before.get(name, 0) for name in _BILLED}
+            self.budget.settle(reservation, spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"],
+                               cache_write_tokens=spent["cache_write_tokens"], reasoning_tokens=spent["reasoning_tokens"],
+                               flex=tuple(spent[f"flex_{name}"] for name in _BILLED[:5]))  # type: ignore[arg-type]
 
     async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
         served: dict[str, str | None] = {}
         for _ in range(1 + self.retry.parse_retries):
-            completion = await self._send(request, usage, dialect_version=prepared.dialect_version,
-                                          prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
+            route = self.route
+            async with self.warmer.turn(self._warm_key(request, route), self._timeout):
+                completion = await self._send_tiered(request, usage, route, dialect_version=prepared.dialect_version,
+                                                     prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
             served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
@@ -692,6 +791,26 @@ class Judge:
         # Learnt already by another request of the wave: this one's prompt was built before it, so render it again.
         return self.dialect.window is not None and counted > 0
 
+    async def _send_tiered(self, request: dict[str, Any], usage: dict[str, int], route: Route, *,
+                           dialect_version: int | None, prompt_estimate: int, counted: int = -1) -> dict[str, Any]:
+        """``_send`` at the request's service tier; a flex request the provider has no capacity for backs off
+        and, once its row is ``flex_deadline_s`` old, goes at the standard tier (see judge._tiers)."""
+        if request.get("service_tier") != "flex":
+            return await self._send(request, usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
+                                    counted=counted)
+        deadline = (ROW_STARTED.get() or time.monotonic()) + self.flex_deadline_s
+        try:
+            async for attempt in flex_retrying(deadline, self._sleep):  # tenacity, the one owner of retries
+                with attempt:
+                    return await self._send(request, usage, route=route, dialect_version=dialect_version,
+                                            prompt_estimate=prompt_estimate, counted=counted)
+        except FlexFull:
+            pass
+        self.flex_fallbacks += 1
+        log.info("%s: no flex capacity until the row's deadline (%g s): sent at the standard tier", self.model, self.flex_deadline_s)
+        return await self._send(standard(request), usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
+                                counted=counted)
+
     async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
                     dialect_version: int | None = None, prompt_estimate: int = -1, counted: int = -1) -> dict[str, Any]:
         """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
@@ -715,7 +834,7 @@ class Judge:
             estimate += int(request.get("max_completion_tokens") or request.get("max_tokens") or _COMPLETION_ALLOWANCE)
         dialect = self.dialect
         sizing = False
-        if route == "chat" and counted > WINDOW_GATE_TOKENS and self._window_unknown():
+        if route != "embeddings" and counted > WINDOW_GATE_TOKENS and self._window_unknown():
             # A long prompt to an endpoint whose window is unknown: the first goes alone; its refusal (if any)
             # teaches the window, and the others are rendered again within it instead of each meeting the 400.
             sizing = await dialect.window_gate.enter(
@@ -742,7 +861,8 @@ class Judge:
 
         dialect = self.dialect
         learning = False
-        if route == "chat":
+        judging = route != "embeddings"  # chat completions or a native API: the endpoint's dialect applies
+        if judging:
             stale = dialect_version is not None
             if not dialect.knows(request):
                 learning = await dialect.gate.enter(
@@ -760,12 +880,17 @@ class Judge:
                 except Failed:
                     raise
                 except Exception as exc:
-                    if route == "chat" and isinstance(exc, openai.BadRequestError) and (learnt := self._learn_overflow(exc, counted)) is not None:
+                    if judging and isinstance(exc, openai.APIStatusError) and flex_capacity(exc, request):
+                        raise FlexFull() from exc  # no flex capacity now: the row waits or falls back (_send_tiered)
+                    if route == "chat" and isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 404) \
+                            and self._responses_only(exc):
+                        raise _Relearn() from exc  # a Responses-only model: sent again through the Responses API
+                    if judging and isinstance(exc, openai.BadRequestError) and (learnt := self._learn_overflow(exc, counted)) is not None:
                         if learnt:
                             raise _Relearn() from exc  # rendered again within the learnt window (or found not to fit)
                         raise Failed("context_overflow", f"{status_message(exc)} (nothing to learn from it: the same prompt "
                                      "would be refused again)", 400) from exc
-                    if route == "chat" and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
+                    if judging and isinstance(exc, openai.BadRequestError) and self._refused_parameter(exc, request):
                         raise _Relearn() from exc  # not the row's failure, not the breaker's business
                     if breaker is not None and isinstance(exc, openai.RateLimitError):
                         breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
@@ -779,7 +904,7 @@ class Judge:
 
             try:
                 completion = await self.retry.call(once, sleep=self._sleep, before_sleep=before_sleep)
-            except (asyncio.CancelledError, _Relearn):
+            except (asyncio.CancelledError, _Relearn, FlexFull):
                 raise
             except Failed:
                 if learning:  # an answer all the same (a parameter the user set, refused): the others need not wait
@@ -798,12 +923,23 @@ class Judge:
                 elif learning:
                     dialect.settle(request, accepted=False)
                 raise failure from exc
-            if route == "chat" and dialect.settle(request, accepted=True):
+            if judging and dialect.settle(request, accepted=True):
                 self.dialect.keep(self.cache, self.endpoint)
             return completion
         finally:
             if learning:
                 dialect.gate.leave()
+
+    def _responses_only(self, exc: openai.APIStatusError) -> bool:
+        """Learn that the model is served only by the Responses API (OpenAI's o1-pro, codex and pro models answer
+        chat completions "only supported in v1/responses"); True when the request is to go there instead."""
+        _, _, said = error_fields(exc.body, str(exc))
+        if self.api is not None or not _RESPONSES_ONLY.search(said):
+            return False
+        if self.dialect.learn_api("responses"):
+            self.dialect.keep(self.cache, self.endpoint)
+            log.warning("%s at %s is served by the Responses API only: judged through it", self.model, self.base_url)
+        return True
 
     def _refused_parameter(self, exc: openai.BadRequestError, request: dict[str, Any]) -> bool:
         """Learn the fix a 400 asks for; True when the request is to be built again with it.
@@ -812,11 +948,20 @@ class Judge:
         message naming the parameter), except max_tokens/max_completion_tokens, renamed.
         """
         code, param, said = error_fields(exc.body, str(exc))
+        marker = self._marker[0] if self._marker is not None else None
+        if marker is not None and marker not in self.dialect.drop and marker in f"{param or ''} {said}":
+            if self.dialect.learn(Fix(param=marker, drop=(marker,))):  # the explicit-cache breakpoint: sent no more
+                self.dialect.keep(self.cache, self.endpoint)
+                log.warning("%s at %s: %s", self.model, self.base_url, Fix(param=marker, drop=(marker,)).describe())
+            return True
         if names_output_format(code, param, said) and not (code or "").startswith("unsupported"):
             return False
         fix = parameter_fix(code, param, said, request)
         if fix is None:
             return False
+        if fix.param == "service_tier" and self.service_tier is not None:
+            raise Failed("bad_request", f"{self.model} at {self.base_url} does not take service_tier={self.service_tier!r} "
+                          f"(HTTP 400: {said}); run it without `service_tier`", 400) from exc
         if fix.param is not None and fix.param in self.sampling:
             name = fix.param
             fix = user_fix(fix)
@@ -852,11 +997,8 @@ class Judge:
         """
         completion = dict(completion)
         spent = completion.get("usage") or {}
-        fields: dict[str, Any] = {"mode": mode, "attempts": attempts, "prompt_tokens": int(spent.get("prompt_tokens") or 0),
-                                  "completion_tokens": int(spent.get("completion_tokens") or 0),
-                                  "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
-                                  "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
-                                  "reasoning": reasoning_of(completion), **served_of(completion)}
+        fields: dict[str, Any] = {"mode": mode, "attempts": attempts, **usage_counts(spent), "reasoning": reasoning_of(completion),
+                                  **served_of(completion)}
         if not completion.get("choices"):
             return Verdict(status="error", error_kind="server_error", error="completion has no choices", **fields)
         reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None)

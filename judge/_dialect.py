@@ -82,6 +82,7 @@ class Dialect:
     stream: bool = False
     fold_system: bool = False  # o1-mini, o1-preview: "'messages[0].role' does not support 'system' with this model"
     refused_modes: set[str] = field(default_factory=set)  # ask modes the endpoint answered 400 (json_schema, tool, ...)
+    api: str | None = None  # "responses": the model answered chat completions that it is served by the Responses API only
     version: int = 0
     learnt: list[str] = field(default_factory=list)
     # Parameter names (and ``mode:<ask mode>``) the endpoint answered 200 to: a request made only of
@@ -140,7 +141,7 @@ class Dialect:
         with self._lock:
             record = {"drop": sorted(self.drop), "rename": dict(self.rename), "stream": self.stream,
                       "fold_system": self.fold_system, "refused_modes": sorted(self.refused_modes),
-                      "accepted": sorted(self.accepted)}
+                      "accepted": sorted(self.accepted), **({"api": self.api} if self.api else {})}
             if self.window is not None or self.token_scale != 1.0 or self.accepted_tokens:
                 record.update(window_record(self.window, self.window_input_only, self.token_scale, self.accepted_tokens))
             return record
@@ -176,6 +177,9 @@ class Dialect:
             self.refused_modes |= names("refused_modes")
             self.accepted |= names("accepted")
             window_changed = self._adopt_window(record)
+            if record.get("api") == "responses" and self.api is None:
+                self.api = "responses"
+                self.version += 1
             if self.drop or self.rename or self.stream or self.fold_system or self.refused_modes:
                 self.careful = True  # an earlier process met a refusal here
             changed = window_changed or before != (self.drop, self.rename, self.stream, self.fold_system,
@@ -261,6 +265,16 @@ class Dialect:
                 self.drop.update(fix.drop)
             self.version += 1
             self.learnt.append(fix.describe())
+            return True
+
+    def learn_api(self, api: str) -> bool:
+        """The model is served through another API (``responses``); False when that was known already."""
+        with self._lock:
+            if self.api == api:
+                return False
+            self.api = api
+            self.version += 1
+            self.learnt.append(f"sent through the {api} API (the model is not served by chat completions)")
             return True
 
     def refused(self) -> None:
@@ -503,6 +517,7 @@ def names_output_format(code: str | None, param: str | None, message: str) -> bo
         return True
     text = message.lower()
     return any(word in text for word in ("response_format", "json_schema", "json_object", "json mode", "structured output",
+                                         "output_config", "text.format",
                                          "tool_choice", "tools", "tool call", "function call", "functions"))
 
 

@@ -39,6 +39,8 @@ from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadli
 from ._limiters import endpoint_limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacing
 from ._retry import RetryPolicy, retry_after_seconds
+from ._native import NATIVE_ROUTES, post_native
+from ._tiers import flex_capacity
 from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
 
 if TYPE_CHECKING:
@@ -642,8 +644,11 @@ class Fleet:
                     race.armed(member)
             sent_at = time.monotonic()
             try:
-                raw, completion = await post(member.client(), request, route)
+                send = post_native if route in NATIVE_ROUTES else post
+                raw, completion = await send(member.client(), request, route)
             except openai.APIStatusError as refused:
+                if flex_capacity(refused, request):
+                    raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing
                 member.replied(refused.status_code, time.monotonic() - sent_at)
                 # A 429 (with or without rate-limit headers) teaches the limiter the provider's limit.
                 limiter.observe(refused.status_code, refused.response.headers, sent_at=sent_at, tokens=estimate)
@@ -660,7 +665,7 @@ class Fleet:
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
         member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
-        add_usage(usage, spent)
+        add_usage(usage, spent, completion.get("service_tier") or request.get("service_tier"))
         limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         check_body(completion, request, route)

@@ -36,7 +36,7 @@ class JudgeIdentity(BaseModel):
 class MemberUsage:
     """Rows, requests and tokens per member of a Jury or a Cascade in this process, for the run's summary."""
 
-    FIELDS = ("rows", "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_hits")
+    FIELDS = ("rows", "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "cache_hits")
 
     def __init__(self) -> None:
         self.by_model: dict[str, dict[str, int]] = {}  # by member: its model, or "model #i" for a model two jurors share
@@ -51,6 +51,7 @@ class MemberUsage:
         figures["prompt_tokens"] += verdict.usage.prompt_tokens
         figures["completion_tokens"] += verdict.usage.completion_tokens
         figures["cached_tokens"] += verdict.usage.cached_tokens
+        figures["cache_write_tokens"] += verdict.usage.cache_write_tokens
         figures["cache_hits"] += int(verdict.cached)
 
 

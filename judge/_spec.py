@@ -78,6 +78,10 @@ class JudgeSpec:
     logprobs: int | None = None  # top logprobs per token, asked with every request
     hedge: bool | HedgePolicy | None = None  # hedged requests over a fleet (judge._hedge) [on for two endpoints or more]
     context_window: int | None = None  # the model's window in tokens, a trajectory is fitted into [learnt, or documented]
+    api: str | None = None  # chat | responses | anthropic: how judgements are sent [anthropic for api.anthropic.com, else chat]
+    service_tier: str | None = None  # flex: the provider's cheaper, slower tier (judge._tiers) [the standard tier]
+    flex_deadline_s: float | None = None  # seconds a row waits for flex capacity before the standard tier [600]
+    prompt_cache_key: bool | str | None = None  # the provider's prompt-cache routing key [sent to OpenAI and Azure OpenAI]
 
     @classmethod
     def of(cls, model: str | None = None, *, base_url: str | Sequence[str] | None = None,
@@ -104,7 +108,8 @@ class JudgeSpec:
                  else {"base_url": self.base_url, "endpoints": self.endpoints})
         params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
         simple = {name: _merged(getattr(self, name), getattr(other, name))
-                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge", "context_window")}
+                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge", "context_window", "api",
+                               "service_tier", "flex_deadline_s", "prompt_cache_key")}
         return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
 
     @property
@@ -129,7 +134,9 @@ class JudgeSpec:
         if limiter is None and self.limits.given:
             limiter = self.limiter()
         given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge),
-                                                 ("context_window", self.context_window))
+                                                 ("context_window", self.context_window), ("api", self.api),
+                                                 ("service_tier", self.service_tier), ("flex_deadline_s", self.flex_deadline_s),
+                                                 ("prompt_cache_key", self.prompt_cache_key))
                  if value is not None}
         base_url: Any = list(self.base_url) if self.base_url else None
         api_key: Any = list(self.api_key) if self.api_key else None

@@ -48,6 +48,15 @@ class Usage(BaseModel):
     completion_tokens: int = 0  # the reasoning tokens below included, as providers bill them
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens: a reasoning model's thinking
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: prompt tokens the provider's cache served
+    # Prompt tokens written to the provider's prompt cache (OpenAI's prompt_tokens_details.cache_write_tokens,
+    # Anthropic's cache_creation_input_tokens, DashScope's explicit cache): billed above the input price.
+    cache_write_tokens: int = 0
+    # The part of the counts above billed at the flex service tier (--service-tier flex), priced at its own rates.
+    flex_prompt_tokens: int = 0
+    flex_completion_tokens: int = 0
+    flex_cached_tokens: int = 0
+    flex_cache_write_tokens: int = 0
+    flex_reasoning_tokens: int = 0
     saved_prompt_tokens: int = 0  # a cache hit: the stored reply's usage, which this run did not pay for
     saved_completion_tokens: int = 0
     requests: int = 0  # requests sent (retries and re-asks included); 0 for a cache hit or a row never sent

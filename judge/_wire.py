@@ -25,7 +25,9 @@ from ._reward_model import NoScore, read_reward, server_root
 from ._verdict import ErrorKind
 from ._window import overflow_of
 
-Route = Literal["chat", "embeddings", "/classify", "/pooling", "/v1/classify", "/v1/embeddings"]  # the last four: judge._reward_model
+# "responses" and "anthropic": a judgement sent through the OpenAI Responses API or Anthropic's Messages API
+# (judge._native), built and read as a chat completion; the last four: a served reward model's routes (judge._reward_model).
+Route = Literal["chat", "embeddings", "responses", "anthropic", "/classify", "/pooling", "/v1/classify", "/v1/embeddings"]
 
 class Failed(Exception):
     """A request that failed for good, as the judge's error kind and message."""
@@ -314,12 +316,25 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
             await close()  # a stream cut off at the deadline gives its connection back
 
 
-def add_usage(usage: dict[str, int], spent: Mapping[str, Any]) -> None:
-    """Add a reply's ``usage`` to a judgement's running counts."""
-    usage["prompt_tokens"] += int(spent.get("prompt_tokens") or 0)
-    usage["completion_tokens"] += int(spent.get("completion_tokens") or 0)
-    usage["reasoning_tokens"] = usage.get("reasoning_tokens", 0) + usage_detail(spent, "completion_tokens_details", "reasoning_tokens")
-    usage["cached_tokens"] = usage.get("cached_tokens", 0) + usage_detail(spent, "prompt_tokens_details", "cached_tokens")
+def add_usage(usage: dict[str, int], spent: Mapping[str, Any], tier: str | None = None) -> None:
+    """Add a reply's ``usage`` to a judgement's running counts (``tier``: the service tier that billed it)."""
+    counts = usage_counts(spent)
+    for name, value in counts.items():
+        usage[name] = usage.get(name, 0) + value
+    if tier == "flex":
+        for name, value in counts.items():
+            usage[f"flex_{name}"] = usage.get(f"flex_{name}", 0) + value
+
+
+def usage_counts(spent: Mapping[str, Any]) -> dict[str, int]:
+    """A chat completion's usage as the Verdict's counts. Cache writes: OpenAI's ``cache_write_tokens`` and
+    DashScope's ``cache_creation_input_tokens`` in ``prompt_tokens_details`` (the native transports put
+    Anthropic's there too)."""
+    return {"prompt_tokens": int(spent.get("prompt_tokens") or 0), "completion_tokens": int(spent.get("completion_tokens") or 0),
+            "reasoning_tokens": usage_detail(spent, "completion_tokens_details", "reasoning_tokens"),
+            "cached_tokens": usage_detail(spent, "prompt_tokens_details", "cached_tokens"),
+            "cache_write_tokens": usage_detail(spent, "prompt_tokens_details", "cache_write_tokens")
+            or usage_detail(spent, "prompt_tokens_details", "cache_creation_input_tokens")}
 
 
 def check_body(completion: Any, request: Mapping[str, Any], route: Route) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,6 +242,8 @@ def _check_run(command: _Command) -> None:
         raise fail("--batch sends no live requests: it excludes --record and --replay")
     if batch and (max_cost is not None or max_tokens is not None):
         raise fail("--max-cost and --max-tokens cap live requests; a --batch run is priced by the provider when it is submitted")
+    if batch and (opts.service_tier or (opts.api or "chat") != "chat"):
+        raise fail("--batch submits chat requests at the Batch API's own price: it excludes --service-tier and --api")
     if spec is None and (batch or a.tiebreak_model):
         raise fail("--batch and --tiebreak-model work with a rubric (-r), not with --grader")
     if a.retry_errors and (a.restart or batch or (spec is not None and spec.pairwise is not None)):
@@ -527,13 +530,32 @@ async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, vari
 
 
 def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
-    """Cost of the output's tokens at the table's prices, what the cache saved, and why rows were skipped."""
-    from gradekit.judge import cost_usd
-    from gradekit.judge._budget import price_of
+    """Cost of the output's tokens at the table's prices (cache reads and writes at theirs, the flex part at the
+    flex tier's), what the provider's prompt cache saved or cost, what the response cache saved, and why rows were skipped."""
+    from gradekit.judge._budget import price_of, prompt_cache_usd, usage_cost
+    from gradekit.judge._verdict import Usage
 
     price = price_of(budget.prices, model)
     if price is not None:
-        summary.cost_usd = cost_usd(budget.prices, model, summary.prompt_tokens, summary.completion_tokens, summary.cached_tokens)
+        flex = {f"flex_{name}": value for name, value in summary.flex_usage.items()}
+        usage = Usage(prompt_tokens=summary.prompt_tokens, completion_tokens=summary.completion_tokens,
+                      reasoning_tokens=summary.reasoning_tokens, cached_tokens=summary.cached_tokens,
+                      cache_write_tokens=summary.cache_write_tokens, **flex)
+        total, flex_part = usage_cost(budget.prices, model, usage), usage_cost(budget.prices, model, usage, tier="flex")
+        assert total is not None and flex_part is not None
+        summary.cost_usd = float(total)
+        if flex:
+            summary.cost_by_tier = {"standard": float(total - flex_part), "flex": float(flex_part)}
+        if summary.cached_tokens or summary.cache_write_tokens:
+            summary.cache_saved_usd = float(prompt_cache_usd(price, usage))
+        if summary.cache_write_tokens and not summary.cached_tokens:
+            warning = (
+                f"{summary.cache_write_tokens} prompt tokens were written to the provider's prompt cache and none was read "
+                f"back (${-summary.cache_saved_usd:.4f} above the input price): each row's prefix differs, or the cache "
+                "expired between requests" if summary.cache_saved_usd is not None else
+                f"{summary.cache_write_tokens} prompt tokens were written to the provider's prompt cache and none was read back")
+            summary.warnings.append(warning)
+            logging.getLogger("gradekit.runs").warning(warning)
     summary.saved_tokens = budget.saved_tokens
     summary.saved_usd = budget.saved_usd if price is not None else None
     if summary.skipped:
@@ -645,7 +667,13 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
     table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion"
                   + (f" ({s.reasoning_tokens} reasoning)" if s.reasoning_tokens else "")
                   + (f"; {s.cached_tokens} prompt tokens from the provider's cache" if s.cached_tokens else ""))
+    if s.cached_tokens or s.cache_write_tokens:
+        money = "" if s.cache_saved_usd is None else \
+            (f", saved ${s.cache_saved_usd:.4f}" if s.cache_saved_usd >= 0 else f", cost ${-s.cache_saved_usd:.4f} more")
+        table.add_row("prompt cache", f"{s.cache_hit_ratio:.1%} of prompt tokens read, {s.cache_write_ratio:.1%} written{money}")
     cost = "n/a (no price for the model: --prices FILE)" if s.cost_usd is None else f"${s.cost_usd:.4f} estimated"
+    if s.cost_by_tier:
+        cost += " (" + ", ".join(f"{tier} ${usd:.4f}" for tier, usd in s.cost_by_tier.items()) + ")"
     saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")

@@ -64,6 +64,14 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
                                                  help="The judge model's context window, which a trajectory is fitted into [default: "
                                                       "learnt from the provider's first context-length refusal and kept in the cache, "
                                                       "or the model's documented window]. See docs/trajectories.md.")),
+    ("api", str | None, None, _option("--api", help="How judgements are sent: chat (chat completions), responses (the OpenAI Responses API, "
+                                                     "for Responses-only models) or anthropic (Anthropic's Messages API: prompt caching and "
+                                                     "structured output) [default: anthropic for api.anthropic.com, else chat]. See docs/judges.md.")),
+    ("service_tier", str | None, None, _option("--service-tier", help="flex: the provider's cheaper, slower tier; a flex 429 (no capacity) "
+                                                                       "is not a rate limit, and a row still waiting after --flex-deadline "
+                                                                       "is sent at the standard tier. See docs/large-runs.md.")),
+    ("flex_deadline_s", float | None, None, _option("--flex-deadline", metavar="SECONDS",
+                                                    help="With --service-tier flex: seconds a row waits for flex capacity [default: 600].")),
     ("concurrency", int, 16, _option("--concurrency", envvar="GRADEKIT_CONCURRENCY", help="Requests in flight at once.")),
     ("limiter_url", str | None, None, _option("--limiter", envvar="GRADEKIT_LIMITER",
                                               help="Share --rps/--tpm and Retry-After pauses with other processes: redis://host:port/db through Redis, "
@@ -119,6 +127,9 @@ class JudgeOptions:
     tpm: float | None = None
     hedge: bool | None = None  # None: the default (on for a fleet), or a grader file's judge.hedge
     context_window: int | None = None  # None: learnt, documented, or a grader file's judge.context_window
+    api: str | None = None
+    service_tier: str | None = None
+    flex_deadline_s: float | None = None
     concurrency: int = 16
     limiter_url: str | None = None
     limiter_key: str | None = None
@@ -146,6 +157,12 @@ class JudgeOptions:
             raise fail(f"--api-key given {len(self.api_key)} times but --base-url {max(1, len(self.base_url))} "
                        f"time{'s' if len(self.base_url) > 1 else ''}: give one key for all endpoints or one per --base-url, "
                        "in the same order")
+        if self.api is not None and self.api not in ("chat", "responses", "anthropic"):
+            raise fail(f"--api must be chat, responses or anthropic, not {self.api!r}")
+        if self.flex_deadline_s is not None and self.service_tier != "flex":
+            raise fail("--flex-deadline is for --service-tier flex")
+        if self.flex_deadline_s is not None and self.flex_deadline_s < 0:
+            raise fail(f"--flex-deadline must be zero or more seconds, not {self.flex_deadline_s}")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
         if self.context_window is not None and self.context_window < 1:
@@ -241,7 +258,8 @@ class JudgeOptions:
                         key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         keys = api_key or self.api_key or ("replay" if self.replay else None)
         return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
-                            timeout=self.timeout, limits=limits, hedge=self.hedge, context_window=self.context_window)
+                            timeout=self.timeout, limits=limits, hedge=self.hedge, context_window=self.context_window, api=self.api,
+                            service_tier=self.service_tier, flex_deadline_s=self.flex_deadline_s)
 
     def judge(self, model: str | None, **parts: Any) -> Judge:
         """A Judge for ``model`` with these options (``parts``: limiter, cache, budget).

@@ -90,8 +90,8 @@ def panel_summary(panel: JudgeProtocol, summary: Any, prices: Any) -> dict[str, 
     from gradekit.judge import Cascade, Jury, cost_usd
     from gradekit.judge._budget import price_of
 
-    def priced(model: str, prompt: int, completion: int, cached: int = 0) -> float | None:
-        return cost_usd(prices, model, prompt, completion, cached) if price_of(prices, model) is not None else None
+    def priced(model: str, prompt: int, completion: int, cached: int = 0, written: int = 0) -> float | None:
+        return cost_usd(prices, model, prompt, completion, cached, cache_write_tokens=written) if price_of(prices, model) is not None else None
 
     usage = panel.stats().members
     if usage is None:  # a single judge
@@ -100,7 +100,8 @@ def panel_summary(panel: JudgeProtocol, summary: Any, prices: Any) -> dict[str, 
     for member, figures in usage.by_model.items():
         model = usage.models.get(member, member)
         members.append({"model": model, **({"juror": member} if member != model else {}), **figures,
-                        "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"])})
+                        "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"],
+                                           figures["cache_write_tokens"])})
     costs = [m["cost_usd"] for m in members]
     total = sum(c for c in costs if c is not None) if costs and all(c is not None for c in costs) else None
     if isinstance(panel, Jury):

@@ -71,13 +71,23 @@ class RunSummary(BaseModel):
     completion_tokens: int = 0  # reasoning tokens included, as providers bill them
     reasoning_tokens: int = 0  # of the completion tokens, the judge's thinking (usage.completion_tokens_details)
     cached_tokens: int = 0  # of the prompt tokens, those the provider's prompt cache served (priced lower)
+    cache_write_tokens: int = 0  # of the prompt tokens, those written to the provider's prompt cache (priced higher)
+    # The part of the counts above billed at the flex service tier (prompt_tokens, completion_tokens, cached_tokens,
+    # cache_write_tokens, reasoning_tokens); empty without --service-tier flex.
+    flex_usage: dict[str, int] = Field(default_factory=dict)
     cache_hits: int = 0
     requests: int = 0
     wall_s: float = 0.0
     judgements_per_s: float = 0.0
     spread: SpreadReport | None = None  # with --group-by: does the reward vary within and across groups
     # Money, filled by the CLI from the price table (None: the model has no price).
-    cost_usd: float | None = None  # the tokens above at the table's prices
+    cost_usd: float | None = None  # the tokens above at the table's prices (cache reads and writes, each tier at its own)
+    cost_by_tier: dict[str, float] | None = None  # {"standard": USD, "flex": USD} with --service-tier flex
+    # The provider's prompt cache: prompt tokens read from it and written to it (of all prompt tokens), and
+    # the USD it saved (reads below the input price) less what its writes cost above it: negative when it cost.
+    cache_hit_ratio: float = 0.0
+    cache_write_ratio: float = 0.0
+    cache_saved_usd: float | None = None
     saved_tokens: int = 0  # tokens of the replies this run took from the cache
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
@@ -935,7 +945,8 @@ class _Tally:
         self.kinds: Counter[str] = Counter()
         self.examples: list[str] = []
         self.prompt_tokens = self.completion_tokens = self.cache_hits = self.requests = self.skipped = 0
-        self.reasoning_tokens = self.cached_tokens = 0
+        self.reasoning_tokens = self.cached_tokens = self.cache_write_tokens = 0
+        self.flex: Counter[str] = Counter()
         self.abstained = 0
         self.decided: Counter[str] = Counter()
         self.agreement_sum = 0.0
@@ -977,6 +988,10 @@ class _Tally:
                     self.reasoning_tokens += int(value)
                 elif name.endswith("judge_cached_tokens"):
                     self.cached_tokens += int(value)
+                elif name.endswith("judge_cache_write_tokens") and "flex_" not in name:
+                    self.cache_write_tokens += int(value)
+                elif (part := name.rpartition("judge_flex_")[2]) and "judge_flex_" in name:
+                    self.flex[part] += int(value)
                 elif name.endswith("judge_cached"):
                     self.cache_hits += int(value)
                 elif name.endswith("judge_attempts"):
@@ -989,6 +1004,10 @@ class _Tally:
             self.completion_tokens += usage.completion_tokens
             self.reasoning_tokens += usage.reasoning_tokens
             self.cached_tokens += usage.cached_tokens
+            self.cache_write_tokens += usage.cache_write_tokens
+            for part in ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens"):
+                if getattr(usage, f"flex_{part}"):
+                    self.flex[part] += getattr(usage, f"flex_{part}")
             self.requests += usage.requests
             self.cache_hits += verdict.cached
             label = verdict.label
@@ -1071,6 +1090,10 @@ class _Tally:
             completion_tokens=self.completion_tokens,
             reasoning_tokens=self.reasoning_tokens,
             cached_tokens=self.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+            flex_usage=dict(self.flex),
+            cache_hit_ratio=round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
+            cache_write_ratio=round(self.cache_write_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
             cache_hits=self.cache_hits,
             requests=self.requests,
             wall_s=wall,

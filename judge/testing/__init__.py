@@ -9,7 +9,9 @@ and Ark thinking models, vLLM with and without a reasoning parser, DeepSeek's re
 Anthropic); :data:`DIALECTS` is the table of them, with their sources.
 :class:`JudgePopulation` is a responder whose models judge rows of known truth with known accuracy
 (for juries and cascades). :class:`AlignmentLab` is a judge whose agreement with labels depends on what its prompt teaches it, and an
-optimiser that reads its disagreements (for ``gradekit align``). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
+optimiser that reads its disagreements (for ``gradekit align``). ``FakeProvider(cache_model=NAME)`` plays a provider's prompt cache and bill
+(:data:`CACHE_MODELS`: openai, anthropic, dashscope, none; ``fake.billing`` holds what it charged), and the
+fake also speaks Anthropic's Messages API (``/v1/messages``) and the Responses API (``/v1/responses``). :class:`Lognormal` is a heavy-tailed latency (``FakeProvider(latency=...)``
 takes a number or a function of the request body).
 ``python -m gradekit.judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
@@ -18,9 +20,10 @@ from gradekit.judge.testing._aligning import AlignmentLab
 from gradekit.judge.testing._dialects import DIALECTS, Dialect, Refusal
 from gradekit.judge.testing._down import DownJudge
 from gradekit.judge.testing._fake_batch import BatchFault
+from gradekit.judge.testing._fake_billing import CACHE_MODELS, Billing, CacheModel, write_long_rubric
 from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
 from gradekit.judge.testing._latency import Lognormal
 from gradekit.judge.testing._population import JudgePopulation, labelled_reply
 
-__all__ = ["DIALECTS", "AlignmentLab", "BatchFault", "Dialect", "DownJudge", "FakeProvider", "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal",
-           "Reply", "auto_reply", "labelled_reply"]
+__all__ = ["CACHE_MODELS", "DIALECTS", "AlignmentLab", "BatchFault", "Billing", "CacheModel", "Dialect", "DownJudge", "FakeProvider",
+           "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal", "Reply", "auto_reply", "labelled_reply", "write_long_rubric"]

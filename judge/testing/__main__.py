@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from gradekit.judge.testing._dialects import DIALECTS
+from gradekit.judge.testing._fake_billing import CACHE_MODELS
 from gradekit.judge.testing._fake_provider import FakeProvider, Reply
 
 
@@ -47,6 +48,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="answer as this provider does (see gradekit.judge.testing.DIALECTS)")
     parser.add_argument("--context-window", type=int, default=None,
                         help="the model's window in tokens: a longer prompt is refused in the dialect's wording")
+    parser.add_argument("--cache-model", choices=sorted(CACHE_MODELS), default=None,
+                        help="play this provider's prompt cache and bill (GET /v1/fake/billing reports what was billed)")
+    parser.add_argument("--price", type=float, nargs=2, metavar=("INPUT", "OUTPUT"), default=None,
+                        help="USD per 1M input and output tokens the fake bills [1 2]")
+    parser.add_argument("--flex-full", action="store_true", help="answer every service_tier=flex request 429 (no capacity)")
+    parser.add_argument("--responses-only", action="append", default=[], metavar="MODEL",
+                        help="chat completions answers 404 for MODEL: it is served by the Responses API only (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -70,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         reject_json_object=args.reject_json_object, reject_tools=args.reject_tools,
                         reject_embeddings=args.reject_embeddings, model=args.model, host=args.host, port=args.port,
                         dialect=args.dialect, context_window=args.context_window, served_model=args.served_model,
-                        system_fingerprint=args.system_fingerprint)
+                        system_fingerprint=args.system_fingerprint, cache_model=args.cache_model, flex_full=args.flex_full,
+                        prices={"input": args.price[0], "output": args.price[1]} if args.price else None,
+                        responses_only=args.responses_only)
     if args.population is not None or args.lab is not None:
         import json
 

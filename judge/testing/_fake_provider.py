@@ -42,6 +42,8 @@ from ._fake_batch import BatchAPI, BatchFault
 from ._fake_embeddings import embedding_inputs, embeddings_payload
 from ._fake_reward import REWARD_PATHS, RewardFn, reward_payload, reward_text
 from ._dialects import DIALECTS, Dialect, draft_reasoning, resolve
+from ._fake_billing import CACHE_MODELS, Billing, CacheModel, chat_segments, messages_segments
+from ._fake_native import chat_view, check_messages, check_responses, messages_payload, responses_payload
 from ._wire import RecordedRequest, _DroppedResponse, _DroppedStream, error_response
 
 # --------------------------------------------------------------------------------------------
@@ -489,12 +491,27 @@ class FakeProvider:
         port: int = 0,
         dialect: str | Dialect = "openai",
         context_window: int | None = None,
+        cache_model: str | CacheModel | None = None,
+        prices: dict[str, Any] | None = None,
+        flex_factor: float = 0.5,
+        flex_full: bool = False,
+        flex_refusals: int = 0,
+        responses_only: Iterable[str] = (),
     ) -> None:
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"FakeProvider only binds loopback addresses, not {host!r}")
         self.dialect = resolve(dialect)
         # A model window: a longer prompt is refused in the dialect's wording (OpenAI's context_length_exceeded by default).
         self.context_window = context_window if context_window is not None else self.dialect.context_window
+        # The provider's prompt cache and bill (judge.testing._fake_billing): with cache_model, chat usage is the
+        # model's (cached and written tokens); the native routes always bill through it ("none" without one).
+        model_of = CACHE_MODELS[cache_model] if isinstance(cache_model, str) else cache_model
+        self.cache_model = model_of
+        self.billing = Billing(model_of or CACHE_MODELS["none"], prices, flex_factor=flex_factor)
+        self.flex_full = flex_full  # every flex request is refused for want of capacity (a 429) while True
+        self.flex_refusals = flex_refusals  # ... or only the next this many
+        self.flex_refused = 0  # flex requests answered "no capacity" so far
+        self.responses_only = set(responses_only)  # models chat completions refuses (404): Responses API only
         self._last_prompt = ""  # the previous request's messages, for cached_tokens
         self.latency = latency
         self.rate_limit_rps = rate_limit_rps
@@ -690,23 +707,38 @@ class FakeProvider:
         return response
 
     async def _dispatch(self, method: str, record: RecordedRequest, gone: asyncio.Event | None = None) -> Response:
+        if method == "GET" and record.path in ("/v1/fake/billing", "/fake/billing"):  # what this fake billed so far
+            return JSONResponse({"billed_usd": self.billing.billed_usd, "by_tier": self.billing.billed_by_tier(),
+                                 "cache_writes": self.billing.cache_writes, "requests_billed": len(self.billing.charges),
+                                 "cache_model": self.billing.model.name})
         if method == "GET" and record.path in ("/v1/models", "/models"):
             return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model",
                                                              "created": 0, "owned_by": "gradekit.judge.testing"}]})
         if method == "POST" and self.reward_model is not None and record.path in REWARD_PATHS:
             return await self._reward(record, gone)
         embeddings = method == "POST" and record.path in ("/v1/embeddings", "/embeddings") and not self.reject_embeddings
-        if not embeddings and (method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions")):
+        native = _NATIVE_ROUTES.get(record.path) if method == "POST" else None
+        if not embeddings and native is None and (method != "POST" or record.path not in ("/v1/chat/completions", "/chat/completions")):
             return error_response(404, f"Unknown route {method} {record.path}", code="unknown_url")
+        shape = "anthropic" if native == "messages" else None
         if record.body is None:
-            return error_response(400, "Request body must be a JSON object.")
-        refused, limits = self._rate_limited(record.body)
+            return error_response(400, "Request body must be a JSON object.", shape=shape or "openai")
+        refused, limits = self._rate_limited(record.body, shape=shape)
         if refused is not None:
             return refused
         if embeddings:
             response = self._embeddings_rejected(record.body) or await self._answer(record.body, embeddings=True, gone=gone)
+        elif native is not None:
+            problem = check_messages(record.body) if native == "messages" else check_responses(record.body)
+            if problem is not None:
+                response = self._error(400, problem, shape=shape)
+            else:
+                response = self._no_flex(record.body) or await self._answer(record.body, gone=gone, route=native)
+        elif record.body.get("model") in self.responses_only:
+            response = self._error(404, "This model is only supported in v1/responses and not in v1/chat/completions.", param="model")
         else:
-            response = self._rejected(record.body) or self._refused(record.body) or await self._answer(record.body, gone=gone)
+            response = (self._rejected(record.body) or self._refused(record.body) or self._no_flex(record.body)
+                        or await self._answer(record.body, gone=gone))
         response.headers.update(limits)
         return response
 
@@ -746,10 +778,26 @@ class FakeProvider:
         response.headers.update(limits)
         return response
 
+    def _no_flex(self, body: dict[str, Any]) -> Response | None:
+        """The 429 of a flex request the provider has no capacity for (OpenAI's "Resource Unavailable", not billed)."""
+        if body.get("service_tier") != "flex":
+            return None
+        with self._lock:
+            full = self.flex_full or self.flex_refusals > 0
+            if full:
+                self.flex_refusals = max(0, self.flex_refusals - 1)
+                self.flex_refused += 1
+        if not full:
+            return None
+        return self._error(429, "Resource Unavailable: there is no flex processing capacity for this request now. Retry "
+                                "later, or send it at the standard tier. You are not charged for this request.",
+                           code="resource_unavailable")
+
     def _error(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-               headers: dict[str, str] | None = None, details: list[dict[str, Any]] | None = None) -> JSONResponse:
+               headers: dict[str, str] | None = None, details: list[dict[str, Any]] | None = None,
+               shape: str | None = None) -> JSONResponse:
         return error_response(status, message, code=code, param=param, headers=headers,
-                              shape=self.dialect.error_shape, details=details)
+                              shape=shape or self.dialect.error_shape, details=details)
 
     def _refused(self, body: dict[str, Any]) -> Response | None:
         """The dialect's error for a body its provider refuses (one per request, in the dialect's order),
@@ -779,7 +827,7 @@ class FakeProvider:
                 rps = scheduled
         return rps
 
-    def _rate_limited(self, body: dict[str, Any]) -> tuple[Response | None, dict[str, str]]:
+    def _rate_limited(self, body: dict[str, Any], shape: str | None = None) -> tuple[Response | None, dict[str, str]]:
         """Token buckets: requests (capacity ``rate_limit_burst``, refilled at the scheduled rps) and
         tokens per minute. Returns the 429 (or None) and the ``x-ratelimit-*`` headers to send."""
         with self._lock:
@@ -813,7 +861,7 @@ class FakeProvider:
             self.rate_limited += 1
             wait = max(waits)
         what = f"{rps:g} requests per second" if rps and self._tokens < 1 else f"{tpm:g} tokens per minute"
-        if self.dialect.error_shape == "gemini":
+        if shape is None and self.dialect.error_shape == "gemini":
             # Gemini says how long to wait only in the body (google.rpc.RetryInfo), never in a header.
             details = [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
                         "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
@@ -825,7 +873,7 @@ class FakeProvider:
         if self.dialect.rate_headers == "openai":
             headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
         return self._error(429, f"Rate limit reached: {what}. Please retry after {wait:.3f}s.",
-                           code="rate_limit_exceeded", headers=headers), headers
+                           code="rate_limit_exceeded", headers=headers, shape=shape), headers
 
     def _limit_headers(self, rps: float | None, tpm: float | None) -> dict[str, str]:
         """The dialect's rate-limit headers: OpenAI's ``x-ratelimit-*`` (limits per minute, what remains, and
@@ -867,7 +915,14 @@ class FakeProvider:
             return self._error(400, "Invalid parameter: 'tools' is not supported with this model.", param="tools")
         return None
 
-    async def _answer(self, body: dict[str, Any], *, embeddings: bool = False, gone: asyncio.Event | None = None) -> Response:
+    async def _answer(self, body: dict[str, Any], *, embeddings: bool = False, gone: asyncio.Event | None = None,
+                      route: str = "chat") -> Response:
+        native, body = (body, chat_view(body, route)) if route != "chat" else (None, body)
+        billed = not embeddings and (route != "chat" or self.cache_model is not None)
+        if billed:  # the cache is read on arrival and written once the request completes
+            segments = messages_segments(native) if route == "messages" else chat_segments(native or body, self.billing.model)
+            prompt, cached, writes = self.billing.lookup(segments)
+            written = self.billing.written_tokens(segments, writes, cached)
         with self._lock:
             reply = self._script.popleft() if self._script else None
             responder = self._responder
@@ -891,7 +946,7 @@ class FakeProvider:
                             media_type="application/json")
         if reply.status != 200:
             return self._error(reply.status, reply.error_message or f"FakeProvider scripted error {reply.status}",
-                               headers=reply.headers)
+                               headers=reply.headers, shape="anthropic" if route == "messages" else None)
         if embeddings:
             texts = embedding_inputs(body)
             assert not isinstance(texts, str)  # refused in _embeddings_rejected
@@ -902,9 +957,41 @@ class FakeProvider:
             events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in self._chunks(reply, body)]
             events.append("data: [DONE]\n\n")
             return StreamingResponse(iter(events), media_type="text/event-stream", headers=reply.headers)
-        payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
-                                     dialect=self.dialect, cached_tokens=self._cached_tokens(body), served_model=self.served_model,
-                                     system_fingerprint=self.system_fingerprint)
+        tier = "flex" if body.get("service_tier") == "flex" else "default"
+        if route == "messages":
+            thinking = None
+            if isinstance(native.get("thinking"), dict) and native["thinking"].get("type") == "enabled":  # type: ignore[union-attr]
+                thinking = reply.reasoning if reply.reasoning is not None else \
+                    draft_reasoning(body, reply.content or (reply.tool_call or {}).get("arguments"))
+            payload = messages_payload(reply, native, number=next(self._counter), thinking=thinking,  # type: ignore[arg-type]
+                                       prompt=prompt, cached=cached, written=written)
+            spent = payload["usage"]
+            read, wrote = int(spent.get("cache_read_input_tokens") or 0), int(spent.get("cache_creation_input_tokens") or 0)
+            billed_counts = (int(spent.get("input_tokens") or 0) + read + wrote, read, wrote, int(spent.get("output_tokens") or 0))
+        elif route == "responses":
+            payload = responses_payload(reply, native, number=next(self._counter), prompt=prompt, cached=cached,  # type: ignore[arg-type]
+                                        written=written, tier=tier)
+            spent, details = payload["usage"], payload["usage"].get("input_tokens_details") or {}
+            billed_counts = (int(spent.get("input_tokens") or 0), int(details.get("cached_tokens") or 0),
+                             int(details.get("cache_write_tokens") or 0), int(spent.get("output_tokens") or 0))
+        else:
+            payload = completion_payload(reply, body, number=next(self._counter), model=self.model,
+                                         dialect=self.dialect, cached_tokens=self._cached_tokens(body), served_model=self.served_model,
+                                         system_fingerprint=self.system_fingerprint)
+            if billed and reply.usage is None:
+                details = {"cached_tokens": cached}
+                details["cache_creation_input_tokens" if self.billing.model.usage == "dashscope" else "cache_write_tokens"] = written
+                payload["usage"] = {**payload["usage"], "prompt_tokens": prompt, "total_tokens": prompt + payload["usage"]["completion_tokens"],
+                                    "prompt_tokens_details": {**(payload["usage"].get("prompt_tokens_details") or {}), **details}}
+            if billed or "service_tier" in body:
+                payload["service_tier"] = tier
+            spent, details = payload["usage"], payload["usage"].get("prompt_tokens_details") or {}
+            billed_counts = (int(spent.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
+                             int(details.get("cache_write_tokens") or details.get("cache_creation_input_tokens") or 0),
+                             int(spent.get("completion_tokens") or 0))
+        if billed:  # what the reply reports is what is billed (a scripted usage included)
+            self.billing.charge(str(body.get("model") or self.model), tier, *billed_counts)
+            self.billing.completed(writes)
         return JSONResponse(payload, headers=reply.headers)
 
     async def _endless(self, reply: Reply, body: dict[str, Any]) -> AsyncIterator[str]:
@@ -953,6 +1040,9 @@ class FakeProvider:
         finally:
             for wait in waits:
                 wait.cancel()
+
+
+_NATIVE_ROUTES = {"/v1/messages": "messages", "/messages": "messages", "/v1/responses": "responses", "/responses": "responses"}
 
 
 async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:

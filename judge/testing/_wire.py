@@ -48,6 +48,10 @@ _GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISS
                   429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
+
+
 def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
                    headers: dict[str, str] | None = None, shape: str = "openai",
                    details: list[dict[str, Any]] | None = None) -> JSONResponse:
@@ -55,13 +59,19 @@ def error_response(status: int, message: str, *, code: str | None = None, param:
 
     ``openai`` (and compatible servers): ``{"error": {"message", "type", "param", "code"}}``;
     ``dashscope`` adds ``id`` and ``request_id`` beside it; ``ark`` types a 400 ``BadRequest``;
-    ``gemini`` is a JSON array ``[{"error": {"code", "message", "status", "details"}}]``.
+    ``gemini`` is a JSON array ``[{"error": {"code", "message", "status", "details"}}]``; ``anthropic``
+    (the Messages API) is ``{"type": "error", "error": {"type", "message"}}``.
     """
     if shape == "gemini":
         error: dict[str, Any] = {"code": status, "message": message, "status": _GOOGLE_STATUS.get(status, "UNKNOWN")}
         if details:
             error["details"] = details
         return JSONResponse([{"error": error}], status_code=status, headers=headers)
+    if shape == "anthropic":
+        # Anthropic's Messages API: {"type": "error", "error": {"type", "message"}} (its error-types list).
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return JSONResponse({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_fake"},
+                            status_code=status, headers=headers)
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     if shape == "ark" and status == 400:
         kind = "BadRequest"
