@@ -15,7 +15,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 
@@ -23,6 +23,9 @@ from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_not_recorded
 from ._verdict import ErrorKind
 from ._window import overflow_of
+
+if TYPE_CHECKING:
+    from ._fastwire import FastWire
 
 Route = Literal["chat", "embeddings"]
 
@@ -227,7 +230,7 @@ async def assemble_stream(raw: Any) -> dict[str, Any]:
 
 
 
-async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -> tuple[Any, Any]:
+async def post(client: Any, request: Mapping[str, Any], route: Route = "chat", fast: FastWire | None = None) -> tuple[Any, Any]:
     """One request as the raw HTTP reply and its JSON body (a stream assembled into one body).
 
     The raw body, not the SDK's pydantic objects: the cache stores JSON anyway, and skipping model
@@ -235,15 +238,20 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     (first byte, every gap and the total): the SDK's own is per read, so a stream of keep-alive comments
     or reasoning deltas that never ends would hold the row for ever. Past it the request is an
     ``APITimeoutError``, as the SDK's own timeout is, and the row ends as ``timeout``.
+
+    ``fast``: the client's fast wire (:mod:`gradekit.judge._fastwire`), which carries a non-streamed chat
+    request; everything else goes through the SDK.
     """
+    if fast is not None and (route != "chat" or request.get("stream")):
+        fast = None
     seconds = whole_request_seconds(client)
     if seconds is None:
-        return await _post(client, request, route)
+        return await _post(client, request, route, fast)
     try:
         if sys.version_info >= (3, 11):  # no extra task per request (the client's hot path)
             async with asyncio.timeout(seconds):
-                return await _post(client, request, route)
-        return await asyncio.wait_for(_post(client, request, route), seconds)
+                return await _post(client, request, route, fast)
+        return await asyncio.wait_for(_post(client, request, route, fast), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         url = f"{str(getattr(client, 'base_url', '')).rstrip('/')}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
         raise openai.APITimeoutError(request=sdk_http().Request("POST", url)) from None
@@ -259,11 +267,13 @@ def whole_request_seconds(client: Any) -> float | None:
     return max(seconds) if seconds else None
 
 
-async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[Any, Any]:
+async def _post(client: Any, request: Mapping[str, Any], route: Route, fast: FastWire | None = None) -> tuple[Any, Any]:
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     else:
-        if request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
+        if fast is not None:
+            send: Any = functools.partial(fast.send, request)
+        elif request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
             send = functools.partial(client.chat.completions.with_raw_response.create, **sdk_arguments(request))
         else:
             # The SDK's documented way to call any route (``client.post`` with its transport's Response as cast_to):
@@ -281,6 +291,8 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
         # nothing about the request, and its retries may take minutes: the window runs out as usual
         # and the others go unheld, instead of waiting behind one request's 429 budget.
         answered()
+        if fast is not None:
+            return raw  # the reply and its body, read by the fast wire
     if not request.get("stream"):
         return raw, json.loads(raw.content)
     try:
