@@ -13,6 +13,9 @@ import functools
 import importlib
 import json
 import math
+import re
+import socket
+import ssl
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -100,12 +103,35 @@ def url_of(exc: BaseException) -> str:
     return str(url) if url is not None else "the judge"
 
 
+_CUT_SHORT = re.compile(r"received (\d+)(?: bytes, expected| of) (\d+)")
+
+
 def cause_of(exc: BaseException) -> str:
-    """The socket-level reason under the SDK's generic "Connection error." (refused, reset, DNS)."""
+    """The socket-level reason under the SDK's generic "Connection error.", in words that do not depend on
+    the HTTP library that met it (the SDK's own, or the fast wire's aiohttp), so a row reads the same either
+    way: refused, reset, closed before or while answering, a host name that does not resolve, TLS. Any
+    other cause is said as its type and message."""
+    chain: list[BaseException] = []
     cause = exc.__cause__ or exc.__context__
-    while cause is not None and (cause.__cause__ or cause.__context__) is not None and not str(cause):
+    while cause is not None and len(chain) < 16:
+        chain.append(cause)
         cause = cause.__cause__ or cause.__context__
-    return f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+    for cause in chain:
+        text = str(cause)
+        if isinstance(cause, ConnectionRefusedError):
+            return " (connection refused: nothing listens there)"
+        if isinstance(cause, socket.gaierror):
+            return f" (the host name does not resolve: {cause.strerror or text})"
+        if isinstance(cause, ssl.SSLError):
+            return f" (TLS failed: {cause.reason or text})"
+        if isinstance(cause, ConnectionResetError):
+            return " (the connection was reset)"
+        if (cut := _CUT_SHORT.search(text)) is not None:
+            return f" (the server closed the connection mid-answer: {cut[1]} of {cut[2]} bytes)"
+        if "Server disconnected" in text:
+            return " (the server closed the connection before answering)"
+    said = next((c for c in chain if str(c)), None)
+    return f" ({type(said).__name__}: {said})" if said is not None else ""
 
 
 def breaker_failure(exc: BaseException) -> tuple[str, str] | None:
