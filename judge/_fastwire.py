@@ -235,7 +235,7 @@ class FastWire:
         self._session = aiohttp.ClientSession(
             connector=connector, trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=template.connect, sock_read=template.read),
-            auto_decompress=True, skip_auto_headers=("User-Agent",))
+            auto_decompress=True, skip_auto_headers=("User-Agent",), headers=template.headers)
         self._aiohttp = aiohttp
         self._loop = asyncio.get_running_loop()
         self._headers = template.headers
@@ -259,7 +259,7 @@ class FastWire:
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("Sending HTTP Request: POST %s", self.template.url)
         try:
-            async with self._session.post(self._url, data=data, headers=self._headers, proxy=self._proxy,
+            async with self._session.post(self._url, data=data, proxy=self._proxy,
                                           proxy_auth=self._proxy_auth) as response:
                 content = await response.read()
                 status, headers = response.status, response.headers

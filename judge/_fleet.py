@@ -187,10 +187,10 @@ class Member:
         self._client_options = {**client_options, "base_url": endpoint.base_url, "api_key": api_key}
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
         self._idle_client: AsyncOpenAI | None = None
-        self._fast_wire = fast_wire
+        self.fast_wire = fast_wire
         # The fast wire of each loop (judge._fastwire), or the task opening it, or None (the SDK sends). A plain dict:
         # an aiohttp session holds its loop, so wires of closed loops are closed and dropped as new loops come.
-        self._wires: dict[asyncio.AbstractEventLoop, FastWire | asyncio.Task[FastWire | None] | None] = {}
+        self.wires: dict[asyncio.AbstractEventLoop, FastWire | asyncio.Task[FastWire | None] | None] = {}
 
     # ---- clients: one per event loop (a connection pool belongs to the loop that opened it) ----
 
@@ -208,13 +208,13 @@ class Member:
 
     async def wire(self) -> FastWire | None:
         """The fast wire of the running loop for a non-streamed chat request (None: the SDK sends it)."""
-        if not self._fast_wire:
+        if not self.fast_wire:
             return None
         loop = asyncio.get_running_loop()
-        found = self._wires.get(loop, _NOT_OPENED)
+        found = self.wires.get(loop, _NOT_OPENED)
         if found is _NOT_OPENED:
             self._drop_dead_wires()
-            found = self._wires[loop] = loop.create_task(open_wire(self.client()))
+            found = self.wires[loop] = loop.create_task(open_wire(self.client()))
         if not isinstance(found, asyncio.Task):
             return found  # type: ignore[return-value]
         try:
@@ -224,19 +224,19 @@ class Member:
         except Exception as exc:  # opening failed: this loop sends through the SDK
             log.debug("fast wire off for %s: %s: %s", self.base_url, type(exc).__name__, exc)
             wire = None
-        if self._wires.get(loop) is found:
-            self._wires[loop] = wire
+        if self.wires.get(loop) is found:
+            self.wires[loop] = wire
         return wire
 
     def _drop_dead_wires(self) -> None:
-        for loop in [loop for loop in self._wires if loop.is_closed()]:
-            wire = self._wires.pop(loop)
+        for loop in [loop for loop in self.wires if loop.is_closed()]:
+            wire = self.wires.pop(loop)
             if isinstance(wire, FastWire):
                 wire.close_now()
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
-        wire = self._wires.pop(loop, None)
+        wire = self.wires.pop(loop, None)
         if isinstance(wire, asyncio.Task):
             wire.cancel()
             wire = (await asyncio.gather(wire, return_exceptions=True))[0]
@@ -686,7 +686,11 @@ class Fleet:
                 self.hedge_budget.earned()
                 if race is not None:
                     race.armed(member)
-            wire = await member.wire() if route == "chat" and not request.get("stream") else None
+            wire = None
+            if route == "chat" and not request.get("stream") and member.fast_wire:
+                wire = member.wires.get(asyncio.get_running_loop(), _NOT_OPENED)  # the loop's wire, once open: no await
+                if wire is _NOT_OPENED or isinstance(wire, asyncio.Task):
+                    wire = await member.wire()
             sent_at = time.monotonic()
             try:
                 raw, completion = await post(member.client(), request, route, wire)

@@ -171,7 +171,11 @@ class Limiter:
         """Wait for the learnt rate, where it is below the told one (which aiolimiter already keeps).
 
         One waiter at a time (the others queue on the lock, in order), re-reading the rate while it waits.
+        Unpaced (nothing learnt or told below ``rps``), no lock is taken: nothing to wait for, once per request.
         """
+        if (rate := self.pacer.rate()) is None or (self.rps is not None and rate >= self.rps):
+            if not self._pace_lock.locked():
+                return
         async with self._pace_lock:
             while (rate := self.pacer.rate()) is not None and (self.rps is None or rate < self.rps):
                 # An injected sleep (tests) does not pass time: reserve the instant and "wait" once.

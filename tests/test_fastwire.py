@@ -25,6 +25,7 @@ import pytest
 from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge._fastwire import encode, open_wire
+from gradekit.judge._wire import sdk_http
 from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Waits
@@ -46,7 +47,7 @@ async def _judge_once(fake: FakeProvider, fast: bool, script: list[Reply], **opt
     async with Judge("fake-judge", base_url=fake.base_url, api_key="sk-test", cache=None, sleep=waits, retry=retry,
                      limiter=Limiter(concurrency=1, sleep=Waits()), fast_wire=fast, **options) as judge:
         verdict = await judge.judge(EN, ROW)
-        wire = judge._fleet.members[0]._wires.get(asyncio.get_running_loop())
+        wire = judge._fleet.members[0].wires.get(asyncio.get_running_loop())
         assert (wire is not None) is fast, "the path under test is the one asked for"
     requests = fake.chat_requests()[before:]
     headers = [{k: v for k, v in r.headers.items() if k not in _TRANSPORT} for r in requests]
@@ -103,22 +104,32 @@ def test_a_refused_parameter_is_learnt_the_same_way_on_both_paths() -> None:
 
 
 def test_the_sdk_error_a_fast_wire_raises_carries_what_retry_and_pacing_read() -> None:
-    async def once(fake: FakeProvider) -> openai.RateLimitError:
+    """The same 429 through the SDK and through the wire: the same class, message, body and headers (the hints)."""
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def both(fake: FakeProvider) -> list[openai.RateLimitError]:
         client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
         wire = await open_wire(client)
         assert wire is not None
+        caught = []
         try:
-            with pytest.raises(openai.RateLimitError) as caught:
-                await wire.send({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            for send in (lambda: client.post("/chat/completions", body=request, cast_to=sdk_http().Response),
+                         lambda: wire.send(request)):
+                with pytest.raises(openai.RateLimitError) as raised:
+                    await send()
+                caught.append(raised.value)
         finally:
             await wire.aclose()
-        return caught.value
+            await client.close()
+        return caught
 
-    with FakeProvider(script=[Reply(status=429, headers=RATE_HEADERS, error_message="slow down")]) as fake:
-        refused = asyncio.run(once(fake))
-    assert refused.status_code == 429 and refused.response.headers["retry-after-ms"] == "7"
-    assert refused.response.headers["x-ratelimit-remaining-requests"] == "0"
-    assert refused.body["message"] == "slow down" and "Error code: 429 - slow down" in str(refused)
+    script = [Reply(status=429, headers=RATE_HEADERS, error_message="slow down")] * 2
+    with FakeProvider(script=script) as fake:
+        sdk, fast = asyncio.run(both(fake))
+    assert type(fast) is type(sdk) and str(fast) == str(sdk) and fast.body == sdk.body and fast.status_code == 429
+    for name in ("retry-after-ms", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"):
+        assert fast.response.headers[name] == sdk.response.headers[name]
+    assert type(fast.response) is type(sdk.response)  # the SDK's own HTTP library's response, whichever it is
 
 
 @pytest.mark.parametrize("value", [
@@ -164,7 +175,7 @@ def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
         async def path(**options: Any) -> bool:
             async with Judge("fake-judge", base_url=fake.base_url, api_key="k", cache=None, **options) as judge:
                 assert (await judge.judge(EN, ROW)).ok
-                return judge._fleet.members[0]._wires.get(asyncio.get_running_loop()) is not None
+                return judge._fleet.members[0].wires.get(asyncio.get_running_loop()) is not None
 
         assert asyncio.run(path()) is True  # on by default
         assert asyncio.run(path(fast_wire=False)) is False
