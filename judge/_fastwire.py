@@ -147,6 +147,16 @@ def _plain_client(client: Any) -> str | None:
     return None
 
 
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY``/``HTTPS_PROXY``, unless ``NO_PROXY`` covers it)."""
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    if parts.hostname and proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme) or None
+
+
 def _unusual_proxy() -> str | None:
     """A proxy setting aiohttp does not read as the SDK's HTTP library does (SOCKS, ALL_PROXY)."""
     for name, value in os.environ.items():
@@ -225,13 +235,7 @@ class FastWire:
                                          keepalive_timeout=template.keepalive or 5.0)
         # HTTP(S)_PROXY and NO_PROXY as the SDK's client reads them, looked up once: aiohttp's trust_env would
         # look up the proxy and ~/.netrc in a thread for every request (two thread hops, most of its CPU).
-        from aiohttp.helpers import get_env_proxy_for_url
-        from yarl import URL
-
-        try:
-            self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self._url))
-        except LookupError:
-            self._proxy, self._proxy_auth = None, None
+        self._proxy = _env_proxy(self._url)
         self._session = aiohttp.ClientSession(
             connector=connector, trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=template.connect, sock_read=template.read),
@@ -259,8 +263,7 @@ class FastWire:
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("Sending HTTP Request: POST %s", self.template.url)
         try:
-            async with self._session.post(self._url, data=data, proxy=self._proxy,
-                                          proxy_auth=self._proxy_auth) as response:
+            async with self._session.post(self._url, data=data, proxy=self._proxy) as response:
                 content = await response.read()
                 status, headers = response.status, response.headers
                 if wire_log.isEnabledFor(logging.INFO):
@@ -292,10 +295,25 @@ class FastWire:
         await self._session.close()
 
     def close_now(self) -> None:
-        """Close without awaiting: for a wire whose event loop is already closed (its connections died with it)."""
+        """Close without awaiting: for a wire whose event loop is closed or will not run again (its connections are
+        dropped; aiohttp would otherwise log "Unclosed client session" when it is collected)."""
         connector = self._session.connector
         if connector is not None and not connector.closed:
-            connector._close()  # the synchronous part of close(); nothing is left to await on a closed loop
+            connector._close()  # the synchronous part of close(); what it would await is the loop's to finish
+
+    def __del__(self) -> None:
+        """A wire nobody closed (a loop left running, as a sync façade's is, or a process ending) closes quietly."""
+        session = getattr(self, "_session", None)
+        if session is None or session.closed:
+            return
+        loop = self._loop
+        try:
+            if loop.is_running() and not loop.is_closed():
+                loop.call_soon_threadsafe(self.close_now)  # the loop's own thread touches its transports
+            else:
+                self.close_now()
+        except Exception:  # noqa: BLE001 -- a finalizer must not raise; the process may be ending
+            pass
 
 
 async def open_wire(client: Any) -> FastWire | None:
