@@ -103,7 +103,7 @@ def url_of(exc: BaseException) -> str:
     return str(url) if url is not None else "the judge"
 
 
-_CUT_SHORT = re.compile(r"received (\d+)(?: bytes, expected| of) (\d+)")
+_CUT_SHORT = re.compile(r"received \d+(?: bytes, expected| of) \d+|without sending complete message body")
 
 
 def cause_of(exc: BaseException) -> str:
@@ -126,8 +126,8 @@ def cause_of(exc: BaseException) -> str:
             return f" (TLS failed: {cause.reason or text})"
         if isinstance(cause, ConnectionResetError):
             return " (the connection was reset)"
-        if (cut := _CUT_SHORT.search(text)) is not None:
-            return f" (the server closed the connection mid-answer: {cut[1]} of {cut[2]} bytes)"
+        if _CUT_SHORT.search(text) is not None or "payload is not completed" in text:
+            return " (the server closed the connection mid-answer)"  # not every library counts the bytes
         if "Server disconnected" in text:
             return " (the server closed the connection before answering)"
     said = next((c for c in chain if str(c)), None)

@@ -222,3 +222,62 @@ def test_a_grade_run_writes_the_same_rows_on_both_paths(tmp_path: Path) -> None:
             outputs[setting] = sorted(({k: v for k, v in r.items() if "latency" not in k} for r in rows), key=lambda r: r["id"])
     assert outputs["0"] == outputs["1"]
     assert {r.get("error_kind") for r in outputs["1"]} >= {None, "bad_request"}
+
+
+class _Proxy:
+    """A forward proxy on loopback that answers every request itself: it records each request line (absolute-form,
+    as a client sends through a proxy) and answers as the fake judge would."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.lines: list[str] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        from gradekit.judge.testing._fake_provider import auto_reply, completion_payload
+
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.lines.append(head.split(b"\r\n")[0].decode())
+                request = json.loads(body)
+                reply = json.dumps(completion_payload(auto_reply(request), request, number=1, model="fake-judge")).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                             + f"content-length: {len(reply)}\r\n\r\n".encode() + reply)
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_an_http_proxy_from_the_environment_carries_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY as the SDK's HTTP library reads it: a judge at a host that does not resolve is reached through it."""
+    proxy = _Proxy()
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    async def once(fast: bool) -> dict:
+        async with Judge("fake-judge", base_url="http://judge.invalid/v1", api_key="k", cache=None, limiter=Limiter(),
+                         fast_wire=fast) as judge:
+            return (await judge.judge(EN, ROW)).model_dump(exclude={"latency_s"})
+
+    try:
+        rows = [asyncio.run(once(fast)) for fast in (False, True)]
+    finally:
+        proxy.close()
+    assert rows[0] == rows[1] and rows[0]["status"] == "ok", rows
+    assert proxy.lines == ["POST http://judge.invalid/v1/chat/completions HTTP/1.1"] * 2
