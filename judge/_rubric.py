@@ -346,11 +346,14 @@ class Rubric(BaseModel):
             _environment(self.directory).get_template(self.template)
         messages = []
         try:
+            # One context for both blocks, as Template.render passes its one to every block: building a context
+            # copies the environment's globals (a ChainMap walked key by key), most of a render's own time.
+            shared = template.new_context(context)
             for role in ("system", "user"):
                 block = template.blocks.get(role)
                 if block is None:
                     continue
-                text = "".join(block(template.new_context(context))).strip()
+                text = "".join(block(shared)).strip()
                 if text:
                     messages.append({"role": role, "content": text})
         except UndefinedError as e:
