@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
-from ._wire import sdk_http
+from ._wire import sdk_http, whole_request_seconds
 
 log = logging.getLogger("gradekit.judge")
 # One line per request, as the SDK's HTTP library logs them (``gradekit -v`` shows this logger at INFO).
@@ -210,6 +210,10 @@ async def template_of(client: Any) -> Template | None:
     else:
         connect = _seconds(getattr(timeout, "connect", None))
         read = _seconds(getattr(timeout, "read", None))
+    # judge._wire.post bounds the whole request by the longest part; a part as long as that bound adds a timer per
+    # read (aiohttp reschedules its read timer on every chunk) and bounds nothing the whole-request one does not.
+    whole = whole_request_seconds(client)
+    connect, read = (None if part is not None and whole is not None and part >= whole else part for part in (connect, read))
     from openai._constants import DEFAULT_CONNECTION_LIMITS
 
     keepalive = _seconds(getattr(DEFAULT_CONNECTION_LIMITS, "keepalive_expiry", None))
