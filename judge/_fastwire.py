@@ -11,9 +11,10 @@ encoding where not), pooled keep-alive connections, and no object per request be
 
 What comes back is what the SDK would raise or return: a 4xx/5xx becomes the SDK's own error class
 through the SDK's own mapping (so retries, the breaker and the dialect read it unchanged, rate-limit
-headers and ``Retry-After`` included); no answer in time is ``APITimeoutError`` (``sock_read``:
-first byte and every gap; the whole request is bounded in :func:`gradekit.judge._wire.post`); a
-refused, reset or cut connection is ``APIConnectionError``. TLS is the SDK's HTTP library's own
+headers and ``Retry-After`` included); no answer in time is ``APITimeoutError`` (the whole request is
+bounded in :func:`gradekit.judge._wire.post`; a connect or read part of the client's timeout shorter
+than that bounds the connection and the first byte and every gap too); a refused, reset or cut
+connection is ``APIConnectionError``. TLS is the SDK's HTTP library's own
 default context; proxies come from the environment as the SDK's do.
 
 Anything unusual stays on the SDK (:func:`open_wire` answers None): streaming and embeddings (never
@@ -247,10 +248,6 @@ class FastWire:
         self._aiohttp = aiohttp
         self._loop = asyncio.get_running_loop()
         self._headers = template.headers
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
 
     def body(self, request: Mapping[str, Any]) -> bytes:
         """The request body exactly as the SDK would send it."""
