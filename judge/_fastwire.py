@@ -26,12 +26,14 @@ this path cannot read, or the switch: ``Judge(fast_wire=False)`` or ``GRADEKIT_F
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import math
 import os
 import re
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -60,6 +62,20 @@ def _may_differ(data: bytes) -> bool:
     if b"0.0000" in data:
         return True
     return any(m.start() and data[m.start() - 1] in _DIGITS for m in _EXPONENT.finditer(data))
+
+
+# Every wire not yet collected: closed quietly when the process ends (a wire held by a sync façade's loop, which
+# never closes, would otherwise meet aiohttp's "Unclosed client session" at interpreter shutdown).
+_OPEN: weakref.WeakSet[FastWire] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for wire in list(_OPEN):
+        try:
+            wire.close_now()
+        except Exception:  # noqa: BLE001 -- the process is ending
+            pass
 
 
 def wanted(flag: bool | None) -> bool:
@@ -248,6 +264,7 @@ class FastWire:
         self._aiohttp = aiohttp
         self._loop = asyncio.get_running_loop()
         self._headers = template.headers
+        _OPEN.add(self)
 
     def body(self, request: Mapping[str, Any]) -> bytes:
         """The request body exactly as the SDK would send it."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -14,9 +12,8 @@ from typing import Any, Protocol
 from aiolimiter import AsyncLimiter
 
 from ._pacing import Pacer, Pacing
+from ._tokens import cjk_characters
 
-# Runs of CJK characters: one match per run, not per character (a Chinese prompt is a few long runs).
-_CJK_RUNS = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]+")
 
 
 _MEDIA_TOKENS = 1_000  # an image or clip in a prompt, whatever its bytes: its base64 is not text the model reads
@@ -32,13 +29,7 @@ def estimate_tokens(text: str | list) -> int:
         return sum(_part_tokens(p) for p in text)
     if text.isascii():  # most prompts: no CJK to look for
         return math.ceil(len(text) / 4)
-    return _text_tokens(text)
-
-
-@functools.lru_cache(maxsize=256)
-def _text_tokens(text: str) -> int:
-    """A text with characters beyond ASCII; the same text (a rubric's system prompt, every row) is counted once."""
-    cjk = sum(map(len, _CJK_RUNS.findall(text)))
+    cjk = cjk_characters(text)
     return cjk + math.ceil((len(text) - cjk) / 4)
 
 
