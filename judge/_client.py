@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -24,6 +25,7 @@ from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, unbound
 from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
+from ._fastwire import wanted as fast_wire_wanted
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
 from ._hedge import HedgePolicy, HedgeStats
 from ._limiter import RequestLimiter, estimate_tokens
@@ -113,6 +115,7 @@ def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode,
     return request
 
 
+@functools.lru_cache(maxsize=256)
 def _schema_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
     return cleaned[:64] or "verdict"
@@ -177,6 +180,10 @@ class Judge:
         context_window: the judge model's context window in tokens, which a trajectory is fitted into
             (:mod:`gradekit.judge._trajectory`). Default: learnt from the provider's first context-length
             refusal and kept in the cache, or the model's documented window (:mod:`gradekit.judge._window`).
+        fast_wire: send non-streamed chat requests over aiohttp + orjson with the SDK's own URL, headers,
+            body bytes, timeouts and error classes (:mod:`gradekit.judge._fastwire`; about a fifth of the
+            SDK's CPU per request). None (the default): on unless ``GRADEKIT_FAST_WIRE=0``; False: the
+            SDK sends everything. Streaming, embeddings and unusual clients or proxies always use the SDK.
     """
 
     panel_columns: tuple[str, ...] = ()  # a single judge's verdicts have no panel (see judge._protocol)
@@ -206,6 +213,7 @@ class Judge:
         flex_deadline_s: float | None = None,
         prompt_cache_key: bool | str | None = None,
         warm: bool = True,
+        fast_wire: bool | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
@@ -225,7 +233,8 @@ class Judge:
         self.retry = retry or RetryPolicy()
         self._fleet = Fleet.build(fleet, model=self.model, retry=self.retry, configured=endpoints is not None,
                                   limiter=limiter if limiter is not None else process_limiter(),
-                                  client_options={"max_retries": 0, "timeout": timeout}, hedge=hedge)
+                                  client_options={"max_retries": 0, "timeout": timeout}, hedge=hedge,
+                                  fast_wire=fast_wire_wanted(fast_wire))
         self.limiter = self._fleet.limiter
         self.cache = cache
         self.sampling = {**(sampling or {}), **(params or {})}  # the user's judge parameters

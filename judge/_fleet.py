@@ -39,6 +39,7 @@ from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadli
 from ._limiters import endpoint_limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacing
 from ._retry import RetryPolicy, retry_after_seconds
+from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
 from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
@@ -54,6 +55,9 @@ _HORIZON_S = 1.0
 _PROBES_TO_GIVE_UP = 2
 _ALL_OUT_POLL_S = 0.25  # how often a request waiting out an outage of every endpoint looks again
 _UNPACED = 10_000.0  # the capacity of an endpoint nothing limits (requests per second): spread by pending count
+
+
+_NOT_OPENED: Any = object()
 
 
 class _Skipped(Exception):
@@ -166,7 +170,8 @@ def _new_client(options: Mapping[str, Any]) -> AsyncOpenAI:
 class Member:
     """One endpoint of a Judge at run time: its limiter, health, clients and counts."""
 
-    def __init__(self, endpoint: Endpoint, api_key: str, limiter: RequestLimiter, client_options: Mapping[str, Any]) -> None:
+    def __init__(self, endpoint: Endpoint, api_key: str, limiter: RequestLimiter, client_options: Mapping[str, Any],
+                 fast_wire: bool = True) -> None:
         self.endpoint = endpoint
         self.base_url = endpoint.base_url
         self.weight = endpoint.weight
@@ -184,6 +189,10 @@ class Member:
         self._client_options = {**client_options, "base_url": endpoint.base_url, "api_key": api_key}
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = weakref.WeakKeyDictionary()
         self._idle_client: AsyncOpenAI | None = None
+        self.fast_wire = fast_wire
+        # The fast wire of each loop (judge._fastwire), or the task opening it, or None (the SDK sends). A plain dict:
+        # an aiohttp session holds its loop, so wires of closed loops are closed and dropped as new loops come.
+        self.wires: dict[asyncio.AbstractEventLoop, FastWire | asyncio.Task[FastWire | None] | None] = {}
 
     # ---- clients: one per event loop (a connection pool belongs to the loop that opened it) ----
 
@@ -199,8 +208,43 @@ class Member:
             client = self._clients[loop] = _new_client(self._client_options)
         return client
 
+    async def wire(self) -> FastWire | None:
+        """The fast wire of the running loop for a non-streamed chat request (None: the SDK sends it)."""
+        if not self.fast_wire:
+            return None
+        loop = asyncio.get_running_loop()
+        found = self.wires.get(loop, _NOT_OPENED)
+        if found is _NOT_OPENED:
+            self._drop_dead_wires()
+            found = self.wires[loop] = loop.create_task(open_wire(self.client()))
+        if not isinstance(found, asyncio.Task):
+            return found  # type: ignore[return-value]
+        try:
+            wire = await asyncio.shield(found)  # the first wave waits for one opening; a cancelled caller leaves it be
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # opening failed: this loop sends through the SDK
+            log.debug("fast wire off for %s: %s: %s", self.base_url, type(exc).__name__, exc)
+            wire = None
+        if self.wires.get(loop) is found:
+            self.wires[loop] = wire
+        return wire
+
+    def _drop_dead_wires(self) -> None:
+        for loop in [loop for loop in self.wires if loop.is_closed()]:
+            wire = self.wires.pop(loop)
+            if isinstance(wire, FastWire):
+                wire.close_now()
+
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
+        wire = self.wires.pop(loop, None)
+        if isinstance(wire, asyncio.Task):
+            wire.cancel()
+            wire = (await asyncio.gather(wire, return_exceptions=True))[0]
+        if isinstance(wire, FastWire):
+            await wire.aclose()
+        self._drop_dead_wires()
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.close()
@@ -434,11 +478,13 @@ class Fleet:
     @classmethod
     def build(cls, endpoints: Sequence[Endpoint], *, model: str, retry: RetryPolicy, limiter: RequestLimiter,
               client_options: Mapping[str, Any], configured: bool,
-              hedge: bool | HedgePolicy | Mapping[str, Any] | None = None) -> Fleet:
+              hedge: bool | HedgePolicy | Mapping[str, Any] | None = None, fast_wire: bool = True) -> Fleet:
         """The members of ``endpoints``, each with its key and its own limiter (modelled on ``limiter``).
 
         ``configured``: a fleet given as endpoints (a file), whose ``$NAME`` keys are read from the
         environment; a key given as base_url/api_key arguments (the command line) is taken as it is.
+        ``fast_wire``: non-streamed chat requests go over :mod:`gradekit.judge._fastwire` where it can keep
+        what the SDK gives.
         """
         members = []
         for endpoint in endpoints:
@@ -451,7 +497,7 @@ class Fleet:
                 endpoint_limiter(limiter, member_id(endpoint.base_url, key), rps=endpoint.rps, tpm=endpoint.tpm)
             # One SDK client per event loop and endpoint (see Member.client): callers such as Ark's
             # harness (asyncio.run per sample), sync wrappers and notebooks use a new loop per call.
-            members.append(Member(endpoint, key, own, client_options))
+            members.append(Member(endpoint, key, own, client_options, fast_wire))
         return cls(members, model, retry, hedge)
 
     @property
@@ -642,10 +688,17 @@ class Fleet:
                 self.hedge_budget.earned()
                 if race is not None:
                     race.armed(member)
+            wire = None
+            if route == "chat" and not request.get("stream") and member.fast_wire:
+                wire = member.wires.get(asyncio.get_running_loop(), _NOT_OPENED)  # the loop's wire, once open: no await
+                if wire is _NOT_OPENED or isinstance(wire, asyncio.Task):
+                    wire = await member.wire()
             sent_at = time.monotonic()
             try:
-                send = post_native if route in NATIVE_ROUTES else post
-                raw, completion = await send(member.client(), request, route)
+                if route in NATIVE_ROUTES:
+                    raw, completion = await post_native(member.client(), request, route)
+                else:
+                    raw, completion = await post(member.client(), request, route, wire)
             except openai.APIStatusError as refused:
                 if flex_capacity(refused, request):
                     raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing

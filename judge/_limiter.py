@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -13,8 +12,8 @@ from typing import Any, Protocol
 from aiolimiter import AsyncLimiter
 
 from ._pacing import Pacer, Pacing
+from ._tokens import cjk_characters
 
-_CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
 
 
 _MEDIA_TOKENS = 1_000  # an image or clip in a prompt, whatever its bytes: its base64 is not text the model reads
@@ -30,7 +29,7 @@ def estimate_tokens(text: str | list) -> int:
         return sum(_part_tokens(p) for p in text)
     if text.isascii():  # most prompts: no CJK to look for
         return math.ceil(len(text) / 4)
-    cjk = len(text) - len(_CJK.sub("", text))  # no list of one-character strings, as findall builds
+    cjk = cjk_characters(text)
     return cjk + math.ceil((len(text) - cjk) / 4)
 
 
@@ -115,6 +114,7 @@ class Limiter:
         burst: float = 2.0,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         adapt: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if burst < 1:
             raise ValueError("burst must be at least one request")
@@ -125,9 +125,11 @@ class Limiter:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.rps, self.tpm, self.concurrency, self.burst = rps, tpm, concurrency, burst
-        # Tests record Retry-After holds and learnt-pace waits instead of waiting.
+        # Tests record Retry-After holds and learnt-pace waits instead of waiting, or run it on a virtual clock
+        # (``clock``: the same clock the caller's ``sent_at`` is on; an event loop of virtual time passes loop.time).
         self._sleep = sleep if sleep is not None else asyncio.sleep
-        self.pacer = Pacer(ceiling=rps, adapt=adapt)
+        self._clock = clock
+        self.pacer = Pacer(ceiling=rps, adapt=adapt, clock=clock)
         self._schedule = Gcra(burst)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume_at = 0.0
@@ -148,7 +150,7 @@ class Limiter:
 
     def hold(self, seconds: float) -> None:
         """Pause all new requests for ``seconds`` (the server's Retry-After)."""
-        self._resume_at = max(self._resume_at, time.monotonic() + seconds)
+        self._resume_at = max(self._resume_at, self._clock() + seconds)
 
     @asynccontextmanager
     async def slot(self, estimated_tokens: int = 0) -> AsyncIterator[None]:
@@ -168,12 +170,16 @@ class Limiter:
         """Wait for the learnt rate, where it is below the told one (which aiolimiter already keeps).
 
         One waiter at a time (the others queue on the lock, in order), re-reading the rate while it waits.
+        Unpaced (nothing learnt or told below ``rps``), no lock is taken: nothing to wait for, once per request.
         """
+        if (rate := self.pacer.rate()) is None or (self.rps is not None and rate >= self.rps):
+            if not self._pace_lock.locked():
+                return
         async with self._pace_lock:
             while (rate := self.pacer.rate()) is not None and (self.rps is None or rate < self.rps):
                 # An injected sleep (tests) does not pass time: reserve the instant and "wait" once.
                 recorded = self._sleep is not asyncio.sleep
-                delay = self._schedule.take(rate, time.monotonic(), reserve=recorded)
+                delay = self._schedule.take(rate, self._clock(), reserve=recorded)
                 if delay <= 0 or recorded:
                     if delay > 0:
                         await self._sleep(delay)
@@ -190,7 +196,7 @@ class Limiter:
     async def _wait_out_hold(self, waited_for: float | None) -> float:
         """Sleep until a Retry-After hold ends, unless it is the hold this request already waited out."""
         resume = self._resume_at
-        if resume != waited_for and (delay := resume - time.monotonic()) > 0:
+        if resume != waited_for and (delay := resume - self._clock()) > 0:
             self.held_seconds += delay
             await self._sleep(delay)
         return resume

@@ -133,7 +133,7 @@ def endpoint_limiter(template: RequestLimiter, endpoint: str, *, rps: float | No
     built: RequestLimiter
     if isinstance(template, Limiter):
         sleep = template._sleep if template._sleep is not asyncio.sleep else None
-        built = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, sleep=sleep, adapt=adapt)
+        built = Limiter(rps=rps, tpm=tpm, concurrency=concurrency, burst=burst, sleep=sleep, adapt=adapt, clock=template._clock)
     elif type(template).__name__ == "SharedLimiter":
         from ._shared_limiter import SharedLimiter
 

@@ -16,11 +16,16 @@ Two ways to learn, chosen by what the server says:
   (another job on the same key) slows us below the limit until it recovers.
 - before any reply: unpaced, so a run starts at its concurrency limit (no slow start); the first
   reply's headers, or its first 429, set the pace.
-- ``aimd``: no headers. Unpaced until the first 429 (a server that never refuses is not slowed);
-  then slow start from a safe rate (doubling every half second while nothing is refused), then
-  additive increase; a 429 cuts the rate to 0.9 of what the server accepted
-  over the last seconds (never below half the current rate), at most once per round trip, as
-  TCP does. Retry-After is honoured by the limiter's hold, separately.
+- ``aimd``: no headers. Unpaced until the first 429 (a server that never refuses is not slowed).
+  The 429s of one *flight* are one congestion event, as TCP takes one loss per round trip: a
+  flight is what was sent from the event's first 429 until one round trip later (the smoothed
+  time an accepted request takes; before any request was accepted, until the first one is), so a
+  first wave of 64 against a bucket of 20 is one event, not 44. At the event the rate drops at
+  once (to 0.9 of what was accepted of late, or a safe start when nothing was); once the flight is
+  answered, the rate the server accepted while it refused (requests accepted among those sent in
+  the second before the event, per second) is the new estimate. After the first event the rate
+  doubles every half second while nothing is refused (the first flight can only show a burst);
+  after the next, it climbs additively. Retry-After is honoured by the limiter's hold, separately.
 
 Anthropic's ``anthropic-ratelimit-requests-limit`` / ``-remaining`` / ``-reset`` (and the
 ``-tokens-`` family) are read the same way; their reset is an RFC 3339 time, not a duration.
@@ -41,6 +46,7 @@ headers a told limit stays fixed (mode ``fixed``).
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import time
 from collections import deque
@@ -62,6 +68,9 @@ MIN_RPS = 0.2  # never slower than one request per five seconds
 MAX_RPS = 100_000.0
 _DOUBLING_S = 0.5  # slow start doubles the rate this often while nothing is refused
 _WINDOW_S = 2.0  # accepted replies are counted over this window when a 429 cuts the rate
+_FLIGHT_WINDOW_S = 1.0  # the accepted rate of a congestion event: requests accepted among those sent this long before it
+_ESTIMATE_SHARE = 0.97  # of that rate: a little below it, so the server's bucket refills while the pace climbs again
+_KEPT_S = 120.0  # accepted sends are remembered this long (a flight of slow judgements takes a while to be answered)
 _SPREAD_S = 2.0  # what remains above the reserve is spread over this many seconds
 _HEADER_SHARE = 0.995  # of the per-second limit: the reserve below, not this share, keeps us off its edge
 _DOUBT_STEP = 1.25  # the header rate's factor grows by this with each reply that contradicts the headers
@@ -173,11 +182,18 @@ class Pacer:
         self._slow_start = True
         self._started: float | None = None
         self._changed = 0.0  # when the AIMD rate last moved
-        self._cut = -1.0  # when a 429 last cut the rate: replies to requests sent before it are old news
+        self._cut = -1.0  # when the last congestion event began (its first 429)
+        self._flight_end: float | None = None  # 429s of requests sent before this are that event's (None: no event yet)
+        self._estimating = False  # the event's flight is not answered yet: its accepted rate is still to be read
+        self._floor = 0.0  # ... and the estimate is at least half the rate the event met
+        self._flight_accepted = 0  # requests accepted among those sent in the window before the event
+        self._srtt: float | None = None  # smoothed seconds from send to an accepted reply: one round trip
         self._accepted: deque[float] = deque()
+        self._accepted_sends: deque[float] = deque()  # when each accepted request was sent, for a flight's estimate
         self._tokens_per_request = 0.0
         self._heard = False  # no reply yet
         self.version = 0  # bumped whenever the learnt rate changes, so a backend knows to publish it
+        self.events = 0  # congestion events without headers so far: flights of 429s, each one however many it held
 
     # ---- what a backend asks -----------------------------------------------------------------
 
@@ -198,7 +214,9 @@ class Pacer:
         # first burst, and the first reply's headers or first 429 set the pace from there.
         learnt = self._learnt
         if self._mode == "aimd":
-            learnt = self._grown(self._clock())
+            now = self._clock()
+            self._settle(now)
+            learnt = self._grown(now)
         if learnt is None:
             return self.ceiling
         return learnt if self.ceiling is None else min(self.ceiling, learnt)
@@ -227,13 +245,27 @@ class Pacer:
         if self._mode == "headers" or self.ceiling is not None:
             return  # a reply without headers from a server that sent them, or a told limit: keep it
         if status == 429:
-            self._refused(now, sent_at)
+            self._refused(now, now if sent_at is None else sent_at)
         elif 200 <= status < 300:
             if self._started is None:
                 self._started = now
             self._accepted.append(now)
             while self._accepted and self._accepted[0] < now - _WINDOW_S:
                 self._accepted.popleft()
+            sent = now if sent_at is None else min(sent_at, now)
+            self._accepted_sends.append(sent)
+            while self._accepted_sends and self._accepted_sends[0] < now - _KEPT_S:
+                self._accepted_sends.popleft()
+            rtt = now - sent
+            self._srtt = rtt if self._srtt is None else 0.875 * self._srtt + 0.125 * rtt
+            if self._flight_end == math.inf:
+                self._flight_end = now  # the first accepted answer since the event: its flight is over
+            if self._cut - _FLIGHT_WINDOW_S <= sent < self._cut and not self._estimating and self._mode == "aimd":
+                self._flight_accepted += 1  # a late answer of the event's window: the estimate was low by one
+                estimate = self._estimate()
+                if estimate > (self._grown(now) or 0.0):
+                    self._set("aimd", estimate)
+            self._settle(now)
 
     def adopt(self, mode: PacingMode, rps: float) -> None:
         """Take a rate learnt elsewhere (another process sharing the limit)."""
@@ -327,19 +359,48 @@ class Pacer:
             return None
         return sum(1 for t in self._accepted if t >= now - window) / window
 
-    def _refused(self, now: float, sent_at: float | None) -> None:
-        if sent_at is not None and sent_at < self._cut:
-            return  # sent before the last cut: the cut already answered for it
+    def _refused(self, now: float, sent_at: float) -> None:
+        """A 429: a congestion event, unless its request was sent within the flight of the last one."""
+        self._settle(now)
+        if self._flight_end is not None and sent_at < self._flight_end:
+            return  # sent before the last event's flight was answered: that event already answered for it
         accepted = self._accepted_rate(now)
         self._cut = now
+        self.events += 1
+        # The flight: one round trip from now; before any request was accepted, until the first one is
+        # (bounded, for a server that accepts nothing at all).
+        self._flight_end = now + self._srtt if self._srtt is not None else math.inf
+        self._estimating = True
         current = self._grown(now)
+        self._floor = 0.5 * current if current is not None else 0.0  # the estimate never cuts more than TCP's halving
         if current is None:
-            # The first 429 of an unpaced run: a limit exists. Slow start from a safe rate (or half of
-            # what was accepted so far), doubling until the next 429 shows where the limit is.
+            # The first 429 of an unpaced run: a limit exists. Until the flight is answered, a safe rate
+            # (or 0.9 of what was accepted so far); then what the server accepted while it refused.
             self._started = self._started if self._started is not None else now
-            self._set("aimd", max(START_RPS, 0.5 * (accepted or 0.0)))
+            self._set("aimd", max(START_RPS, 0.9 * (accepted or 0.0)))
             return
-        # What the server accepted while refusing is its limit; without a measure yet, halve.
+        # What the server accepted of late, until the flight tells better; without a measure yet, halve.
         cut = min(current, accepted) * 0.9 if accepted else current * 0.5
         self._slow_start = False
         self._set("aimd", cut)
+
+    def _settle(self, now: float) -> None:
+        """Once an event's flight is answered, its estimate: requests accepted among those sent in the
+        second before the event, per second (while the server refused, what it accepted is its limit)."""
+        if not self._estimating:
+            return
+        end = self._flight_end
+        if end == math.inf and now - self._cut > FIRST_REPLY_WAIT_S:
+            self._flight_end = end = now  # nothing accepted for a while: the flight is over all the same
+        if end is None or now < end:
+            return
+        self._estimating = False
+        since = self._cut - _FLIGHT_WINDOW_S
+        self._flight_accepted = sum(1 for t in self._accepted_sends if since <= t < self._cut)
+        if self._flight_accepted:
+            self._set("aimd", max(self._floor, self._estimate()))
+
+    def _estimate(self) -> float:
+        """The event's estimate: its window's accepted requests per second (answers of that window that
+        come after the flight's end raise it: a slow reply is not a refusal)."""
+        return _ESTIMATE_SHARE * self._flight_accepted / _FLIGHT_WINDOW_S

@@ -149,6 +149,11 @@ def _key_pattern(field: str) -> re.Pattern[str]:
     return re.compile(rf'(?<!\\)"{re.escape(field)}"\s*:\s*"((?:[^"\\\n]|\\.)*)"')
 
 
+# A key with a \u escape in it (``"judg\u0065ment":``), which the key count on the raw text would miss; escapes in
+# values (a CJK label written as \u6b63\u786e) leave the fast path open.
+_ESCAPED_KEY = re.compile(r'"(?:[^"\\]|\\.)*\\u[0-9a-fA-F]{4}(?:[^"\\]|\\.)*"\s*:')
+
+
 @functools.lru_cache(maxsize=128)
 def _key_only(field: str) -> re.Pattern[str]:
     """``"field":`` as a key, whatever its value."""
@@ -197,7 +202,7 @@ def _json_reply(text: str, field: str) -> tuple[dict[str, Any], _Found]:
     else:
         if not isinstance(value, dict):
             raise ParseFailure("reply is not a JSON object")
-        if "\\u" not in text and len(_key_only(field).findall(text)) <= 1:
+        if ("\\u" not in text or _ESCAPED_KEY.search(text) is None) and len(_key_only(field).findall(text)) <= 1:
             return value, _Found([value[field]] if field in value else [], int(field in value))
         found = _Found([])
         value, _ = _decode(text, 0, field, found)  # a repeated or escaped key: count the keys as written

@@ -446,11 +446,14 @@ def _substitute(message: dict[str, Any], texts: Mapping[str, str]) -> dict[str, 
 def _blocks(template: Any, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A template's ``system`` and ``user`` blocks rendered with ``context``, as chat messages (empty ones left out)."""
     messages = []
+    # One context for both blocks, as Template.render passes its one to every block: building a context
+    # copies the environment's globals (a ChainMap walked key by key), most of a render's own time.
+    shared = template.new_context(context)
     for role in ("system", "user"):
         block = template.blocks.get(role)
         if block is None:
             continue
-        text = "".join(block(template.new_context(context))).strip()
+        text = "".join(block(shared)).strip()
         if text:
             messages.append({"role": role, "content": text})
     return messages

@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-_CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+# Runs of CJK characters: one match per run, not per character (a Chinese prompt is a few long runs).
+_CJK_RUNS = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]+")
 _ENCODINGS_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"  # where tiktoken fetches them from
 # Tokens a chat message costs beyond its text (role, separators): OpenAI's cookbook counts 3-4.
 MESSAGE_OVERHEAD = 4
@@ -34,8 +35,15 @@ def estimate(text: str) -> int:
     """
     if text.isascii():
         return math.ceil(len(text) / 3)
-    cjk = len(text) - len(_CJK.sub("", text))
+    cjk = cjk_characters(text)
     return cjk + math.ceil((len(text) - cjk) / 3)
+
+
+@functools.lru_cache(maxsize=256)
+def cjk_characters(text: str) -> int:
+    """How many characters of ``text`` are CJK (each a token on its own in every estimate); the same text (a rubric's
+    system prompt, every row) is counted once."""
+    return sum(map(len, _CJK_RUNS.findall(text)))
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,12 @@ import functools
 import importlib
 import json
 import math
+import re
+import socket
+import ssl
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 
@@ -24,6 +27,9 @@ from ._retry import is_not_recorded
 from ._reward_model import NoScore, read_reward, server_root
 from ._verdict import ErrorKind
 from ._window import overflow_of
+
+if TYPE_CHECKING:
+    from ._fastwire import FastWire
 
 # "responses" and "anthropic": a judgement sent through the OpenAI Responses API or Anthropic's Messages API
 # (judge._native), built and read as a chat completion; the last four: a served reward model's routes (judge._reward_model).
@@ -100,12 +106,35 @@ def url_of(exc: BaseException) -> str:
     return str(url) if url is not None else "the judge"
 
 
+_CUT_SHORT = re.compile(r"received \d+(?: bytes, expected| of) \d+|without sending complete message body")
+
+
 def cause_of(exc: BaseException) -> str:
-    """The socket-level reason under the SDK's generic "Connection error." (refused, reset, DNS)."""
+    """The socket-level reason under the SDK's generic "Connection error.", in words that do not depend on
+    the HTTP library that met it (the SDK's own, or the fast wire's aiohttp), so a row reads the same either
+    way: refused, reset, closed before or while answering, a host name that does not resolve, TLS. Any
+    other cause is said as its type and message."""
+    chain: list[BaseException] = []
     cause = exc.__cause__ or exc.__context__
-    while cause is not None and (cause.__cause__ or cause.__context__) is not None and not str(cause):
+    while cause is not None and len(chain) < 16:
+        chain.append(cause)
         cause = cause.__cause__ or cause.__context__
-    return f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+    for cause in chain:
+        text = str(cause)
+        if isinstance(cause, ConnectionRefusedError):
+            return " (connection refused: nothing listens there)"
+        if isinstance(cause, socket.gaierror):
+            return f" (the host name does not resolve: {cause.strerror or text})"
+        if isinstance(cause, ssl.SSLError):
+            return f" (TLS failed: {cause.reason or text})"
+        if isinstance(cause, ConnectionResetError):
+            return " (the connection was reset)"
+        if _CUT_SHORT.search(text) is not None or "payload is not completed" in text:
+            return " (the server closed the connection mid-answer)"  # not every library counts the bytes
+        if "Server disconnected" in text:
+            return " (the server closed the connection before answering)"
+    said = next((c for c in chain if str(c)), None)
+    return f" ({type(said).__name__}: {said})" if said is not None else ""
 
 
 def breaker_failure(exc: BaseException) -> tuple[str, str] | None:
@@ -242,7 +271,7 @@ async def assemble_stream(raw: Any) -> dict[str, Any]:
 
 
 
-async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -> tuple[Any, Any]:
+async def post(client: Any, request: Mapping[str, Any], route: Route = "chat", fast: FastWire | None = None) -> tuple[Any, Any]:
     """One request as the raw HTTP reply and its JSON body (a stream assembled into one body).
 
     The raw body, not the SDK's pydantic objects: the cache stores JSON anyway, and skipping model
@@ -250,15 +279,20 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat") -
     (first byte, every gap and the total): the SDK's own is per read, so a stream of keep-alive comments
     or reasoning deltas that never ends would hold the row for ever. Past it the request is an
     ``APITimeoutError``, as the SDK's own timeout is, and the row ends as ``timeout``.
+
+    ``fast``: the client's fast wire (:mod:`gradekit.judge._fastwire`), which carries a non-streamed chat
+    request; everything else goes through the SDK.
     """
+    if fast is not None and (route != "chat" or request.get("stream")):
+        fast = None
     seconds = whole_request_seconds(client)
     if seconds is None:
-        return await _post(client, request, route)
+        return await _post(client, request, route, fast)
     try:
         if sys.version_info >= (3, 11):  # no extra task per request (the client's hot path)
             async with asyncio.timeout(seconds):
-                return await _post(client, request, route)
-        return await asyncio.wait_for(_post(client, request, route), seconds)
+                return await _post(client, request, route, fast)
+        return await asyncio.wait_for(_post(client, request, route, fast), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise openai.APITimeoutError(request=sdk_http().Request("POST", route_url(client, route))) from None
 
@@ -282,13 +316,15 @@ def route_url(client: Any, route: Route) -> str:
     return f"{base}/{'embeddings' if route == 'embeddings' else 'chat/completions'}"
 
 
-async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[Any, Any]:
+async def _post(client: Any, request: Mapping[str, Any], route: Route, fast: FastWire | None = None) -> tuple[Any, Any]:
     if route == "embeddings":
         raw = await client.embeddings.with_raw_response.create(**request)
     elif route.startswith("/"):  # a reward model's route: the SDK's client.post, to an absolute URL
         raw = await client.post(route_url(client, route), body=request, cast_to=sdk_http().Response)
     else:
-        if request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
+        if fast is not None:
+            send: Any = functools.partial(fast.send, request)
+        elif request.get("stream"):  # the SDK's SSE reader assembles the deltas (assemble_stream)
             send = functools.partial(client.chat.completions.with_raw_response.create, **sdk_arguments(request))
         else:
             # The SDK's documented way to call any route (``client.post`` with its transport's Response as cast_to):
@@ -306,6 +342,8 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route) -> tuple[
         # nothing about the request, and its retries may take minutes: the window runs out as usual
         # and the others go unheld, instead of waiting behind one request's 429 budget.
         answered()
+        if fast is not None:
+            return raw  # the reply and its body, read by the fast wire
     if not request.get("stream"):
         return raw, json.loads(raw.content)
     try:

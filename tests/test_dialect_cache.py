@@ -65,9 +65,10 @@ def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int, model: s
     """The event-loop iteration at which each of ``n`` rows' requests was handed to the HTTP client.
 
     A callback that reschedules itself counts the loop's iterations; the SDK logs each request it
-    sends ("Sending HTTP Request", at debug), and a handler notes the count then. The SDK client
-    is warmed first by a request that is no judgement (a new client finds its platform in a thread,
-    once per request in flight, which would spread the wave over a few ticks in a bare loop too).
+    sends ("Sending HTTP Request", at debug; the fast wire logs its own so), and a handler notes the count then.
+    The SDK client is warmed first by a request that is no judgement (a new client finds its platform in a
+    thread, once per request in flight, which would spread the wave over a few ticks in a bare loop too),
+    and the fast wire opened (its probe of the SDK would be one more request line).
     """
     ticks: list[int] = []
     count = [0]
@@ -90,19 +91,23 @@ def _wave_ticks(url: str, cache: JudgeCache | None, start: int, n: int, model: s
         async with Judge(model, base_url=url, api_key="k", limiter=Limiter(concurrency=n), cache=cache) as judge:
             with contextlib.suppress(Exception):
                 await judge.client.models.list()
+            await judge._fleet.members[0].wire()  # the fast wire's one probe of the SDK, as a process's first request makes it
             ticks.clear()
             verdicts = await asyncio.gather(*(judge.judge(rubric, row) for row in rows))
         assert all(v.ok for v in verdicts), [v.error for v in verdicts if not v.ok]
 
-    sdk_log = logging.getLogger("openai._base_client")
-    note, level = Note(), sdk_log.level
-    sdk_log.addHandler(note)
-    sdk_log.setLevel(logging.DEBUG)
+    # The SDK logs each request it sends; the fast wire (judge._fastwire) logs its own the same way.
+    loggers = [logging.getLogger("openai._base_client"), logging.getLogger("gradekit.judge.wire")]
+    note, levels = Note(), [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(note)
+        logger.setLevel(logging.DEBUG)
     try:
         asyncio.run(wave())
     finally:
-        sdk_log.removeHandler(note)
-        sdk_log.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(note)
+            logger.setLevel(level)
     assert len(ticks) == n
     return ticks
 

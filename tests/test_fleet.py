@@ -128,7 +128,8 @@ def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(pair, tmp_path:
     assert [e["base_url"] for e in endpoints] == [a.base_url, b.base_url, victim.base_url]
     assert set(endpoints[0]) >= {"base_url", "requests", "ok", "rate_limited", "errors", "rps", "state"}
     assert endpoints[2]["requests"] >= 20 and endpoints[2]["state"] in ("down", "probing") and endpoints[2]["errors"] >= 1
-    assert sum(e["ok"] for e in endpoints) == 300 == summary["ok"]
+    # Every row once; a hedge whose loser was answered in the same instant as its winner is a second 2xx at its endpoint.
+    assert summary["ok"] == 300 <= sum(e["ok"] for e in endpoints) <= 300 + summary["hedges"]["sent"], (endpoints, summary["hedges"])
     assert endpoints[0]["state"] == endpoints[1]["state"] == "up"
 
 

@@ -110,7 +110,8 @@ def test_a_lazy_name_is_an_import_of_its_owner() -> None:
 # shipped fake provider (judge/testing) serves over starlette and uvicorn.
 MAY_IMPORT: dict[str, set[str]] = {
     # gradekit: the package root (src/gradekit/), whose _extras names the extra a missing library comes with
-    "judge": {"judge", "gradekit", "openai", "jinja2", "pydantic", "tenacity", "aiolimiter", "orjson", "yaml", "platformdirs"},
+    "judge": {"judge", "gradekit", "openai", "jinja2", "pydantic", "tenacity", "aiolimiter", "orjson", "yaml", "platformdirs",
+              "aiohttp"},  # aiohttp: the fast wire (judge/_fastwire.py)
     "judge/testing": {"starlette", "uvicorn"},
 }
 # The SDK's transport (httpx or httpx2) is never imported by name: judge/_wire.py takes it from the SDK (sdk_http).

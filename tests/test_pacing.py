@@ -25,6 +25,7 @@ from gradekit.judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
 from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import Waits
+from .virtual_time import simulate
 from .test_shared_limiter import _env, _finish, _rows, _start, redis_url  # noqa: F401  (redis_url is a fixture)
 
 EN = load_rubric("semantic_equivalence_en")
@@ -128,6 +129,73 @@ def test_aimd_slow_start_then_a_429_cuts_to_what_the_server_accepted_then_climbs
         clock.now += 1
         pacer.observe(429, {}, sent_at=clock.now - 0.01)
     assert pacer.rate() >= MIN_RPS
+
+
+def test_a_flight_of_429s_is_one_congestion_event_and_what_it_let_through_is_the_estimate() -> None:
+    """A first wave of 64 meets a bucket of 20: its 44 refusals, and those of the requests let out before a
+    round trip had passed, are one event; once the wave's 20 accepted answers are in, 20/s is the estimate."""
+    clock = Clock()
+    pacer = Pacer(clock=clock)
+    wave = clock.now
+    clock.now += 0.01
+    for _ in range(44):  # the wave's refusals come back at once; its accepted requests take the judge's 200 ms
+        pacer.observe(429, {}, sent_at=wave)
+        clock.now += 0.0005
+    for _ in range(6):  # rows let out after the first 429, refused before anything was accepted: the same flight
+        pacer.observe(429, {}, sent_at=clock.now - 0.0002)
+        clock.now += 0.001
+    assert pacer.events == 1 and pacer.rate() == pytest.approx(START_RPS, rel=0.1)  # a safe rate (slow start) until the flight is answered
+    clock.now = wave + 0.2
+    for _ in range(20):
+        pacer.observe(200, {}, sent_at=wave)
+    assert pacer.rate() == pytest.approx(0.97 * 20)
+    clock.now += 0.01
+    pacer.observe(429, {}, sent_at=wave + 0.1)  # sent within the flight, answered late: still the same event
+    assert pacer.events == 1
+
+
+def test_one_event_per_round_trip_once_the_round_trip_is_known() -> None:
+    clock = Clock()
+    pacer = Pacer(clock=clock)
+    for _ in range(40):  # 2 s at 20 accepted/s, each answered after 200 ms
+        pacer.observe(200, {}, sent_at=clock.now - 0.2)
+        clock.now += 0.05
+    pacer.observe(429, {}, sent_at=clock.now)
+    first = pacer.rate()
+    assert pacer.events == 1 and first == pytest.approx(0.9 * 20, rel=0.1)
+    clock.now += 0.1
+    pacer.observe(429, {}, sent_at=clock.now - 0.01)  # sent after the event but within its round trip
+    assert pacer.events == 1 and pacer.rate() >= first  # no second cut
+    clock.now += 0.2
+    pacer.observe(429, {}, sent_at=clock.now - 0.01)  # sent a round trip after it: a new signal
+    assert pacer.events == 2
+
+
+@pytest.mark.parametrize(("shape", "share"), [
+    pytest.param({}, 0.90, id="issue_49_limit_20_burst_20_64_in_flight"),
+    pytest.param({"concurrency": 16}, 0.90, id="16_in_flight"),
+    pytest.param({"burst": 5}, 0.90, id="burst_of_a_quarter_second"),
+    pytest.param({"latency": 1.0}, 0.90, id="one_second_judge"),
+    pytest.param({"latency": 5.0, "concurrency": 256, "rows": 1000}, 0.90, id="five_second_judge_256_in_flight"),
+    pytest.param({"rps": 100, "burst": 100, "rows": 1000}, 0.90, id="limit_100"),
+    pytest.param({"rps": 50, "burst": 10, "rows": 600}, 0.90, id="limit_50_burst_10"),
+])
+def test_without_headers_a_cold_start_holds_the_limit(shape: dict, share: float) -> None:
+    """Virtual time (tests/virtual_time.py): the limiter as the judge drives it, against a token bucket that
+    answers 429 with retry-after-ms at once and accepts after the judge's latency; no timed assertion."""
+    server, limiter = simulate(**shape)
+    limit = shape.get("rps", 20)
+    assert server.accepted_rate() >= share * limit, (server.accepted_rate(), len(server.refused))
+    assert limiter.pacing().mode == "aimd" and 0.85 * limit <= limiter.pacing().rps <= 1.2 * limit
+    assert len(server.refused) <= 0.5 * len(server.accepted)  # the first flight's refusals and a few probes, no more
+
+
+def test_with_headers_a_cold_start_holds_the_limit_and_meets_no_429_after_the_first_flight() -> None:
+    server, limiter = simulate(headers=True)
+    assert server.accepted_rate() >= 0.95 * 20
+    first_answer = server.accepted[0] + 0.2  # when the first reply's headers were read
+    assert server.refused and all(t < first_answer for t in server.refused)
+    assert limiter.pacing().mode == "headers"
 
 
 def test_adopting_a_shared_rate() -> None:

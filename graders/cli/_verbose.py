@@ -52,13 +52,14 @@ class _Redacting(logging.Handler):
 
 
 def show_requests(verbosity: int) -> None:
-    """1: one line per judge request (httpx, INFO); 2: openai's debug lines too (DEBUG)."""
+    """1: one line per judge request (httpx or the fast wire, INFO); 2: openai's debug lines too (DEBUG)."""
     if verbosity <= 0:
         return
     level = logging.INFO if verbosity == 1 else logging.DEBUG
     handler = _Redacting(level, _known_keys(sys.argv))
-    # openai 3 sends through httpx2 (its own logger); httpx for other clients and older openai.
-    for name in ("httpx2", "httpx", "openai", *(("gradekit",) if verbosity > 1 else ())):
+    # openai 3 sends through httpx2 (its own logger); httpx for other clients and older openai; gradekit's fast
+    # wire (aiohttp, gradekit.judge._fastwire) logs its request lines as they do.
+    for name in ("httpx2", "httpx", "openai", "gradekit.judge.wire", *(("gradekit",) if verbosity > 1 else ())):
         logger = logging.getLogger(name)
         for old in [h for h in logger.handlers if isinstance(h, _Redacting)]:
             logger.removeHandler(old)  # once per process, however often the CLI runs in it (tests)

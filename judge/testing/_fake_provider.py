@@ -691,7 +691,7 @@ class FakeProvider:
         except ValueError:
             body = None
         record = RecordedRequest(time=time.monotonic(), path=request.url.path,
-                                 body=body if isinstance(body, dict) else None, headers=dict(request.headers))
+                                 body=body if isinstance(body, dict) else None, headers=dict(request.headers), raw=raw)
         with self._lock:
             self._requests.append(record)
         gone = asyncio.Event()  # set when the client closes the connection before the answer

@@ -29,6 +29,7 @@ class RecordedRequest:
             line's ``url`` and ``body``, headers empty); None for a live HTTP request.
         cancelled: The client closed the connection before the answer was sent (a hedged request's
             loser, a client timeout): the fake stopped waiting and sent nothing.
+        raw: The body's bytes as they arrived (two clients that mean the same JSON may not send the same bytes).
     """
 
     time: float
@@ -38,6 +39,7 @@ class RecordedRequest:
     status: int = 0
     batch_id: str | None = None
     cancelled: bool = False
+    raw: bytes = b""
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
