@@ -115,7 +115,7 @@ def test_defects_and_degenerate_rows_end_as_named_rows(tmp_path: Path) -> None:
         assert "timed out" in out[name]["error"]
     for name in ("draft", "parts", "minus", "fullwidth", "times", "divide", "nbsp", "square", "plain"):
         assert (out[name]["status"], out[name]["score"]) == ("ok", 1.0), out[name]
-    assert json.loads(out["draft"]["parsed"]) == {"gold": "5", "answer": "5"}
+    assert json.loads(out["draft"]["parsed"]) == {"gold": "5", "answer": "5", "kind": "number"}
     assert out["draft_wrong"]["score"] == -1.0 and json.loads(out["draft_wrong"]["parsed"])["answer"] == "3"
     assert (out["deep_sum"]["status"], out["deep_sum"]["error_kind"]) == ("error", "verifier_error")
     assert "recursion limit" in out["deep_sum"]["error"]

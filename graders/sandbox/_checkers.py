@@ -43,7 +43,9 @@ MARGIN = 0.5  # seconds past a request's own timeout before the host kills its w
 
 
 def checker_source() -> str:
-    return Path(__file__).with_name("_checker.py").read_text(encoding="utf-8")
+    """The answer checker's program: its text rules (standard library only), then the worker itself."""
+    here = Path(__file__).parent
+    return "\n\n".join((here / name).read_text(encoding="utf-8") for name in ("_answer_rules.py", "_checker.py"))
 
 
 @dataclass
