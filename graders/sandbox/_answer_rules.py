@@ -621,7 +621,17 @@ def normalise_string(text):
     return ZH_NUMERAL_RUN.sub(lambda m: str(_zh_integer(m.group(0))) if _zh_integer(m.group(0)) is not None else m.group(0), text)
 
 
-_COPULA = re.compile(r"(?:\b(?:is|are|was|were|it's|its)\s+|是)(?P<x>[^,;:，；：]+?)\s*$", re.I)
+_COPULA = re.compile(r"(?:\b(?:is|are|was|were|equals|it's|its)\s+|是)(?P<x>[^,;:，；：]+?)\s*$", re.I)
+
+
+def last_complement(text):
+    """What the last sentence says something is: ``The median is six.`` -> ``six``, ``It's Saturn`` ->
+    ``Saturn``, ``首都是北京`` -> ``北京``; None when its last sentence says no such thing."""
+    sentences = [s for s in re.split(r"(?<=[.!?。！？])\s*|\n+", text.strip()) if s.strip()]
+    if not sentences or len(sentences[-1]) > SHORT:
+        return None
+    match = _COPULA.search(plain_answer(sentences[-1]))
+    return plain_answer(match.group("x")) if match else None
 
 
 def string_readings(response, modes):
@@ -641,11 +651,10 @@ def string_readings(response, modes):
             out.insert(0, (plain_answer(stated), "the stated answer"))
         last = [s for s in re.split(r"(?<=[.!?。！？])\s*|\n+", text) if s.strip()]
         if last and len(last[-1]) <= SHORT:
-            sentence = plain_answer(last[-1])
-            out.append((sentence, "the last sentence"))
-            match = _COPULA.search(sentence)
-            if match:
-                out.append((plain_answer(match.group("x")), "the last sentence's complement"))
+            out.append((plain_answer(last[-1]), "the last sentence"))
+            complement = last_complement(text)
+            if complement:
+                out.append((complement, "the last sentence's complement"))
     return out
 
 
@@ -744,6 +753,7 @@ def choice_of_text(text, options):
 
 
 _ANSWER_STATEMENTS = [re.compile(p, re.I) for p in (
+    r"\b(?:correct|right|best|final)\s+(?:option|choice)\s*(?:is|:|：|would\s+be)?\s*:?\s*[\(\[（【]?\s*\**\s*(?P<letter>[A-Za-z])(?![A-Za-z'’])",
     r"answer\s*(?:is|:|：|=|would\s+be|will\s+be|should\s+be)?\s*:?\s*(?:option|choice)?\s*[\(\[（【]?\s*\**\s*"
     r"(?:\\text(?:bf|rm)?\{\s*\(?)?(?P<letter>[A-Za-z])(?![A-Za-z'’])",
     r"(?:答案|选项|选择|选)\s*(?:是|为|應為|应为|：|:)?\s*[\(\[（【]?(?P<letter>[A-Za-z])(?![A-Za-z])",

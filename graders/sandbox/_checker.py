@@ -50,7 +50,7 @@ from fractions import Fraction
 
 if typing.TYPE_CHECKING:  # in a worker these come from the rules' text, which precedes this one
     from ._answer_rules import (DECIMAL_COMMA, GROUPS, SHORT, aliases_of, box_contents, choice_of_text, choice_reading, fraction_latex,
-                                has_prose, join_thousands, last_boxed, normalise, normalise_string, options_of, parse_options,
+                                has_prose, join_thousands, last_boxed, last_complement, normalise, normalise_string, options_of, parse_options,
                                 question_unit, split_items, split_unit, stated_answer, string_readings, strip_wrappers, textual_kind,
                                 unwrap_text, word_number, word_of)
 
@@ -365,23 +365,40 @@ class Checker:
                 except Unreadable:
                     found, how = self.extract(text, modes)
                     return self.library_reading(found, how) if found else None
+        if "answer" in modes and extract:
+            stated = stated_answer(text)  # "The answer is seventeen.": what it states, before the sentence as a whole
+            if stated is not None:
+                found = self._math_reading(stated, "the stated answer") or self._math_reading(last_complement(stated), "the stated answer")
+                if found is not None:  # "Final Answer: the volume is 120": what the statement says the answer is
+                    return found
+        whole = None
         if "answer" in modes and (not extract or len(text.strip()) <= SHORT):
             try:
-                return self.read_answer(text, "the response as the answer")
+                whole = self.read_answer(text, "the response as the answer")
             except Unreadable:
                 if not extract:
                     return None
+            # A sentence of words ("I think it is twelve") reads as a phrase: kept only when nothing else reads.
+            if whole is not None and not (extract and len(whole.items) == 1 and whole.items[0].word and len(whole.items[0].word.split()) > 2):
+                return whole
         if not extract:
-            return None
+            return whole
         if "answer" in modes:
-            stated = stated_answer(text)
-            if stated is not None:
-                try:
-                    return self.read_answer(stated, "the stated answer")
-                except Unreadable:
-                    pass
+            found = self._math_reading(last_complement(text), "the last sentence's complement")  # "The median is six."
+            if found is not None:
+                return found
         found, how = self.extract(text, modes)
-        return self.library_reading(found, how) if found else None
+        return self.library_reading(found, how) if found else whole
+
+    def _math_reading(self, text, how):
+        """``text`` read as an answer that holds some math (a stated "the solution", "correct" is not one), or None."""
+        if not text:
+            return None
+        try:
+            reading = self.read_answer(text, how)
+        except Unreadable:
+            return None
+        return reading if any(item.word is None for item in reading.items) else None
 
     # ---- comparing readings --------------------------------------------------------------------
 
