@@ -56,6 +56,8 @@ if typing.TYPE_CHECKING:  # in a worker these come from the rules' text, which p
 
 SHOWN = 200  # characters of what was parsed that a reply carries
 GOLD_CACHE = 1024  # parsed gold answers kept: a prompt's rollouts share their gold
+LATEX_CACHE = 4096  # parsed answer parts kept
+_PLAIN_NUMBER = re.compile(r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+))(?:/(?P<den>[1-9]\d*))?")
 COVERAGE = 0.5  # the coverage rule: a gold the extraction reads must keep at least this share of its letters and digits
 
 
@@ -115,6 +117,7 @@ class Checker:
         self.expr = mv.ExprExtractionConfig()
         self.normalization = self.latex.normalization_config
         self.gold_cache = {}
+        self.latex_cache = {}
         self.exhausted = None  # a RecursionError or MemoryError the library caught and swallowed during this check
         self._watch()
 
@@ -178,7 +181,31 @@ class Checker:
     # ---- reading an answer as what it is -------------------------------------------------------
 
     def _latex(self, text):
-        """The whole of ``text`` parsed as LaTeX (no "last equation" fallback); Unreadable if it is not."""
+        """The whole of ``text`` parsed as LaTeX (no "last equation" fallback); Unreadable if it is not.
+        A plain number skips the grammar (as the library's own number reading does); readings are kept
+        (a prompt's rollouts repeat their answers)."""
+        hit = self.latex_cache.get(text)
+        if hit is not None:
+            if isinstance(hit, Unreadable):
+                raise hit
+            return hit
+        try:
+            value = self._parse_latex(text)
+        except Unreadable as e:
+            value = e
+        if len(self.latex_cache) >= LATEX_CACHE:
+            self.latex_cache.pop(next(iter(self.latex_cache)))
+        self.latex_cache[text] = value
+        if isinstance(value, Unreadable):
+            raise value
+        return value
+
+    def _parse_latex(self, text):
+        plain = _PLAIN_NUMBER.fullmatch(text.strip())
+        if plain:
+            if plain.group("den"):
+                return self.sympy.Rational(int(plain.group("num")), int(plain.group("den")))
+            return self.sympy.Number(plain.group("num"))
         normalized = self.parser.normalize_latex(text, config=self.normalization)
         try:
             return self.parser.latex2sympy(normalized, is_real=not self.grader.should_treat_as_complex(normalized),
