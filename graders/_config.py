@@ -129,7 +129,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gradekit.judge import JudgeProtocol, RubricError
 from gradekit.judge._spec import JudgeSpec, JurySpec
@@ -342,9 +342,12 @@ class MathEquivalenceNode(_Node):
     @model_validator(mode="after")
     def _modes(self) -> MathEquivalenceNode:
         parse_modes(self.parse)
-        if "{{" not in self.kind:
-            check_kind(self.kind)
         return self
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        return kind if "{{" in kind else check_kind(kind)
 
 
 class WeightedNode(_Node):

@@ -176,17 +176,24 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
 
     from gradekit.judge.testing import Reply
 
-    verdicts = {(r.gold.strip(), r.response.strip()): r.verdict for r in rows}
+    # A row is known by its question too: two rows may trade gold and response (listen / silent).
+    verdicts = {(r.question.strip(), r.gold.strip(), r.response.strip()): r.verdict for r in rows}
+    for r in rows:  # a prompt that is not the row's question (a caller's own wording): known by the two answers
+        verdicts.setdefault(("*", r.gold.strip(), r.response.strip()), r.verdict)
 
     def respond(body: dict[str, Any]) -> Any:
         user = str(body["messages"][-1]["content"])
+        asked = re.search(r"<question>\n(.*?)\n</question>", user, re.S)
         gold = re.search(r"<gold_answer>\n- (.*?)\n</gold_answer>", user, re.S)
         shown = re.search(r"<response>\n(.*?)\n</response>", user, re.S)
+        question = asked.group(1).strip() if asked else ""
         first, second = (gold.group(1).strip() if gold else ""), (shown.group(1).strip() if shown else "")
-        if (first, second) in verdicts:
-            label = verdicts[(first, second)]
-        elif (second, first) in verdicts:
-            label = "correct" if swapped_says_correct else verdicts[(second, first)]
+        if (question, first, second) not in verdicts and (question, second, first) not in verdicts:
+            question = "*"
+        if (question, first, second) in verdicts:
+            label = verdicts[(question, first, second)]
+        elif (question, second, first) in verdicts:
+            label = "correct" if swapped_says_correct else verdicts[(question, second, first)]
         else:
             label = "incorrect"
         verdict = {"rationale": "scripted", "judgement": label}

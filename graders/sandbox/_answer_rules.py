@@ -832,15 +832,15 @@ _MATH_MARK = re.compile(r"[\d=+*/^<>_|]|\\(?!text|mathrm|mbox|textbf|operatornam
 
 
 def aliases_of(gold):
-    """A gold that is a JSON list of strings is its aliases; any other gold is one answer."""
+    """A gold that is a JSON list of strings is its aliases (an empty list: none); any other gold is one answer."""
     text = gold.strip()
     if text.startswith("[") and text.endswith("]"):
         try:
             value = json.loads(text)
         except ValueError:
             return [gold]
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return [v for v in value if v.strip()] or [gold]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return [v for v in value if v.strip()]  # [] and [""]: no answer at all
     return [gold]
 
 
