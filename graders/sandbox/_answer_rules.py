@@ -343,10 +343,10 @@ SINGLE_LETTER_UNITS = {"m", "g", "s", "h", "l"}  # "5 m": a unit after a space; 
 _TEXT_GROUP = r"\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*\{[^{}]*\}"
 _UNIT_TAIL = re.compile(
     r"^(?P<core>.*?[\d}).!])\s*(?:\\[,;:! ]\s*)*"  # the number ends with a digit, a brace, a bracket, a factorial
-    rf"(?P<unit>(?:{_TEXT_GROUP}\s*)+"  # \text{ cm}, \mathrm{km/h}
+    rf"(?P<unit>(?:{_TEXT_GROUP}(?:\s*\^\s*\{{?\d\}}?)?\s*)+"  # \text{ cm}, \mathrm{km/h}, \text{ m}^2
     r"|\^\s*\{?\\circ\}?(?:\s*[CF]\b)?"  # degrees
-    r"|[A-Za-z]{2,}(?:\s*/\s*[A-Za-z]+)?(?:\s+[A-Za-z]{2,}){0,2}"  # dollars, km/h, square meters
-    r"|[a-z](?:\s*/\s*[a-z]+)?"  # m, g, s (after a space only: checked below)
+    r"|[A-Za-z]{2,}(?:\^\{?\d\}?)?(?:\s*/\s*[A-Za-z]+)?(?:\s+[A-Za-z]{2,}){0,2}"  # dollars, km/h, cm^2, square meters
+    r"|[a-z](?:\^\{?\d\}?)?(?:\s*/\s*[a-z]+)?"  # m, g, s, m^2 (after a space only: checked below)
     r"|[\u4e00-\u9fff]+(?:\s*/\s*[\u4e00-\u9fff]+)?)\s*$", re.S)  # 千米/小时, 个, 元
 _CURRENCY_HEAD = re.compile(r"^(?P<unit>\\\$|\$|€|£|¥|USD\s*|RMB\s*)\s*(?=[-+\d.\\])")
 _PERCENT_TAIL = re.compile(r"\s*(?:\\%|%|\s(?:percent|per cent|percentage|pct)|百分之)\s*$", re.I)
@@ -357,6 +357,9 @@ def unit_name(unit):
     """A unit as one canonical name (``kilometres`` -> ``km``); unknown ones singular and lower-case."""
     text = re.sub(rf"\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*\{{([^{{}}]*)\}}", r"\1", unit)
     text = re.sub(r"\s+", " ", text.replace("\\ ", " ").replace("\\,", " ")).strip().lower()
+    power = re.search(r"\^\s*\{?(\d)\}?$", text)
+    if power:  # m^2, cm^3: the unit's name and its power
+        return unit_name(text[:power.start()]) + "^" + power.group(1)
     if text in _UNITS:
         return _UNITS[text]
     if text.startswith("^") or "circ" in text:
@@ -384,8 +387,8 @@ def split_unit(text):
         return core, unit, percent
     head, tail = match.group("core").strip(), match.group("unit").strip()
     spaced = match.start("unit") > match.end("core")  # a space (or \,) between the number and the unit
-    if re.fullmatch(r"[a-z](?:\s*/\s*[a-z]+)?", tail):
-        accepted = spaced and (tail in SINGLE_LETTER_UNITS or "/" in tail)  # 5 m, but 2x, 5m, 4k are math
+    if re.fullmatch(r"[a-z](?:\^\{?\d\}?)?(?:\s*/\s*[a-z]+)?", tail):
+        accepted = spaced and (tail[0] in SINGLE_LETTER_UNITS or "/" in tail)  # 5 m, 36 m^2, but 2x, 5m, 4k are math
     elif re.fullmatch(r"[A-Za-z]{2,}.*", tail, re.S):
         accepted = (spaced or tail.lower() in _UNITS) and not _is_prose_word(tail)  # 45 dollars, 12km; not 2ab, not "3 is odd"
     else:

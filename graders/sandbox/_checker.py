@@ -261,6 +261,7 @@ class Checker:
         core = re.sub(r"(?<![\\A-Za-z])(?:infinity|infty|inf)(?![A-Za-z])", r"\\infty ", core)
         core = re.sub(r"(?<![\\A-Za-z])pi(?![A-Za-z])", r"\\pi ", core)
         core = core.replace("\\varnothing", "\\emptyset")
+        core = re.sub(r"\\(?:mathrm|mathit)\s*\{\s*([A-Za-z])\s*\}", r"\1", core)  # \mathrm{e}: the letter
         return Item(core, value=self._latex(core))
 
     def _ratio(self, core):
