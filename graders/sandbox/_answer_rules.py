@@ -428,7 +428,7 @@ _TRAILING = re.compile(r"(?:\s|\\[,;:! ]|\\quad|\\qquad)*[.。;；]?\s*$")
 
 def strip_wrappers(text):
     """An answer without what surrounds the whole of it: ``$...$``, ``\\(...\\)``, ``\\[...\\]``,
-    ``\\boxed{...}``, a final period; repeated (``$\\boxed{5}$.``)."""
+    ``\\boxed{...}``, grouping braces, a final period; repeated (``$\\boxed{5}$.``)."""
     text = text.strip()
     while True:
         before = text
@@ -440,8 +440,22 @@ def strip_wrappers(text):
         spans = boxes(text)
         if len(spans) == 1 and spans[0] == (0, len(text)):
             text = box_contents(text, spans)[0].strip()
+        elif text.startswith("{") and text.endswith("}") and _one_group(text):
+            text = text[1:-1].strip()  # {35 cm, 4}: braces that only group
         if text == before:
             return text
+
+
+def _one_group(text):
+    """Whether ``{...}`` is one brace group from its first character to its last."""
+    depth = 0
+    for i, c in enumerate(text):
+        if c == "\\":
+            continue
+        depth += (c == "{") - (c == "}")
+        if depth == 0 and i < len(text) - 1:
+            return False
+    return depth == 0
 
 
 _OPEN, _CLOSE = "([{", ")]}"
