@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 from gradekit._extras import require
 
 from .sandbox import Policy
+from .sandbox._answer_rules import KINDS
 from .sandbox._checkers import CheckerPool
 
 Outcome = Literal["equal", "different", "invalid_gold", "error"]
@@ -54,7 +55,6 @@ ParseMode = Literal["auto", "boxed", "answer", "latex", "expr"]
 PARSE_MODES: tuple[str, ...] = ("auto", "boxed", "answer", "latex", "expr")
 AUTO_MODES: tuple[str, ...] = ("boxed", "answer", "latex", "expr")
 Kind = Literal["auto", "number", "expression", "choice", "string"]
-KINDS: tuple[str, ...] = ("auto", "number", "expression", "choice", "string")
 DEFAULT_TIMEOUT = 5.0  # seconds per check, as math_verify's own default
 DEFAULT_MAX_CHARS = 1_000_000  # longer than any model's answer (~250k tokens): a bound on what reaches a worker, not a reading rule
 DEFAULT_MEMORY_MB = 1024  # address space of a checker worker (math_verify and sympy take ~250 MiB of it)

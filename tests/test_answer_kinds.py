@@ -81,6 +81,7 @@ MATH = [
     pytest.param(r"120^\circ", "120", "equal", "number", id="degrees_left_out"),
     pytest.param(r"\frac{\pi}{3}", r"60^\circ", "equal", "number", id="degrees_against_radians"),
     pytest.param("60", "60千米/小时", "equal", "number", id="zh_unit"),
+    pytest.param("36", "三十六个", "equal", "number", id="zh_number_and_unit"),
     # numbers in words, English and Chinese
     pytest.param("five", r"\boxed{5}", "equal", "number", id="gold_in_words"),
     pytest.param("42", "forty-two", "equal", "number", id="response_in_words"),
@@ -126,6 +127,14 @@ def test_math_answers_are_read_as_what_they_are(verifier: MathVerifier, gold: st
 def test_parse_modes(gold: str, response: str, modes: tuple[str, ...], outcome: str) -> None:
     with MathVerifier(timeout=10, workers=1, parse=list(modes)) as v:
         assert v.check_sync(gold, response).outcome == outcome
+
+
+def test_a_unit_the_question_asks_for(verifier: MathVerifier) -> None:
+    asked = "What is the area of the floor, in square meters?"
+    assert check(verifier, "48", "48 m^2", question=asked).outcome == "equal"
+    assert check(verifier, "48", r"48 \text{ cm}^2", question=asked).outcome == "different"
+    assert check(verifier, "100", "100 km", question="How far is it, in meters?").outcome == "different"
+    assert check(verifier, "100", "100 km").outcome == "equal"  # no unit asked, none in the gold: the number counts
 
 
 def test_parse_auto_reads_a_short_response_as_the_answer_and_a_long_one_by_extraction(verifier: MathVerifier) -> None:

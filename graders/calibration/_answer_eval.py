@@ -46,12 +46,13 @@ from pydantic import BaseModel, Field
 from gradekit.judge import Rubric, Usage
 
 from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge_answer
+from ..sandbox._answer_rules import KINDS
 from ._llmbar import packaged_eval_sets
 from ._suites import SuiteError
 
 ANSWER_SUITE = "answer-verification"
 VERDICTS = ("correct", "incorrect")
-ROW_KINDS = ("number", "expression", "choice", "string")  # a row's kind of answer ("" when a file does not say)
+ROW_KINDS = tuple(k for k in KINDS if k != "auto")  # a row's kind of answer ("" when a file does not say)
 # symbolic outcome -> the decision it gives (None: no decision)
 SYMBOLIC_DECISION = {"equal": "correct", "different": "incorrect", "invalid_gold": None, "error": None}
 

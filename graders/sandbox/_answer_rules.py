@@ -23,7 +23,7 @@ import re
 import unicodedata
 from fractions import Fraction
 
-KINDS = ("auto", "number", "expression", "choice", "string")
+KINDS = ("auto", "number", "expression", "choice", "string")  # what a check's kind may be (auto: told from the gold)
 SHORT = 200  # characters: a response this short with no \boxed{} may be the answer itself (parse: auto)
 
 
@@ -340,6 +340,7 @@ for _canon, _names in {
     for _name in _names.split():
         _UNITS[_name] = _canon
 SINGLE_LETTER_UNITS = {"m", "g", "s", "h", "l"}  # "5 m": a unit after a space; "5m" or "2x" stays math
+_ZH_WORD = r"(?:(?![零〇一二两三四五六七八九十百千万亿])[\u4e00-\u9fff])"  # a Chinese character that is no numeral
 _TEXT_GROUP = r"\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*\{[^{}]*\}"
 _UNIT_TAIL = re.compile(
     r"^(?P<core>.*?[\d}).!])\s*(?:\\[,;:! ]\s*)*"  # the number ends with a digit, a brace, a bracket, a factorial
@@ -350,7 +351,6 @@ _UNIT_TAIL = re.compile(
     r"|[\u4e00-\u9fff]+(?:\s*/\s*[\u4e00-\u9fff]+)?)\s*$", re.S)  # 千米/小时, 个, 元
 _CURRENCY_HEAD = re.compile(r"^(?P<unit>\\\$|\$|€|£|¥|USD\s*|RMB\s*)\s*(?=[-+\d.\\])")
 _PERCENT_TAIL = re.compile(r"\s*(?:\\%|%|\s(?:percent|per cent|percentage|pct)|百分之)\s*$", re.I)
-_PERCENT_HEAD_ZH = re.compile(r"^百分之")
 
 
 def unit_name(unit):
@@ -369,6 +369,22 @@ def unit_name(unit):
     return _UNITS.get(text, text)
 
 
+_ZH_NUMERAL_CHARS = set("负零〇一二两三四五六七八九十百千万亿点分之")
+
+
+def _zh_unit(text):
+    """(number, unit) of a Chinese number with a Chinese unit (``三十六个``, ``三十六千米`` as 36 km: a
+    unit the table knows wins over a longer number), or None."""
+    if not text or text[0] not in _ZH_NUMERAL_CHARS or not _CJK.search(text[-1]) or text[-1] in _ZH_NUMERAL_CHARS:
+        return None
+    splits = [i for i in range(1, len(text)) if all(c in _ZH_NUMERAL_CHARS for c in text[:i]) and _CJK.match(text[i])]
+    for i in splits:
+        if text[i:] in _UNITS:
+            return text[:i], text[i:]
+    tail = [i for i in splits if text[i] not in _ZH_NUMERAL_CHARS]
+    return (text[:tail[0]], text[tail[0]:]) if tail else None
+
+
 def split_unit(text):
     """(core, unit, percent) of one item: ``12 \\text{ km}`` -> (``12``, ``km``, False); ``25\\%`` ->
     (``25``, None, True); ``\\$45`` -> (``45``, ``$``, False). An item that is not a number with a
@@ -382,6 +398,9 @@ def split_unit(text):
     match = _CURRENCY_HEAD.match(core)
     if match:
         core, unit = core[match.end():].strip(), unit_name(match.group("unit").strip())
+    zh = _zh_unit(core)
+    if zh is not None:
+        return zh[0], unit or unit_name(zh[1]), percent
     match = _UNIT_TAIL.match(core)
     if match is None:
         return core, unit, percent
@@ -398,16 +417,19 @@ def split_unit(text):
     return head, unit or unit_name(tail), percent
 
 
-_QUESTION_UNIT = re.compile(r"\b(?:in|(?:expressed|answer|give\s+\w+)\s+in)\s+(?:square\s+|cubic\s+)?([A-Za-z]+(?:/[A-Za-z]+)?)\b"
-                            r"|\((?:in\s+)?([A-Za-z]+(?:/[A-Za-z]+)?)\)|以([\u4e00-\u9fff]{1,4})为单位", re.I)
+_QUESTION_UNIT = re.compile(r"\bin\s+(?P<power>square\s+|cubic\s+)?(?P<a>[A-Za-z]+(?:/[A-Za-z]+)?)\b"
+                            r"|\((?:in\s+)?(?P<b>[A-Za-z]+(?:/[A-Za-z]+)?)\)|以(?P<c>[\u4e00-\u9fff]{1,4})为单位", re.I)
 
 
 def question_unit(question):
-    """The unit a question asks the answer in (``How far, in km?`` -> ``km``), or None."""
+    """The unit a question asks the answer in (``How far, in km?`` -> ``km``; ``in square meters`` ->
+    ``m^2``), or None."""
     for match in _QUESTION_UNIT.finditer(question or ""):
-        name = next(g for g in match.groups() if g)
-        if name.lower() in _UNITS or name in _UNITS:
-            return _UNITS.get(name.lower(), _UNITS.get(name))
+        name = match.group("a") or match.group("b") or match.group("c")
+        canonical = _UNITS.get(name.lower(), _UNITS.get(name))
+        if canonical is not None:
+            power = (match.group("power") or "").strip().lower()
+            return canonical + {"square": "^2", "cubic": "^3"}.get(power, "")
     return None
 
 
@@ -522,7 +544,6 @@ _TEXT_ARG = re.compile(rf"{_TEXT_GROUP}|\\text(?:bf|it|sf|tt)?\s*\{{[^{{}}]*\}}"
 MATH_NAMES = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln", "lg",
               "exp", "lim", "max", "min", "gcd", "lcm", "mod", "det", "sqrt", "pi", "inf", "infty", "infinity", "deg", "arg", "sgn",
               "cis", "tr", "rank", "dx", "dy", "dt", "oo", "e"}
-_LETTER_RUN = re.compile(r"(?<![A-Za-z\\])[A-Za-z]{2,}(?![A-Za-z])")
 _WORD_ITEM = re.compile(r"^[A-Za-z][A-Za-z'\-]*(?:\s+[A-Za-z][A-Za-z'\-]*)*$")
 _TEXT_ONLY = re.compile(rf"^(?:\\text(?:bf|it|sf|tt|rm|normal)?|\\mathrm|\\mbox|\\operatorname|\\textsc)\s*\{{([^{{}}]*)\}}$")
 
@@ -539,8 +560,9 @@ def word_of(item):
     text = unwrap_text(item)
     if not text.isascii():
         plain = text.strip(" .。!！")
-        if plain and not any(c.isdigit() for c in plain) and not re.search(r"[=+*/^<>\\]", plain) and zh_number(plain) is None:
-            return plain  # CJK words
+        if plain and not any(c.isdigit() for c in plain) and not re.search(r"[=+*/^<>\\]", plain) and zh_number(plain) is None \
+                and _zh_unit(plain) is None:
+            return plain  # CJK words (三十六个 is a number and its unit)
         return None
     if not _WORD_ITEM.match(text):
         return None

@@ -109,10 +109,10 @@ def _math_parts(text):
 
 class Checker:
     def __init__(self, mv):
-        import sympy
         from math_verify import grader, parser
 
-        self.mv, self.sympy, self.grader, self.parser = mv, sympy, grader, parser
+        # sympy and latex2sympy2_extended as math_verify has them: the versions it was installed with, no import of ours
+        self.mv, self.sympy, self.grader, self.parser = mv, parser.sympy, grader, parser
         self.latex = mv.LatexExtractionConfig()
         self.expr = mv.ExprExtractionConfig()
         self.normalization = self.latex.normalization_config
@@ -320,10 +320,8 @@ class Checker:
         if not all(isinstance(i.value, relational) and not isinstance(i.value, self.sympy.Eq) for i in items):
             return items
         text = f" {joiner} ".join(i.text for i in items)
-        if joiner == "and":
-            from latex2sympy2_extended.logic import And
-
-            return [Item(text, value=And(*[i.value for i in items]))]
+        if joiner == "and":  # latex2sympy2_extended's And, which math_verify compares (as -1 \le a \le 3 parses)
+            return [Item(text, value=self.grader.And(*[i.value for i in items]))]
         if joiner == "or":
             symbols = set().union(*(i.value.free_symbols for i in items))
             if len(symbols) == 1:
