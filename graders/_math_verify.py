@@ -54,7 +54,6 @@ CheckErrorKind = Literal["timeout", "verifier_error"]
 ParseMode = Literal["auto", "boxed", "answer", "latex", "expr"]
 PARSE_MODES: tuple[str, ...] = ("auto", "boxed", "answer", "latex", "expr")
 AUTO_MODES: tuple[str, ...] = ("boxed", "answer", "latex", "expr")
-Kind = Literal["auto", "number", "expression", "choice", "string"]
 DEFAULT_TIMEOUT = 5.0  # seconds per check, as math_verify's own default
 DEFAULT_MAX_CHARS = 1_000_000  # longer than any model's answer (~250k tokens): a bound on what reaches a worker, not a reading rule
 DEFAULT_MEMORY_MB = 1024  # address space of a checker worker (math_verify and sympy take ~250 MiB of it)
