@@ -1,8 +1,9 @@
 """The judge calls the hybrid (math_equivalence + judge_fallback) saves on a realistic mix of answers.
 
-Rows come from eval_sets/answer_verification (331 (gold, response) pairs with human verdicts:
-boxed answers, notation differences, prose, units, long solutions; 81% right) and from a
-balanced draw of it (every wrong row and as many right ones, as a GRPO batch half right would be).
+Rows come from eval_sets/answer_verification ((question, gold, response) rows with human verdicts
+and every kind of answer: boxed answers, notation differences, prose, units, long solutions,
+multiple choice, short strings) and from a balanced draw of it (every wrong row and as many right
+ones, as a GRPO batch half right would be).
 Each mix is graded as a user grades it, `python -m gradekit grade --grader hybrid.yaml` in a
 subprocess against the loopback fake judge (scripted with the human verdicts). The judge requests
 are counted at the fake and set against what the judge alone costs under the same both-orders
@@ -23,7 +24,7 @@ from pathlib import Path
 from gradekit.graders.calibration._answer_eval import load_answer_suite, scripted_responder
 from gradekit.judge.testing import FakeProvider
 
-HYBRID = 'type: math_equivalence\nexpression: "{{references.answer}}"\njudge_fallback: {rubric: answer_verification_3way}\n'
+HYBRID = 'type: verified_answer\nexpression: "{{references.answer}}"\njudge_fallback: {rubric: answer_verification_3way}\n'
 
 
 def grade(folder: Path, rows, config: str, fake: FakeProvider) -> dict:
@@ -43,7 +44,8 @@ def main() -> None:
     _, rows = load_answer_suite()
     wrong = [r for r in rows if r.verdict == "incorrect"]
     right = [r for r in rows if r.verdict == "correct"]
-    mixes = {"answer_verification (331 rows, 81% right)": rows,
+    share = sum(r.verdict == "correct" for r in rows) / len(rows)
+    mixes = {f"answer_verification ({len(rows)} rows, {share:.0%} right)": rows,
              f"balanced ({2 * len(wrong)} rows, 50% right)": wrong + right[:: max(1, len(right) // len(wrong))][: len(wrong)]}
     print("judge calls the hybrid saves (requests counted at the fake judge; the symbolic check is real)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -78,12 +78,16 @@ Every grader node is a mapping with a ``type`` key and an optional ``name``; pat
     timeout: 5                  # seconds per case
     memory_mb: 512              # per case; also workers, sandbox, network, packages, processes, file_mb, cpus
 
-    type: math_equivalence      # the final answer against the gold one, with math_verify (docs/graders.md)
+    type: verified_answer       # the final answer against the gold one, by rule (docs/graders.md); also: math_equivalence
     expression: "{{references.answer}}"
+    kind: auto                  # told from the gold; or number, expression, choice, string ("{{references.kind}}" per row)
+    options: "{{references.options}}"  # choice: the options (default: the row's options/choices, else the question's list)
+    aliases: "{{references.aliases}}"  # string: more answers that count (a gold that is a JSON list is aliases too)
     timeout: 5                  # seconds per check: past it the check is status=error, error_kind=timeout, never wrong
     correct: 1
     wrong: -1
-    parse: auto                 # the last \\boxed{}, then LaTeX, then a plain expression; or boxed, latex, expr, a list
+    parse: auto                 # the last \\boxed{}, a short answer as itself, then LaTeX, then a plain expression;
+                                # or boxed, answer (the response is the answer: no extraction), latex, expr, a list
     max_chars: 1000000          # a longer response is cut to its last 1,000,000 characters (the answer is at its end)
     judge_fallback:             # the hybrid: rows the check did not accept go to the judge (judge:), asked in both orders
       rubric: answer_verification_3way   # any answer-equivalence rubric (references, prediction)
@@ -129,7 +133,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gradekit.judge import JudgeProtocol, RubricError
 from gradekit.judge._spec import JudgeSpec, JurySpec
@@ -147,7 +151,7 @@ from ._math_hybrid import JudgeFallback, hybrid_grader
 from ._math_verify import DEFAULT_MAX_CHARS as MATH_MAX_CHARS
 from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
 from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
-from ._math_verify import parse_modes
+from ._math_verify import check_kind, parse_modes
 from ._members import GroupPolicy, MemberPolicy
 from ._llm import TRAJECTORY_SETTINGS, autorater_grader, label_model_grader, llm_grader, score_model_grader
 from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
@@ -332,10 +336,15 @@ class CodeTestsNode(_Sandboxed):
 
 
 class MathEquivalenceNode(_Node):
-    """``type: math_equivalence``: the response's final answer against the gold one, with math_verify
-    in sandboxed workers (graders._math_verify); a check that cannot finish is an error, never wrong."""
+    """``type: verified_answer`` (or ``math_equivalence``, its first name): the response's final answer
+    against the gold one, by rule, for every kind of answer, in sandboxed workers (graders._math_verify);
+    a check that cannot finish is an error, never wrong."""
 
     expression: str  # the gold answer: "{{references.answer}}"
+    # What the answers are: auto (told from the gold), number, expression, choice, string, or a template per row.
+    kind: str = "auto"
+    options: str | list[Any] | dict[str, Any] | None = None  # choice: the options (default: references options/choices, else the question)
+    aliases: str | None = None  # a template of more answers that count (a JSON list or one string)
     timeout: float = Field(MATH_TIMEOUT, gt=0)  # seconds per check, enforced from outside the worker
     correct: float = 1.0
     wrong: float = -1.0
@@ -353,6 +362,11 @@ class MathEquivalenceNode(_Node):
     def _modes(self) -> MathEquivalenceNode:
         parse_modes(self.parse)
         return self
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        return kind if "{{" in kind else check_kind(kind)
 
 
 class WeightedNode(_Node):
@@ -526,6 +540,7 @@ NODES: dict[str, type[_Node]] = {
     "python": PythonNode,
     "code_tests": CodeTestsNode,
     "math_equivalence": MathEquivalenceNode,
+    "verified_answer": MathEquivalenceNode,  # the same grader under the name that fits every kind of answer
     "weighted": WeightedNode,
     "formula": FormulaNode,
     "multi": FormulaNode,
@@ -662,9 +677,9 @@ class _Builder:
             self.sandboxes[where or name] = code.isolation
             return code
         if isinstance(node, MathEquivalenceNode):
-            math = math_equivalence_grader(node.expression, timeout=node.timeout, correct=node.correct, wrong=node.wrong, parse=node.parse,
-                                           max_chars=node.max_chars, workers=node.workers, memory_mb=node.memory_mb, sandbox=node.sandbox,
-                                           name=name)
+            math = math_equivalence_grader(node.expression, kind=node.kind, options=node.options, aliases=node.aliases, timeout=node.timeout,
+                                           correct=node.correct, wrong=node.wrong, parse=node.parse, max_chars=node.max_chars,
+                                           workers=node.workers, memory_mb=node.memory_mb, sandbox=node.sandbox, name=name)
             self.sandboxes[where or name] = math.isolation
             fallback = node.judge_fallback
             if fallback is None:

@@ -44,15 +44,16 @@ class JudgeFallback(BaseModel):
     require: Require = "both"  # both orders must say correct (both), or one (either)
 
 
-def symbolic_checker(timeout: float, **settings: Any) -> tuple[Callable[[str, str], Awaitable[tuple[str, str | None]]],
+def symbolic_checker(timeout: float, **settings: Any) -> tuple[Callable[[str, str, str], Awaitable[tuple[str, str | None]]],
                                                              Callable[[], Awaitable[None]]]:
-    """(check, aclose): ``await check(gold, response)`` is the engine's (outcome, error_kind) for the pair."""
+    """(check, aclose): ``await check(gold, response, question)`` is the rules' (outcome, error_kind) for the pair
+    (``kind: auto``, as the grader's default; the question gives a choice its options)."""
     from ._math_verify import MathVerifier
 
     verifier = MathVerifier(timeout=timeout, **settings)
 
-    async def check(gold: str, response: str) -> tuple[str, str | None]:
-        result = await verifier.check(gold, response)
+    async def check(gold: str, response: str, question: str = "") -> tuple[str, str | None]:
+        result = await verifier.check(gold, response, question=question)
         return result.outcome, result.error_kind
 
     return check, verifier.aclose

@@ -7,6 +7,7 @@ The judge is the loopback fake, scripted with the human verdicts and a known bia
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,13 @@ def _meta_eval(fake: FakeProvider, *extra: str) -> tuple[int, dict]:
 
 
 def test_the_shipped_set_has_its_documented_rows_and_verdicts() -> None:
-    assert NAME == "answer-verification" and len(ROWS) == 331 and HUMAN_INCORRECT == 62
+    assert NAME == "answer-verification" and len(ROWS) == 1167 and HUMAN_INCORRECT == 480
     assert {r.id.split("-")[0] for r in ROWS} == {"nemo", "mv", "gk"}
+    kinds = Counter(r.kind for r in ROWS)
+    assert set(kinds) == {"number", "expression", "choice", "string"} and min(kinds.values()) >= 150, kinds
+    assert Counter(r.split for r in ROWS) == {"dev": 787, "heldout": 220, "heldout2": 160}
     readme = (Path(__file__).parent.parent / "eval_sets" / "answer_verification" / "README.md").read_text(encoding="utf-8")
-    assert "331 rows" in readme and "correct 269 / incorrect 62" in readme
+    assert "1,167 rows" in readme and "correct 687 / incorrect 480" in readme
 
 
 @pytest.mark.parametrize(("count", "n"), [(0, 10), (3, 62), (62, 62), (17, 269), (1, 1)])
@@ -66,7 +70,7 @@ def test_the_judge_is_asked_twice_per_row_and_both_orders_cancel_its_bias() -> N
         assert len(fake.chat_requests()) == 2 * len(ROWS)
     assert code == 0, both
     row = both["suites"][0]["results"][0]
-    assert (row["mode"], row["judge"], row["n"], row["decided"], row["requests"]) == ("judge", "scripted", 331, 331, 662)
+    assert (row["mode"], row["judge"], row["n"], row["decided"], row["requests"]) == ("judge", "scripted", len(ROWS), len(ROWS), 2 * len(ROWS))
     assert (row["false_positives"]["count"], row["false_negatives"]["count"]) == (0, 0)
     assert row["false_positives"]["n"] == HUMAN_INCORRECT and row["false_positives"]["method"] == "wilson"
     assert 0.0 < row["false_positives"]["high"] < 0.1  # 0 of 62: the interval still says how little that proves
@@ -101,7 +105,7 @@ def test_bad_options_and_suites_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"gold": "1", "response": "1", "verdict": "maybe"}) + "\n", encoding="utf-8")
     for args, message in ((["--suite", str(bad), "--mode", "judge"], "verdict must be correct or incorrect"),
-                          (["--suite", "answer-verification", "--mode", "vibes"], "--mode is symbolic, judge or hybrid"),
+                          (["--suite", "answer-verification", "--mode", "vibes"], "--mode is symbolic (also: rules), judge or hybrid"),
                           (["--suite", "answer-verification", "--require", "most"], "--require is both or either"),
                           (["--suite", "answer-verification", "-r", "llmbar_pairwise"], "not an answer-equivalence rubric"),
                           (["--suite", "answer-verification", "--suite", "llmbar"], "cannot be mixed")):
@@ -126,3 +130,30 @@ def test_three_modes_symbolic_judge_and_hybrid_on_one_set_of_requests() -> None:
     # The rules' acceptances stand in the hybrid: its false positives include the symbolic ones.
     assert set(symbolic["false_positive_ids"]) <= set(hybrid["false_positive_ids"])
     assert hybrid["false_negatives"]["count"] == 0  # every rule's "no" went to the (here exact) judge
+
+
+def test_recall_and_false_positives_per_kind_and_mode() -> None:
+    """Every kind of answer gets its recall and its false positives, with an interval, in every mode."""
+    picked = [r for r in ROWS if r.split == "heldout2"]  # 160 rows, every kind, half of them right
+    with FakeProvider(responder=scripted_responder(ROWS)) as fake:
+        code, payload = _meta_eval(fake, "--limit", str(len(ROWS)))
+    assert code == 0, payload
+    modes = {r["mode"]: r for r in payload["suites"][0]["results"]}
+    for mode in ("symbolic", "judge", "hybrid"):
+        figures = modes[mode]["by_kind"]
+        assert set(figures) == {"number", "expression", "choice", "string"}
+        for kind, cell in figures.items():
+            right = sum(r.kind == kind and r.verdict == "correct" for r in ROWS)
+            assert (cell["recall"]["n"], cell["recall"]["method"]) == (right, "wilson") and cell["recall"]["low"] <= cell["recall"]["rate"]
+            assert cell["false_positives"]["n"] == sum(r.kind == kind and r.verdict == "incorrect" for r in ROWS)
+    assert all(cell["recall"]["rate"] == 1.0 and cell["false_positives"]["count"] == 0 for cell in modes["judge"]["by_kind"].values())
+    rules = modes["symbolic"]["by_kind"]
+    assert rules["choice"]["recall"]["rate"] > 0.9 and rules["string"]["recall"]["rate"] > 0.8  # the rules read choices and strings
+    assert len(picked) == 160
+
+
+def test_the_text_report_has_the_per_kind_table_and_rules_names_the_rules_mode() -> None:
+    done = CliRunner().invoke(app, ["meta-eval", "--suite", "answer-verification", "--mode", "rules", "--limit", "40"])
+    assert done.exit_code == 0, done.output
+    assert "per kind of answer" in done.output and "recall" in done.output and "symbolic" in done.output
+    assert "answer-verification: 40 rows" in done.output

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,22 +53,30 @@ def verifier():
 # ---- the public suite, through `gradekit grade --grader` ----------------------------------------
 
 
+# Where gradekit departs from the library's own expectation, on purpose (tests/data/math_verify/README.md).
+DEPARTURES = {
+    13: "equal: `Answer $ \\n 9 \\n $` is 9 (a LaTeX-only test the default reading passes)",
+    14: "equal: `Answer \\( \\n 9 \\n \\)` is 9, the same",
+    191: "invalid_gold: a malformed gold (a doubled backslash, no closing brace) reads only as a fragment: the coverage rule",
+    235: "different: 1 + 1/e is not 1 - 1/e; the test pins a library result, not the maths",
+}
+
+
 def test_math_verify_suite_agrees_through_grade(tmp_path: Path) -> None:
     (tmp_path / "math.yaml").write_text(MATH_YAML % 5, encoding="utf-8")
     done = gradekit("grade", str(CASES), "--grader", "math.yaml", "-o", "out.jsonl", "--json", cwd=tmp_path)
-    assert done.returncode in (0, 1), done.stderr  # 1: some rows carry an error (math_verify raised on one case)
+    assert done.returncode in (0, 1), done.stderr  # 1: some rows carry no score (the malformed gold)
     summary = json.loads(done.stdout)
     cases, out = rows_of(CASES), rows_of(tmp_path / "out.jsonl")
     assert len(cases) > 100 and len(out) == len(cases) == summary["rows"]
-    agree: Counter[tuple[str, bool]] = Counter()
+    departed = {}
     for case, row in zip(cases, out):
         assert row["id"] == case["id"] and row["parsed"] is not None
         got = {1.0: "equal", -1.0: "different"}.get(row["score"], f"{row['status']}/{row['error_kind']}")
-        agree[(case["settings"], got == case["expected"])] += 1
-    total = sum(agree.values())
-    assert sum(n for (_, ok), n in agree.items() if ok) / total >= 0.98, agree
-    default = {k: n for k, n in agree.items() if k[0] != "compare_strings(latex)"}
-    assert sum(n for (_, ok), n in default.items() if ok) / sum(default.values()) >= 0.98, agree
+        if got != case["expected"]:
+            departed[case["id"]] = got
+    assert set(departed) == set(DEPARTURES), departed
+    assert all(DEPARTURES[k].startswith(v.split("/")[-1] if v.startswith("invalid") else v) for k, v in departed.items()), departed
 
 
 # ---- the four measured defects, and degenerate rows, through a file run ---------------------------
@@ -115,7 +122,7 @@ def test_defects_and_degenerate_rows_end_as_named_rows(tmp_path: Path) -> None:
         assert "timed out" in out[name]["error"]
     for name in ("draft", "parts", "minus", "fullwidth", "times", "divide", "nbsp", "square", "plain"):
         assert (out[name]["status"], out[name]["score"]) == ("ok", 1.0), out[name]
-    assert json.loads(out["draft"]["parsed"]) == {"gold": "5", "answer": "5"}
+    assert json.loads(out["draft"]["parsed"]) == {"gold": "5", "answer": "5", "kind": "number"}
     assert out["draft_wrong"]["score"] == -1.0 and json.loads(out["draft_wrong"]["parsed"])["answer"] == "3"
     assert (out["deep_sum"]["status"], out["deep_sum"]["error_kind"]) == ("error", "verifier_error")
     assert "recursion limit" in out["deep_sum"]["error"]

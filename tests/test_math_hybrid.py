@@ -153,7 +153,8 @@ async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
                               "judge_fallback": {"rubric": "answer_verification_3way"}}, judge=cascade)
         try:
             accepted = await grader(Sample(messages="Compute 2 + 3.", response=r"\boxed{5}", references={"answer": "5"}))
-            judged = await grader(Sample(messages="Evaluate.", response="pi/2 radians", references={"answer": r"\dfrac{\pi}{2}"}))
+            judged = await grader(Sample(messages="Evaluate.", response="The value is pi/2 radians, a quarter turn.",
+                                         references={"answer": r"\dfrac{\pi}{2}"}))
         finally:
             await grader.aclose()
             await cascade.aclose()
@@ -177,7 +178,7 @@ def test_the_reward_server_answers_with_the_path_that_decided() -> None:
         server = RewardServer(create_app(grader, None), port=0, log_level="warning").start()
         try:
             bodies = [call(server.url, "/compute_reward", {"prompt": "q", "response": response, "extra_params": {"answer": gold}})[2]
-                      for response, gold in ((r"\boxed{5}", "5"), ("pi/2 radians", r"\dfrac{\pi}{2}"))]
+                      for response, gold in ((r"\boxed{5}", "5"), ("The value is pi/2 radians, a quarter turn.", r"\dfrac{\pi}{2}"))]
         finally:
             server.stop()
         sent = len(fake.chat_requests())

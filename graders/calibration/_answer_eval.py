@@ -1,12 +1,13 @@
-"""Meta-evaluation of answer verifiers: the symbolic check, a judge, and the hybrid, on human verdicts.
+"""Meta-evaluation of answer verifiers: the rules, a judge, and the hybrid, on human verdicts.
 
-The suite is rows of (question, gold, response, human verdict): the shipped
+The suite is rows of (question, gold, response, human verdict, and the kind of answer): the shipped
 ``eval_sets/answer_verification`` (``--suite answer-verification``) or a JSONL file of the same
 fields. Three modes are scored on the same rows:
 
 ==========  ===================================================================================
-symbolic    ``math_equivalence``'s check: ``equal`` is correct, ``different`` is incorrect; an
-            unparseable gold answer or a check that failed (timeout, crash) is no decision.
+symbolic    the rules: ``verified_answer``'s check (``kind: auto``, the row's question): ``equal``
+            is correct, ``different`` is incorrect; an unparseable gold answer or a check that
+            failed (timeout, crash) is no decision. ``--mode rules`` names it too.
 judge       the rubric asked in both orders (gold and response swapped), correct only when both
             say so (``require``, as the hybrid grader's).
 hybrid      the symbolic check first (an equal answer is correct, an empty response incorrect, as in
@@ -20,6 +21,11 @@ are reported apart, each a rate over the decided rows of that human verdict, wit
 interval: a false positive rewards a wrong answer, a false negative punishes a right one, and a
 trainer weighs the two differently. Rows without a decision are counted apart, by kind, never
 folded into either rate.
+
+Per kind of answer (the row's ``kind``: number, expression, choice, string) each mode also gets
+its **recall** (said correct over every human-correct row: an undecided row is not accepted) and
+its **false positives** (said correct over every human-incorrect row), each with its interval:
+what a reward by rule gains and what it costs, kind by kind.
 """
 
 from __future__ import annotations
@@ -40,16 +46,18 @@ from pydantic import BaseModel, Field
 from gradekit.judge import Rubric, Usage
 
 from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge_answer
+from ..sandbox._answer_rules import KINDS
 from ._llmbar import packaged_eval_sets
 from ._suites import SuiteError
 
 ANSWER_SUITE = "answer-verification"
 VERDICTS = ("correct", "incorrect")
+ROW_KINDS = tuple(k for k in KINDS if k != "auto")  # a row's kind of answer ("" when a file does not say)
 # symbolic outcome -> the decision it gives (None: no decision)
 SYMBOLIC_DECISION = {"equal": "correct", "different": "incorrect", "invalid_gold": None, "error": None}
 
-# One symbolic check: (gold, response) -> (outcome, error_kind); outcome is equal, different, invalid_gold or error.
-SymbolicCheck = Callable[[str, str], Awaitable[tuple[str, str | None]]]
+# One check by the rules: (gold, response, question) -> (outcome, error_kind); outcome is equal, different, invalid_gold or error.
+SymbolicCheck = Callable[[str, str, str], Awaitable[tuple[str, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class AnswerRow:
     verdict: str  # the human's: correct or incorrect
     category: str = ""
     source: str = ""
+    kind: str = ""  # number, expression, choice or string: what the figures per kind group by
+    split: str = ""  # dev (the rules were tuned on it) or heldout (written first, never tuned on)
 
 
 def answer_suite_path() -> Path:
@@ -111,13 +121,16 @@ def load_answer_suite(suite: str = ANSWER_SUITE, *, limit: int | None = None) ->
         verdict = str(item["verdict"]).strip().lower()
         if verdict not in VERDICTS:
             raise SuiteError(f"{where}: verdict must be correct or incorrect, not {item['verdict']!r}")
+        kind = str(item.get("kind") or "").strip().lower()
+        if kind and kind not in ROW_KINDS:
+            raise SuiteError(f"{where}: kind must be one of {', '.join(ROW_KINDS)}, not {item['kind']!r}")
         row_id = str(item.get("id", number))
         if row_id in seen:
             raise SuiteError(f"{where}: id {row_id!r} occurs twice")
         seen.add(row_id)
         rows.append(AnswerRow(id=row_id, question=str(item.get("question") or ""), gold=str(item["gold"]),
                               response=str(item["response"]), verdict=verdict, category=str(item.get("category") or ""),
-                              source=str(item.get("source") or "")))
+                              source=str(item.get("source") or ""), kind=kind, split=str(item.get("split") or "")))
     if not rows:
         raise SuiteError(f"{path}: no rows")
     return name, rows[:limit] if limit is not None else rows
@@ -164,17 +177,24 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
 
     from gradekit.judge.testing import Reply
 
-    verdicts = {(r.gold.strip(), r.response.strip()): r.verdict for r in rows}
+    # A row is known by its question too: two rows may trade gold and response (listen / silent).
+    verdicts = {(r.question.strip(), r.gold.strip(), r.response.strip()): r.verdict for r in rows}
+    for r in rows:  # a prompt that is not the row's question (a caller's own wording): known by the two answers
+        verdicts.setdefault(("*", r.gold.strip(), r.response.strip()), r.verdict)
 
     def respond(body: dict[str, Any]) -> Any:
         user = str(body["messages"][-1]["content"])
+        asked = re.search(r"<question>\n(.*?)\n</question>", user, re.S)
         gold = re.search(r"<gold_answer>\n- (.*?)\n</gold_answer>", user, re.S)
         shown = re.search(r"<response>\n(.*?)\n</response>", user, re.S)
+        question = asked.group(1).strip() if asked else ""
         first, second = (gold.group(1).strip() if gold else ""), (shown.group(1).strip() if shown else "")
-        if (first, second) in verdicts:
-            label = verdicts[(first, second)]
-        elif (second, first) in verdicts:
-            label = "correct" if swapped_says_correct else verdicts[(second, first)]
+        if (question, first, second) not in verdicts and (question, second, first) not in verdicts:
+            question = "*"
+        if (question, first, second) in verdicts:
+            label = verdicts[(question, first, second)]
+        elif (question, second, first) in verdicts:
+            label = "correct" if swapped_says_correct else verdicts[(question, second, first)]
         else:
             label = "incorrect"
         verdict = {"rationale": "scripted", "judgement": label}
@@ -189,6 +209,16 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
 
 
 # ---- the report ---------------------------------------------------------------------------------
+
+
+class KindFigures(BaseModel):
+    """One mode's figures on the rows of one kind of answer: what it accepts of the right answers and of the wrong ones."""
+
+    kind: str
+    n: int
+    recall: RateInterval  # said correct / every human-correct row of the kind (an undecided row is not accepted)
+    false_positives: RateInterval  # said correct / every human-incorrect row of the kind
+    undecided: int
 
 
 class AnswerModeRow(BaseModel):
@@ -212,6 +242,7 @@ class AnswerModeRow(BaseModel):
     completion_tokens: int = 0
     false_positive_ids: list[str] = Field(default_factory=list)
     false_negative_ids: list[str] = Field(default_factory=list)
+    by_kind: dict[str, KindFigures] = Field(default_factory=dict)  # per kind of answer: recall and false positives
 
 
 class AnswerMetaEvalReport(BaseModel):
@@ -235,7 +266,7 @@ def mode_row(suite: str, mode: Literal["symbolic", "judge", "hybrid"], judge: st
     positives = sum(d is not None and r.verdict == "correct" for r, d in zip(rows, decisions))
     decided = negatives + positives
     usage = sum((v.usage for j in judged for v in j.verdicts), Usage())
-    return AnswerModeRow(
+    return AnswerModeRow(by_kind=kind_figures(rows, decisions),
         suite=suite, mode=mode, judge=judge, n=len(rows), decided=decided,
         accuracy=(decided - len(fp) - len(fn)) / decided if decided else None,
         false_positives=wilson(len(fp), negatives), false_negatives=wilson(len(fn), positives),
@@ -245,6 +276,18 @@ def mode_row(suite: str, mode: Literal["symbolic", "judge", "hybrid"], judge: st
         requests=usage.requests, prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens, false_positive_ids=fp, false_negative_ids=fn,
     )
+
+
+def kind_figures(rows: Sequence[AnswerRow], decisions: Sequence[str | None]) -> dict[str, KindFigures]:
+    """Recall and false positives per kind of answer, over every row of the kind (rows of no kind: ``unknown``)."""
+    out: dict[str, KindFigures] = {}
+    for kind in dict.fromkeys(r.kind or "unknown" for r in rows):
+        mine = [(r, d) for r, d in zip(rows, decisions) if (r.kind or "unknown") == kind]
+        right = [d for r, d in mine if r.verdict == "correct"]
+        wrong = [d for r, d in mine if r.verdict == "incorrect"]
+        out[kind] = KindFigures(kind=kind, n=len(mine), recall=wilson(right.count("correct"), len(right)),
+                                false_positives=wilson(wrong.count("correct"), len(wrong)), undecided=sum(d is None for _, d in mine))
+    return out
 
 
 async def answer_meta_eval(suite: str, rows: Sequence[AnswerRow], *, symbolic: SymbolicCheck | None, rubric: Rubric | None,
@@ -268,7 +311,7 @@ async def answer_meta_eval(suite: str, rows: Sequence[AnswerRow], *, symbolic: S
     async def check(row: AnswerRow) -> tuple[str, str | None]:
         assert symbolic is not None
         async with gate:
-            return await symbolic(row.gold, row.response)
+            return await symbolic(row.gold, row.response, row.question)
 
     async def ask(judge: Any, row: AnswerRow) -> AnswerJudgement:
         assert rubric is not None

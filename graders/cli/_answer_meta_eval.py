@@ -1,4 +1,4 @@
-"""`gradekit meta-eval --suite answer-verification`: the symbolic check, a judge and the hybrid on human verdicts."""
+"""`gradekit meta-eval --suite answer-verification`: the rules, a judge and the hybrid on human verdicts, per kind of answer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ._common import fail, print_json
 from ._judge_options import JudgeOptions
 
 MODES = ("symbolic", "judge", "hybrid")
+ALIASES = {"rules": "symbolic"}  # the rules check every kind of answer (choice and string too), not only symbols
 DEFAULT_RUBRIC = "answer_verification_3way"
 
 
@@ -28,10 +29,10 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
     from ..calibration._answer_eval import answer_meta_eval, load_answer_suite
     from ..calibration._suites import SuiteError
 
-    chosen = list(dict.fromkeys(modes)) or list(MODES)
+    chosen = list(dict.fromkeys(ALIASES.get(m, m) for m in modes)) or list(MODES)
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
-        raise fail(f"--mode is symbolic, judge or hybrid, not {', '.join(unknown)}")
+        raise fail(f"--mode is symbolic (also: rules), judge or hybrid, not {', '.join(unknown)}")
     if require not in REQUIRE:
         raise fail(f"--require is both or either, not {require!r}")
     if not check_timeout > 0:
@@ -140,3 +141,12 @@ def _print(report: Any) -> None:
         if r.mode == "hybrid":
             console.print(f"hybrid ({r.judge}): decided_by symbolic {r.decided_by.get('symbolic', 0)}, judge {r.decided_by.get('judge', 0)}; "
                           f"{r.judge_calls_saved} judge calls saved")
+    kinds = Table(title="per kind of answer: recall (said correct / human correct) and false positives (said correct / human "
+                        "incorrect), over every row of the kind, 95% Wilson interval; symbolic is the rules")
+    for heading in ("mode", "judge", "kind", "rows", "recall", "false positives", "undecided"):
+        kinds.add_column(heading, justify="left" if heading in ("mode", "judge", "kind") else "right")
+    for r in report.results:
+        for figures in r.by_kind.values():
+            kinds.add_row(r.mode, r.judge or "-", figures.kind, str(figures.n), _rate(figures.recall), _rate(figures.false_positives),
+                          str(figures.undecided))
+    console.print(kinds)

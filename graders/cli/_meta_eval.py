@@ -23,9 +23,9 @@ def meta_eval(
     plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
     cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Also evaluate a cascade from `gradekit cascade fit` (fitted on this pairwise rubric): each order goes to its first confident judge; an order it abstains on is an unreadable order under the pair rule (docs/juries.md)."),
-    modes: list[str] = typer.Option([], "--mode", help="--suite answer-verification: the verifiers to score, symbolic, judge or hybrid (repeatable) [default: all three]; symbolic alone needs no judge."),
+    modes: list[str] = typer.Option([], "--mode", help="--suite answer-verification: the verifiers to score, symbolic (the rules; also: rules), judge or hybrid (repeatable) [default: all three]; symbolic alone needs no judge."),
     require: str = typer.Option("both", "--require", help="--suite answer-verification: the judge, asked in both orders, says correct when both orders do (both) or one does (either)."),
-    check_timeout: float = typer.Option(5.0, "--check-timeout", help="--suite answer-verification: seconds per symbolic check (a check past it is a timeout, no decision)."),
+    check_timeout: float = typer.Option(5.0, "--check-timeout", help="--suite answer-verification: seconds per check by the rules (a check past it is a timeout, no decision)."),
     *,
     opts: JudgeOptions,
 ) -> None:

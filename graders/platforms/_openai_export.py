@@ -325,7 +325,7 @@ Span = tuple[float, float]
 def score_range(node: Node) -> Span | None:
     """The lowest and highest reward a grader can give, where its config says (None: unknown)."""
     cfg: Any = node.cfg
-    if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match", "math_equivalence") or (node.kind == "autorater" and cfg.expression):
+    if node.kind in ("string_match", "json_match", "normalized_match", "numeric_match", "math_equivalence", "verified_answer") or (node.kind == "autorater" and cfg.expression):
         low, high = sorted((float(cfg.correct), float(cfg.wrong)))
         return max(-1.0, low), min(1.0, high)
     if node.kind in ("string_check", "label_model", "text_similarity"):

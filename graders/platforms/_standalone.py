@@ -34,7 +34,7 @@ from ._nodes import ExportError, Node
 
 Entry = Literal["evaluate", "grade", "lambda"]
 DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "code_tests", "weighted",
-                 "formula", "math_equivalence")
+                 "formula", "math_equivalence", "verified_answer")
 _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
                                            sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers)
 _PROMPT_PATHS = ("prompt", "question", "system_instruction", "system")
@@ -505,9 +505,9 @@ def expressible(root: Node, entry: Entry) -> list[str]:
         elif node.kind == "code_tests" and entry == "grade":
             reasons.append(f"{node.where}: code_tests starts a python subprocess per test case; OpenAI's python grader "
                            "does not document running subprocesses, so it is exported to Vertex's evaluate() only")
-        elif node.kind == "math_equivalence":
+        elif node.kind in ("math_equivalence", "verified_answer"):
             where = {"lambda": "a Lambda", "grade": "OpenAI's python grader", "evaluate": "Vertex's code execution"}[entry]
-            reasons.append(f"{node.where}: math_equivalence runs the math-verify library (with latex2sympy2_extended and its "
+            reasons.append(f"{node.where}: {node.kind} runs the math-verify library (with latex2sympy2_extended and its "
                            f"ANTLR parser, about 2 MB) in gradekit's checker workers; {where} does not install it and a "
                            "standalone reward file is the standard library only, so the check cannot run there; serve this "
                            "grader with `gradekit serve` instead (the reward server runs it)")

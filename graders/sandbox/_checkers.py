@@ -43,7 +43,9 @@ MARGIN = 0.5  # seconds past a request's own timeout before the host kills its w
 
 
 def checker_source() -> str:
-    return Path(__file__).with_name("_checker.py").read_text(encoding="utf-8")
+    """The answer checker's program: its text rules (standard library only), then the worker itself."""
+    here = Path(__file__).parent
+    return "\n\n".join((here / name).read_text(encoding="utf-8") for name in ("_answer_rules.py", "_checker.py"))
 
 
 @dataclass
@@ -109,7 +111,8 @@ class CheckerPool:
         self.closed = False
         self.load_error: str | None = None
         self.counts = collections.Counter()  # spawned, sent, answered, killed (deadline), died, resent
-        self._finalizer = weakref.finalize(self, CheckerPool._shutdown, self._slots, self._home, self._wake_w)
+        self._stopping = threading.Event()  # set by the shutdown, which may run while the I/O thread still runs (at exit)
+        self._finalizer = weakref.finalize(self, CheckerPool._shutdown, self._slots, self._home, self._wake_w, self._stopping)
 
     # ---- the caller's side ----------------------------------------------------------------------
 
@@ -151,7 +154,8 @@ class CheckerPool:
         self._finalizer()
 
     @staticmethod
-    def _shutdown(slots: list[_Slot], home: tempfile.TemporaryDirectory, wake_w: int) -> None:
+    def _shutdown(slots: list[_Slot], home: tempfile.TemporaryDirectory, wake_w: int, stopping: threading.Event) -> None:
+        stopping.set()
         for slot in slots:
             if slot.proc is not None:
                 kill_group(slot.proc)
@@ -375,7 +379,8 @@ class CheckerPool:
                         self._read(slot)
         except BaseException as e:  # noqa: BLE001 - the thread must never leave a Future unanswered
             self._fail_all(f"{self.name}: the checker pool failed ({type(e).__name__}: {e})")
-            raise
+            if not self._stopping.is_set():  # a pipe the shutdown closed under this thread (an unclosed pool at exit) is no failure
+                raise
         finally:
             self._fail_all(f"{self.name} is closed")
             for slot in self._slots:
