@@ -98,25 +98,32 @@ async def test_the_cache_key_does_not_depend_on_the_endpoint(pair, tmp_path: Pat
     cache.close()
 
 
-def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(pair, tmp_path: Path) -> None:
-    a, b = pair
+def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(tmp_path: Path) -> None:
+    killed = threading.Event()
+
+    async def until_killed(body: dict) -> None:
+        """The others answer once the victim is dead: the run cannot end before it, however fast the wire."""
+        while not killed.is_set():
+            await asyncio.sleep(0.01)
+
     victim = FakeProvider(latency=0.05).start()
 
     def kill_once_busy() -> None:
         while len(victim.chat_requests()) < 20:  # not a timer: once it has taken its share of the run
             threading.Event().wait(0.01)
         victim.stop()
+        killed.set()
 
     killer = threading.Thread(target=kill_once_busy, daemon=True)
     killer.start()
     try:
-        # Enough rows after the kill (its stop() can take half a second while the others answer) that the dead
-        # endpoint is offered rows, fails them and is taken out before the run ends: 300, not 150 (a flake at 150).
-        source, out = write_rows(tmp_path / "kill.jsonl", 300), tmp_path / "out.jsonl"
-        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
-                     "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", victim.base_url, "--no-cache", "--json",
-                     process=True)
+        with FakeProvider(responder=until_killed) as a, FakeProvider(responder=until_killed) as b:
+            source, out = write_rows(tmp_path / "kill.jsonl", 300), tmp_path / "out.jsonl"
+            result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                         "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", victim.base_url, "--no-cache", "--json",
+                         process=True)
     finally:
+        killed.set()
         killer.join(timeout=30)
         victim.stop()
     assert result.returncode == 0, result.stderr

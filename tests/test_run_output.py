@@ -289,12 +289,32 @@ def test_a_disk_that_fills_mid_run_is_exit_2_ending_at_a_whole_row_and_resumes_o
         if cap is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
 
-    with FakeProvider(responder=reference_judge) as fake:
+    # Rows 100-109 are let through one at a time until a checkpoint holds the first 100: however fast the wire, the
+    # disk fills after a mark, so the cut is at a whole row past the start (not an output cut back to nothing).
+    gate = Gate(*range(100, 110))
+    checkpoint = output.with_name(output.name + ".checkpoint.json")
+
+    def marked() -> int:
+        try:
+            return int(json.loads(checkpoint.read_text(encoding="utf-8"))["mark"]["rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    with FakeProvider(responder=gate) as fake:
         env = {**os.environ, **_env(fake, tmp_path)}
         if cap is not None:
             env["GRADEKIT_CACHE"] = ""  # the cache file would meet the size limit too
-        full = subprocess.run([sys.executable, "-m", "gradekit", *_args(source, output), *(["--no-cache"] if cap else [])],
-                              env=env, capture_output=True, text=True, preexec_fn=limit, timeout=120)
+        run = subprocess.Popen([sys.executable, "-m", "gradekit", *_args(source, output), *(["--no-cache"] if cap else [])],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+        deadline = time.monotonic() + 120
+        while run.poll() is None and time.monotonic() < deadline and not gate.open.is_set():
+            gate.step(0.3)
+            if marked() >= 100:
+                gate.open.set()
+            time.sleep(0.02)
+        gate.open.set()
+        stdout, stderr = run.communicate(timeout=120)
+        full = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
         assert full.returncode == 2, full.stderr  # before: exit 1 and an OSError traceback from RowWriter.close
         message = " ".join(full.stderr.split())
         assert "Traceback" not in full.stderr and "run the same command again to resume" in message
@@ -302,7 +322,7 @@ def test_a_disk_that_fills_mid_run_is_exit_2_ending_at_a_whole_row_and_resumes_o
         text = output.read_text(encoding="utf-8")
         rows = [json.loads(line) for line in text.splitlines()]  # every line a whole row
         assert text == "" or text.endswith("\n")
-        assert [r["id"] for r in rows] == list(range(len(rows))) and len(rows) < n
+        assert [r["id"] for r in rows] == list(range(len(rows))) and 100 <= len(rows) < n
         if small_disk is not None:
             subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # room again
         again = subprocess.run([sys.executable, "-m", "gradekit", *_args(source, output), *(["--no-cache"] if cap else [])],
