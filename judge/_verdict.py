@@ -178,11 +178,12 @@ class Verdict(BaseModel):
             _folded(data, "read", _READ_KEYS, ReadInfo)
         return data
 
-    @field_validator("error")
+    @field_validator("error", "raw", "rationale", "reasoning")
     @classmethod
-    def _no_secret(cls, error: str | None) -> str | None:
-        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials: never kept."""
-        return redact(error)
+    def _no_secret(cls, text: str | None) -> str | None:
+        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials, and a reply may
+        quote the request it answers (its Authorization header, its URL): none of it is kept (judge._redact)."""
+        return redact(text)
 
     @property
     def ok(self) -> bool:
