@@ -509,14 +509,17 @@ class JudgeSettings(BaseModel):
         """The Judge, or the Jury, these settings describe (``common``: what every judge shares, e.g. the run's cache and budget)."""
         return self.spec().build(**common)
 
-    def under(self, command_line: JudgeSpec) -> JudgeSpec | JurySpec:
-        """This block beneath a command line's judge: what the command line gives wins (its params key by key).
+    def under(self, command_line: JudgeSpec, defaults: JudgeSpec | None = None) -> JudgeSpec | JurySpec:
+        """This block beneath a command line's judge and over ``defaults`` (the environment's OPENAI_BASE_URL,
+        GRADEKIT_MODEL, a flag's default): what the command line gives wins (its params key by key), what the file
+        gives wins over a default.
 
         A file's jury stays the run's judge unless the command line names a model or an endpoint itself.
         """
         if self.jury is not None and command_line.model is None and not command_line.base_url:
             return self.spec()
-        return self._block().merge(command_line)
+        block = self._block() if defaults is None else defaults.merge(self._block())
+        return block.merge(command_line)
 
     @model_validator(mode="after")
     def _one_way_to_the_judge(self) -> JudgeSettings:

@@ -139,7 +139,7 @@ def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[s
             remember_url(endpoint.base_url)
         if not fleet:
             raise ValueError("endpoints: give at least one endpoint")
-        return fleet
+        return _distinct(fleet)
     urls = [base_url] if isinstance(base_url, str) else [u for u in base_url or [] if u]
     keys = [api_key] if isinstance(api_key, str) else [k for k in api_key or [] if k]
     for url in urls:  # judge._redact: a URL without a scheme fails before any request; its credentials are masked
@@ -152,7 +152,25 @@ def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[s
         raise ValueError(f"{len(keys)} API keys for {max(1, len(urls))} base URL{'s' if len(urls) > 1 else ''}: "
                          "give one key for all endpoints or one per base URL, in the same order")
     paired = keys if len(keys) > 1 else [keys[0] if keys else None] * len(urls)
-    return [Endpoint(base_url=u, api_key=k) for u, k in zip(urls, paired)]
+    fleet = _distinct([Endpoint(base_url=u, api_key=k) for u, k in zip(urls, paired)])
+    return fleet if len(fleet) > 1 else None
+
+
+def _distinct(fleet: list[Endpoint]) -> list[Endpoint]:
+    """``fleet`` with each endpoint once: one URL given twice with one key is one server and one limit, and as
+    "two endpoints" it would be hedged against itself. Said once per repeated URL."""
+    seen: dict[tuple[str, str | None], int] = {}
+    for endpoint in fleet:
+        key = (endpoint.base_url.rstrip("/"), endpoint.api_key)
+        seen[key] = seen.get(key, 0) + 1
+    for (url, _), times in seen.items():
+        if times > 1:
+            log.warning("base_url %s is given %d times with the same key: one endpoint, not a fleet of %d (a fleet's "
+                        "endpoints are other replicas, regions or keys)", redact_url(url), times, times)
+    firsts: dict[tuple[str, str | None], Endpoint] = {}
+    for endpoint in fleet:
+        firsts.setdefault((endpoint.base_url.rstrip("/"), endpoint.api_key), endpoint)
+    return list(firsts.values())
 
 
 def member_id(base_url: str, api_key: str | None) -> str:

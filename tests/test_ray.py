@@ -443,3 +443,23 @@ judge:
     assert outputs[0] == outputs[1] and {r["status"] for r in outputs[0]} == {"ok"}
     assert {k: v for k, v in checkpoints[0].items() if k not in ("input", "output", "mark", "updated")} == \
         {k: v for k, v in checkpoints[1].items() if k not in ("input", "output", "mark", "updated")}
+
+
+def test_an_exported_openai_base_url_stays_beneath_a_grader_files_judge_on_the_cluster(cluster: str, tmp_path: Path) -> None:
+    """Issue 48: the environment is a default, below the file's judge.base_url, on the actors as in a local run."""
+    with FakeProvider() as declared, FakeProvider() as exported:
+        config = tmp_path / "judge.yaml"
+        config.write_text(f"type: llm\nrubric: {RUBRIC}\nmap: {{question: prompt, references: references.answer, prediction: response}}\n"
+                          f"judge:\n  model: file-judge\n  base_url: {declared.base_url}\n", encoding="utf-8")
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps({"prompt": f"e-{i:03d}", "response": "y", "answer": "x"}) + "\n" for i in range(6)),
+                          encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(config), "-o",
+                               str(tmp_path / "out.jsonl"), "--no-cache", "--json", "--ray", cluster, "--ray-workers", "2"],
+                              env=_env(OPENAI_BASE_URL=exported.base_url, OPENAI_API_KEY="k", GRADEKIT_MODEL="shell-model"),
+                              capture_output=True, text=True, timeout=300)
+        reached = len(declared.chat_requests()), len(exported.chat_requests())
+        models = {r.body["model"] for r in declared.chat_requests()}
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert reached == (6, 0) and models == {"file-judge"}, (reached, models)
+    assert "the grader file's judge.base_url" in " ".join(done.stderr.split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import sys
@@ -282,6 +283,8 @@ def _run_on_ray(command: _Command, source: RunInput, cache) -> None:
     prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
     try:
         return _grade_on_ray(a.ray_address, a.ray_workers, spec, a.grader_file, source, a.output, variables, judge=opts.spec(model),
+                             file_judge=functools.partial(opts.file_spec, model) if a.grader_file else None,
+                             layers=opts.layers(model) if a.grader_file else None,
                              cache_path=opts.resolved_cache_path(), cache=cache, json_output=a.json_output, resume=not a.restart,
                              encoding=a.encoding, prices=prices)
     except BreakerTripped as e:
@@ -317,7 +320,7 @@ def _judges(command: _Command, cache) -> _Judges:
             made.append(panel_judge)
             return made[-1]
         # A grader file's judge: (its model, endpoint or fleet, params, or its jury) holds beneath what the command line names.
-        wanted = opts.spec(model) if settings is None else settings.under(opts.spec(model))
+        wanted = opts.spec(model) if settings is None else opts.file_spec(model, settings)
         made.append(wanted.build(limiter=limiter, cache=cache, budget=budget))
         return made[-1]
 
@@ -754,8 +757,14 @@ def canary_text(c: dict) -> str:
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
                   variables: dict[str, str], *, judge: JudgeSpec, cache_path: str | None, cache, json_output: bool, resume: bool,
-                  encoding: str | None = None, prices: dict | None = None) -> None:
-    """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
+                  encoding: str | None = None, prices: dict | None = None, file_judge: Callable[[Any], Any] | None = None,
+                  layers: tuple[JudgeSpec, JudgeSpec] | None = None) -> None:
+    """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py).
+
+    ``file_judge``: a grader file's judge block -> the judge it makes with the command line and the environment
+    (JudgeOptions.file_spec, which says which endpoint is used); ``layers``: (beneath, over) the file's block, as
+    JudgeOptions.layers gives them, for the actors (WorkerSpec.judge_defaults).
+    """
     import asyncio
     from dataclasses import replace
 
@@ -801,14 +810,24 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
             from .._sample import aclose_grader
 
             try:  # built here too, only for its name (part of the checkpoint) and to fail before any actor starts
-                local = load_grader(grader_file, judge=lambda: None)  # type: ignore[arg-type,return-value]
+                def layered(settings: Any = None) -> None:  # the file's judge is the actors' to build; said here
+                    if settings is not None and file_judge is not None:
+                        file_judge(settings)
+
+                layered.reads_settings = True  # type: ignore[attr-defined]
+                local = load_grader(grader_file, judge=layered)  # type: ignore[arg-type]
             except GraderConfigError as e:
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
                         "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": first_url,
                         **({"encoding": encoding} if encoding else {})}
-        ws = worker_spec(rubric=spec, grader_config=grader_file, judge=judge, cache=cache_path, no_cache=no_cache)
+        beneath = None
+        if grader_file is not None and layers is not None:
+            # A grader file's judge goes between the environment and the command line, on every actor too.
+            beneath, over = layers
+            judge = replace(over, limits=judge.limits)
+        ws = worker_spec(rubric=spec, grader_config=grader_file, judge=judge, judge_defaults=beneath, cache=cache_path, no_cache=no_cache)
         try:
             summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
                                                  encoding=encoding))

@@ -210,12 +210,13 @@ class ActorPool:
 
 
 def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, judge: JudgeSpec | None = None, cache: str | None,
-                no_cache: bool, **fields: Any) -> WorkerSpec:
+                no_cache: bool, judge_defaults: JudgeSpec | None = None, **fields: Any) -> WorkerSpec:
     """The actors' settings: ``judge`` (a spec), or its fields one by one (model, base_url, api_key, timeout, limiter,
-    limiter_key, rps, tpm, concurrency, adapt, params). The API key is read here, on the driver, so nodes need no secret
-    of their own."""
+    limiter_key, rps, tpm, concurrency, adapt, params); ``judge_defaults``: what the environment gives, beneath a grader
+    file's judge block (``judge`` is then the command line's alone). The API key is read here, on the driver, so nodes
+    need no secret of their own."""
     spec = WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, cache=cache,
-                      no_cache=no_cache, **fields)
+                      no_cache=no_cache, judge_defaults=judge_defaults, **fields)
     judge = judge if judge is not None else spec.judge_spec()
     key = os.environ.get("OPENAI_API_KEY")
     if not judge.api_key and key:
