@@ -35,7 +35,7 @@ from ._parse import Reading, Unread, read_completion, read_missed_schema, reason
 from ._protocol import JudgeIdentity, JudgeStats
 from ._redact import redact_url
 from ._reward_model import NoScore, RewardRoute, RewardScore, read_reward, server_root
-from ._retry import RetryPolicy, retry_after_seconds
+from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, rubric_fingerprint
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
@@ -46,7 +46,7 @@ from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacit
 from ._verdict import ErrorKind, Usage, Verdict
 from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
                     takes_prompt_cache_key)
-from ._wire import (Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text,
+from ._wire import (Failed, Route, breaker_failure, error_of, local_message, served_of, status_detail, status_error_kind, status_message, status_text,
                     usage_counts, vectors_of)
 
 log = logging.getLogger("gradekit.judge")
@@ -119,6 +119,11 @@ def build_request(rubric: Rubric, messages: list[dict[str, str]], mode: AskMode,
 def _schema_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
     return cleaned[:64] or "verdict"
+
+
+def _failed_here(exc: BaseException, started: float) -> Verdict:
+    """A judgement that failed in this process (judge._retry.is_local): its local_error Verdict, never an exception."""
+    return Verdict(status="error", error_kind="local_error", error=local_message(exc), latency_s=time.perf_counter() - started)
 
 
 class Judge:
@@ -402,25 +407,35 @@ class Judge:
             self.cache.set_mode(self.endpoint, mode)
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
-        """Judge one row. Every outcome, including bad input, comes back as a Verdict.
+        """Judge one row. Every outcome, including bad input and a failure in this process, comes back as a Verdict.
 
         A rubric with ``granularity: step`` gets one verdict per assistant step (:mod:`gradekit.judge._steps`);
         one with ``navigate: true`` lets the judge read the trace with tools (:mod:`gradekit.judge._navigate`).
         """
-        if rubric.granularity == "step":
-            from ._steps import judge_steps
+        started = time.perf_counter()
+        try:
+            if rubric.granularity == "step":
+                from ._steps import judge_steps
 
-            return await judge_steps(self, rubric, row)
-        if rubric.navigate:
-            from ._navigate import navigate
+                return await judge_steps(self, rubric, row)
+            if rubric.navigate:
+                from ._navigate import navigate
 
-            return await navigate(self, rubric, row)
-        return await self.judge_once(rubric, row)
+                return await navigate(self, rubric, row)
+            return await self.judge_once(rubric, row)
+        except Exception as exc:  # noqa: BLE001 - raised here, not by the judge (which _send makes a Failed): the row's local_error
+            return _failed_here(exc, started)
 
     async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """One judgement of one row (a whole trajectory, or one step of it), whatever the rubric's granularity."""
         started = time.perf_counter()
         ROW_STARTED.set(time.monotonic())  # a flex request's deadline counts from here
+        try:
+            return await self._judge(rubric, row, started)
+        except Exception as exc:  # noqa: BLE001 - one step's judgement failing here is that step's local_error
+            return _failed_here(exc, started)
+
+    async def _judge(self, rubric: Rubric, row: Mapping[str, Any], started: float) -> Verdict:
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
 
@@ -904,7 +919,7 @@ class Judge:
                     if breaker is not None and isinstance(exc, openai.RateLimitError):
                         breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
                                         base_url=", ".join(m.base_url for m in self._fleet.members))
-                    elif breaker is not None:
+                    elif breaker is not None and not is_local(exc):  # a failure of this process is no request of the judge's
                         breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                     raise
                 if breaker is not None:

@@ -38,7 +38,7 @@ from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
 from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacing
-from ._retry import RetryPolicy, retry_after_seconds
+from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
@@ -332,6 +332,10 @@ class Member:
         """No HTTP answer (connection refused or reset, timeout) or a malformed body."""
         self.stats.errors += 1
 
+    def unsent(self) -> None:
+        """The request counted by :meth:`sent` failed in this process (judge._retry.is_local): it was no request."""
+        self.stats.requests -= 1
+
     def snapshot(self) -> EndpointStats:
         stats = self.stats.model_copy(update={"hedges": self.stats.hedges.model_copy()})
         if self._first_sent is not None and self._last_ok is not None and self._last_ok > self._first_sent:
@@ -579,10 +583,10 @@ class Fleet:
                 raise
             except Exception as exc:
                 failure = breaker_failure(exc)
-                if failure is None:
-                    member.breaker.success()
-                else:
+                if failure is not None:
                     member.breaker.failure(*failure)
+                elif not is_local(exc):  # it answered; a failure of this process says nothing of the endpoint
+                    member.breaker.success()
                 raise
             member.breaker.success()
             return completion
@@ -651,6 +655,8 @@ class Fleet:
                 except Failed:
                     raise
                 except Exception as exc:
+                    if is_local(exc):
+                        raise  # this process failed, not the endpoint: its health is unchanged
                     failure = breaker_failure(exc)
                     if failure is None:
                         member.breaker.success()  # it answered (a 429, a 400 about the request): alive
@@ -728,8 +734,12 @@ class Fleet:
                     if wait:
                         limiter.hold(wait)  # this endpoint only: the others keep sending
                 raise
-            except Exception:
-                member.failed()
+            except Exception as exc:
+                if is_local(exc):  # failed here, not at the endpoint: no request, no error of the endpoint's
+                    member.unsent()
+                    usage["attempts"] -= 1
+                else:
+                    member.failed()
                 raise
         if not isinstance(completion, dict):
             member.failed()

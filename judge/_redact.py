@@ -109,6 +109,12 @@ def check_base_url(url: str) -> str:
         hint = f"http://{text}" if not parts.scheme or "://" not in text else f"https://{text.split('://', 1)[1]}"
         raise ValueError(f"`base_url` {redact_url(text)!r} has no http:// or https:// scheme and host; "
                          f"did you mean {redact_url(hint)!r}? (the API root, often ending in /v1)")
+    try:
+        parts.port  # noqa: B018 - read for its check: "80x0" or 99999 would fail every request in this process instead
+    except ValueError:
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(f"`base_url` {redact_url(text)!r} has a port that is not a number from 0 to 65535 ({port!r}); "
+                         "fix the port (e.g. http://127.0.0.1:8000/v1)") from None
     return url
 
 

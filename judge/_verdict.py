@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
     "context_overflow",  # the prompt does not fit the judge's context window even with its trajectory cut (the task and final answer alone)
+    "local_error",  # a failure in this process, not at the judge (a broken install, a template's bug): no request was sent
 ]
 ScoreSource = Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"]
 

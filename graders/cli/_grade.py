@@ -89,6 +89,7 @@ def grade(
     one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
     its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
     not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable),
+    when the first rows all failed in this process (local_error: the message names the cause and the fix; resumable once fixed),
     or when the --canary saw the judge change (resumable once it agrees with the start again), 130 on Ctrl-C (resumable).
     """
     args = _GradeArgs(**locals())  # the command line as one value, which each step below reads
