@@ -23,7 +23,7 @@ from ._breaker import current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
-from ._checklist import bind_row, unbound
+from ._checklist import bind_row, row_text, unbound
 from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fastwire import wanted as fast_wire_wanted
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
@@ -454,7 +454,7 @@ class Judge:
                 if isinstance(prepared, Verdict):
                     return prepared
                 try:
-                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish)
+                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish, data=row_text(rubric, row))
                     return verdict.shown(prepared.coverage)
                 except _Relearn:
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
@@ -637,8 +637,9 @@ class Judge:
         canonical = _VALUES_JSON.encode(values)  # prepare() yields the rubric's variables in its fixed order
         return hashlib.sha256(f"{shell[2]}|{canonical}".encode()).hexdigest()
 
-    def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
-        reading = read_completion(rubric, stored, mode, logprobs=self.logprobs is not None)
+    def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict],
+                   data: str | None = None) -> Verdict | None:
+        reading = read_completion(rubric, stored, mode, logprobs=self.logprobs is not None, data=data)
         if isinstance(reading, Unread):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
@@ -660,8 +661,9 @@ class Judge:
         # A trajectory's prompt depends on the window it is fitted into (learnt as the run goes): no row-values shortcut.
         fitted = bool(rubric.trajectory_variables)
         shortcut = self._row_key(rubric, row, mode) if self.cache is not None and not fitted else None
+        data = row_text(rubric, row) if self.cache is not None else None  # read as the live reply was: the row's planted verdicts
         if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
-            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, finish, data)) is not None:
                 return hit
         # A plain rubric's prompt is checked against a window only once one is given or learnt: the hot path of
         # short prompts pays nothing, and the provider's own refusal teaches the window the first time.
@@ -690,7 +692,7 @@ class Judge:
         request = self._request(rubric, messages, mode)
         key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
-            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, finish, data)) is not None:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit.shown(coverage)
@@ -725,11 +727,11 @@ class Judge:
             return f"window {min(windows):,} tokens (context_window)"
         return f"window {known_window(self.model) or 0:,} tokens, documented for {self.model}"
 
-    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
-                                 usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
+                                 data: str | None = None) -> Verdict:
         """``_ask`` once the budget admits the request (one reservation covers its retries and re-asks)."""
         if self.budget is None:
-            return await self._ask(rubric, prepared, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish, data)
         request, mode = prepared.request, prepared.mode
         prompt = prepared.prompt_estimate
         if prompt < 0:
@@ -740,14 +742,15 @@ class Judge:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
         before = dict(usage)
         try:
-            return await self._ask(rubric, prepared, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish, data)
         finally:
             spent = {name: usage.get(name, 0) - before.get(name, 0) for name in _BILLED}
             self.budget.settle(reservation, spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"],
                                cache_write_tokens=spent["cache_write_tokens"], reasoning_tokens=spent["reasoning_tokens"],
                                flex=tuple(spent[f"flex_{name}"] for name in _BILLED[:5]))  # type: ignore[arg-type]
 
-    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
+                   data: str | None = None) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
         served: dict[str, str | None] = {}
@@ -759,7 +762,8 @@ class Judge:
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
             served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
-            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
+            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"],
+                                      data=data)
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
@@ -774,7 +778,7 @@ class Judge:
         if (number := read_missed_schema(rubric, last)) is not None:
             return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
         return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
-                      **served)
+                      criteria=list(last.criteria) if last.criteria is not None else None, **served)
 
     def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
         """An answered prompt: its size passes the window gate from now on, and a provider that counted

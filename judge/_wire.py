@@ -110,7 +110,7 @@ def local_message(exc: BaseException) -> str:
     where = f" (at {frames[-1].filename.rsplit('/site-packages/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
     if isinstance(exc, ImportError):
         fix = ("a module gradekit needs cannot be imported in this environment: reinstall gradekit and its dependencies "
-               "(pip install --force-reinstall gradekit, with the extra a feature names, e.g. 'gradekit[ray]')")
+               "here (pip install gradekit, with the extra the feature names, e.g. 'gradekit[ray]')")
     elif isinstance(exc, OSError):
         fix = "a service or file this process relies on failed (the shared limiter's Redis, the cache's disk): see the cause"
     elif isinstance(exc, UnicodeError):

@@ -456,6 +456,9 @@ def test_bedrock_lambda_reports_each_criterion_in_its_metrics_list(tmp_path: Pat
     out = json.loads(ran.stdout)
     assert requests == 2 and [r["aggregate_reward_score"] for r in out] == [0.5, 1.0]
     assert out[0]["metrics_list"] == [{"name": "ifc", "value": 0.5, "type": "Reward"},
+                                      {"name": "criteria_read", "value": 2.0, "type": "Metric"},
+                                      {"name": "criteria_total", "value": 2.0, "type": "Metric"},
                                       {"name": "part.criteria.c1", "value": 0.0, "type": "Metric"},
                                       {"name": "part.criteria.c2", "value": 1.0, "type": "Metric"}]
-    assert {m["name"] for m in out[1]["metrics_list"]} == {"ifc", "part.criteria.french", "part.criteria.short", "part.criteria.no_english"}
+    assert {m["name"] for m in out[1]["metrics_list"]} == {"ifc", "criteria_read", "criteria_total", "part.criteria.french",
+                                                           "part.criteria.short", "part.criteria.no_english"}
