@@ -76,3 +76,47 @@ async def test_a_judge_raises_nothing_when_something_in_this_process_fails(fake,
     verdict = await judge.judge(load_rubric(spec), {"question": "not a number"})
     assert verdict.status == "error" and verdict.error_kind == "local_error", verdict
     assert verdict.usage.requests == 0 and not fake.chat_requests()
+
+
+# ---- gradekit llmbar: a figure over nothing is n/a, with the reason and an example ----------------------------
+
+
+def test_llmbar_over_zero_decided_pairs_prints_n_a_with_the_reason_and_an_error_example() -> None:
+    # arena_hard_pairwise reads "[[A>B]]"; GPT-4's recorded Vanilla_NoRules replies are bare "Output (a)": no pair is decided.
+    done = subprocess.run([sys.executable, "-m", "gradekit", "llmbar", "--subset", "Natural", "-r", "arena_hard_pairwise"],
+                          capture_output=True, text=True, timeout=300)
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 1, done.stderr
+    assert "Agr 100.0" not in said and "Acc 0.0" not in said, said  # was: "Acc 0.0 / Agr 100.0" over no decided pair
+    assert "Acc n/a / Agr n/a" in said and "no pair was judged" in said, said
+    assert "parse_failure" in said, said  # an example of the errors, as grade's summary shows
+    as_json = subprocess.run([sys.executable, "-m", "gradekit", "llmbar", "--subset", "Natural", "-r", "arena_hard_pairwise", "--json"],
+                             capture_output=True, text=True, timeout=300)
+    report = json.loads(as_json.stdout)["summary"]["report"]
+    assert report["agr"] is None and report["acc"] is None, report
+
+
+# ---- meta-eval --suite answer-verification: a breaker, and an unknown suite answered with the suite names -----
+
+
+def test_answer_verification_meta_eval_stops_at_a_broken_judge_as_grade_does(tmp_path) -> None:
+    from gradekit.judge.testing import Reply
+
+    with FakeProvider() as fake:
+        fake.set_responder(lambda body: Reply(content="I would rather not say."))  # never in the rubric's format
+        done = subprocess.run([sys.executable, "-m", "gradekit", "meta-eval", "--suite", "answer-verification", "--mode", "judge",
+                               "--base-url", fake.base_url, "--api-key", "k", "--no-cache"],
+                              capture_output=True, text=True, timeout=600)
+        sent = len(fake.chat_requests())
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 3, said[-2000:]
+    assert "looks broken" in said and "parse_failure" in said, said[-2000:]
+    assert sent < 500, sent  # was 4,004 unreadable requests in 28 s
+
+
+def test_a_misspelt_suite_is_answered_with_the_suite_names() -> None:
+    done = runner.invoke(app, ["meta-eval", "--suite", "answer-verificaton", "--base-url", "http://127.0.0.1:9/v1", "--api-key", "k"])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2, said
+    assert "pairwise rubric" not in said, said  # was: "give a pairwise rubric with -r", about a suite nobody named
+    assert "answer-verificaton" in said and "answer-verification" in said and "llmbar" in said, said
