@@ -356,6 +356,23 @@ def test_dashscope_group_with_a_member_hanging_forever_is_decided_by_the_deadlin
     assert "group_deadline_s" in body["error"]
 
 
+def test_a_member_cut_by_group_deadline_s_is_counted_as_timeout_in_metrics(fake: FakeProvider, serve) -> None:
+    """Issue 48: GET /metrics counted it as status="exception", as if the grader had raised."""
+    import urllib.request
+
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"group": {"group_deadline_s": 1.0, "min_members": 2}})
+    out = lambda text: {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": text}]}  # noqa: E731
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": {"answer": "Paris"},
+                                            "agent_outputs": [out("Paris"), out("HANG"), out("Lyon")]})
+    assert status == 200 and body["status"] == "success"
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    rewards = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("gradekit_rewards_total{")}
+    assert rewards.get('gradekit_rewards_total{error_kind="timeout",status="timeout"}') == 1.0, rewards
+    assert not any('status="exception"' in name for name in rewards), rewards
+
+
 def test_openrlhf_batch_is_decided_per_prompt_group(fake: FakeProvider, serve) -> None:
     fake.set_responder(responder)
     url = serve(judge_grader(fake, attempts=1))
