@@ -428,7 +428,7 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     hedges = {k: sum(getattr(e.hedges, k) for e in (stats.endpoints if stats is not None else [])) for k in ("sent", "won", "lost")}
     block = None
     if isinstance(summary, RunSummary):
-        _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
+        _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL), batch=a.batch)
         summary.pacing = pacing
         if judge is not None:
             block = panel_summary(judge, summary, budget.prices)  # None for a single judge
@@ -533,10 +533,13 @@ async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, vari
                 await canary.fresh.aclose()
 
 
-def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
+def _add_money(summary: RunSummary, budget: Budget, model: str, *, batch: bool = False) -> None:
     """Cost of the output's tokens at the table's prices (cache reads and writes at theirs, the flex part at the
-    flex tier's), what the provider's prompt cache saved or cost, what the response cache saved, and why rows were skipped."""
-    from gradekit.judge._budget import price_of, prompt_cache_usd, usage_cost
+    flex tier's, a --batch run's at the Batch API's), what the provider's prompt cache saved or cost, what the
+    response cache saved, and why rows were skipped."""
+    from decimal import Decimal
+
+    from gradekit.judge._budget import BATCH_PRICE_SHARE, price_of, prompt_cache_usd, usage_cost
     from gradekit.judge._verdict import Usage
 
     price = price_of(budget.prices, model)
@@ -547,6 +550,9 @@ def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
                       cache_write_tokens=summary.cache_write_tokens, **flex)
         total, flex_part = usage_cost(budget.prices, model, usage), usage_cost(budget.prices, model, usage, tier="flex")
         assert total is not None and flex_part is not None
+        if batch:  # the provider's Batch API bills half its live price
+            total, flex_part = total * Decimal(str(BATCH_PRICE_SHARE)), flex_part * Decimal(str(BATCH_PRICE_SHARE))
+            summary.cost_basis = f"Batch API: {BATCH_PRICE_SHARE:.0%} of the live price"
         summary.cost_usd = float(total)
         if flex:
             summary.cost_by_tier = {"standard": float(total - flex_part), "flex": float(flex_part)}
@@ -678,6 +684,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
     cost = "n/a (no price for the model: --prices FILE)" if s.cost_usd is None else f"${s.cost_usd:.4f} estimated"
     if s.cost_by_tier:
         cost += " (" + ", ".join(f"{tier} ${usd:.4f}" for tier, usd in s.cost_by_tier.items()) + ")"
+    if s.cost_basis and s.cost_usd is not None:
+        cost += f" ({s.cost_basis})"
     saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
