@@ -385,7 +385,11 @@ def calibrate(
     }
     present = [k for k, lab in enumerate(order) if support[k] > 0]
     report.macro_f1 = float(np.mean([f1[k] for k in present])) if present else None
-    report.confusion = confusion_matrix(h, j, labels=order).tolist()
+    with warnings.catch_warnings():
+        # One label seen (every human and the judge said "yes" for a criterion): the 1 x 1 matrix is the answer, not a
+        # mistake scikit-learn should print on the user's terminal.
+        warnings.simplefilter("ignore")
+        report.confusion = confusion_matrix(h, j, labels=order).tolist()
 
     codes = {lab: k for k, lab in enumerate(order)}
     h_codes = np.array([codes[v] for v in h])
