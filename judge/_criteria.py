@@ -108,14 +108,19 @@ def check_criteria(criteria: Sequence[Criterion]) -> list[Criterion]:
 
 def literal_cell(text: str) -> Any:
     """A CSV cell's value: its JSON, else the Python literal pandas' ``to_csv`` writes for a list;
-    None when it is neither. Literals only: nothing in the cell is run."""
+    None when it is neither. Literals only: nothing in the cell is run. A cell nested deeper than Python
+    can read is a ValueError saying so (a row's error), never a RecursionError ending the run."""
     text = text.strip()
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ValueError("the cell nests lists or objects too deeply to read") from None
     except json.JSONDecodeError:
         try:
             return ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except RecursionError:
+            raise ValueError("the cell nests lists or objects too deeply to read") from None
+        except (ValueError, SyntaxError, MemoryError):
             return None
 
 

@@ -540,19 +540,24 @@ def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
             return as_media(value)
         except ValueError as e:
             raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
-    if kind == "str":
-        if isinstance(value, (list, dict)):
-            return json.dumps(value, ensure_ascii=False)
-        return str(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
-            parsed = literal_cell(text)
-            if isinstance(parsed, list):
-                return [str(x) for x in parsed]
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [str(x) for x in value]
+    try:
+        if kind == "str":
+            if isinstance(value, (list, dict)):
+                return json.dumps(value, ensure_ascii=False)
+            return str(value)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
+                parsed = literal_cell(text)
+                if isinstance(parsed, list):
+                    return [str(x) for x in parsed]
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return [str(x) for x in value]
+    except RecursionError:  # a value nested deeper than Python can write out: this row's error
+        raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: the value nests lists or objects too deeply to read", var) from None
+    except ValueError as e:
+        raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
     if hasattr(value, "tolist"):  # numpy / pyarrow arrays from pandas
         return [str(x) for x in value.tolist()]
     raise RubricInputError(f"rubric {rubric!r}: variable {var!r} must be a list or a string, got {type(value).__name__}", var)
