@@ -331,6 +331,23 @@ def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve
         assert held.result(timeout=30)[2]["reward"] == 1.0
 
 
+@pytest.mark.parametrize("where, value", [
+    pytest.param(("responses_create_params", "input"), 5, id="input_a_number"),
+    pytest.param(("responses_create_params", "input"), {"role": "user"}, id="input_an_object"),
+    pytest.param(("response", "output"), 7, id="output_a_number"),
+])
+def test_nemo_gym_verify_with_a_field_of_the_wrong_type_is_a_422_naming_it(fake: FakeProvider, serve, where, value) -> None:
+    """Issue 48: a number as responses_create_params.input was a 500 with Python's TypeError text; the other routes answer 422."""
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1))
+    body = verify_body("Paris")
+    body[where[0]] = {**body[where[0]], where[1]: value}
+    status, _, reply = call(url, "/verify", body)
+    assert status == 422, reply
+    assert reply["detail"][0]["loc"] == ["body", *where] and "TypeError" not in json.dumps(reply), reply
+    assert not fake.chat_requests()
+
+
 # ---- group routes: deadlines and too few finished ---------------------------------------------------
 
 
