@@ -455,6 +455,8 @@ class JudgeSettings(BaseModel):
     # Hedged requests over a fleet (judge._hedge): true/false or a mapping of knobs; default on for two endpoints or more.
     hedge: bool | HedgePolicy | None = None
     timeout: float = 60.0
+    # Seconds one row's requests may spend on the wire in all (every attempt, retry, re-ask); default 3 x timeout.
+    row_deadline: float | None = Field(None, gt=0)
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     context_window: int | None = Field(None, ge=1)  # the model's window in tokens (a trajectory is fitted into it) [learnt]
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
@@ -503,6 +505,8 @@ class JudgeSettings(BaseModel):
         for name in ("api", "service_tier", "flex_deadline_s", "prompt_cache_key"):
             if getattr(self, name) is not None:
                 own[name] = getattr(self, name)
+        if self.row_deadline is not None:
+            own["row_deadline"] = self.row_deadline
         return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
 
     def build(self, **common: Any) -> Any:

@@ -24,6 +24,7 @@ from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, row_text, unbound
+from ._deadline import ROW_DEADLINE_FACTOR, row_clock, row_scope
 from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fastwire import wanted as fast_wire_wanted
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
@@ -140,7 +141,9 @@ class Judge:
             ``limiter``), pacing and health breaker; a request goes to the one with the most free
             capacity, and from a broken one to the others. The fleet is named by its first
             endpoint: ``base_url``, cache keys, the learnt dialect and a run's checkpoint are its.
-        timeout: seconds per request.
+        timeout: seconds per request (first byte, every gap and the total).
+        row_deadline: seconds one row's requests may spend on the wire in all, over every attempt, retry
+            and re-ask (:mod:`gradekit.judge._deadline`); None: ``ROW_DEADLINE_FACTOR`` (3) x ``timeout``.
         limiter: defaults to the process-wide limiter every judge shares; for a fleet, the model of
             each endpoint's own limiter (:func:`gradekit.judge._limiters.endpoint_limiter`).
         cache: a JudgeCache, or None for no caching.
@@ -219,11 +222,15 @@ class Judge:
         prompt_cache_key: bool | str | None = None,
         warm: bool = True,
         fast_wire: bool | None = None,
+        row_deadline: float | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
             raise ValueError(f"context_window must be at least 1 token, got {context_window}")
         self.context_window = context_window
+        if row_deadline is not None and not row_deadline > 0:
+            raise ValueError(f"`row_deadline` must be a positive number of seconds, not {row_deadline}")
+        self.row_deadline = row_deadline if row_deadline is not None else ROW_DEADLINE_FACTOR * timeout
         self.budget = budget
         if budget is not None:
             budget.check_model(self.model)  # an unpriced model under a cost cap fails here, not mid-run
@@ -431,7 +438,8 @@ class Judge:
         started = time.perf_counter()
         ROW_STARTED.set(time.monotonic())  # a flex request's deadline counts from here
         try:
-            return await self._judge(rubric, row, started)
+            with row_scope(self.row_deadline):  # every attempt, retry and re-ask of this judgement against one deadline
+                return await self._judge(rubric, row, started)
         except Exception as exc:  # noqa: BLE001 - one step's judgement failing here is that step's local_error
             return _failed_here(exc, started)
 
@@ -901,13 +909,18 @@ class Judge:
                 raise _Relearn()
         try:
             breaker = current_breaker()
+            clock = row_clock()
 
             async def once() -> dict[str, Any]:
+                if clock is not None and (left := clock.left()) is not None and left <= 0:
+                    raise Failed("timeout", clock.passed())  # the row's deadline is spent: no further attempt
                 try:
                     completion = await self._fleet.send(request, estimate, usage, breaker, route)
                 except Failed:
                     raise
                 except Exception as exc:
+                    if clock is not None:
+                        clock.last = str(error_of(exc))
                     if judging and isinstance(exc, openai.APIStatusError) and flex_capacity(exc, request):
                         raise FlexFull() from exc  # no flex capacity now: the row waits or falls back (_send_tiered)
                     if route == "chat" and isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 404) \

@@ -35,6 +35,7 @@ from ._redact import check_base_url, redact, redact_url, remember, remember_url
 import openai
 
 from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
+from ._deadline import RowClock, row_clock
 from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacing
@@ -42,7 +43,7 @@ from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
-from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
+from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post, route_url, sdk_http, whole_request_seconds
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -718,11 +719,11 @@ class Fleet:
                 if wire is _NOT_OPENED or isinstance(wire, asyncio.Task):
                     wire = await member.wire()
             sent_at = time.monotonic()
+            clock = row_clock()
             try:
-                if route in NATIVE_ROUTES:
-                    raw, completion = await post_native(member.client(), request, route)
-                else:
-                    raw, completion = await post(member.client(), request, route, wire)
+                sending = post_native(member.client(), request, route) if route in NATIVE_ROUTES else \
+                    post(member.client(), request, route, wire)
+                raw, completion = await _within_row_deadline(sending, member.client(), clock, route)
             except openai.APIStatusError as refused:
                 if flex_capacity(refused, request):
                     raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing
@@ -741,6 +742,9 @@ class Fleet:
                 else:
                     member.failed()
                 raise
+            finally:
+                if clock is not None and not hedge:  # a hedge runs beside the first request: the row's time is the first's
+                    clock.spend(time.monotonic() - sent_at)
         if not isinstance(completion, dict):
             member.failed()
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
@@ -751,6 +755,20 @@ class Fleet:
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         check_body(completion, request, route)
         return completion
+
+
+async def _within_row_deadline(sending: Any, client: Any, clock: RowClock | None, route: Route) -> Any:
+    """The attempt, cut at what is left of the row's deadline (judge._deadline) when that is less than the request's own
+    timeout; a cut attempt fails as a request past its timeout does (``APITimeoutError``), so the retry policy and the
+    row's error read it the same way."""
+    left = clock.left() if clock is not None else None
+    whole = whole_request_seconds(client)
+    if left is None or (whole is not None and left >= whole):
+        return await sending
+    try:
+        return await asyncio.wait_for(sending, max(left, 0.0))
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        raise openai.APITimeoutError(request=sdk_http().Request("POST", route_url(client, route))) from None
 
 
 class _Race:

@@ -81,6 +81,9 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
     ("no_adapt", bool, False, _option("--no-adapt", envvar="GRADEKIT_NO_ADAPT",
                                       help="Do not pace to the limit the provider's replies show (rate-limit headers, 429s); pace only to --rps/--tpm, if given.")),
     ("timeout", float, 60.0, _option("--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request.")),
+    ("row_deadline", float | None, None, _option("--row-deadline", metavar="S",
+                                                 help="Seconds one row's judge requests may spend in all, every attempt, retry and re-ask "
+                                                      "together; past it the row is a timeout error [default: 3 x --timeout].")),
     ("cache_path", str | None, None, _option("--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster "
                                                              "reaches [default: $GRADEKIT_CACHE, else the user cache dir].")),
     ("no_cache", bool, False, _option("--no-cache", help="Neither read nor write the response cache.")),
@@ -136,6 +139,7 @@ class JudgeOptions:
     limiter_key: str | None = None
     no_adapt: bool = False
     timeout: float = 60.0
+    row_deadline: float | None = None  # None: 3 x timeout (judge._deadline)
     cache_path: str | None = None
     no_cache: bool = False
     record: Path | None = None
@@ -172,6 +176,8 @@ class JudgeOptions:
             raise fail("--flex-deadline is for --service-tier flex")
         if self.flex_deadline_s is not None and self.flex_deadline_s < 0:
             raise fail(f"--flex-deadline must be zero or more seconds, not {self.flex_deadline_s}")
+        if self.row_deadline is not None and not self.row_deadline > 0:
+            raise fail(f"--row-deadline must be a positive number of seconds, not {self.row_deadline}")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
         if self.context_window is not None and self.context_window < 1:
@@ -267,7 +273,7 @@ class JudgeOptions:
                         key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         keys = api_key or self.api_key or ("replay" if self.replay else None)
         return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
-                            timeout=self.timeout, limits=limits, hedge=self.hedge, context_window=self.context_window, api=self.api,
+                            timeout=self.timeout, row_deadline=self.row_deadline, limits=limits, hedge=self.hedge, context_window=self.context_window, api=self.api,
                             service_tier=self.service_tier, flex_deadline_s=self.flex_deadline_s)
 
     def layers(self, model: str | None = None) -> tuple[JudgeSpec, JudgeSpec]:
