@@ -172,6 +172,74 @@ def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
     assert costs[0] is not None and costs[1] == costs[0]
 
 
+def _session_processes(session: str) -> list[int]:
+    """The processes of one local Ray cluster: those naming its session folder, those the raylet started (they carry
+    RAY_RAYLET_PID), and those writing into its logs."""
+    pids, raylets = [], set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if session in cmdline and "raylet" in cmdline.split(" ", 1)[0]:
+                raylets.add(entry)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            fds = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if session in cmdline or any(f"RAY_RAYLET_PID={r}".encode() in environ for r in raylets) \
+                or (cmdline.startswith("ray::") and any(fd.startswith(session) for fd in fds)):
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_local_cluster_the_run_started_ends_with_its_driver_killed_by_sigkill(tmp_path: Path) -> None:
+    """Issue 48: `grade --ray local` killed with SIGKILL left its cluster's processes running (2 after 60 s)."""
+    _need_ray()
+    import glob
+    import signal
+
+    from .conftest import Gate
+
+    source = _rows(tmp_path / "in.jsonl", 8)
+    gate = Gate(*range(8), pattern=r"q-(\d+)")  # every row held at the judge: the run is mid-way when it is killed
+    with FakeProvider(responder=gate) as fake:
+        proc = subprocess.Popen(_grade(source, tmp_path / "out.jsonl", fake.base_url, "--ray", "local", "--ray-workers", "1",
+                                       "--no-cache"), env=_env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 240
+            while not fake.chat_requests() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert fake.chat_requests(), "the run never reached the judge"
+            sessions = glob.glob(f"/tmp/ray/session_*_{proc.pid}")
+            assert len(sessions) == 1, sessions
+            assert _session_processes(sessions[0]), "the cluster's processes were found while it ran"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            gate.open.set()
+            if proc.poll() is None:
+                proc.kill()
+        left = _session_processes(sessions[0])
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            time.sleep(1)
+            left = _session_processes(sessions[0])
+    for pid in left:  # the test cleans up after a failure, whatever the cause
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"{len(left)} processes of the killed run's cluster still run"
+
+
 # ---- the file runner on the cluster -------------------------------------------------------
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:

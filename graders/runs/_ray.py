@@ -78,9 +78,31 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
         if address == "local":
             # address="local": a new cluster even when one runs on this machine (ray.init() alone would join it).
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            _ends_with_this_process()
         else:
             ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
+
+
+_WATCHDOG_PIPE: list[int] = []  # the write end the watchdog waits on: held open until this process ends
+
+
+def _ends_with_this_process() -> None:
+    """The local cluster this process just started ends with it, a SIGKILL included (graders/runs/_ray_watchdog.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/proc/self/fd").is_dir():
+        return  # the watchdog reads Linux's /proc; elsewhere ray.shutdown() at a clean exit is all there is
+    ray = import_ray()
+    session = ray._private.worker._global_node.get_session_dir_path()
+    read, write = os.pipe()  # not inheritable: no other process of this one holds the write end
+    source = (Path(__file__).with_name("_ray_watchdog.py")).read_text(encoding="utf-8")
+    subprocess.Popen([sys.executable, "-I", "-S", "-c", source, session, str(read)], pass_fds=(read,), start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(read)
+    _WATCHDOG_PIPE.append(write)
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:
