@@ -190,9 +190,9 @@ EndpointState = Literal["up", "down", "probing"]
 class EndpointBreaker:
     """One endpoint's health inside a fleet: taken out when it looks broken, probed back in.
 
-    Out after ``trip_after`` failures in a row, or more than ``share`` of the last ``window``
-    requests (the failures the run's :class:`Breaker` counts: connection refused or reset, 5xx,
-    timeouts, 401/403/404; never a 429). Once its back-off (``backoff_s``, doubling to
+    Out after one request past its timeout (each costs a whole timeout), ``trip_after`` failures in a
+    row, or more than ``share`` of the last ``window`` requests (the failures the run's :class:`Breaker`
+    counts: connection refused or reset, 5xx, timeouts, 401/403/404; never a 429). Once its back-off (``backoff_s``, doubling to
     ``max_backoff_s`` with each failed probe) is over, one request is let through as a probe; an
     answer brings the endpoint back. A single endpoint is never taken out this way: with nowhere
     else to send, the run's own breaker decides.
@@ -255,8 +255,10 @@ class EndpointBreaker:
                 self.reason = f"{kind}: {message}"
             return False
         failed = sum(self._recent)
-        if self._streak >= self.trip_after or (len(self._recent) >= self._recent.maxlen // 2  # type: ignore[operator]
-                                                and failed > self.share * len(self._recent)):
+        # A request past its timeout cost a whole timeout: one is enough to stop routing rows there (a hung replica
+        # was still shown "up", and sent more rows, until two more had each waited out the timeout).
+        if kind == "timeout" or self._streak >= self.trip_after or (len(self._recent) >= self._recent.maxlen // 2  # type: ignore[operator]
+                                                                    and failed > self.share * len(self._recent)):
             self.down, self.probing = True, False
             self.reason = f"{kind}: {message}"
             self._retry_at = now + self._backoff
