@@ -405,8 +405,9 @@ def _chain_bodies():
     from gradekit.judge._client import build_request
 
     for rubric in list_rubrics():
-        row = {var: (["a", "b", "c"] if spec.type == "list" else ["It is short."] if spec.type == "criteria" else "a")
-               for var, spec in rubric.variables.items()}
+        shapes = {"list": ["a", "b", "c"], "criteria": ["It is short."],
+                  "trajectory": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+        row = {var: shapes.get(spec.type, "a") for var, spec in rubric.variables.items()}
         bound = bind_row(rubric, row)
         for mode in bound.ask_modes:
             yield pytest.param(bound, mode, build_request(bound, bound.render(row, mode), mode, "m", {}), id=f"{rubric.name}-{mode}")

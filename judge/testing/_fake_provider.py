@@ -176,6 +176,9 @@ def _tag_asked(line: str) -> tuple[str, str] | None:
         return tag, inline.group(1)
     rest = line[line.rfind(f"</{tag}>") + len(tag) + 3:]
     found = _QUOTED.search(rest) or re.search(r"([^\s:,.;\uff0c\u3002\uff1a\u3001]+)", rest)
+    if found is None:  # the labels before the tag: "then only one of success, partial, ... in <judgement></judgement>."
+        before = line[:line.find(f"<{tag}>")]
+        found = re.search(r"\bone of\s+([^\s:,.;]+)", before) or re.search(r"\bonly\s+([^\s:,.;]+)", before)
     return (tag, found.group(1)) if found else None
 
 
