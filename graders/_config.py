@@ -455,6 +455,8 @@ class JudgeSettings(BaseModel):
     # Hedged requests over a fleet (judge._hedge): true/false or a mapping of knobs; default on for two endpoints or more.
     hedge: bool | HedgePolicy | None = None
     timeout: float = 60.0
+    # Seconds one row's requests may spend on the wire in all (every attempt, retry, re-ask); default 3 x timeout.
+    row_deadline: float | None = Field(None, gt=0)
     max_prompt_tokens: int | None = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)  # estimated; above it a row is an input error
     context_window: int | None = Field(None, ge=1)  # the model's window in tokens (a trajectory is fitted into it) [learnt]
     params: dict[str, Any] = {}  # judge parameters sent with every request (reasoning_effort, enable_thinking, ...)
@@ -503,20 +505,25 @@ class JudgeSettings(BaseModel):
         for name in ("api", "service_tier", "flex_deadline_s", "prompt_cache_key"):
             if getattr(self, name) is not None:
                 own[name] = getattr(self, name)
+        if self.row_deadline is not None:
+            own["row_deadline"] = self.row_deadline
         return JudgeSpec.of(self.model, base_url=self.base_url, endpoints=self.endpoints, params=self.params or None, **own)
 
     def build(self, **common: Any) -> Any:
         """The Judge, or the Jury, these settings describe (``common``: what every judge shares, e.g. the run's cache and budget)."""
         return self.spec().build(**common)
 
-    def under(self, command_line: JudgeSpec) -> JudgeSpec | JurySpec:
-        """This block beneath a command line's judge: what the command line gives wins (its params key by key).
+    def under(self, command_line: JudgeSpec, defaults: JudgeSpec | None = None) -> JudgeSpec | JurySpec:
+        """This block beneath a command line's judge and over ``defaults`` (the environment's OPENAI_BASE_URL,
+        GRADEKIT_MODEL, a flag's default): what the command line gives wins (its params key by key), what the file
+        gives wins over a default.
 
         A file's jury stays the run's judge unless the command line names a model or an endpoint itself.
         """
         if self.jury is not None and command_line.model is None and not command_line.base_url:
             return self.spec()
-        return self._block().merge(command_line)
+        block = self._block() if defaults is None else defaults.merge(self._block())
+        return block.merge(command_line)
 
     @model_validator(mode="after")
     def _one_way_to_the_judge(self) -> JudgeSettings:

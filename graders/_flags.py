@@ -12,6 +12,7 @@ import re
 
 FLAGS: dict[str, str] = {
     "model": "--model", "base_url": "--base-url", "api_key": "--api-key", "params": "--judge-param", "timeout": "--timeout",
+    "row_deadline": "--row-deadline",
     "params.temperature": "--temperature", "params.reasoning_effort": "--reasoning-effort",
     "params.max_completion_tokens": "--max-completion-tokens",
     "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",

@@ -109,6 +109,10 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
     columns = trajectory_columns(verdict)
     if verdict.status != "ok":
         status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"
+        if verdict.criteria is not None:  # a checklist read too little: how much it read is part of the answer
+            from ._checklist import criteria_metrics
+
+            metrics.update(criteria_metrics(verdict.criteria))
         if verdict.raw:
             lines.append(f"{name}: judge reply {verdict.raw[:300]!r}")
         return Grade.failed(status, f"grader {name!r}: {verdict.error_kind}: {verdict.error}", error_kind=verdict.error_kind,

@@ -102,6 +102,8 @@ class MathEquivalenceGrader:
         if check.outcome == "invalid_gold":
             return Grade.failed("invalid", f"{name}: the gold answer cannot be parsed: {check.detail}", error_kind="invalid_gold",
                                 debug=debug, columns=columns)
+        if check.error_kind == "input":  # the response is no text at all: the sample cannot be graded
+            return Grade.failed("invalid", f"{name}: {check.detail}", error_kind="input", debug=debug, columns=columns)
         what = "timed out" if check.error_kind == "timeout" else "failed"
         return Grade.failed("error", f"{name}: the answer check {what}: {check.detail}", error_kind=check.error_kind or "verifier_error",
                             debug=debug, columns=columns)

@@ -88,8 +88,11 @@ class HybridGrader:
         first = await self.symbolic(sample)
         check = self.symbolic.check_of(first)
         response = sample.response_text
-        if check is None or check.outcome == "equal" or not response.strip():
-            # Accepted, nothing to judge (an empty response), or no gold answer to show a judge either.
+        if check is None:
+            # No gold answer (an invalid row): neither path decided it, and no judge call was saved, as none was possible.
+            return self._decided(first, None)
+        if check.outcome == "equal" or not response.strip():
+            # Accepted, or nothing to judge (an empty response): the rules decided, two judge calls saved.
             return self._decided(first, SYMBOLIC)
         gold = self.symbolic.gold(sample)
         question = sample.prompt_text if any(m.role == "user" for m in sample.messages) else ""
@@ -109,7 +112,7 @@ class HybridGrader:
         return Grade.failed(status, f"grader {name!r}: {judged.error_kind}: {judged.error}", error_kind=judged.error_kind, **fields)
 
     @staticmethod
-    def _decided(grade: Grade, path: str) -> Grade:
+    def _decided(grade: Grade, path: str | None) -> Grade:
         return grade.model_copy(update={"columns": {**grade.columns, "decided_by": path}})
 
     def settings(self) -> dict[str, Any]:

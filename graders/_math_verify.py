@@ -50,7 +50,7 @@ from .sandbox._answer_rules import KINDS
 from .sandbox._checkers import CheckerPool
 
 Outcome = Literal["equal", "different", "invalid_gold", "error"]
-CheckErrorKind = Literal["timeout", "verifier_error"]
+CheckErrorKind = Literal["timeout", "verifier_error", "input"]  # input: the response is no text to check (a lone surrogate)
 ParseMode = Literal["auto", "boxed", "answer", "latex", "expr"]
 PARSE_MODES: tuple[str, ...] = ("auto", "boxed", "answer", "latex", "expr")
 AUTO_MODES: tuple[str, ...] = ("boxed", "answer", "latex", "expr")
@@ -77,6 +77,15 @@ class MathCheck(BaseModel):
     @property
     def equal(self) -> bool:
         return self.outcome == "equal"
+
+
+def _not_text(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (a str Python holds but no encoding writes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def parse_modes(parse: str | Sequence[str]) -> tuple[str, ...]:
@@ -200,7 +209,7 @@ class MathVerifier:
             future: Future = Future()
             self._inflight[key] = future
             self._stats["checks"] += 1
-        early = self._refuse(gold)
+        early = self._refuse(gold, response)
         if early is not None:
             self._finish(key, future, early)
             return future
@@ -208,13 +217,23 @@ class MathVerifier:
         if self.max_chars is not None and len(response) > self.max_chars:
             cut = f"; the response ({len(response):,} characters) was cut to its last {self.max_chars:,}"
             response = response[-self.max_chars:]
-        reply = self._pool.submit({"gold": gold, "response": response, "parse": list(self.modes), **extra}, self.timeout)
+        try:
+            reply = self._pool.submit({"gold": gold, "response": response, "parse": list(self.modes), **extra}, self.timeout)
+        except Exception as e:  # noqa: BLE001 - never a pair left in flight for ever (a later caller would wait on it)
+            self._finish(key, future, MathCheck(outcome="error", error_kind="verifier_error", detail=f"{type(e).__name__}: {e}"), 0.0, True)
+            return future
         reply.add_done_callback(lambda f: self._finish(key, future, *self._to_check(f, cut)))
         return future
 
-    def _refuse(self, gold: str) -> MathCheck | None:
+    def _refuse(self, gold: str, response: str) -> MathCheck | None:
         if self.max_chars is not None and len(gold) > self.max_chars:
             return MathCheck(outcome="invalid_gold", detail=f"the gold answer is {len(gold):,} characters, above max_chars={self.max_chars:,}")
+        for side, text in (("gold answer", gold), ("response", response)):
+            where = _not_text(text)
+            if where is not None:
+                detail = f"the {side} holds a lone surrogate ({text[where]!r} at {where}), which no Unicode text holds: it cannot be checked"
+                return MathCheck(outcome="invalid_gold", detail=detail) if side == "gold answer" else \
+                    MathCheck(outcome="error", error_kind="input", detail=detail)
         return None
 
     @staticmethod

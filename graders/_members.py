@@ -58,6 +58,14 @@ def timeout_grade(deadline_s: float) -> Grade:
 R = TypeVar("R")
 
 
+DEADLINE_CUT = "group_deadline_s"  # the message of the CancelledError of a member cut at the group's deadline
+
+
+def cut_at_deadline(exc: BaseException) -> bool:
+    """Whether ``exc`` is the cancellation of a member cut at its group's deadline (:func:`gather_members`)."""
+    return isinstance(exc, asyncio.CancelledError) and DEADLINE_CUT in exc.args
+
+
 async def gather_members(calls: Sequence[Callable[[], Awaitable[R]]], deadline_s: float | None,
                          *, started: float | None = None, on_timeout: Callable[[float], R] = timeout_grade) -> list[R]:
     """Run every member at once; when the deadline passes, the members still waiting are cancelled
@@ -75,7 +83,7 @@ async def gather_members(calls: Sequence[Callable[[], Awaitable[R]]], deadline_s
             t.cancel()
         raise
     for t in pending:
-        t.cancel()
+        t.cancel(DEADLINE_CUT)  # said in the CancelledError, so a meter counts it as the timeout it is, not a raise
     if pending:
         await asyncio.wait(pending, timeout=CANCEL_GRACE_S)  # bounded: a member that ignores cancellation is left behind
     results: list[R] = []

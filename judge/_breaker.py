@@ -9,7 +9,8 @@ and LLM nodes built anywhere are covered without plumbing) and reports each requ
 It trips on either rule:
 
 - the first ``first_rows`` rows judged all failed with the same non-transient error (a 401, a
-  403, a 404 for the model, any same ``bad_request``), or all got replies that are not in the
+  403, a 404 for the model, any same ``bad_request``, or the same ``local_error``: this process
+  fails before any request, a broken install, and says so, never blaming the judge), or all got replies that are not in the
   rubric's format (``parse_failure``: a judge that never answers in the format would otherwise
   be asked three times per row for the whole file);
 - more than ``share`` of the last ``window`` requests failed (connection refused, 5xx, timeouts,
@@ -69,6 +70,9 @@ class Trip:
         object.__setattr__(self, "endpoints", tuple(redact(e) or "" for e in self.endpoints))
 
     def describe(self) -> str:
+        if self.kind == "local_error":  # nothing is wrong with the judge: this process failed before any request
+            return (f"gradekit failed in this process before any request to {self.base_url or '(unknown URL)'} (model "
+                    f"{self.model or 'unknown'}), and every row would fail the same way: {self.rule}; local_error, e.g. {self.example}")
         if self.endpoints:
             return (f"every endpoint of the judge (model {self.model or 'unknown'}) looks broken: "
                     + "; ".join(self.endpoints))
@@ -161,7 +165,7 @@ class Breaker:
         if self.tripped is None and len(self._first) == self.first_rows:
             first = self._first[0]
             base_url, model = self._endpoint
-            if first is not None and first[0] == "bad_request" and all(f == first for f in self._first):
+            if first is not None and first[0] in ("bad_request", "local_error") and all(f == first for f in self._first):
                 self.tripped = Trip(first[0], first[1], f"the first {self.first_rows} rows failed with the same error",
                                     base_url, model)
             elif all(f is not None and f[0] == "parse_failure" for f in self._first):
@@ -173,7 +177,7 @@ class Breaker:
         """Whether a row that failed with ``kind`` waits before it is written: the breaker may still trip on it."""
         if self.cuts(kind):
             return True
-        return kind == "parse_failure" and self.tripped is None and len(self._first) < self.first_rows
+        return kind in ("parse_failure", "local_error") and self.tripped is None and len(self._first) < self.first_rows
 
     def cuts(self, kind: str | None) -> bool:
         """Whether a row that failed with ``kind`` is left out of a tripped run's output (it failed for what tripped it)."""
@@ -186,9 +190,9 @@ EndpointState = Literal["up", "down", "probing"]
 class EndpointBreaker:
     """One endpoint's health inside a fleet: taken out when it looks broken, probed back in.
 
-    Out after ``trip_after`` failures in a row, or more than ``share`` of the last ``window``
-    requests (the failures the run's :class:`Breaker` counts: connection refused or reset, 5xx,
-    timeouts, 401/403/404; never a 429). Once its back-off (``backoff_s``, doubling to
+    Out after one request past its timeout (each costs a whole timeout), ``trip_after`` failures in a
+    row, or more than ``share`` of the last ``window`` requests (the failures the run's :class:`Breaker`
+    counts: connection refused or reset, 5xx, timeouts, 401/403/404; never a 429). Once its back-off (``backoff_s``, doubling to
     ``max_backoff_s`` with each failed probe) is over, one request is let through as a probe; an
     answer brings the endpoint back. A single endpoint is never taken out this way: with nowhere
     else to send, the run's own breaker decides.
@@ -251,8 +255,10 @@ class EndpointBreaker:
                 self.reason = f"{kind}: {message}"
             return False
         failed = sum(self._recent)
-        if self._streak >= self.trip_after or (len(self._recent) >= self._recent.maxlen // 2  # type: ignore[operator]
-                                                and failed > self.share * len(self._recent)):
+        # A request past its timeout cost a whole timeout: one is enough to stop routing rows there (a hung replica
+        # was still shown "up", and sent more rows, until two more had each waited out the timeout).
+        if kind == "timeout" or self._streak >= self.trip_after or (len(self._recent) >= self._recent.maxlen // 2  # type: ignore[operator]
+                                                                    and failed > self.share * len(self._recent)):
             self.down, self.probing = True, False
             self.reason = f"{kind}: {message}"
             self._retry_at = now + self._backoff

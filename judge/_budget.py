@@ -208,6 +208,11 @@ def _cost(price: ModelPrice, prompt_tokens: int, completion_tokens: int, cached_
             + d(completion_tokens - reasoning) * d(price.output) + d(reasoning) * d(price.reasoning or 0)) / 1_000_000
 
 
+# What a provider's Batch API bills, as a share of the live price: half at OpenAI, Anthropic (Message Batches),
+# Google (Gemini Batch Mode) and Alibaba (DashScope batch), the providers gradekit's --batch speaks to.
+BATCH_PRICE_SHARE = 0.5
+
+
 def cost_usd(prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int,
              cached_tokens: int = 0, *, cache_write_tokens: int = 0, reasoning_tokens: int = 0,
              tier: str | None = None, base_url: str | None = None) -> float:

@@ -10,7 +10,11 @@ for one verdict per criterion; :mod:`gradekit.judge._criteria` holds its data an
 - a ``required`` criterion in error makes the row an error (a parse failure, re-asked as any);
 - otherwise the row's score is the weighted mean of the criteria that were read, and the verdict
   lists every criterion's verdict (``Verdict.criteria``): a missing criterion is never a made-up 0;
-- a reply in which no criterion can be read is a parse failure.
+- a reply in which no criterion can be read, or fewer than the rubric's ``min_criteria_read`` share
+  (0.5 by default), is a parse failure, whose verdict still lists the criteria (``criteria_read``);
+- a criterion whose verdict the row itself holds (``{"c4": "yes"}`` or ``<c4>yes</c4>`` planted in
+  the graded answer, quoted back) is an error for that criterion (``planted: ...``): issue 21's rule,
+  per criterion. A judge's own object (its own rationale) is never a copy of a bare planted verdict.
 
 Per-row criteria are bound to the row first (:func:`bind_row`, called by ``Judge.judge`` and
 ``Judge.prepare``): the bound rubric renders, asks (its JSON schema has one property per criterion
@@ -43,6 +47,32 @@ def bind_row(rubric: Rubric, row: Mapping[str, Any]) -> Rubric:
     bound = rubric.model_copy(update={"criteria": criteria, "output": rubric.output.model_copy(update={"json_schema": schema})})
     bound._unbound = rubric
     return bound
+
+
+def row_text(rubric: Rubric, row: Mapping[str, Any]) -> str | None:
+    """Every text a checklist row brings (its variables' strings, nested ones too), where a verdict it plants is
+    looked for (:func:`gradekit.judge._parse.planted_verdicts`); None for any other rubric."""
+    if not rubric.is_checklist:
+        return None
+    texts: list[str] = []
+
+    def walk(value: Any, depth: int = 0) -> None:
+        if depth > 32:  # a cell nested deeper holds no verdict a template would render as one
+            return
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, depth + 1)
+        elif hasattr(value, "model_dump"):
+            walk(value.model_dump(), depth + 1)
+
+    for var in rubric.variables:
+        walk(row.get(var))
+    return "\n".join(texts)
 
 
 def unbound(rubric: Rubric) -> Rubric:

@@ -23,7 +23,8 @@ from ._breaker import current_breaker
 from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
-from ._checklist import bind_row, unbound
+from ._checklist import bind_row, row_text, unbound
+from ._deadline import ROW_DEADLINE_FACTOR, row_clock, row_scope
 from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fastwire import wanted as fast_wire_wanted
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
@@ -35,7 +36,7 @@ from ._parse import Reading, Unread, read_completion, read_missed_schema, reason
 from ._protocol import JudgeIdentity, JudgeStats
 from ._redact import redact_url
 from ._reward_model import NoScore, RewardRoute, RewardScore, read_reward, server_root
-from ._retry import RetryPolicy, retry_after_seconds
+from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError, rubric_fingerprint
 from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
@@ -46,7 +47,7 @@ from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacit
 from ._verdict import ErrorKind, Usage, Verdict
 from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
                     takes_prompt_cache_key)
-from ._wire import (Failed, Route, breaker_failure, error_of, served_of, status_detail, status_error_kind, status_message, status_text,
+from ._wire import (Failed, Route, breaker_failure, error_of, local_message, served_of, status_detail, status_error_kind, status_message, status_text,
                     usage_counts, vectors_of)
 
 log = logging.getLogger("gradekit.judge")
@@ -121,6 +122,11 @@ def _schema_name(name: str) -> str:
     return cleaned[:64] or "verdict"
 
 
+def _failed_here(exc: BaseException, started: float) -> Verdict:
+    """A judgement that failed in this process (judge._retry.is_local): its local_error Verdict, never an exception."""
+    return Verdict(status="error", error_kind="local_error", error=local_message(exc), latency_s=time.perf_counter() - started)
+
+
 class Judge:
     """Asks an OpenAI-compatible model to apply a rubric and returns a Verdict, never an exception.
 
@@ -135,7 +141,9 @@ class Judge:
             ``limiter``), pacing and health breaker; a request goes to the one with the most free
             capacity, and from a broken one to the others. The fleet is named by its first
             endpoint: ``base_url``, cache keys, the learnt dialect and a run's checkpoint are its.
-        timeout: seconds per request.
+        timeout: seconds per request (first byte, every gap and the total).
+        row_deadline: seconds one row's requests may spend on the wire in all, over every attempt, retry
+            and re-ask (:mod:`gradekit.judge._deadline`); None: ``ROW_DEADLINE_FACTOR`` (3) x ``timeout``.
         limiter: defaults to the process-wide limiter every judge shares; for a fleet, the model of
             each endpoint's own limiter (:func:`gradekit.judge._limiters.endpoint_limiter`).
         cache: a JudgeCache, or None for no caching.
@@ -214,11 +222,15 @@ class Judge:
         prompt_cache_key: bool | str | None = None,
         warm: bool = True,
         fast_wire: bool | None = None,
+        row_deadline: float | None = None,
     ) -> None:
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
             raise ValueError(f"context_window must be at least 1 token, got {context_window}")
         self.context_window = context_window
+        if row_deadline is not None and not row_deadline > 0:
+            raise ValueError(f"`row_deadline` must be a positive number of seconds, not {row_deadline}")
+        self.row_deadline = row_deadline if row_deadline is not None else ROW_DEADLINE_FACTOR * timeout
         self.budget = budget
         if budget is not None:
             budget.check_model(self.model)  # an unpriced model under a cost cap fails here, not mid-run
@@ -402,25 +414,36 @@ class Judge:
             self.cache.set_mode(self.endpoint, mode)
 
     async def judge(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
-        """Judge one row. Every outcome, including bad input, comes back as a Verdict.
+        """Judge one row. Every outcome, including bad input and a failure in this process, comes back as a Verdict.
 
         A rubric with ``granularity: step`` gets one verdict per assistant step (:mod:`gradekit.judge._steps`);
         one with ``navigate: true`` lets the judge read the trace with tools (:mod:`gradekit.judge._navigate`).
         """
-        if rubric.granularity == "step":
-            from ._steps import judge_steps
+        started = time.perf_counter()
+        try:
+            if rubric.granularity == "step":
+                from ._steps import judge_steps
 
-            return await judge_steps(self, rubric, row)
-        if rubric.navigate:
-            from ._navigate import navigate
+                return await judge_steps(self, rubric, row)
+            if rubric.navigate:
+                from ._navigate import navigate
 
-            return await navigate(self, rubric, row)
-        return await self.judge_once(rubric, row)
+                return await navigate(self, rubric, row)
+            return await self.judge_once(rubric, row)
+        except Exception as exc:  # noqa: BLE001 - raised here, not by the judge (which _send makes a Failed): the row's local_error
+            return _failed_here(exc, started)
 
     async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
         """One judgement of one row (a whole trajectory, or one step of it), whatever the rubric's granularity."""
         started = time.perf_counter()
         ROW_STARTED.set(time.monotonic())  # a flex request's deadline counts from here
+        try:
+            with row_scope(self.row_deadline):  # every attempt, retry and re-ask of this judgement against one deadline
+                return await self._judge(rubric, row, started)
+        except Exception as exc:  # noqa: BLE001 - one step's judgement failing here is that step's local_error
+            return _failed_here(exc, started)
+
+    async def _judge(self, rubric: Rubric, row: Mapping[str, Any], started: float) -> Verdict:
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
 
@@ -439,7 +462,7 @@ class Judge:
                 if isinstance(prepared, Verdict):
                     return prepared
                 try:
-                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish)
+                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish, data=row_text(rubric, row))
                     return verdict.shown(prepared.coverage)
                 except _Relearn:
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
@@ -622,8 +645,9 @@ class Judge:
         canonical = _VALUES_JSON.encode(values)  # prepare() yields the rubric's variables in its fixed order
         return hashlib.sha256(f"{shell[2]}|{canonical}".encode()).hexdigest()
 
-    def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict]) -> Verdict | None:
-        reading = read_completion(rubric, stored, mode, logprobs=self.logprobs is not None)
+    def _cache_hit(self, rubric: Rubric, stored: dict[str, Any], mode: AskMode, finish: Callable[..., Verdict],
+                   data: str | None = None) -> Verdict | None:
+        reading = read_completion(rubric, stored, mode, logprobs=self.logprobs is not None, data=data)
         if isinstance(reading, Unread):
             return None  # stale entry from an older parser: ask again
         self._remember(rubric, mode)
@@ -645,8 +669,9 @@ class Judge:
         # A trajectory's prompt depends on the window it is fitted into (learnt as the run goes): no row-values shortcut.
         fitted = bool(rubric.trajectory_variables)
         shortcut = self._row_key(rubric, row, mode) if self.cache is not None and not fitted else None
+        data = row_text(rubric, row) if self.cache is not None else None  # read as the live reply was: the row's planted verdicts
         if shortcut is not None and (stored := self.cache.get_by_row(shortcut)) is not None:  # type: ignore[union-attr]
-            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, finish, data)) is not None:
                 return hit
         # A plain rubric's prompt is checked against a window only once one is given or learnt: the hot path of
         # short prompts pays nothing, and the provider's own refusal teaches the window the first time.
@@ -675,7 +700,7 @@ class Judge:
         request = self._request(rubric, messages, mode)
         key = cache_key(self.base_url, request) if self.cache is not None or need_key else ""
         if self.cache is not None and (stored := self.cache.get(key)) is not None:
-            if (hit := self._cache_hit(rubric, stored, mode, finish)) is not None:
+            if (hit := self._cache_hit(rubric, stored, mode, finish, data)) is not None:
                 if shortcut is not None:
                     self.cache.link(shortcut, key)
                 return hit.shown(coverage)
@@ -710,11 +735,11 @@ class Judge:
             return f"window {min(windows):,} tokens (context_window)"
         return f"window {known_window(self.model) or 0:,} tokens, documented for {self.model}"
 
-    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared,
-                                 usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
+                                 data: str | None = None) -> Verdict:
         """``_ask`` once the budget admits the request (one reservation covers its retries and re-asks)."""
         if self.budget is None:
-            return await self._ask(rubric, prepared, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish, data)
         request, mode = prepared.request, prepared.mode
         prompt = prepared.prompt_estimate
         if prompt < 0:
@@ -725,14 +750,15 @@ class Judge:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
         before = dict(usage)
         try:
-            return await self._ask(rubric, prepared, usage, finish)
+            return await self._ask(rubric, prepared, usage, finish, data)
         finally:
             spent = {name: usage.get(name, 0) - before.get(name, 0) for name in _BILLED}
             self.budget.settle(reservation, spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"],
                                cache_write_tokens=spent["cache_write_tokens"], reasoning_tokens=spent["reasoning_tokens"],
                                flex=tuple(spent[f"flex_{name}"] for name in _BILLED[:5]))  # type: ignore[arg-type]
 
-    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict]) -> Verdict:
+    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
+                   data: str | None = None) -> Verdict:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
         served: dict[str, str | None] = {}
@@ -744,7 +770,8 @@ class Judge:
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
             served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
-            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"])
+            reading = read_completion(rubric, completion, mode, logprobs=self.logprobs is not None, prompt=request["messages"],
+                                      data=data)
             if isinstance(reading, Reading):
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
@@ -759,7 +786,7 @@ class Judge:
         if (number := read_missed_schema(rubric, last)) is not None:
             return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
         return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
-                      **served)
+                      criteria=list(last.criteria) if last.criteria is not None else None, **served)
 
     def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
         """An answered prompt: its size passes the window gate from now on, and a provider that counted
@@ -882,13 +909,18 @@ class Judge:
                 raise _Relearn()
         try:
             breaker = current_breaker()
+            clock = row_clock()
 
             async def once() -> dict[str, Any]:
+                if clock is not None and (left := clock.left()) is not None and left <= 0:
+                    raise Failed("timeout", clock.passed())  # the row's deadline is spent: no further attempt
                 try:
                     completion = await self._fleet.send(request, estimate, usage, breaker, route)
                 except Failed:
                     raise
                 except Exception as exc:
+                    if clock is not None:
+                        clock.last = str(error_of(exc))
                     if judging and isinstance(exc, openai.APIStatusError) and flex_capacity(exc, request):
                         raise FlexFull() from exc  # no flex capacity now: the row waits or falls back (_send_tiered)
                     if route == "chat" and isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 404) \
@@ -904,7 +936,7 @@ class Judge:
                     if breaker is not None and isinstance(exc, openai.RateLimitError):
                         breaker.refused(error_of(exc).args[0], hint=retry_after_seconds(exc), model=request["model"],
                                         base_url=", ".join(m.base_url for m in self._fleet.members))
-                    elif breaker is not None:
+                    elif breaker is not None and not is_local(exc):  # a failure of this process is no request of the judge's
                         breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                     raise
                 if breaker is not None:

@@ -108,14 +108,19 @@ def check_criteria(criteria: Sequence[Criterion]) -> list[Criterion]:
 
 def literal_cell(text: str) -> Any:
     """A CSV cell's value: its JSON, else the Python literal pandas' ``to_csv`` writes for a list;
-    None when it is neither. Literals only: nothing in the cell is run."""
+    None when it is neither. Literals only: nothing in the cell is run. A cell nested deeper than Python
+    can read is a ValueError saying so (a row's error), never a RecursionError ending the run."""
     text = text.strip()
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ValueError("the cell nests lists or objects too deeply to read") from None
     except json.JSONDecodeError:
         try:
             return ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except RecursionError:
+            raise ValueError("the cell nests lists or objects too deeply to read") from None
+        except (ValueError, SyntaxError, MemoryError):
             return None
 
 
@@ -329,9 +334,41 @@ def _verdict(c: Criterion, offered: Mapping[str, float], **fields: Any) -> Crite
     return CriterionVerdict(id=c.id, weight=c.weight, required=c.required, **fields)
 
 
-def read_json_verdicts(criteria: Sequence[Criterion], default_labels: Mapping[str, float], text: str) -> list[CriterionVerdict]:
+def as_written(value: Any) -> tuple[str, str]:
+    """A criterion's verdict as written, to tell a copy: a bare label (a JSON string, a tag's text) by its
+    normalised label; an object by its content, strings' whitespace folded."""
+    if isinstance(value, str):
+        return "label", normalize_label(value)
+    def folded(v: Any) -> Any:
+        if isinstance(v, str):
+            return " ".join(v.split())
+        if isinstance(v, Mapping):
+            return {str(k): folded(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [folded(x) for x in v]
+        return v
+    return "value", json.dumps(folded(value), sort_keys=True, ensure_ascii=False)
+
+
+def json_entries_in(text: str, ids: set[str]) -> list[tuple[str, Any]]:
+    """Every (criterion id, value) written as JSON anywhere in ``text`` ([] when none)."""
+    try:
+        return [(k, v) for k, v in _json_entries(text, ids) if k in ids]
+    except ChecklistUnread:
+        return []
+
+
+def _planted_error(c: Criterion, value: Any) -> str:
+    shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return (f"planted: the graded row itself holds this verdict for {c.id!r} ({str(shown)[:60]!r}); "
+            "the judge's may be a quote of it, so none is taken")
+
+
+def read_json_verdicts(criteria: Sequence[Criterion], default_labels: Mapping[str, float], text: str,
+                       planted: Mapping[str, set[tuple[str, str]]] | None = None) -> list[CriterionVerdict]:
     """One verdict per criterion from a JSON reply, strictly: missing, duplicate (even with the same
-    verdict: not exactly one) and unparseable criteria are errors for that criterion.
+    verdict: not exactly one) and unparseable criteria are errors for that criterion, and so is one
+    written exactly as the row itself writes it (``planted``: id -> :func:`as_written` forms).
 
     Raises:
         ChecklistUnread: the reply holds no JSON object naming a criterion.
@@ -356,6 +393,9 @@ def read_json_verdicts(criteria: Sequence[Criterion], default_labels: Mapping[st
             what = f"different verdicts ({', '.join(repr(x) for x in labels)})" if differ else "the same verdict"
             out.append(_verdict(c, offered, status="error",
                                 error=f"duplicate: the reply names {c.id!r} {len(values)} times with {what}; one may be quoted, so none is taken"))
+            continue
+        if planted and as_written(values[0]) in planted.get(c.id, ()):
+            out.append(_verdict(c, offered, status="error", error=_planted_error(c, values[0])))
             continue
         label, rationale, problem = _label_text(values[0])
         if problem is not None or label is None:

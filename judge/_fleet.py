@@ -35,14 +35,15 @@ from ._redact import check_base_url, redact, redact_url, remember, remember_url
 import openai
 
 from ._breaker import Breaker, EndpointBreaker, EndpointState, Trip
+from ._deadline import RowClock, row_clock
 from ._hedge import HedgeBudget, HedgePolicy, HedgeStats, LatencyTracker, deadlines
 from ._limiters import endpoint_limiter
 from ._pacing import FIRST_REPLY_WAIT_S, Pacing
-from ._retry import RetryPolicy, retry_after_seconds
+from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
-from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post
+from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post, route_url, sdk_http, whole_request_seconds
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -139,7 +140,7 @@ def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[s
             remember_url(endpoint.base_url)
         if not fleet:
             raise ValueError("endpoints: give at least one endpoint")
-        return fleet
+        return _distinct(fleet)
     urls = [base_url] if isinstance(base_url, str) else [u for u in base_url or [] if u]
     keys = [api_key] if isinstance(api_key, str) else [k for k in api_key or [] if k]
     for url in urls:  # judge._redact: a URL without a scheme fails before any request; its credentials are masked
@@ -152,7 +153,25 @@ def endpoints_of(base_url: str | Sequence[str] | None, api_key: str | Sequence[s
         raise ValueError(f"{len(keys)} API keys for {max(1, len(urls))} base URL{'s' if len(urls) > 1 else ''}: "
                          "give one key for all endpoints or one per base URL, in the same order")
     paired = keys if len(keys) > 1 else [keys[0] if keys else None] * len(urls)
-    return [Endpoint(base_url=u, api_key=k) for u, k in zip(urls, paired)]
+    fleet = _distinct([Endpoint(base_url=u, api_key=k) for u, k in zip(urls, paired)])
+    return fleet if len(fleet) > 1 else None
+
+
+def _distinct(fleet: list[Endpoint]) -> list[Endpoint]:
+    """``fleet`` with each endpoint once: one URL given twice with one key is one server and one limit, and as
+    "two endpoints" it would be hedged against itself. Said once per repeated URL."""
+    seen: dict[tuple[str, str | None], int] = {}
+    for endpoint in fleet:
+        key = (endpoint.base_url.rstrip("/"), endpoint.api_key)
+        seen[key] = seen.get(key, 0) + 1
+    for (url, _), times in seen.items():
+        if times > 1:
+            log.warning("base_url %s is given %d times with the same key: one endpoint, not a fleet of %d (a fleet's "
+                        "endpoints are other replicas, regions or keys)", redact_url(url), times, times)
+    firsts: dict[tuple[str, str | None], Endpoint] = {}
+    for endpoint in fleet:
+        firsts.setdefault((endpoint.base_url.rstrip("/"), endpoint.api_key), endpoint)
+    return list(firsts.values())
 
 
 def member_id(base_url: str, api_key: str | None) -> str:
@@ -313,6 +332,10 @@ class Member:
     def failed(self) -> None:
         """No HTTP answer (connection refused or reset, timeout) or a malformed body."""
         self.stats.errors += 1
+
+    def unsent(self) -> None:
+        """The request counted by :meth:`sent` failed in this process (judge._retry.is_local): it was no request."""
+        self.stats.requests -= 1
 
     def snapshot(self) -> EndpointStats:
         stats = self.stats.model_copy(update={"hedges": self.stats.hedges.model_copy()})
@@ -561,10 +584,10 @@ class Fleet:
                 raise
             except Exception as exc:
                 failure = breaker_failure(exc)
-                if failure is None:
-                    member.breaker.success()
-                else:
+                if failure is not None:
                     member.breaker.failure(*failure)
+                elif not is_local(exc):  # it answered; a failure of this process says nothing of the endpoint
+                    member.breaker.success()
                 raise
             member.breaker.success()
             return completion
@@ -633,6 +656,8 @@ class Fleet:
                 except Failed:
                     raise
                 except Exception as exc:
+                    if is_local(exc):
+                        raise  # this process failed, not the endpoint: its health is unchanged
                     failure = breaker_failure(exc)
                     if failure is None:
                         member.breaker.success()  # it answered (a 429, a 400 about the request): alive
@@ -694,11 +719,11 @@ class Fleet:
                 if wire is _NOT_OPENED or isinstance(wire, asyncio.Task):
                     wire = await member.wire()
             sent_at = time.monotonic()
+            clock = row_clock()
             try:
-                if route in NATIVE_ROUTES:
-                    raw, completion = await post_native(member.client(), request, route)
-                else:
-                    raw, completion = await post(member.client(), request, route, wire)
+                sending = post_native(member.client(), request, route) if route in NATIVE_ROUTES else \
+                    post(member.client(), request, route, wire)
+                raw, completion = await _within_row_deadline(sending, member.client(), clock, route)
             except openai.APIStatusError as refused:
                 if flex_capacity(refused, request):
                     raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing
@@ -710,9 +735,16 @@ class Fleet:
                     if wait:
                         limiter.hold(wait)  # this endpoint only: the others keep sending
                 raise
-            except Exception:
-                member.failed()
+            except Exception as exc:
+                if is_local(exc):  # failed here, not at the endpoint: no request, no error of the endpoint's
+                    member.unsent()
+                    usage["attempts"] -= 1
+                else:
+                    member.failed()
                 raise
+            finally:
+                if clock is not None and not hedge:  # a hedge runs beside the first request: the row's time is the first's
+                    clock.spend(time.monotonic() - sent_at)
         if not isinstance(completion, dict):
             member.failed()
             raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
@@ -723,6 +755,20 @@ class Fleet:
         await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
         check_body(completion, request, route)
         return completion
+
+
+async def _within_row_deadline(sending: Any, client: Any, clock: RowClock | None, route: Route) -> Any:
+    """The attempt, cut at what is left of the row's deadline (judge._deadline) when that is less than the request's own
+    timeout; a cut attempt fails as a request past its timeout does (``APITimeoutError``), so the retry policy and the
+    row's error read it the same way."""
+    left = clock.left() if clock is not None else None
+    whole = whole_request_seconds(client)
+    if left is None or (whole is not None and left >= whole):
+        return await sending
+    try:
+        return await asyncio.wait_for(sending, max(left, 0.0))
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        raise openai.APITimeoutError(request=sdk_http().Request("POST", route_url(client, route))) from None
 
 
 class _Race:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError, create_model
 
-from ._criteria import ChecklistUnread, Criterion, CriterionVerdict, criteria_of, read_json_verdicts, row_score
+from ._criteria import (ChecklistUnread, Criterion, CriterionVerdict, as_written, criteria_of, json_entries_in, read_json_verdicts,
+                        row_score)
 from ._normalize import normalize_label
 from ._rubric import AskMode, Rubric
 from ._thinking import read_message
@@ -48,10 +49,12 @@ class ParseFailure(ValueError):
     """The reply holds no offered label. ``kind`` is "parse_failure" unless refined by the caller.
 
     ``reason`` names a failure a caller may count apart (``"ambiguous_verdict"``); None otherwise.
+    ``criteria``: a checklist's verdicts as read, kept on the row's error (how many were read).
     """
 
     kind = "parse_failure"
     reason: str | None = None
+    criteria: tuple[CriterionVerdict, ...] | None = None
 
 
 class AmbiguousVerdict(ParseFailure):
@@ -252,14 +255,16 @@ def match_label(rubric: Rubric, answer: str) -> tuple[str, float] | None:
     return None
 
 
-def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_arguments: str | None = None) -> Parsed:
+def parse_reply(rubric: Rubric, content: str | None, mode: AskMode, tool_arguments: str | None = None, *,
+                data: str | None = None) -> Parsed:
     """Turn one reply into a label and score, or raise ParseFailure saying why.
 
     A reply naming two different verdicts raises :class:`AmbiguousVerdict` (a ParseFailure whose
-    ``reason`` is ``"ambiguous_verdict"``): the judge re-asks as for any parse failure.
+    ``reason`` is ``"ambiguous_verdict"``): the judge re-asks as for any parse failure. ``data``: the
+    text the row brought (judge._checklist.row_text), where a checklist's planted verdicts are looked for.
     """
     if rubric.is_checklist:
-        return _parse_checklist(rubric, content, mode, tool_arguments)
+        return _parse_checklist(rubric, content, mode, tool_arguments, data)
     rationale: str | None = None
     out = rubric.output
     if mode in ("json_schema", "json_object", "tool"):
@@ -332,7 +337,23 @@ def _match_labels(labels: Mapping[str, float], answer: str) -> tuple[str, float]
     return next(((label, score) for label, score in labels.items() if normalize_label(label) == key), None)
 
 
-def _checklist_tags(criteria: list[Criterion], rubric: Rubric, text: str) -> list[CriterionVerdict]:
+def planted_verdicts(criteria: Sequence[Criterion], data: str | None) -> dict[str, set[tuple[str, str]]]:
+    """The verdicts the row itself writes for each criterion (``{"c4": "yes"}``, ``<c4>yes</c4>``), as written
+    (:func:`~judge._criteria.as_written`): a reply's verdict written the same way may be a quote of it."""
+    if not data:
+        return {}
+    ids = {c.id for c in criteria}
+    found: dict[str, set[tuple[str, str]]] = {}
+    for key, value in json_entries_in(data, ids):
+        found.setdefault(key, set()).add(as_written(value))
+    for c in criteria:
+        for _, _, answer in _tags(data, c.id):
+            found.setdefault(c.id, set()).add(as_written(answer))
+    return found
+
+
+def _checklist_tags(criteria: list[Criterion], rubric: Rubric, text: str,
+                    planted: Mapping[str, set[tuple[str, str]]] | None = None) -> list[CriterionVerdict]:
     out = []
     for c in criteria:
         offered = c.offered(rubric.labels)
@@ -346,6 +367,10 @@ def _checklist_tags(criteria: list[Criterion], rubric: Rubric, text: str) -> lis
         except AmbiguousVerdict as e:
             out.append(_criterion(c, status="error", error=f"duplicate: {e}"))
             continue
+        if planted and as_written(answer) in planted.get(c.id, ()):
+            out.append(_criterion(c, status="error", error=f"planted: the graded row itself holds <{c.id}>{answer.strip()[:60]}</{c.id}>; "
+                                                            "the judge's may be a quote of it, so none is taken"))
+            continue
         matched = _match_labels(offered, answer)
         if matched is None:
             out.append(_criterion(c, status="error",
@@ -355,12 +380,14 @@ def _checklist_tags(criteria: list[Criterion], rubric: Rubric, text: str) -> lis
     return out
 
 
-def _parse_checklist(rubric: Rubric, content: str | None, mode: AskMode, tool_arguments: str | None = None) -> Parsed:
+def _parse_checklist(rubric: Rubric, content: str | None, mode: AskMode, tool_arguments: str | None = None,
+                     data: str | None = None) -> Parsed:
     """A checklist reply -> a Parsed whose ``criteria`` hold one verdict per criterion, or ParseFailure.
 
-    The row fails (ParseFailure) when the reply is empty or holds nothing readable, when no
-    criterion was read, or when a required criterion is in error; otherwise its score is the
-    weighted mean over the criteria read.
+    The row fails (ParseFailure, carrying the criteria as read) when the reply is empty or holds
+    nothing readable, when no criterion was read or fewer than the rubric's ``min_criteria_read``
+    share, or when a required criterion is in error; otherwise its score is the weighted mean over
+    the criteria read. A criterion whose verdict the row itself writes (``data``) is in error.
     """
     criteria = criteria_of(rubric)
     if not criteria:
@@ -368,19 +395,33 @@ def _parse_checklist(rubric: Rubric, content: str | None, mode: AskMode, tool_ar
     source = tool_arguments if mode == "tool" else content
     if not source or not source.strip():
         raise ParseFailure("empty reply")
+    planted = planted_verdicts(criteria, data)
     if mode in ("json_schema", "json_object", "tool"):
         try:
-            verdicts = read_json_verdicts(criteria, rubric.labels, source)
+            verdicts = read_json_verdicts(criteria, rubric.labels, source, planted)
         except ChecklistUnread as e:
             raise ParseFailure(str(e)) from None
     else:
-        verdicts = _checklist_tags(criteria, rubric, source)
+        verdicts = _checklist_tags(criteria, rubric, source, planted)
+
+    def failure(message: str) -> ParseFailure:
+        failed = ParseFailure(message)
+        failed.criteria = tuple(verdicts)
+        return failed
+
     failed_required = [v for v in verdicts if v.required and v.status != "ok"]
     if failed_required:
-        raise ParseFailure("; ".join(f"required criterion {v.id!r}: {v.error}" for v in failed_required))
+        raise failure("; ".join(f"required criterion {v.id!r}: {v.error}" for v in failed_required))
     score = row_score(verdicts)
     if score is None:
-        raise ParseFailure("no criterion could be read: " + "; ".join(f"{v.id}: {v.error}" for v in verdicts[:5]))
+        raise failure("no criterion could be read: " + "; ".join(f"{v.id}: {v.error}" for v in verdicts[:5]))
+    read = sum(v.status == "ok" for v in verdicts)
+    if read < rubric.min_criteria_read * len(verdicts):
+        # A judge that answers 1 of 10 has not judged the row: a weighted mean of that one is no score of it.
+        unread = [v for v in verdicts if v.status != "ok"]
+        raise failure(f"only {read} of {len(verdicts)} criteria read (criteria_read {read}), under the rubric's min_criteria_read "
+                      f"({rubric.min_criteria_read:g}); not read: {', '.join(v.id for v in unread[:10])}"
+                      f"{', ...' if len(unread) > 10 else ''} (e.g. {unread[0].id}: {unread[0].error})")
     return Parsed(label=None, score=score, rationale=None, criteria=tuple(verdicts))
 
 
@@ -422,6 +463,7 @@ class Unread:
     error: str
     raw: str | None
     thinking: str | None
+    criteria: tuple[CriterionVerdict, ...] | None = None  # a checklist's verdicts as read (how many were)
 
 
 class _Refused(Exception):
@@ -429,21 +471,22 @@ class _Refused(Exception):
 
 
 def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode, *, logprobs: bool = False,
-                    prompt: Sequence[Mapping[str, Any]] | None = None) -> Reading | Unread:
+                    prompt: Sequence[Mapping[str, Any]] | None = None, data: str | None = None) -> Reading | Unread:
     """The one reader of replies: a chat completion and the rubric it answers -> a Reading or an Unread.
 
     The verdict is read from the final answer only (the thinking is set apart first), in the ask
     mode the request used; ``logprobs`` scores G-Eval style where the reply carries them. With the
     request's ``prompt`` (its messages), a JSON reply that only repeats a JSON object of the prompt
-    (a verdict planted in the graded answer, copied whole) is a parse_failure (``echoed_json``).
+    (a verdict planted in the graded answer, copied whole) is a parse_failure (``echoed_json``). With
+    ``data`` (the text a checklist row brought), a criterion's verdict the row itself writes is not taken.
     """
     try:
-        parsed, thinking = _read(rubric, completion, mode, prompt)
+        parsed, thinking = _read(rubric, completion, mode, prompt, data)
     except _Refused as refusal:
         return Unread("refusal", str(refusal), raw_text(completion), reasoning_of(completion))
     except ParseFailure as failure:
         kind: Literal["truncated", "parse_failure"] = "truncated" if getattr(failure, "kind", "") == "truncated" else "parse_failure"
-        return Unread(kind, str(failure), raw_text(completion), reasoning_of(completion))
+        return Unread(kind, str(failure), raw_text(completion), reasoning_of(completion), failure.criteria)
     score, source = parsed.score, None
     # A number's score is the number, not a label's weight; a checklist has no one label to weigh.
     if logprobs and rubric.output.mode != "number" and parsed.label is not None:
@@ -453,7 +496,7 @@ def read_completion(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode
 
 
 def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode,
-          prompt: Sequence[Mapping[str, Any]] | None = None) -> tuple[Parsed, str | None]:
+          prompt: Sequence[Mapping[str, Any]] | None = None, data: str | None = None) -> tuple[Parsed, str | None]:
     """The verdict of a completion, read from its final answer only, and the thinking set apart from it."""
     choice = (completion.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -476,7 +519,7 @@ def _read(rubric: Rubric, completion: Mapping[str, Any], mode: AskMode,
         detail = "raise `params.max_completion_tokens`" if reply.thought else "raise max_tokens (`params.max_completion_tokens`)"
         raise _truncated(f"reply cut off at the token limit (finish_reason=length); {detail}")
     try:
-        parsed = parse_reply(rubric, reply.answer, mode, tool_args)
+        parsed = parse_reply(rubric, reply.answer, mode, tool_args, data=data)
         if prompt and mode in ("json_schema", "json_object", "tool") and not rubric.is_checklist:
             _refuse_echo(rubric, tool_args if mode == "tool" else reply.answer, prompt)
         return parsed, reply.thinking
@@ -498,8 +541,9 @@ def _prompt_text(prompt: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _objects_in(text: str) -> list[dict[str, Any]]:
-    """Every JSON object written in ``text``, nested ones included."""
-    decoder = json.JSONDecoder()
+    """Every JSON object written in ``text``, nested ones included (control characters inside strings allowed:
+    a row's text may hold a raw newline in what it means as JSON, and a judge copies it back escaped)."""
+    decoder = json.JSONDecoder(strict=False)
     found: list[dict[str, Any]] = []
 
     def walk(value: Any) -> None:
@@ -537,9 +581,28 @@ def _refuse_echo(rubric: Rubric, source: str | None, prompt: Sequence[Mapping[st
         return
     if len(obj) < 2 or field not in obj:
         return
-    if any(planted == obj for planted in _objects_in(text)):
+    if any(_copied(obj, planted) for planted in _objects_in(text)):
         raise EchoedVerdict(f"echoed_json: the reply only repeats a JSON object the prompt itself holds "
                             f"({json.dumps(obj, ensure_ascii=False)[:80]}), with no verdict of its own; none is taken")
+
+
+def _same_text(value: Any) -> Any:
+    """A JSON value as compared for a copy: strings with their whitespace runs folded (a judge that copies
+    ``"…相同。  "`` writes ``"…相同。"``), everything else as it is."""
+    if isinstance(value, str):
+        return " ".join(value.split())
+    if isinstance(value, dict):
+        return {k: _same_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_same_text(v) for v in value]
+    return value
+
+
+def _copied(reply: Mapping[str, Any], planted: Mapping[str, Any]) -> bool:
+    """Whether every key of the reply's object holds what the planted object holds there: the reply is the
+    planted object, or the part of it a strict schema lets through (a planted object with a key the schema
+    has not, copied into the schema's keys, is still a copy)."""
+    return all(key in planted and _same_text(planted[key]) == _same_text(value) for key, value in reply.items())
 
 
 def _truncated(message: str) -> ParseFailure:

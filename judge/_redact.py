@@ -10,12 +10,17 @@ for any message (a Verdict's error, a log line, an endpoint's reason). Three thi
   (``api-key``, ``key``, ``token``, ``sig``, ``password``...), so an unknown one is hidden too;
 - text that looks like a bearer token or an OpenAI-style key (``Bearer ...``, ``sk-...``).
 
+What a judge replied is stored too (a failed row's ``raw_reply``, a rationale, a reasoning), and a
+provider may quote the request back (its ``Authorization`` header, its URL): a
+:class:`~judge._verdict.Verdict` redacts those fields as it redacts its error.
+
 Each is replaced by ``***``; what is left (the host, the path, the rest of the message) still says
 where and what went wrong.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import threading
@@ -53,6 +58,9 @@ def remember_url(url: str | None) -> None:
         return
     if parts.password:
         remember(parts.password, urllib.parse.unquote(parts.password))
+        # httpx sends ``user:password@`` as ``Authorization: Basic base64(user:password)``: a reply may echo that too.
+        basic = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password)}"
+        remember(base64.b64encode(basic.encode()).decode())
     for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=False):
         if _SECRET_PARAMS.match(name):
             remember(value)
@@ -68,10 +76,17 @@ def redact(text: str | None) -> str | None:
     for secret in known:
         if secret in text:
             text = text.replace(secret, MASK)
-    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
-    text = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", text)
-    text = _BEARER.sub(lambda m: f"{m['name']}{MASK}", text)
-    return _KEY_LIKE.sub(MASK, text)
+    # Each pattern only where its tell is in the text: most texts (every verdict's rationale) hold none, and
+    # four regex passes over each would double what building a Verdict costs.
+    if "@" in text and "://" in text:
+        text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    if "=" in text:
+        text = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", text)
+    if "Bearer" in text or "Basic" in text:
+        text = _BEARER.sub(lambda m: f"{m['name']}{MASK}", text)
+    if "k-" in text:
+        text = _KEY_LIKE.sub(MASK, text)
+    return text
 
 
 def redact_url(url: str | None) -> str | None:
@@ -94,6 +109,12 @@ def check_base_url(url: str) -> str:
         hint = f"http://{text}" if not parts.scheme or "://" not in text else f"https://{text.split('://', 1)[1]}"
         raise ValueError(f"`base_url` {redact_url(text)!r} has no http:// or https:// scheme and host; "
                          f"did you mean {redact_url(hint)!r}? (the API root, often ending in /v1)")
+    try:
+        parts.port  # noqa: B018 - read for its check: "80x0" or 99999 would fail every request in this process instead
+    except ValueError:
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(f"`base_url` {redact_url(text)!r} has a port that is not a number from 0 to 65535 ({port!r}); "
+                         "fix the port (e.g. http://127.0.0.1:8000/v1)") from None
     return url
 
 
@@ -109,6 +130,18 @@ class RedactingFilter(logging.Filter):
         if cleaned != message:
             record.msg, record.args = cleaned, ()
         return True
+
+
+def guard_handlers(logger: logging.Logger | None = None) -> None:
+    """Put the redacting filter on every handler of ``logger`` (the root logger by default), idempotently.
+
+    A logger's filter sees only its own records; a handler's sees every record that reaches it, also those of
+    libraries (httpx logs each request's URL, ``user:password@`` included, at INFO). A process that prints
+    its log (``gradekit serve`` with ``logging.enable``) guards its handlers.
+    """
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def guard_loggers(*names: str) -> None:

@@ -36,9 +36,20 @@ def is_not_recorded(exc: BaseException) -> bool:
     return False
 
 
+def is_local(exc: BaseException) -> bool:
+    """Whether ``exc`` failed in this process rather than at the judge: not the SDK's (HTTP, connection, timeout),
+    not a malformed body (a ValueError the wire raises for a reply), not a missing cassette entry. An ImportError of a
+    broken install, a text that cannot be encoded (UnicodeError), a bug in gradekit or in a rubric's template."""
+    if isinstance(exc, openai.APIError) or is_not_recorded(exc):
+        return False
+    if isinstance(exc, UnicodeError):
+        return True  # a ValueError, but no reply's: the row's text cannot be sent
+    return not isinstance(exc, ValueError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """429, 5xx, timeouts, dropped connections and malformed bodies are worth another try."""
-    if is_not_recorded(exc):
+    if is_not_recorded(exc) or is_local(exc):
         return False
     if isinstance(exc, (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError)):
         return True

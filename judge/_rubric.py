@@ -31,6 +31,9 @@ AskMode = Literal["json_schema", "tool", "json_object", "tags", "text"]
 JSON_FALLBACK_CHAIN: tuple[AskMode, ...] = ("json_schema", "tool", "json_object", "tags")
 
 
+MIN_CRITERIA_READ = 0.5  # a checklist's default: at least half its criteria read, or the row is an error
+
+
 class PromptOverflow(ValueError):
     """The prompt does not fit the room the judge's window leaves, even with its trajectory cut (a ``context_overflow``)."""
 
@@ -165,6 +168,9 @@ class Rubric(BaseModel):
     label_definitions: dict[str, str] = Field(default_factory=dict)
     examples: list[Example] = Field(default_factory=list)
     alignment: Alignment | None = None  # an aligned rubric's certificate and digest (checked by load_rubric)
+    # A checklist: the share of its criteria a reply must give readable verdicts for; below it the row is a
+    # parse_failure (a judge that answered 1 of 10 has not judged the row), never the mean of the few read.
+    min_criteria_read: float = Field(MIN_CRITERIA_READ, gt=0.0, le=1.0)
     directory: Path = Field(default=Path("."), exclude=True)
     _unbound: Rubric | None = PrivateAttr(default=None)  # a per-row checklist bound to one row's criteria: the rubric it came from
 
@@ -258,6 +264,12 @@ class Rubric(BaseModel):
                              "or several trajectory variables")
         if self.navigate and len(self.trajectory_variables) > 1:
             raise ValueError("navigate: true reads one trajectory; the rubric has several trajectory variables")
+        return self
+
+    @model_validator(mode="after")
+    def _min_criteria_read_is_a_checklists(self) -> Rubric:
+        if self.min_criteria_read != MIN_CRITERIA_READ and not self.is_checklist:
+            raise ValueError("min_criteria_read applies to a checklist rubric (criteria:, or a variable of type criteria)")
         return self
 
     @property
@@ -496,6 +508,8 @@ def rubric_fingerprint(rubric: Rubric) -> str:
     unset = {name for name in ("invalid_labels", "inline_template", "criteria", "guidelines", "label_definitions", "examples")
              if not getattr(rubric, name)}
     unset |= {name for name, default in _TRAJECTORY_DEFAULTS.items() if getattr(rubric, name) == default}
+    if rubric.min_criteria_read == MIN_CRITERIA_READ:
+        unset.add("min_criteria_read")
     spec = rubric.model_dump_json(exclude={"directory", "alignment", *unset})
     return hashlib.sha256(f"{spec}\0{source}".encode()).hexdigest()
 
@@ -526,19 +540,24 @@ def _coerce(value: Any, kind: str, rubric: str, var: str) -> Any:
             return as_media(value)
         except ValueError as e:
             raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
-    if kind == "str":
-        if isinstance(value, (list, dict)):
-            return json.dumps(value, ensure_ascii=False)
-        return str(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
-            parsed = literal_cell(text)
-            if isinstance(parsed, list):
-                return [str(x) for x in parsed]
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [str(x) for x in value]
+    try:
+        if kind == "str":
+            if isinstance(value, (list, dict)):
+                return json.dumps(value, ensure_ascii=False)
+            return str(value)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):  # a CSV cell holding a JSON list, or the Python repr pandas' to_csv writes
+                parsed = literal_cell(text)
+                if isinstance(parsed, list):
+                    return [str(x) for x in parsed]
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return [str(x) for x in value]
+    except RecursionError:  # a value nested deeper than Python can write out: this row's error
+        raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: the value nests lists or objects too deeply to read", var) from None
+    except ValueError as e:
+        raise RubricInputError(f"rubric {rubric!r}: variable {var!r}: {e}", var) from None
     if hasattr(value, "tolist"):  # numpy / pyarrow arrays from pandas
         return [str(x) for x in value.tolist()]
     raise RubricInputError(f"rubric {rubric!r}: variable {var!r} must be a list or a string, got {type(value).__name__}", var)

@@ -73,6 +73,7 @@ class JudgeSpec:
     endpoints: tuple[Endpoint, ...] | None = None
     params: Mapping[str, Any] | None = None  # request parameters sent as given; merged key by key
     timeout: float | None = None  # seconds per request [60]
+    row_deadline: float | None = None  # seconds a row's requests may spend on the wire in all [3 x timeout] (judge._deadline)
     limits: Limits = field(default_factory=Limits)
     max_prompt_tokens: int | None = None  # [the Judge's default]; above it a row is an input error
     logprobs: int | None = None  # top logprobs per token, asked with every request
@@ -109,7 +110,7 @@ class JudgeSpec:
         params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
         simple = {name: _merged(getattr(self, name), getattr(other, name))
                   for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge", "context_window", "api",
-                               "service_tier", "flex_deadline_s", "prompt_cache_key")}
+                               "service_tier", "flex_deadline_s", "prompt_cache_key", "row_deadline")}
         return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
 
     @property
@@ -136,7 +137,7 @@ class JudgeSpec:
         given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge),
                                                  ("context_window", self.context_window), ("api", self.api),
                                                  ("service_tier", self.service_tier), ("flex_deadline_s", self.flex_deadline_s),
-                                                 ("prompt_cache_key", self.prompt_cache_key))
+                                                 ("prompt_cache_key", self.prompt_cache_key), ("row_deadline", self.row_deadline))
                  if value is not None}
         base_url: Any = list(self.base_url) if self.base_url else None
         api_key: Any = list(self.api_key) if self.api_key else None

@@ -25,6 +25,7 @@ ErrorKind = Literal[
     "abstained",  # status "abstained": a Cascade none of whose judges was confident enough, or a unanimous Jury that split
     "judged_invalid",  # the judge gave one of the rubric's invalid_labels: the sample cannot be graded (a grader's status=invalid)
     "context_overflow",  # the prompt does not fit the judge's context window even with its trajectory cut (the task and final answer alone)
+    "local_error",  # a failure in this process, not at the judge (a broken install, a template's bug): no request was sent
 ]
 ScoreSource = Literal["label", "logprobs", "label_no_logprobs", "label_no_verdict_token"]
 
@@ -178,11 +179,12 @@ class Verdict(BaseModel):
             _folded(data, "read", _READ_KEYS, ReadInfo)
         return data
 
-    @field_validator("error")
+    @field_validator("error", "raw", "rationale", "reasoning")
     @classmethod
-    def _no_secret(cls, error: str | None) -> str | None:
-        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials: never kept."""
-        return redact(error)
+    def _no_secret(cls, text: str | None) -> str | None:
+        """An error may quote a provider's body (a 401 echoing the key) or a URL with credentials, and a reply may
+        quote the request it answers (its Authorization header, its URL): none of it is kept (judge._redact)."""
+        return redact(text)
 
     @property
     def ok(self) -> bool:

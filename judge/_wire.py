@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import openai
 
 from ._dialect import answered, error_fields, names_output_format, on_wire
-from ._retry import is_not_recorded
+from ._retry import is_local, is_not_recorded
 from ._reward_model import NoScore, read_reward, server_root
 from ._verdict import ErrorKind
 from ._window import overflow_of
@@ -82,6 +82,8 @@ def status_error_kind(status: int) -> ErrorKind:
 
 
 def error_of(exc: BaseException) -> Failed:
+    if is_local(exc):
+        return Failed("local_error", local_message(exc))
     if is_not_recorded(exc):
         return Failed("not_recorded", "the cassette has no recorded reply for this request")
     if isinstance(exc, openai.RateLimitError):
@@ -98,6 +100,26 @@ def error_of(exc: BaseException) -> Failed:
         # The URL tried, so a wrong ``base_url`` or a server not listening reads as such.
         return Failed("server_error", f"connection to {url_of(exc)} failed: {exc}{cause_of(exc)}")
     return Failed("server_error", f"{type(exc).__name__}: {exc}")
+
+
+def local_message(exc: BaseException) -> str:
+    """A failure in this process, said as one: its cause (the exception and where it was raised) and its fix."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    where = f" (at {frames[-1].filename.rsplit('/site-packages/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
+    if isinstance(exc, ImportError):
+        fix = ("a module gradekit needs cannot be imported in this environment: reinstall gradekit and its dependencies "
+               "here (pip install gradekit, with the extra the feature names, e.g. 'gradekit[ray]')")
+    elif isinstance(exc, OSError):
+        fix = "a service or file this process relies on failed (the shared limiter's Redis, the cache's disk): see the cause"
+    elif isinstance(exc, UnicodeError):
+        fix = "the row holds text that cannot be encoded (a lone surrogate such as \\ud800): clean that cell of the input"
+    else:
+        fix = ("a bug in gradekit or in a rubric template or plug-in it runs: fix the template, or report it with this message "
+               "(GRADEKIT_TRACEBACK=1 prints the traceback of a crash)")
+    return (f"{type(exc).__name__}: {exc}{where}: a failure in this process, not at the judge; no request was sent "
+            f"for it. Fix: {fix}")
 
 
 def url_of(exc: BaseException) -> str:
@@ -143,8 +165,8 @@ def breaker_failure(exc: BaseException) -> tuple[str, str] | None:
     None for a 429 (the provider is alive and pacing is the limiter's job), a missing cassette
     entry, and 4xx other than 401/403/404 (the server answered; the request was at fault).
     """
-    if isinstance(exc, openai.RateLimitError) or is_not_recorded(exc):
-        return None
+    if isinstance(exc, openai.RateLimitError) or is_not_recorded(exc) or is_local(exc):
+        return None  # a local failure is no request, and says nothing about the judge
     if isinstance(exc, openai.APIStatusError) and exc.status_code < 500 and exc.status_code not in NO_FALLBACK:
         return None
     failure = error_of(exc)

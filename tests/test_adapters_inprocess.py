@@ -4,6 +4,7 @@ graders against the loopback fake provider."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import inspect
 import json
 import pickle
@@ -395,3 +396,20 @@ def test_ark_example_file_uses_public_names() -> None:
     tree = ast.parse((EXAMPLES / "ark_plugin.py").read_text(encoding="utf-8"))
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "gradekit.graders" for a in n.names]
     assert imported and set(imported) <= set(graders.__all__)
+
+
+def test_trl_says_once_which_reference_column_it_looked_for_and_how_to_map_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 48: a dataset whose reference column is not ``answer`` made every reward None, silently."""
+    inputs = [{"prompt": "2+2?", "solution": "4"}, {"prompt": "3+3?", "solution": "6"}]
+    reward = trl_reward_func(ANSWER_TAG)
+    logger = logging.getLogger("gradekit")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gradekit"):
+            for _ in range(3):  # three training steps
+                assert trl_call(reward, inputs, ["<answer>4</answer>", "<answer>6</answer>"]) == [None, None]
+    finally:
+        logger.removeHandler(caplog.handler)
+    said = list({id(r): r.getMessage() for r in caplog.records if "exact_answer" in r.getMessage()}.values())
+    assert len(said) == 1, said  # once, not every step
+    assert "'answer'" in said[0] and "solution" in said[0] and "columns={'answer': 'solution'}" in said[0], said[0]

@@ -91,14 +91,23 @@ def test_the_text_report_names_both_rates_with_intervals() -> None:
 
 
 def test_a_judge_that_fails_leaves_rows_undecided_and_exits_1() -> None:
+    """A judge that fails some rows: those are undecided, counted by kind (a judge that fails every row stops the
+    run as `grade` stops: tests/test_trust_errors.py)."""
     from gradekit.judge.testing import Reply
 
-    with FakeProvider(responder=lambda body: Reply(content="not json at all")) as fake:
+    _, limited = load_answer_suite(limit=3)
+    bad = limited[1]
+    scripted = scripted_responder(limited)
+
+    def answer(body: dict) -> Reply:
+        text = body["messages"][-1]["content"]
+        return Reply(content="not json at all") if bad.response in text and bad.gold in text else scripted(body)
+
+    with FakeProvider(responder=answer) as fake:
         code, payload = _meta_eval(fake, "--mode", "judge", "--limit", "3", "--judge-param", "seed=1")
     assert code == 1, payload
     row = payload["suites"][0]["results"][0]
-    assert row["decided"] == 0 and row["undecided"] == 3 and row["undecided_by_kind"] == {"parse_failure": 3}
-    assert row["false_positives"]["rate"] is None and row["false_negatives"]["rate"] is None
+    assert row["decided"] == len(limited) - 1 and row["undecided"] == 1 and row["undecided_by_kind"] == {"parse_failure": 1}
 
 
 def test_bad_options_and_suites_exit_2(tmp_path: Path) -> None:

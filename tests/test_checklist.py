@@ -456,6 +456,23 @@ def test_bedrock_lambda_reports_each_criterion_in_its_metrics_list(tmp_path: Pat
     out = json.loads(ran.stdout)
     assert requests == 2 and [r["aggregate_reward_score"] for r in out] == [0.5, 1.0]
     assert out[0]["metrics_list"] == [{"name": "ifc", "value": 0.5, "type": "Reward"},
+                                      {"name": "criteria_read", "value": 2.0, "type": "Metric"},
+                                      {"name": "criteria_total", "value": 2.0, "type": "Metric"},
                                       {"name": "part.criteria.c1", "value": 0.0, "type": "Metric"},
                                       {"name": "part.criteria.c2", "value": 1.0, "type": "Metric"}]
-    assert {m["name"] for m in out[1]["metrics_list"]} == {"ifc", "part.criteria.french", "part.criteria.short", "part.criteria.no_english"}
+    assert {m["name"] for m in out[1]["metrics_list"]} == {"ifc", "criteria_read", "criteria_total", "part.criteria.french",
+                                                           "part.criteria.short", "part.criteria.no_english"}
+
+
+def test_checklist_calibration_prints_no_library_warnings(tmp_path: Path) -> None:
+    """Issue 48: a criterion every human and the judge call "yes" made scikit-learn warn on stderr (a 1 x 1 confusion matrix)."""
+    rows = [{"id": i, "prompt": "p", "response": "r", "criteria": ["A.", "B."],
+             "criteria_labels": {"c1": "yes", "c2": "yes" if i % 2 else "no"}} for i in range(6)]
+    source = write_rows(tmp_path / "in.jsonl", rows)
+    with FakeProvider(responder=checklist_judge(lambda cid, prompt: "yes")) as fake:
+        graded = run_cli("grade", str(source), "-r", "instruction_checklist", "-o", str(tmp_path / "out.jsonl"), "--base-url",
+                         fake.base_url, "--api-key", "k", "--no-cache")
+    assert graded.returncode == 0, graded.stderr
+    done = run_cli("calibrate", str(tmp_path / "out.jsonl"), "--criteria-labels", "criteria_labels", "--bootstrap", "200")
+    assert done.returncode == 0, done.stderr
+    assert "c1" in done.stdout and "Warning" not in done.stderr and "warnings.warn" not in done.stderr, done.stderr

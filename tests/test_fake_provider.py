@@ -372,3 +372,67 @@ def test_subprocess_serves_script_and_stops_on_sigterm(tmp_path: Path) -> None:
         proc.stdout.close()
         proc.stderr.close()
 
+
+
+def test_the_fake_run_outside_its_environment_says_so_in_one_line(tmp_path) -> None:
+    """Issue 48: ``python -m judge.testing`` (the folder's old name, from the repository) with a Python that has no gradekit,
+    and ``python -m gradekit.judge.testing`` without the server it runs on, were tracebacks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # -S: no site-packages, as a Python outside the venv has none of gradekit's; the repository folder is on the path (-m).
+    outside = subprocess.run([sys.executable, "-S", "-m", "judge.testing"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert outside.returncode == 2 and "Traceback" not in outside.stderr, outside.stderr
+    said = outside.stderr.strip()
+    assert len(said.splitlines()) == 1 and "gradekit" in said and "python -m gradekit.judge.testing" in said, said
+
+    shadow = tmp_path / "shadow" / "uvicorn"  # a uvicorn that cannot be imported stands for an environment without it
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'uvicorn'\", name='uvicorn')\n")
+    no_server = subprocess.run([sys.executable, "-m", "gradekit.judge.testing"], capture_output=True, text=True, timeout=60,
+                               env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "shadow")})
+    assert no_server.returncode == 2 and "Traceback" not in no_server.stderr, no_server.stderr
+    said = no_server.stderr.strip()
+    assert len(said.splitlines()) == 1 and "uvicorn" in said and "pip install" in said, said
+
+
+def _chain_bodies():
+    """Every shipped rubric in every ask mode of its chain, rendered for one plain row, as the request the client builds."""
+    from gradekit.judge import list_rubrics
+    from gradekit.judge._checklist import bind_row
+    from gradekit.judge._client import build_request
+
+    for rubric in list_rubrics():
+        shapes = {"list": ["a", "b", "c"], "criteria": ["It is short."],
+                  "trajectory": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+        row = {var: shapes.get(spec.type, "a") for var, spec in rubric.variables.items()}
+        bound = bind_row(rubric, row)
+        for mode in bound.ask_modes:
+            yield pytest.param(bound, mode, build_request(bound, bound.render(row, mode), mode, "m", {}), id=f"{rubric.name}-{mode}")
+
+
+@pytest.mark.parametrize("rubric, mode, body", list(_chain_bodies()))
+def test_the_default_reply_and_a_population_judge_hold_a_verdict_in_every_shipped_rubrics_modes(rubric, mode, body) -> None:
+    """Issue 48 (docs/testing.md): the default reply "holds a verdict in every ask mode" was not so for the regex rubrics
+    (answer_verification_yes_no's "Final Decision: Yes", llmbar's "Output (a)", arena's [[A=B]], group_rank's ranking),
+    and a JudgePopulation's reply in tags or text mode was a bare label."""
+    from gradekit.judge._parse import Reading, read_completion
+    from gradekit.judge.testing import labelled_reply
+
+    def read(reply: Reply):
+        message = {"role": "assistant", "content": reply.content}
+        if reply.tool_call:
+            message["tool_calls"] = [{"id": "c", "type": "function", "function": reply.tool_call}]
+        return read_completion(rubric, {"choices": [{"message": message, "finish_reason": "stop"}]}, mode)
+
+    if not (rubric.is_checklist and mode == "json_object"):  # only the schema names a checklist's criterion ids
+        reading = read(auto_reply(body))
+        assert isinstance(reading, Reading), (reading.error, auto_reply(body).content)
+    if rubric.is_checklist or rubric.name == "group_rank":
+        return  # no one label to name: a checklist's verdicts are per criterion, a ranking is an order
+    for label in rubric.labels:
+        reading = read(labelled_reply(body, label))
+        assert isinstance(reading, Reading) and reading.label == label, (label, getattr(reading, "error", None),
+                                                                         labelled_reply(body, label).content)

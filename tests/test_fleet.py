@@ -140,6 +140,24 @@ def test_an_endpoint_killed_mid_run_hands_its_rows_to_the_others(tmp_path: Path)
     assert endpoints[0]["state"] == endpoints[1]["state"] == "up"
 
 
+def test_an_endpoint_that_hangs_past_the_timeout_is_shown_out_of_the_fleet(pair, tmp_path: Path) -> None:
+    """Issue 48: one of three endpoints hanging past --timeout was still shown "up" after its request timed out."""
+    from gradekit.judge.testing import Reply
+
+    a, b = pair
+    with FakeProvider(responder=lambda body: Reply(content="{}", delay=60)) as hung:
+        source, out = write_rows(tmp_path / "hang.jsonl", 12), tmp_path / "out.jsonl"
+        result = cli("grade", str(source), "-r", "semantic_equivalence_en", "-o", str(out), "--model", "fake-judge", "--api-key", "k",
+                     "--base-url", a.base_url, "--base-url", b.base_url, "--base-url", hung.base_url, "--no-cache", "--json",
+                     "--timeout", "2", "--no-hedge")
+        sent_to_hung = len(hung.chat_requests())
+    assert result.returncode == 0, result.stderr
+    endpoints = json.loads(result.stdout)["endpoints"]
+    assert sent_to_hung >= 1 and endpoints[2]["errors"] >= 1, endpoints
+    assert endpoints[2]["state"] in ("down", "probing") and "timeout" in (endpoints[2]["reason"] or ""), endpoints[2]
+    assert endpoints[0]["state"] == endpoints[1]["state"] == "up"
+
+
 def test_every_endpoint_dead_stops_the_run_naming_each(tmp_path: Path) -> None:
     source, out = write_rows(tmp_path / "dead.jsonl", 40), tmp_path / "out.jsonl"
     with DownJudge() as first, DownJudge() as second:

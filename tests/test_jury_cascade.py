@@ -456,3 +456,22 @@ def test_cascade_fit_gives_each_judge_its_own_base_url_and_a_judge_that_never_an
     # Issue 35: the fit has the breaker every run has: the first rows' same 401 stops it (exit 3), naming the judge.
     assert failed.exit_code == 3 and "looks broken" in failed.output and "401" in failed.output and "(model a)" in failed.output
     assert not (tmp_path / "d.json").exists()
+
+
+def test_a_jurys_text_summary_shows_each_jurors_requests_tokens_and_cost(tmp_path) -> None:
+    """Issue 48: --json had each juror's requests, tokens and cost; the text summary only the jury's rule."""
+    from gradekit.judge.testing import FakeProvider
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"question": f"q{i}?", "references": ["x"], "prediction": "x"}) + "\n" for i in range(4)))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("judge-a: {input: 1.0, output: 2.0}\njudge-b: {input: 3.0, output: 4.0}\n")
+    with FakeProvider() as fake:
+        args = ["grade", str(source), "-r", RUBRIC, "--model", "judge-a", "--model", "judge-b", "--base-url", fake.base_url,
+                "--api-key", "k", "--no-cache", "--prices", str(prices)]
+        text = gradekit(*args, "-o", str(tmp_path / "out.jsonl"))
+        as_json = json.loads(gradekit(*args, "-o", str(tmp_path / "out2.jsonl"), "--json").stdout)
+    said = " ".join(text.stdout.split())
+    for member in as_json["jury"]["members"]:
+        line = f"{member['model']}: {member['requests']} requests, {member['prompt_tokens']} prompt + {member['completion_tokens']} completion tokens, ${member['cost_usd']:.4f}"
+        assert line in said, (line, said)

@@ -216,3 +216,23 @@ def test_retry_errors_grades_the_failed_judge_rows_again_and_counts_the_kept_one
     assert summary["judge_calls_saved"] == 2 * (len(ROWS) - NOT_ACCEPTED)
     fixed = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["status"] for r in fixed] == ["ok"] * len(ROWS)
+
+
+def test_a_row_without_a_gold_answer_is_no_judge_call_saved(tmp_path: Path) -> None:
+    """Issue 48: a row whose gold is missing never reaches the rules or a judge (there is nothing to show either): it was
+    counted decided_by symbolic, two judge calls saved."""
+    (tmp_path / "hybrid.yaml").write_text(CONFIG, encoding="utf-8")
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": 0, "prompt": "Compute 2 + 3.", "response": r"\boxed{5}", "references": {"answer": "5"}}) + "\n"
+                      + json.dumps({"id": 1, "prompt": "Compute 2 + 2.", "response": r"\boxed{4}", "references": {}}) + "\n",
+                      encoding="utf-8")
+    with FakeProvider(responder=judge_says("correct")) as fake:
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(tmp_path / "hybrid.yaml"),
+                               "-o", str(tmp_path / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert not fake.chat_requests()
+    summary = json.loads(done.stdout)
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows[1]["status"] == "invalid" and rows[1]["error_kind"] == "input", rows[1]
+    assert rows[1]["decided_by"] in (None, ""), rows[1]  # nothing decided it
+    assert summary["judge_calls_saved"] == 2 and summary["decided_by"] == {"symbolic": 1}, summary  # was 4, symbolic 2

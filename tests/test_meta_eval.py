@@ -149,4 +149,5 @@ def test_meta_eval_records_and_replays_its_traffic_and_a_dead_endpoint_is_an_err
                                     "--base-url", base_url, "--api-key", "x", "--no-cache", "--timeout", "2"])
     assert dead.exit_code == 1, dead.output
     rows = json.loads(dead.output)["results"]
-    assert all(r["errors"] == r["n"] and r["accuracy"] == 0.0 for r in rows) and rows[0]["errors_by_kind"]
+    # Every pair failed: no accuracy at all (was 0.0, a figure over nothing), and the errors counted by kind.
+    assert all(r["errors"] == r["n"] and r["accuracy"] is None for r in rows) and rows[0]["errors_by_kind"]

@@ -355,3 +355,21 @@ async def test_fake_batch_api_validates_cancels_and_lists() -> None:
         finally:
             await client.close()
     assert (fake.files_uploaded, fake.batches_created, fake.batch_polls, fake.file_downloads) == (2, 3, 3, 2)
+
+
+def test_a_batch_runs_cost_is_estimated_at_the_batch_price_half_the_live_one(tmp_path: Path) -> None:
+    """Issue 48: the Batch API bills half the live price (OpenAI, Anthropic, Gemini, DashScope); the estimate used the live one."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("fake-judge: {input: 2.0, output: 8.0}\n", encoding="utf-8")
+    common = [str(ZH_SET), "-r", "semantic_equivalence_zh", "--api-key", "k", "--no-cache", "--model", "fake-judge",
+              "--prices", str(prices)]
+    with FakeProvider(responder=reference_judge) as fake:
+        code, live_text = grade(*common, "--json", "--base-url", fake.base_url, "-o", str(tmp_path / "live.jsonl"))
+        code_b, batch_text = grade(*common, "--json", "--base-url", fake.base_url, "-o", str(tmp_path / "batch.jsonl"), "--batch",
+                                   "--batch-poll", "0.001")
+        _, said = grade(*common, "--base-url", fake.base_url, "-o", str(tmp_path / "batch2.jsonl"), "--batch", "--batch-poll", "0.001")
+    live, batch = json.loads(live_text), json.loads(batch_text)
+    assert code == code_b == 0 and live["prompt_tokens"] == batch["prompt_tokens"] > 0
+    assert live["cost_usd"] == pytest.approx((live["prompt_tokens"] * 2.0 + live["completion_tokens"] * 8.0) / 1e6)
+    assert batch["cost_usd"] == pytest.approx(live["cost_usd"] / 2), (batch["cost_usd"], live["cost_usd"])  # was: the live price
+    assert "Batch API" in " ".join(said.split()), said

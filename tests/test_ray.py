@@ -172,6 +172,74 @@ def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
     assert costs[0] is not None and costs[1] == costs[0]
 
 
+def _session_processes(session: str) -> list[int]:
+    """The processes of one local Ray cluster: those naming its session folder, those the raylet started (they carry
+    RAY_RAYLET_PID), and those writing into its logs."""
+    pids, raylets = [], set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if session in cmdline and "raylet" in cmdline.split(" ", 1)[0]:
+                raylets.add(entry)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            fds = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if session in cmdline or any(f"RAY_RAYLET_PID={r}".encode() in environ for r in raylets) \
+                or (cmdline.startswith("ray::") and any(fd.startswith(session) for fd in fds)):
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_local_cluster_the_run_started_ends_with_its_driver_killed_by_sigkill(tmp_path: Path) -> None:
+    """Issue 48: `grade --ray local` killed with SIGKILL left its cluster's processes running (2 after 60 s)."""
+    _need_ray()
+    import glob
+    import signal
+
+    from .conftest import Gate
+
+    source = _rows(tmp_path / "in.jsonl", 8)
+    gate = Gate(*range(8), pattern=r"q-(\d+)")  # every row held at the judge: the run is mid-way when it is killed
+    with FakeProvider(responder=gate) as fake:
+        proc = subprocess.Popen(_grade(source, tmp_path / "out.jsonl", fake.base_url, "--ray", "local", "--ray-workers", "1",
+                                       "--no-cache"), env=_env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 240
+            while not fake.chat_requests() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert fake.chat_requests(), "the run never reached the judge"
+            sessions = glob.glob(f"/tmp/ray/session_*_{proc.pid}")
+            assert len(sessions) == 1, sessions
+            assert _session_processes(sessions[0]), "the cluster's processes were found while it ran"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            gate.open.set()
+            if proc.poll() is None:
+                proc.kill()
+        left = _session_processes(sessions[0])
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            time.sleep(1)
+            left = _session_processes(sessions[0])
+    for pid in left:  # the test cleans up after a failure, whatever the cause
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"{len(left)} processes of the killed run's cluster still run"
+
+
 # ---- the file runner on the cluster -------------------------------------------------------
 
 def test_a_killed_local_run_resumes_on_the_cluster_with_the_same_output_as_a_local_run(cluster: str, tmp_path: Path) -> None:
@@ -443,3 +511,23 @@ judge:
     assert outputs[0] == outputs[1] and {r["status"] for r in outputs[0]} == {"ok"}
     assert {k: v for k, v in checkpoints[0].items() if k not in ("input", "output", "mark", "updated")} == \
         {k: v for k, v in checkpoints[1].items() if k not in ("input", "output", "mark", "updated")}
+
+
+def test_an_exported_openai_base_url_stays_beneath_a_grader_files_judge_on_the_cluster(cluster: str, tmp_path: Path) -> None:
+    """Issue 48: the environment is a default, below the file's judge.base_url, on the actors as in a local run."""
+    with FakeProvider() as declared, FakeProvider() as exported:
+        config = tmp_path / "judge.yaml"
+        config.write_text(f"type: llm\nrubric: {RUBRIC}\nmap: {{question: prompt, references: references.answer, prediction: response}}\n"
+                          f"judge:\n  model: file-judge\n  base_url: {declared.base_url}\n", encoding="utf-8")
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps({"prompt": f"e-{i:03d}", "response": "y", "answer": "x"}) + "\n" for i in range(6)),
+                          encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "--grader", str(config), "-o",
+                               str(tmp_path / "out.jsonl"), "--no-cache", "--json", "--ray", cluster, "--ray-workers", "2"],
+                              env=_env(OPENAI_BASE_URL=exported.base_url, OPENAI_API_KEY="k", GRADEKIT_MODEL="shell-model"),
+                              capture_output=True, text=True, timeout=300)
+        reached = len(declared.chat_requests()), len(exported.chat_requests())
+        models = {r.body["model"] for r in declared.chat_requests()}
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert reached == (6, 0) and models == {"file-judge"}, (reached, models)
+    assert "the grader file's judge.base_url" in " ".join(done.stderr.split())

@@ -101,3 +101,69 @@ def test_redact_masks_known_keys_url_credentials_and_token_shapes() -> None:
     assert redact("no secret here: http://127.0.0.1:8000/v1") == "no secret here: http://127.0.0.1:8000/v1"
     with pytest.raises(ValueError, match="did you mean 'http://127.0.0.1:8000/v1'"):
         check_base_url("127.0.0.1:8000/v1")
+
+
+# ---- issue 48: a stored reply, a serve log -------------------------------------------------------
+
+
+def _echoing(fake: FakeProvider, url: str):
+    """A provider that quotes what it was sent back in a 200 reply that holds no verdict: the Authorization header
+    (Bearer key, or the Basic credentials httpx makes of ``user:password@``) and the URL it was called at."""
+
+    def reply(body: dict) -> Reply:
+        seen = fake.chat_requests()[-1].headers.get("authorization", "")
+        return Reply(content=f"I cannot grade this. Your request carried `Authorization: {seen}` and went to {url}.")
+
+    return reply
+
+
+@pytest.mark.parametrize("credentials", ["bearer", "basic"], ids=["planted_bearer_key", "user_password_as_basic_credentials"])
+def test_a_reply_that_quotes_the_key_or_the_urls_credentials_is_stored_without_them(tmp_path, credentials) -> None:
+    """Issue 48: a failed row keeps the judge's reply (raw_reply) for out.jsonl, out.csv, report and view: redacted as errors are."""
+    with FakeProvider() as fake:
+        host = fake.base_url.split("//", 1)[1]
+        userinfo = f"alice:{PASSWORD}@" if credentials == "basic" else ""
+        url = f"http://{userinfo}{host}/chat/completions?api-key={QUERY_SECRET}"
+        fake.set_responder(_echoing(fake, url))
+        source = _rows(tmp_path / "in.jsonl", 2)
+        for out in ("out.jsonl", "out.csv"):
+            done = subprocess.run([sys.executable, "-m", "gradekit", "grade", str(source), "-r", "semantic_equivalence_en",
+                                   "-o", str(tmp_path / out), "--base-url", f"http://{userinfo}{host}",
+                                   "--api-key", KEY, "--no-cache", "--keep-going", "--json"],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 1, done.stderr
+        sent = fake.chat_requests()[0].headers["authorization"]
+    assert sent.startswith("Basic " if credentials == "basic" else "Bearer ")  # what the reply quotes is the real secret
+    report = subprocess.run([sys.executable, "-m", "gradekit", "report", str(tmp_path / "out.jsonl"), "-o", str(tmp_path / "report.html")],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    channels = _channels(done, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "error" and r["error_kind"] == "parse_failure" for r in rows), rows
+    assert all("Authorization: Bearer ***" in r["raw_reply"] or "Authorization: Basic ***" in r["raw_reply"] for r in rows), rows
+    token = sent.split(" ", 1)[1]
+    leaks = _leaks(channels) + [name for name, text in channels.items() if token in text]
+    assert not leaks, leaks
+
+
+def test_a_served_judge_url_with_credentials_is_logged_without_them(tmp_path) -> None:
+    """Issue 48: ``gradekit serve`` with logging.enable logs every judge request (httpx's INFO lines): no URL password."""
+    from .test_server import call, serve_in
+
+    with FakeProvider() as fake:
+        host = fake.base_url.split("//", 1)[1]
+        (tmp_path / "grader.yaml").write_text(json.dumps({
+            "type": "llm", "rubric": "semantic_equivalence_en",
+            "map": {"question": "prompt", "references": "references.answer", "prediction": "response"},
+            "judge": {"model": "fake-judge", "base_url": f"http://alice:{PASSWORD}@{host}"}}))
+        (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\nlogging:\n  enable: true\n")
+        proc, url = serve_in(tmp_path)
+        try:
+            status, _, body = call(url, "/compute_reward", {"prompt": "q?", "response": "x", "extra_params": {"answer": "x"}})
+        finally:
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=60)
+        assert fake.chat_requests(), (body, stderr)
+    assert status == 200, body
+    assert "chat/completions" in stderr, stderr  # the judge request was logged
+    assert PASSWORD not in stderr, stderr

@@ -331,6 +331,23 @@ def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve
         assert held.result(timeout=30)[2]["reward"] == 1.0
 
 
+@pytest.mark.parametrize("where, value", [
+    pytest.param(("responses_create_params", "input"), 5, id="input_a_number"),
+    pytest.param(("responses_create_params", "input"), {"role": "user"}, id="input_an_object"),
+    pytest.param(("response", "output"), 7, id="output_a_number"),
+])
+def test_nemo_gym_verify_with_a_field_of_the_wrong_type_is_a_422_naming_it(fake: FakeProvider, serve, where, value) -> None:
+    """Issue 48: a number as responses_create_params.input was a 500 with Python's TypeError text; the other routes answer 422."""
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1))
+    body = verify_body("Paris")
+    body[where[0]] = {**body[where[0]], where[1]: value}
+    status, _, reply = call(url, "/verify", body)
+    assert status == 422, reply
+    assert reply["detail"][0]["loc"] == ["body", *where] and "TypeError" not in json.dumps(reply), reply
+    assert not fake.chat_requests()
+
+
 # ---- group routes: deadlines and too few finished ---------------------------------------------------
 
 
@@ -354,6 +371,23 @@ def test_dashscope_group_with_a_member_hanging_forever_is_decided_by_the_deadlin
     assert time.monotonic() - started < 1.0 + 2.0
     assert status == 200 and body["status"] == "failed" and body["reward"]["rewards"] == []
     assert "group_deadline_s" in body["error"]
+
+
+def test_a_member_cut_by_group_deadline_s_is_counted_as_timeout_in_metrics(fake: FakeProvider, serve) -> None:
+    """Issue 48: GET /metrics counted it as status="exception", as if the grader had raised."""
+    import urllib.request
+
+    fake.set_responder(responder)
+    url = serve(judge_grader(fake, attempts=1), {"group": {"group_deadline_s": 1.0, "min_members": 2}})
+    out = lambda text: {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": text}]}  # noqa: E731
+    status, _, body = call(url, "/api/v1", {"func_type": "group_reward", "ground_truth": {"answer": "Paris"},
+                                            "agent_outputs": [out("Paris"), out("HANG"), out("Lyon")]})
+    assert status == 200 and body["status"] == "success"
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    rewards = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("gradekit_rewards_total{")}
+    assert rewards.get('gradekit_rewards_total{error_kind="timeout",status="timeout"}') == 1.0, rewards
+    assert not any('status="exception"' in name for name in rewards), rewards
 
 
 def test_openrlhf_batch_is_decided_per_prompt_group(fake: FakeProvider, serve) -> None:

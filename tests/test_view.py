@@ -123,10 +123,10 @@ def _grade_all(folder: Path) -> dict[str, Path]:
             "labels": labels, "pairs": folder / "pairs_out.jsonl", "folder": folder}
 
 
-def start_view(*args: str) -> tuple[subprocess.Popen, str]:
-    """`gradekit view` as a real subprocess on a free port; returns it and its URL (its first stdout line)."""
+def start_view(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`gradekit view` as a real subprocess on a free port (in ``cwd``); returns it and its URL (its first stdout line)."""
     proc = subprocess.Popen([sys.executable, "-m", "gradekit", "view", *args, "--port", "0", "--no-browser"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     url = proc.stdout.readline().strip()  # type: ignore[union-attr]
     if not url.startswith("http://"):
         proc.kill()

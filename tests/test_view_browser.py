@@ -68,7 +68,11 @@ def page(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def view(files: dict[str, Path]) -> Iterator[str]:  # noqa: F811
-    proc, url = start_view(str(files["jsonl"]), "--labels", str(files["labels"]), "--on", "id", "--rubric", "semantic_equivalence_en")
+    # Started in the files' folder with their names, as a user runs it: the page (and docs/view.png) shows "out.jsonl",
+    # not the test's temporary folder.
+    folder = files["jsonl"].parent
+    proc, url = start_view(files["jsonl"].name, "--labels", files["labels"].name, "--on", "id", "--rubric", "semantic_equivalence_en",
+                           cwd=folder)
     yield url
     stop_view(proc)
 
@@ -83,6 +87,8 @@ def test_table_shows_the_first_rows_and_the_total(page: Any, view: str, files: d
     page.wait_for_selector("#summary-rows")
     assert page.inner_text("#summary-rows") == str(len(rows))
     page.wait_for_selector("#accuracy")  # --labels: the agreement card
+    # Issue 48: the README's picture showed a temporary path; it shows the file as the user named it.
+    assert page.inner_text("#file") == "out.jsonl"
     if os.environ.get("GRADEKIT_SCREENSHOT"):
         page.screenshot(path=str(ROOT / "docs" / "view.png"))
 

@@ -385,7 +385,11 @@ def calibrate(
     }
     present = [k for k, lab in enumerate(order) if support[k] > 0]
     report.macro_f1 = float(np.mean([f1[k] for k in present])) if present else None
-    report.confusion = confusion_matrix(h, j, labels=order).tolist()
+    with warnings.catch_warnings():
+        # One label seen (every human and the judge said "yes" for a criterion): the 1 x 1 matrix is the answer, not a
+        # mistake scikit-learn should print on the user's terminal.
+        warnings.simplefilter("ignore")
+        report.confusion = confusion_matrix(h, j, labels=order).tolist()
 
     codes = {lab: k for k, lab in enumerate(order)}
     h_codes = np.array([codes[v] for v in h])
@@ -521,7 +525,8 @@ def pairwise_report(
     report.conflict_rate = _ratio(report.conflicts, len(both))
     if convention == "llmbar":
         report.agree_count = sum(ab[i] == ba[i] for i in range(n))  # None == None agrees, as upstream
-        report.agr = _ratio(report.agree_count, n)
+        # ...but over no pair judged in both orders, that "agreement" is two failures agreeing: no figure at all.
+        report.agr = _ratio(report.agree_count, n) if both else None
     else:
         report.agree_count = len(both) - report.conflicts
         report.agr = _ratio(report.agree_count, len(both))
@@ -540,9 +545,11 @@ def pairwise_report(
     hit_ba = np.array([b is not None and b == g for b, g in zip(ba, gold)], dtype=float)
     report.correct_ab, report.correct_ba = int(hit_ab.sum()), int(hit_ba.sum())
     report.both_correct_count = int((hit_ab * hit_ba).sum())
+    judged_any = report.failures_ab < n or report.failures_ba < n
     if convention == "llmbar":
         report.acc_ab, report.acc_ba = _ratio(report.correct_ab, n), _ratio(report.correct_ba, n)
-        report.acc = (report.correct_ab + report.correct_ba) / 2 / n if n else None
+        # A failed order counts as wrong (LLMBar's convention), but with no order answered the 0 is over nothing.
+        report.acc = (report.correct_ab + report.correct_ba) / 2 / n if n and judged_any else None
         report.both_correct = _ratio(report.both_correct_count, n)
         per_pair = (hit_ab + hit_ba) / 2
     else:

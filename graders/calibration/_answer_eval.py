@@ -31,6 +31,7 @@ what a reward by rule gains and what it costs, kind by kind.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
@@ -44,10 +45,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from gradekit.judge import Rubric, Usage
+from gradekit.judge._breaker import Breaker
 
 from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge_answer
 from ..sandbox._answer_rules import KINDS
 from ._llmbar import packaged_eval_sets
+from ._judging import judge_all
 from ._suites import SuiteError
 
 ANSWER_SUITE = "answer-verification"
@@ -330,7 +333,11 @@ async def answer_meta_eval(suite: str, rows: Sequence[AnswerRow], *, symbolic: S
         results.append(mode_row(suite, "symbolic", None, rows, decisions, kinds))
     names = [str(getattr(j, "model", "judge")) for j in judges]
     for judge, name in zip(judges, names):
-        judged = list(await asyncio.gather(*(ask(judge, r) for r in rows)))
+        # Under a run breaker: a judge that is down or never answers in the rubric's format stops the run (BreakerTripped).
+        who = judge.identity()
+        judged = await judge_all([functools.partial(ask, judge, r) for r in rows], Breaker(endpoint=(who.base_url, who.model)),
+                                 verdict=lambda j: next((v for v in j.verdicts if v.status != "ok"), j.verdicts[0]),
+                                 concurrency=concurrency)
         decisions = [j.decision if j.decision in VERDICTS else None for j in judged]
         kinds = [None if d is not None else j.error_kind for d, j in zip(decisions, judged)]
         results.append(mode_row(suite, "judge", name, rows, decisions, kinds, judge_rows=len(rows), judged=judged))

@@ -89,9 +89,13 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
             if close_symbolic is not None:
                 await close_symbolic()
 
+    from gradekit.judge._breaker import BreakerTripped
+
     try:
         with opts.traffic():
             reports = asyncio.run(run())
+    except BreakerTripped as e:  # the judge is broken, not the suite: exit 3, as `grade` stops
+        raise fail(str(e), 3) from None
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise fail(str(e)) from e
     except KeyboardInterrupt:

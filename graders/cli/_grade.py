@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import sys
@@ -88,6 +89,7 @@ def grade(
     one row per input row), 2 when the run could not start (bad file, rubric or option; INPUT not in
     its encoding; duplicate column names; OUTPUT locked by another run, the same file as INPUT, or
     not writable; --ray without Ray installed or a cluster that cannot be reached), 3 when the judge looks broken and the run stopped early (resumable),
+    when the first rows all failed in this process (local_error: the message names the cause and the fix; resumable once fixed),
     or when the --canary saw the judge change (resumable once it agrees with the start again), 130 on Ctrl-C (resumable).
     """
     args = _GradeArgs(**locals())  # the command line as one value, which each step below reads
@@ -282,6 +284,8 @@ def _run_on_ray(command: _Command, source: RunInput, cache) -> None:
     prices = opts.budget().prices  # the run is priced here, as a local run is: the actors keep no table
     try:
         return _grade_on_ray(a.ray_address, a.ray_workers, spec, a.grader_file, source, a.output, variables, judge=opts.spec(model),
+                             file_judge=functools.partial(opts.file_spec, model) if a.grader_file else None,
+                             layers=opts.layers(model) if a.grader_file else None,
                              cache_path=opts.resolved_cache_path(), cache=cache, json_output=a.json_output, resume=not a.restart,
                              encoding=a.encoding, prices=prices)
     except BreakerTripped as e:
@@ -317,7 +321,7 @@ def _judges(command: _Command, cache) -> _Judges:
             made.append(panel_judge)
             return made[-1]
         # A grader file's judge: (its model, endpoint or fleet, params, or its jury) holds beneath what the command line names.
-        wanted = opts.spec(model) if settings is None else settings.under(opts.spec(model))
+        wanted = opts.spec(model) if settings is None else opts.file_spec(model, settings)
         made.append(wanted.build(limiter=limiter, cache=cache, budget=budget))
         return made[-1]
 
@@ -424,7 +428,7 @@ def _report(command: _Command, judges: _Judges, summary) -> None:
     hedges = {k: sum(getattr(e.hedges, k) for e in (stats.endpoints if stats is not None else [])) for k in ("sent", "won", "lost")}
     block = None
     if isinstance(summary, RunSummary):
-        _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL))
+        _add_money(summary, budget, judge.model if judge is not None else (model or DEFAULT_MODEL), batch=a.batch)
         summary.pacing = pacing
         if judge is not None:
             block = panel_summary(judge, summary, budget.prices)  # None for a single judge
@@ -529,10 +533,13 @@ async def _run(judge: JudgeProtocol, spec, source: Path, destination: Path, vari
                 await canary.fresh.aclose()
 
 
-def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
+def _add_money(summary: RunSummary, budget: Budget, model: str, *, batch: bool = False) -> None:
     """Cost of the output's tokens at the table's prices (cache reads and writes at theirs, the flex part at the
-    flex tier's), what the provider's prompt cache saved or cost, what the response cache saved, and why rows were skipped."""
-    from gradekit.judge._budget import price_of, prompt_cache_usd, usage_cost
+    flex tier's, a --batch run's at the Batch API's), what the provider's prompt cache saved or cost, what the
+    response cache saved, and why rows were skipped."""
+    from decimal import Decimal
+
+    from gradekit.judge._budget import BATCH_PRICE_SHARE, price_of, prompt_cache_usd, usage_cost
     from gradekit.judge._verdict import Usage
 
     price = price_of(budget.prices, model)
@@ -543,6 +550,9 @@ def _add_money(summary: RunSummary, budget: Budget, model: str) -> None:
                       cache_write_tokens=summary.cache_write_tokens, **flex)
         total, flex_part = usage_cost(budget.prices, model, usage), usage_cost(budget.prices, model, usage, tier="flex")
         assert total is not None and flex_part is not None
+        if batch:  # the provider's Batch API bills half its live price
+            total, flex_part = total * Decimal(str(BATCH_PRICE_SHARE)), flex_part * Decimal(str(BATCH_PRICE_SHARE))
+            summary.cost_basis = f"Batch API: {BATCH_PRICE_SHARE:.0%} of the live price"
         summary.cost_usd = float(total)
         if flex:
             summary.cost_by_tier = {"standard": float(total - flex_part), "flex": float(flex_part)}
@@ -674,6 +684,8 @@ def _print_summary(s: RunSummary, output: Path, console: Console, endpoints: lis
     cost = "n/a (no price for the model: --prices FILE)" if s.cost_usd is None else f"${s.cost_usd:.4f} estimated"
     if s.cost_by_tier:
         cost += " (" + ", ".join(f"{tier} ${usd:.4f}" for tier, usd in s.cost_by_tier.items()) + ")"
+    if s.cost_basis and s.cost_usd is not None:
+        cost += f" ({s.cost_basis})"
     saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
     table.add_row("cost", cost + saved)
     table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
@@ -754,8 +766,14 @@ def canary_text(c: dict) -> str:
 
 def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | None, source: Path, destination: Path,
                   variables: dict[str, str], *, judge: JudgeSpec, cache_path: str | None, cache, json_output: bool, resume: bool,
-                  encoding: str | None = None, prices: dict | None = None) -> None:
-    """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py)."""
+                  encoding: str | None = None, prices: dict | None = None, file_judge: Callable[[Any], Any] | None = None,
+                  layers: tuple[JudgeSpec, JudgeSpec] | None = None) -> None:
+    """``grade --ray``: actors judge, this process reads, writes and checkpoints (graders/runs/_ray.py).
+
+    ``file_judge``: a grader file's judge block -> the judge it makes with the command line and the environment
+    (JudgeOptions.file_spec, which says which endpoint is used); ``layers``: (beneath, over) the file's block, as
+    JudgeOptions.layers gives them, for the actors (WorkerSpec.judge_defaults).
+    """
     import asyncio
     from dataclasses import replace
 
@@ -801,14 +819,24 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
             from .._sample import aclose_grader
 
             try:  # built here too, only for its name (part of the checkpoint) and to fail before any actor starts
-                local = load_grader(grader_file, judge=lambda: None)  # type: ignore[arg-type,return-value]
+                def layered(settings: Any = None) -> None:  # the file's judge is the actors' to build; said here
+                    if settings is not None and file_judge is not None:
+                        file_judge(settings)
+
+                layered.reads_settings = True  # type: ignore[attr-defined]
+                local = load_grader(grader_file, judge=layered)  # type: ignore[arg-type]
             except GraderConfigError as e:
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))
             settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(variables or {}),
                         "config": hashlib.sha256(grader_file.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL, "base_url": first_url,
                         **({"encoding": encoding} if encoding else {})}
-        ws = worker_spec(rubric=spec, grader_config=grader_file, judge=judge, cache=cache_path, no_cache=no_cache)
+        beneath = None
+        if grader_file is not None and layers is not None:
+            # A grader file's judge goes between the environment and the command line, on every actor too.
+            beneath, over = layers
+            judge = replace(over, limits=judge.limits)
+        ws = worker_spec(rubric=spec, grader_config=grader_file, judge=judge, judge_defaults=beneath, cache=cache_path, no_cache=no_cache)
         try:
             summary = asyncio.run(grade_file_ray(ws, source, destination, variables, workers=count, settings=settings, resume=resume,
                                                  encoding=encoding))

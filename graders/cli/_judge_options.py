@@ -81,6 +81,9 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
     ("no_adapt", bool, False, _option("--no-adapt", envvar="GRADEKIT_NO_ADAPT",
                                       help="Do not pace to the limit the provider's replies show (rate-limit headers, 429s); pace only to --rps/--tpm, if given.")),
     ("timeout", float, 60.0, _option("--timeout", envvar="GRADEKIT_TIMEOUT", help="Seconds per judge request.")),
+    ("row_deadline", float | None, None, _option("--row-deadline", metavar="S",
+                                                 help="Seconds one row's judge requests may spend in all, every attempt, retry and re-ask "
+                                                      "together; past it the row is a timeout error [default: 3 x --timeout].")),
     ("cache_path", str | None, None, _option("--cache", help="Response cache: a SQLite file, or redis://host:port/db that every node of a cluster "
                                                              "reaches [default: $GRADEKIT_CACHE, else the user cache dir].")),
     ("no_cache", bool, False, _option("--no-cache", help="Neither read nor write the response cache.")),
@@ -92,6 +95,7 @@ _DECLARED: list[tuple[str, Any, Any, Any]] = [
                                                help="YAML/JSON {model: {input: USD per 1M tokens, output: ..., cached_input: ...}} merged over the built-in price table.")),
 ]
 OPTION_NAMES = [name for name, *_ in _DECLARED]
+_CONTEXT = "judge_options_context"
 
 
 def parse_judge_params(pairs: list[str]) -> dict[str, Any]:
@@ -135,6 +139,7 @@ class JudgeOptions:
     limiter_key: str | None = None
     no_adapt: bool = False
     timeout: float = 60.0
+    row_deadline: float | None = None  # None: 3 x timeout (judge._deadline)
     cache_path: str | None = None
     no_cache: bool = False
     record: Path | None = None
@@ -142,6 +147,14 @@ class JudgeOptions:
     max_cost: float | None = None
     max_tokens: int | None = None
     prices_path: Path | None = None
+    # Where each option's value came from, as click tells: "command line", "environment" or "default" (an option
+    # not listed: the command line, as for options built in Python). A grader file's judge sits between the two.
+    sources: dict[str, str] = field(default_factory=dict)
+    _said: set[str] = field(default_factory=set, repr=False)
+
+    def given(self, name: str) -> bool:
+        """Whether option ``name`` was written on the command line (not read from the environment, not a default)."""
+        return self.sources.get(name, "command line") == "command line"
 
     def check(self) -> None:
         """The options that exclude each other, and what cannot be read: exit 2 before any request."""
@@ -163,6 +176,8 @@ class JudgeOptions:
             raise fail("--flex-deadline is for --service-tier flex")
         if self.flex_deadline_s is not None and self.flex_deadline_s < 0:
             raise fail(f"--flex-deadline must be zero or more seconds, not {self.flex_deadline_s}")
+        if self.row_deadline is not None and not self.row_deadline > 0:
+            raise fail(f"--row-deadline must be a positive number of seconds, not {self.row_deadline}")
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise fail(f"--max-completion-tokens must be at least 1, not {self.max_completion_tokens}")
         if self.context_window is not None and self.context_window < 1:
@@ -258,8 +273,31 @@ class JudgeOptions:
                         key=self.limiter_key or f"{self.first_base_url or 'default'}|{model or 'default'}")
         keys = api_key or self.api_key or ("replay" if self.replay else None)
         return JudgeSpec.of(model, base_url=base_url or self.base_url, api_key=keys, params=self.params or None,
-                            timeout=self.timeout, limits=limits, hedge=self.hedge, context_window=self.context_window, api=self.api,
+                            timeout=self.timeout, row_deadline=self.row_deadline, limits=limits, hedge=self.hedge, context_window=self.context_window, api=self.api,
                             service_tier=self.service_tier, flex_deadline_s=self.flex_deadline_s)
+
+    def layers(self, model: str | None = None) -> tuple[JudgeSpec, JudgeSpec]:
+        """(beneath, over): what the environment and the defaults say, and what the command line says. A grader file's
+        ``judge:`` goes between them (:meth:`file_spec`); without a file ``beneath.merge(over)`` is :meth:`spec`."""
+        from dataclasses import replace
+
+        whole = self.spec(model)
+        moved = {"model": not self.given("model"), "base_url": not self.given("base_url"), "api_key": not self.given("api_key"),
+                 "timeout": not self.given("timeout")}
+        beneath = replace(type(whole)(), **{name: getattr(whole, name) for name, low in moved.items() if low})
+        over = replace(whole, **{name: None for name, low in moved.items() if low})
+        return beneath, over
+
+    def file_spec(self, model: str | None, settings: Any) -> Any:
+        """A grader file's judge block between the environment (beneath) and the command line (over); says on
+        stderr, once, which endpoint and model the run uses when another layer named others."""
+        beneath, over = self.layers(model)
+        wanted = settings.under(over, beneath)
+        for line in _told_apart(settings, beneath, over, wanted):
+            if line not in self._said:
+                self._said.add(line)
+                typer.echo(line, err=True)
+        return wanted
 
     def judge(self, model: str | None, **parts: Any) -> Judge:
         """A Judge for ``model`` with these options (``parts``: limiter, cache, budget).
@@ -271,7 +309,7 @@ class JudgeOptions:
     def file_judge(self, model: str | None, **parts: Any) -> Callable[[Any], Any]:
         """The judge a grader file's LLM nodes get, built on first need: the file's ``judge:`` beneath these options."""
         def make(settings: Any = None) -> Any:
-            spec = self.spec(model) if settings is None else settings.under(self.spec(model))
+            spec = self.spec(model) if settings is None else self.file_spec(model, settings)
             return spec.build(**parts)
 
         make.reads_settings = True  # type: ignore[attr-defined]
@@ -286,19 +324,68 @@ class JudgeOptions:
         return cassette(self.record or self.replay, "record" if self.record else "replay")
 
 
+_ENV = {"model": "GRADEKIT_MODEL", "base_url": "OPENAI_BASE_URL", "timeout": "GRADEKIT_TIMEOUT"}
+_FLAG = {"model": "--model", "base_url": "--base-url", "timeout": "--timeout"}
+
+
+def _where(spec: Any) -> list[str]:
+    from gradekit.judge._redact import redact_url
+
+    if getattr(spec, "endpoints", None):
+        return [redact_url(e.base_url) or "" for e in spec.endpoints]
+    return [redact_url(u) or "" for u in (getattr(spec, "base_url", None) or ())]
+
+
+def _told_apart(settings: Any, beneath: Any, over: Any, wanted: Any) -> list[str]:
+    """The lines that say which endpoint (and model) a run uses when the command line, the grader file and the
+    environment did not all agree: the value used and where it came from, and the one it replaced."""
+    from gradekit.judge._spec import JudgeSpec
+
+    if not isinstance(wanted, JudgeSpec):
+        return []  # the file's jury: each juror's own endpoint
+    lines = []
+    file_where = "endpoints" if settings.endpoints else "base_url" if settings.base_url else None
+    used = ", ".join(_where(wanted))
+    if _where(over) and file_where:
+        lines.append(f"judge endpoint: {used} (--base-url; it replaces the grader file's judge.{file_where} "
+                     f"{', '.join(_where(settings.spec()))})")
+    elif file_where and _where(beneath) and _where(beneath) != _where(wanted):
+        lines.append(f"judge endpoint: {used} (the grader file's judge.{file_where}; OPENAI_BASE_URL="
+                     f"{', '.join(_where(beneath))} in the environment is only a default, beneath a value the file gives)")
+    if settings.model and over.model and over.model != settings.model:
+        lines.append(f"judge model: {over.model} (--model; it replaces the grader file's judge.model {settings.model})")
+    elif settings.model and beneath.model and beneath.model != settings.model:
+        lines.append(f"judge model: {settings.model} (the grader file's judge.model; GRADEKIT_MODEL={beneath.model} in the "
+                     "environment is only a default, beneath a value the file gives)")
+    return lines
+
+
+def _sources(context: Any, names: list[str]) -> dict[str, str]:
+    """Where click found each option's value: on the command line, in the environment, or its default."""
+    if context is None:
+        return {}
+    said = {"ENVIRONMENT": "environment", "DEFAULT": "default", "DEFAULT_MAP": "default"}
+    found = {name: context.get_parameter_source(name) for name in names}
+    return {name: said.get(getattr(source, "name", ""), "command line") for name, source in found.items()}
+
+
 def judge_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``command`` every judge option; it receives them as one ``opts: JudgeOptions`` argument."""
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "opts"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
              for name, kind, default, option in _DECLARED]
+    # The command's context (typer passes it to a parameter of this type): where each option's value came from.
+    added.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
     clash = {p.name for p in own} & set(OPTION_NAMES)
     if clash:
         raise TypeError(f"{command.__name__} declares judge options itself: {sorted(clash)}")
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        options = JudgeOptions(**{name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs})
+        context = kwargs.pop(_CONTEXT, None)
+        options = JudgeOptions(**{name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs},
+                               sources=_sources(context, OPTION_NAMES))
         return command(*args, opts=options, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]

@@ -85,6 +85,13 @@ def llmbar(
                   f"replayed from its recorded {run.strategy} outputs, rubric {result.rubric}, both orders")
     console.print(f"{summary.requests} requests, {summary.cache_hits} cache hits, {summary.errors} errors, "
                   f"{summary.wall_s:.2f} s" + (f" -> {output}" if output else ""))
+    examples = getattr(summary, "error_examples", None) or []
+    for example in examples[:3]:  # what failed, as grade's summary shows it
+        console.print(f"  {example}")
+    if report is not None and report.n and report.both_judged == 0:
+        console.print(f"Acc n/a / Agr n/a: no pair was judged in both orders ({summary.errors} of {summary.rows} pairs failed"
+                      + (f"; e.g. {examples[0]}" if examples else "") + ")")
+        raise typer.Exit(1)
     if report is None or report.acc is None or report.agr is None:
         console.print("no Acc / Agr: the rows carry no gold label")
         raise typer.Exit(1)

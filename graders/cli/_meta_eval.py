@@ -52,6 +52,9 @@ def meta_eval(
         require_extra("calibration", "--plots")  # before any pair is judged, not after
     from ..calibration._answer_eval import is_answer_suite
 
+    unknown = [s for s in suites if not _known_suite(s)]
+    if unknown:  # before any rubric or judge question: a misspelt suite is what is wrong
+        raise fail(f"--suite {unknown[0]!r} is neither a shipped suite ({', '.join(_suite_names())}) nor a JSONL file")
     answers = [is_answer_suite(s) for s in suites]
     if any(answers):
         if not all(answers):
@@ -130,6 +133,19 @@ def meta_eval(
     else:
         _print(report, written)
     raise typer.Exit(1 if errors else 0)
+
+
+def _suite_names() -> list[str]:
+    from ..calibration._answer_eval import ANSWER_SUITE
+    from ..calibration._suites import SHIPPED_SUITES
+
+    return [*SHIPPED_SUITES, ANSWER_SUITE]
+
+
+def _known_suite(suite: str) -> bool:
+    from pathlib import Path
+
+    return suite in _suite_names() or Path(suite).is_file()
 
 
 def _leaf_subsets(report, suite: str) -> set[str]:

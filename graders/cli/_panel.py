@@ -146,6 +146,11 @@ def print_panel(block: dict[str, Any] | None, console: Any) -> None:
         mean = block["mean_agreement"]
         console.print(f"jury      {', '.join(block['jurors'])} ({block['aggregate'] or 'default'} rule, quorum {block['quorum']}); "
                       f"jurors agree with the decision on {'n/a' if mean is None else f'{mean:.1%}'} on average", highlight=False)
+        for m in block["members"]:  # what each juror cost, as --json has it
+            cost = "cost n/a (no price: --prices FILE)" if m["cost_usd"] is None else f"${m['cost_usd']:.4f}"
+            name = m["model"] + (f" ({m['juror']})" if "juror" in m else "")
+            console.print(f"          {name}: {m['requests']} requests, "
+                          f"{m['prompt_tokens']} prompt + {m['completion_tokens']} completion tokens, {cost}", highlight=False)
         return
     g = block["guarantee"]
     coverage = "n/a" if block["coverage"] is None else f"{block['coverage']:.1%}"

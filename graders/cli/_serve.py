@@ -56,6 +56,9 @@ def serve(
     enabled = cfg.logging.enable
     if enabled and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gradekit.judge._redact import guard_handlers
+
+    guard_handlers()  # every line the log prints, httpx's request lines (a judge URL's user:password@) included
     bind = host or cfg.server.host
     if not _is_loopback(bind) and not (cfg.server.auth_token or os.environ.get(TOKEN_ENV)):
         typer.echo(f"warning: serving on {bind} with no bearer token (server.auth_token or {TOKEN_ENV}); "

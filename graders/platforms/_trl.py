@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import itertools
+import logging
+import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -31,6 +33,8 @@ from gradekit.judge import SyncRunner
 
 from .._sample import Grade, Sample
 from ._common import GraderSource, GradingError, RaisePolicy, check_fixed, grader_name, plain, resolve_grader
+
+log = logging.getLogger("gradekit.platforms")
 
 # Keyword arguments TRL passes that are not dataset columns.
 TRAINER_KWARGS = frozenset({"trainer_state", "num_generations", "completion_ids", "completions_ids", "log_extra", "log_metric",
@@ -46,6 +50,19 @@ def _is_column(value: Any, n: int) -> bool:
 def trl_sample(prompt: Any, completion: Any, references: Mapping[str, Any]) -> Sample:
     """One TRL row (standard or conversational) as a Sample."""
     return Sample(messages=plain(prompt), response=plain(completion), references=dict(references))
+
+
+def _say_invalid(label: str, grades: Sequence[Grade], columns: list[str]) -> None:
+    """Why rows got no reward: a None is TRL's "skip this row", so a wrong column name would train on nothing, silently."""
+    invalid = [g for g in grades if g.status == "invalid"]
+    example = invalid[0].error or "invalid"
+    wanted = re.search(r"references key '([^']+)'", example)
+    key = wanted.group(1) if wanted else "answer"
+    other = next((c for c in columns if c != key), "<column>")
+    log.warning("reward %r: %d of %d completions are invalid and get no reward (None: TRL skips them), e.g. %s. The dataset "
+                "columns it was given: %s. A reference under another column name is mapped with trl_reward_func(..., "
+                "columns={%r: %r}); on_invalid= gives such rows a score instead. Said once.", label, len(invalid), len(grades),
+                example, ", ".join(columns) or "none", key, other)
 
 
 def trl_reward_func(
@@ -79,6 +96,7 @@ def trl_reward_func(
     inner = resolve_grader(grader)
     label = name or grader_name(inner, "gradekit")
     aliases = dict(columns or {})
+    said: list[bool] = []  # the invalid rows' cause is said once per reward function, not every step
 
     def value(grade: Grade, index: int) -> float | None:
         if grade.ok:
@@ -102,6 +120,9 @@ def trl_reward_func(
             table[key] = table[column]
         samples = [trl_sample(prompts[i], completions[i], {k: plain(v[i]) for k, v in table.items()}) for i in range(n)]
         grades = await asyncio.gather(*(inner(s) for s in samples))
+        if not said and any(g.status == "invalid" for g in grades):
+            said.append(True)
+            _say_invalid(label, grades, sorted(table))
         log_metric = kwargs.get("log_metric")
         if callable(log_metric) and n:
             log_metric(f"{label}/invalid", sum(g.status == "invalid" for g in grades) / n)

@@ -92,6 +92,7 @@ class RunSummary(BaseModel):
     saved_usd: float | None = None
     budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
     warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
+    cost_basis: str | None = None  # how cost_usd was priced when not at the live price (a --batch run: the Batch API's)
     pacing: Pacing | None = None  # filled by the CLI from the limiter: how the run paced itself at its end
     # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
     result_counts: dict[str, int] | None = None

@@ -78,9 +78,31 @@ def connect(address: str, *, num_cpus: int | None = None) -> str:
         if address == "local":
             # address="local": a new cluster even when one runs on this machine (ray.init() alone would join it).
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            _ends_with_this_process()
         else:
             ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
+
+
+_WATCHDOG_PIPE: list[int] = []  # the write end the watchdog waits on: held open until this process ends
+
+
+def _ends_with_this_process() -> None:
+    """The local cluster this process just started ends with it, a SIGKILL included (graders/runs/_ray_watchdog.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/proc/self/fd").is_dir():
+        return  # the watchdog reads Linux's /proc; elsewhere ray.shutdown() at a clean exit is all there is
+    ray = import_ray()
+    session = ray._private.worker._global_node.get_session_dir_path()
+    read, write = os.pipe()  # not inheritable: no other process of this one holds the write end
+    source = (Path(__file__).with_name("_ray_watchdog.py")).read_text(encoding="utf-8")
+    subprocess.Popen([sys.executable, "-I", "-S", "-c", source, session, str(read)], pass_fds=(read,), start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(read)
+    _WATCHDOG_PIPE.append(write)
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:
@@ -210,12 +232,13 @@ class ActorPool:
 
 
 def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, judge: JudgeSpec | None = None, cache: str | None,
-                no_cache: bool, **fields: Any) -> WorkerSpec:
+                no_cache: bool, judge_defaults: JudgeSpec | None = None, **fields: Any) -> WorkerSpec:
     """The actors' settings: ``judge`` (a spec), or its fields one by one (model, base_url, api_key, timeout, limiter,
-    limiter_key, rps, tpm, concurrency, adapt, params). The API key is read here, on the driver, so nodes need no secret
-    of their own."""
+    limiter_key, rps, tpm, concurrency, adapt, params); ``judge_defaults``: what the environment gives, beneath a grader
+    file's judge block (``judge`` is then the command line's alone). The API key is read here, on the driver, so nodes
+    need no secret of their own."""
     spec = WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, cache=cache,
-                      no_cache=no_cache, **fields)
+                      no_cache=no_cache, judge_defaults=judge_defaults, **fields)
     judge = judge if judge is not None else spec.judge_spec()
     key = os.environ.get("OPENAI_API_KEY")
     if not judge.api_key and key:

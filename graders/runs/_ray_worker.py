@@ -39,6 +39,9 @@ class WorkerSpec(BaseModel):
     no_cache: bool = False
     params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
     judge: Any = None  # the judge as one judge._spec.JudgeSpec (the command line's); it wins over the fields above
+    # With a grader file: the environment's judge (OPENAI_BASE_URL, GRADEKIT_MODEL, --timeout's default), a JudgeSpec
+    # beneath the file's judge block, which ``judge`` (then the command line's alone) goes over.
+    judge_defaults: Any = None
 
     def judge_spec(self) -> JudgeSpec:
         """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
@@ -67,8 +70,13 @@ class JudgeWorker:
         judge = spec.judge_spec()
         self.limiter = judge.limiter()
 
+        defaults = spec.judge_defaults
+
         def make_judge(settings: Any = None) -> Any:
-            wanted = judge if settings is None else settings.under(judge)
+            if settings is None:
+                wanted = judge if defaults is None else defaults.merge(judge)
+            else:
+                wanted = settings.under(judge, defaults)
             return wanted.build(limiter=self.limiter, cache=self.cache)
 
         make_judge.reads_settings = True  # type: ignore[attr-defined]

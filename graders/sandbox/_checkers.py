@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ._policy import Isolation, Policy, SandboxUnavailable, SandboxWarning, package_paths, resolve, zygote_argv
-from ._pool import kill_group
+from ._pool import json_line, kill_group
 
 DEPTH = 4  # requests in flight per worker: enough to hide the round trip, few to re-send after a kill
 START_TIMEOUT = 60.0  # seconds a worker may take to load its libraries
@@ -120,7 +120,7 @@ class CheckerPool:
         """Queue one request; the Future gets the worker's reply dict, or an error reply the pool made."""
         future: Future = Future()
         job = _Job(next(self._ids), payload, timeout, future)
-        job.data = (json.dumps({**payload, "id": job.id, "timeout": timeout}, ensure_ascii=False) + "\n").encode("utf-8")
+        job.data = json_line({**payload, "id": job.id, "timeout": timeout})
         refused = None
         with self._lock:
             if self.closed:

@@ -249,6 +249,18 @@ TOOLS = ("unshare", "setpriv", "mount", "mkdir", "sh")  # util-linux and a shell
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable host folders that get a private tmpfs each
 
 
+def under_private(path: str) -> str | None:
+    """The private place (/tmp, /var/tmp, /dev/shm) ``path`` lies under, or None."""
+    return next((place for place in PRIVATE if path == place or path.startswith(place + os.sep)), None)
+
+
+def kept_in_private(sources: list[str]) -> list[str]:
+    """The entries of the private places that hold bound sources: a call's wipe leaves them (they are read-only
+    binds, and walking a venv to fail to delete it would cost every call)."""
+    return sorted({os.path.join(place, os.path.relpath(source, place).split(os.sep)[0])
+                   for source in sources if (place := under_private(source)) is not None and source != place})
+
+
 def _tools() -> dict[str, str] | None:
     found = {name: shutil.which(name) for name in TOOLS}
     # Resolved: a PATH entry that is a link in /tmp would vanish under the private /tmp.
@@ -285,20 +297,37 @@ def namespace_command(python_args: list[str], *, sources: list[str], network: bo
     covers: list[str] = []
     rebind: list[tuple[str, str]] = []
     for source in sources:
+        if under_private(source):
+            continue  # bound into its place's private tmpfs below
         cover = _closed_ancestor(source)
         if cover is not None:
             if not any(cover == c or cover.startswith(c + os.sep) for c in covers):
                 covers = [c for c in covers if not c.startswith(cover + os.sep)] + [cover]
             rebind.append((source, os.path.join(stage, f"ns{len(rebind)}")))
     script = ["cd /"]
+    # Each private place's tmpfs is made beside the host's (under the stage), gets what the interpreter and the
+    # packages need from that place bound in read-only at the same path (a venv under /tmp, /var/tmp or /dev/shm),
+    # and only then is moved over the place: mounted over it first, it would hide them.
+    fresh: list[tuple[str, str]] = []
+    for i, (place, size) in enumerate(zip(PRIVATE, (SCRATCH_MB, 64, 64))):
+        if not os.path.isdir(place):
+            continue
+        point = os.path.join(stage, f"private{i}")
+        script.append(f"{q(tools['mkdir'])} -p {q(point)}; {q(tools['mount'])} -t tmpfs -o mode=1777,size={size}m,nosuid,nodev "
+                      f"gradekit {q(point)}")
+        for source in sources:
+            if under_private(source) == place:
+                inside = os.path.join(point, os.path.relpath(source, place))
+                script.append(f"{q(tools['mkdir'])} -p {q(inside)}; {q(tools['mount'])} --bind -o ro {q(source)} {q(inside)}")
+        fresh.append((point, place))
     for source, point in rebind:
         script.append(f"{q(tools['mkdir'])} -p {q(point)}; {q(tools['mount'])} --bind {q(source)} {q(point)}")
     for cover in covers:
         script.append(f"{q(tools['mount'])} -t tmpfs -o mode=0755,size=1m,nosuid,nodev gradekit {q(cover)}")
     for source, point in rebind:
         script.append(f"{q(tools['mkdir'])} -p {q(source)}; {q(tools['mount'])} --bind -o ro {q(point)} {q(source)}")
-    for place, size in zip(PRIVATE, (SCRATCH_MB, 64, 64)):
-        script.append(f"if [ -d {place} ]; then {q(tools['mount'])} -t tmpfs -o mode=1777,size={size}m,nosuid,nodev gradekit {place}; fi")
+    for point, place in sorted(fresh, key=lambda f: f[1] == "/tmp"):  # /tmp last: the stage itself lives under it
+        script.append(f"{q(tools['mount'])} --move {q(point)} {place}")
     script.append(f"if [ -d /dev/mqueue ]; then {q(tools['mount'])} -t mqueue gradekit /dev/mqueue || true; fi")
     script.append(f"exec {q(tools['setpriv'])} --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
                   "--bounding-set=-all --no-new-privs --pdeathsig=KILL -- \"$@\"")
@@ -429,8 +458,10 @@ def zygote_argv(isolation: Isolation, *, settings: dict, packages: dict[str, str
         tools = _tools()
         if tools is None:
             raise SandboxUnavailable("util-linux unshare/setpriv left PATH after the sandbox was probed")
-        settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": [*PRIVATE, "/dev/mqueue"], "env": env}
+        sources = sorted(set(roots) | set(dirs))
+        settings = {**settings, "isolated": True, "scratch": "/tmp", "wipe": [*PRIVATE, "/dev/mqueue"], "env": env,
+                    "keep": kept_in_private(sources)}
         args = ["-I", "-S", "-c", preamble + program, json.dumps(settings)]
-        return namespace_command(args, sources=sorted(set(roots) | set(dirs)), network=isolation.network, tools=tools)
+        return namespace_command(args, sources=sources, network=isolation.network, tools=tools)
     settings = {**settings, "isolated": False, "env": env}
     return [exe, "-I", "-S", "-c", preamble + program, json.dumps(settings)]

@@ -49,6 +49,16 @@ class _Died(Exception):
     pass
 
 
+def json_line(value: Any) -> bytes:
+    """One JSON line for a worker's pipe, UTF-8. Text a Python str may hold but UTF-8 cannot (a lone surrogate such
+    as "\\ud800" in a response) goes as a JSON escape instead, so the worker reads the very str it was given and the
+    caller meets no UnicodeEncodeError; every other text stays unescaped (no cost for CJK rows)."""
+    try:
+        return (json.dumps(value, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(value, ensure_ascii=True, default=str) + "\n").encode("ascii")
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill a worker with its whole process group (its own session: grandchildren too), close its pipes, reap it."""
     try:
@@ -81,10 +91,9 @@ class _Worker:
         assert self.proc.stdin is not None
         if "args" in message:  # a call: its header line, then its arguments (which only the call's child decodes)
             header = {key: value for key, value in message.items() if key != "args"}
-            data = (json.dumps(header) + "\n" + json.dumps({"args": message["args"]}, ensure_ascii=False, default=str)
-                    + "\n").encode("utf-8")
+            data = json_line(header) + json_line({"args": message["args"]})
         else:
-            data = (json.dumps(message, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+            data = json_line(message)
         try:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()

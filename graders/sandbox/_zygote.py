@@ -118,6 +118,7 @@ class Zygote:
         self.limits = settings["limits"]
         self.scratch = settings["scratch"]  # where per-call temp dirs are made
         self.wipe = settings.get("wipe", [])  # writable places emptied after every call (sandbox tmpfs)
+        self.keep = set(settings.get("keep", []))  # their entries that are read-only binds (a venv under /tmp): left as they are
         self.env = settings.get("env", {})
         self.cpus = settings.get("cpus")
         self.fn = None
@@ -429,7 +430,8 @@ class Zygote:
             for place in self.wipe:
                 with contextlib.suppress(OSError), os.scandir(place) as entries:
                     for entry in entries:
-                        _remove(entry.path, entry.is_dir(follow_symlinks=False))
+                        if entry.path not in self.keep:
+                            _remove(entry.path, entry.is_dir(follow_symlinks=False))
         else:
             if not self.fresh:
                 _remove(self.home, True)

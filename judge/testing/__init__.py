@@ -16,14 +16,29 @@ takes a number or a function of the request body).
 ``python -m gradekit.judge.testing`` serves the same fake as a separate process (``--dialect NAME``).
 """
 
-from gradekit.judge.testing._aligning import AlignmentLab
-from gradekit.judge.testing._dialects import DIALECTS, Dialect, Refusal
-from gradekit.judge.testing._down import DownJudge
-from gradekit.judge.testing._fake_batch import BatchFault
-from gradekit.judge.testing._fake_billing import CACHE_MODELS, Billing, CacheModel, write_long_rubric
-from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
-from gradekit.judge.testing._latency import Lognormal
-from gradekit.judge.testing._population import JudgePopulation, labelled_reply
+import sys
+
+try:
+    from gradekit.judge.testing._aligning import AlignmentLab
+    from gradekit.judge.testing._dialects import DIALECTS, Dialect, Refusal
+    from gradekit.judge.testing._down import DownJudge
+    from gradekit.judge.testing._fake_batch import BatchFault
+    from gradekit.judge.testing._fake_billing import CACHE_MODELS, Billing, CacheModel, write_long_rubric
+    from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
+    from gradekit.judge.testing._latency import Lognormal
+    from gradekit.judge.testing._population import JudgePopulation, labelled_reply
+except ImportError as missing:
+    if sys.argv[:1] != ["-m"]:  # imported by code: its ImportError is that code's to handle
+        raise
+    # Run as a program (python -m ...): what is missing, in one line, instead of a traceback.
+    if missing.name == "gradekit" or (missing.name or "").startswith("gradekit."):
+        said = (f"python -m {__name__}: gradekit is not installed for {sys.executable}; run python -m gradekit.judge.testing "
+                "with the Python of the environment gradekit is installed in (e.g. .venv/bin/python), or pip install gradekit")
+    else:
+        said = (f"python -m gradekit.judge.testing: the fake provider runs on uvicorn and starlette, and {missing.name or missing} "
+                f"cannot be imported for {sys.executable}: pip install uvicorn starlette (in that environment)")
+    print(said, file=sys.stderr)
+    raise SystemExit(2) from None
 
 __all__ = ["CACHE_MODELS", "DIALECTS", "AlignmentLab", "BatchFault", "Billing", "CacheModel", "Dialect", "DownJudge", "FakeProvider",
            "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal", "Reply", "auto_reply", "labelled_reply", "write_long_rubric"]

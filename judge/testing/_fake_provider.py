@@ -127,8 +127,9 @@ def auto_reply(body: dict[str, Any]) -> Reply:
     boolean -> true); ``json_object`` gets ``{"rationale": "auto reply"}`` plus the field the prompt's
     last line asks for with its first offered value (``"judgement", whose value is either "correct"
     ...`` -> ``"judgement": "correct"``); a prompt whose last line offers tags
-    (``<judgement>correct</judgement> or ...``) gets ``auto reply`` and the first of them; anything
-    else gets the plain content ``"auto reply"``.
+    (``<judgement>correct</judgement> or ...``) gets ``auto reply`` and the first of them; one whose
+    last line quotes the verdict line (``exactly "Final Decision: Yes" ...``, ``"Output (a)"``) gets
+    ``auto reply`` and the first quoted line; anything else gets the plain content ``"auto reply"``.
     """
     tool = _forced_tool(body)
     if tool is not None:
@@ -148,6 +149,9 @@ def auto_reply(body: dict[str, Any]) -> Reply:
     if tagged is not None:  # tags mode: reasoning, then the verdict tag with the first label offered
         tag, value = tagged
         return Reply(content=f"{AUTO_TEXT}\n<{tag}>{value}</{tag}>")
+    quoted = _QUOTED.findall(asked)
+    if quoted:  # a verdict line the prompt quotes ("Final Decision: Yes", "Output (a)", "My final verdict is: [[A=B]]")
+        return Reply(content=f"{AUTO_TEXT}\n{quoted[0]}")
     return Reply(content=AUTO_TEXT)
 
 
@@ -167,12 +171,31 @@ def _tag_asked(line: str) -> tuple[str, str] | None:
     if not names:
         return None
     tag = names[-1]
-    inline = re.search(rf"<{re.escape(tag)}>([^<>]+)</{re.escape(tag)}>", line)
+    inline = re.search(rf"<{re.escape(tag)}>([^<]+)</{re.escape(tag)}>", line)  # "B > A > C" holds ">" too
     if inline:
         return tag, inline.group(1)
     rest = line[line.rfind(f"</{tag}>") + len(tag) + 3:]
     found = _QUOTED.search(rest) or re.search(r"([^\s:,.;\uff0c\u3002\uff1a\u3001]+)", rest)
+    if found is None:  # the labels before the tag: "then only one of success, partial, ... in <judgement></judgement>."
+        before = line[:line.find(f"<{tag}>")]
+        found = re.search(r"\bone of\s+([^\s:,.;]+)", before) or re.search(r"\bonly\s+([^\s:,.;]+)", before)
     return (tag, found.group(1)) if found else None
+
+
+def asked_form(body: dict[str, Any], label: str) -> str:
+    """``label`` written as the request's last line asks for a verdict: in the verdict tag it names
+    (``<judgement>label</judgement>``), as the quoted verdict line that holds it (``Final Decision: No`` for
+    ``No``), else bare. What a scripted judge answers in text and tags modes (:func:`~._population.labelled_reply`)."""
+    asked = _instruction(body)
+    tagged = _tag_asked(asked)
+    if tagged is not None:
+        return f"<{tagged[0]}>{label}</{tagged[0]}>"
+    word = re.compile(rf"(?<!\w){re.escape(label)}(?!\w)", re.IGNORECASE)
+    phrases = _QUOTED.findall(asked)
+    found = next((phrase for phrase in phrases if word.search(phrase)), None)
+    if found is None:  # one example line for every verdict: "My final verdict is: [[A=B]]" -> [[label]] in its place
+        found = next((re.sub(r"\[\[[^\]]*\]\]", lambda _: f"[[{label}]]", p) for p in phrases if "[[" in p), None)
+    return found if found is not None else label
 
 
 def _instruction(body: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._fake_provider import Reply, _fill, _forced_tool
+from ._fake_provider import Reply, _fill, _forced_tool, asked_form
 
 
 def _uniform(*parts: Any) -> float:
@@ -26,7 +26,8 @@ def _uniform(*parts: Any) -> float:
 
 
 def labelled_reply(body: Mapping[str, Any], label: str) -> Reply:
-    """A reply naming ``label`` in the form the request asks for (schema enum, tool call, tag or text)."""
+    """A reply naming ``label`` in the form the request asks for: schema enum, tool call, JSON object, the verdict tag
+    or the quoted verdict line the prompt's last line asks for, else the bare label."""
     tool = _forced_tool(dict(body))
     rf = body.get("response_format") or {}
     schema = (tool or {}).get("parameters") if tool is not None else (rf.get("json_schema") or {}).get("schema")
@@ -40,7 +41,7 @@ def labelled_reply(body: Mapping[str, Any], label: str) -> Reply:
         return Reply(content=json.dumps(args))
     if rf.get("type") == "json_object":
         return Reply(content=json.dumps({"verdict": label, "label": label, "judgement": label, "grade": label}))
-    return Reply(content=label)
+    return Reply(content=asked_form(dict(body), label))  # the tag, or the quoted verdict line, the prompt asks for
 
 
 class JudgePopulation:

@@ -208,8 +208,12 @@ def install_metrics(app: Any, engine: Any, computer: Any, canary: Any = None) ->
         started = time.perf_counter()
         try:
             response = await compute(request)
-        except BaseException:
-            rewards.labels("exception", "exception").inc()
+        except BaseException as e:
+            from ..._members import cut_at_deadline
+
+            # A member cut at group_deadline_s is failed as a timeout (its route answers so), not a grader that raised.
+            cut = cut_at_deadline(e)
+            rewards.labels("timeout" if cut else "exception", "timeout" if cut else "exception").inc()
             raise
         seconds = time.perf_counter() - started
         reward_seconds.observe(seconds)

@@ -345,10 +345,11 @@ def foundry_request(body: FoundryGradeRequest) -> RewardRequest:
 
 
 def foundry_reply(response: RewardResponse) -> dict[str, Any]:
-    """``{"score"}``; a checklist grader's criteria also as ``metrics`` (``part.criteria.<id>``), which the
-    exported Bedrock Lambda reports in its ``metrics_list``."""
+    """``{"score"}``; a checklist grader's criteria also as ``metrics`` (``part.criteria.<id>``, and how many were
+    read: ``criteria_read`` of ``criteria_total``), which the exported Bedrock Lambda reports in its ``metrics_list``."""
     reply: dict[str, Any] = {"score": response.score}
-    criteria = {k: v for k, v in reward_metrics(response.extra_info).items() if k.startswith("part.criteria.")}
+    criteria = {k: v for k, v in reward_metrics(response.extra_info).items()
+                if k.startswith("part.criteria.") or k in ("criteria_read", "criteria_total")}
     if criteria:
         reply["metrics"] = criteria
     return reply

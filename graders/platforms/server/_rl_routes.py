@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from ..._sample import Message
-from ._models import RewardRequest, RewardResponse, label_references
+from ._models import RewardRequest, RewardResponse, ShapeError, label_references
 
 RL_ROUTES = frozenset({"/slime", "/verify"})
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"  # nemo_gym.rollout_collection.NG_FAILURE_CLASS_KEY
@@ -116,6 +116,9 @@ def verify_messages(params: dict[str, Any]) -> list[Message]:
     items = params.get("input")
     if isinstance(items, str):
         return [*messages, Message(role="user", content=items)]
+    if items is not None and not isinstance(items, list):  # the Responses API's input: a string or a list of items
+        raise ShapeError(["responses_create_params", "input"],
+                         f"input must be a string or a list of input items, not {type(items).__name__}")
     for item in items or []:
         if not isinstance(item, dict) or item.get("type", "message") != "message":
             continue  # function calls/outputs of earlier turns: the judge reads the conversation's text
@@ -129,7 +132,10 @@ def verify_response_messages(response: dict[str, Any]) -> list[Message]:
     calls and their ``function_call_output`` items as tool results (a multi-turn rollout's trajectory);
     reasoning items are left out (a verdict never reads the policy's thinking)."""
     out: list[Message] = []
-    for item in response.get("output") or []:
+    output = response.get("output")
+    if output is not None and not isinstance(output, list):
+        raise ShapeError(["response", "output"], f"output must be a list of output items, not {type(output).__name__}")
+    for item in output or []:
         if not isinstance(item, dict):
             continue
         kind = item.get("type")
@@ -222,10 +228,14 @@ def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
     async def verify(request: Request) -> Response:
         raw = await core._json_body(request)
         parsed = core._parse(VerifyRequest, raw)
+        try:
+            reward_request = verify_request(parsed)
+        except ShapeError as e:  # a field of the wrong type: a 422 naming it, as every route answers
+            raise core._unprocessable(e.loc, str(e)) from None
         limit = request.app.state.config.server.request_timeout_s
         deadline = verify_deadline_s(limit)
         try:
-            response = await asyncio.wait_for(engine.compute(verify_request(parsed)), deadline)
+            response = await asyncio.wait_for(engine.compute(reward_request), deadline)
         except asyncio.TimeoutError:
             response = RewardResponse(status="fail", extra_info={"grade_status": "error", "error_kind": "timeout"},
                                       detail=f"not graded within {deadline:g} s (server.request_timeout_s {limit:g} s less "
