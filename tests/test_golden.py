@@ -196,43 +196,26 @@ def check_run(name: str, code: int, expected_code: int, summary: str, out: Path,
 # ---- gradekit grade -----------------------------------------------------------------------------------
 
 
-def test_rubric_run_to_jsonl_subprocess(judge: FakeProvider, tmp_path: Path) -> None:
-    src, out = write_jsonl(tmp_path / "in.jsonl", ROWS), tmp_path / "out.jsonl"
-    code, summary = grade_subprocess([str(src), "-r", "semantic_equivalence_en", "-o", str(out), *judge_flags(judge)], tmp_path)
-    check_run("rubric_jsonl", code, 0, summary, out, judge, tmp_path)
+GRADE_RUNS = [  # (golden name, input rows, what grades: -r RUBRIC or --grader FILE, output suffix, how it runs, exit status)
+    pytest.param("rubric_jsonl", ROWS, ["-r", "semantic_equivalence_en"], ".jsonl", "subprocess", 0, id="rubric_jsonl"),
+    pytest.param("rubric_csv", ROWS, ["-r", "semantic_equivalence_en"], ".csv", "in_process", 0, id="rubric_csv"),
+    pytest.param("rubric_errors", ERROR_ROWS, ["-r", "semantic_equivalence_en"], ".jsonl", "in_process", 1, id="rubric_errors"),
+    # The file issue 47's usage defect changes: its summary's tokens, requests and cost are re-recorded then.
+    pytest.param("weighted_grader", GRADER_ROWS, ["--grader", "grader.yaml"], ".jsonl", "in_process", 0, id="weighted_grader"),
+    pytest.param("pairwise", PAIRS, ["-r", "llmbar_pairwise"], ".jsonl", "in_process", 0, id="pairwise"),
+    pytest.param("checklist", CHECKLIST, ["-r", "instruction_checklist"], ".jsonl", "in_process", 0, id="checklist"),
+]
 
 
-def test_rubric_run_to_csv(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, out = write_jsonl(tmp_path / "in.jsonl", ROWS), tmp_path / "out.csv"
-    code, summary = grade_in_process([str(src), "-r", "semantic_equivalence_en", "-o", str(out), *judge_flags(judge)], monkeypatch)
-    check_run("rubric_csv", code, 0, summary, out, judge, tmp_path)
-
-
-def test_rubric_run_with_judge_errors(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, out = write_jsonl(tmp_path / "in.jsonl", ERROR_ROWS), tmp_path / "out.jsonl"
-    code, summary = grade_in_process([str(src), "-r", "semantic_equivalence_en", "-o", str(out), *judge_flags(judge)], monkeypatch)
-    check_run("rubric_errors", code, 1, summary, out, judge, tmp_path)
-
-
-def test_weighted_grader_run(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The file issue 47's usage defect changes: its summary's tokens, requests and cost are re-recorded then."""
-    grader = tmp_path / "grader.yaml"
-    grader.write_text(WEIGHTED, encoding="utf-8")
-    src, out = write_jsonl(tmp_path / "in.jsonl", GRADER_ROWS), tmp_path / "out.jsonl"
-    code, summary = grade_in_process([str(src), "--grader", str(grader), "-o", str(out), *judge_flags(judge)], monkeypatch)
-    check_run("weighted_grader", code, 0, summary, out, judge, tmp_path)
-
-
-def test_pairwise_rubric_run(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, out = write_jsonl(tmp_path / "in.jsonl", PAIRS), tmp_path / "out.jsonl"
-    code, summary = grade_in_process([str(src), "-r", "llmbar_pairwise", "-o", str(out), *judge_flags(judge)], monkeypatch)
-    check_run("pairwise", code, 0, summary, out, judge, tmp_path)
-
-
-def test_checklist_rubric_run(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, out = write_jsonl(tmp_path / "in.jsonl", CHECKLIST), tmp_path / "out.jsonl"
-    code, summary = grade_in_process([str(src), "-r", "instruction_checklist", "-o", str(out), *judge_flags(judge)], monkeypatch)
-    check_run("checklist", code, 0, summary, out, judge, tmp_path)
+@pytest.mark.parametrize(("name", "rows", "grades", "suffix", "how", "exit_status"), GRADE_RUNS)
+def test_grade_run(judge: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, rows: list[dict],
+                   grades: list[str], suffix: str, how: str, exit_status: int) -> None:
+    (tmp_path / "grader.yaml").write_text(WEIGHTED, encoding="utf-8")
+    grades = [str(tmp_path / g) if g == "grader.yaml" else g for g in grades]
+    src, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / f"out{suffix}"
+    args = [str(src), *grades, "-o", str(out), *judge_flags(judge)]
+    code, summary = grade_subprocess(args, tmp_path) if how == "subprocess" else grade_in_process(args, monkeypatch)
+    check_run(name, code, exit_status, summary, out, judge, tmp_path)
 
 
 # ---- gradekit serve -----------------------------------------------------------------------------------
@@ -314,3 +297,21 @@ def served(judge: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_serve_answers(served: str, judge: FakeProvider, name: str, route: str, body: Any) -> None:
     status, raw = request(served + route, body)
     check(f"serve_{name}.txt", normalize(f"HTTP {status}\n{raw.decode('utf-8')}\n", {served: "<server>", judge.base_url: "<judge>"}))
+
+
+# ---- the normalizer itself ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    pytest.param('{"wall_s": 1.25, "rows": 3}', '{"wall_s": "<volatile>", "rows": 3}', id="wall_s_volatile_rows_kept"),
+    pytest.param('{"rps": 37.754, "pacing": {"rps": null}}', '{"rps": "<volatile>", "pacing": {"rps": null}}', id="rps_number_only"),
+    pytest.param('{"judgements_per_s": 1e-3}', '{"judgements_per_s": "<volatile>"}', id="exponent"),
+    pytest.param('{"prompt_tokens": 12, "cost_usd": 0.5}', '{"prompt_tokens": 12, "cost_usd": 0.5}', id="tokens_and_cost_kept"),
+    pytest.param('{"slowest_rows": [{"row": 3, "id": "c", "seconds": 0.2}, {"row": 1, "id": "a", "seconds": 0.1}], "n": 1}',
+                 '{"slowest_rows": "<slowest_rows: rows 1,3>", "n": 1}', id="slowest_rows_by_row"),
+    pytest.param('{"output": "/tmp/x/out.jsonl", "url": "http://127.0.0.1:5/v1"}', '{"output": "<tmp>/out.jsonl", "url": "<judge>"}',
+                 id="paths_and_urls"),
+    pytest.param('{"seconds_saved": 2, "error": "wall_s: 3"}', '{"seconds_saved": 2, "error": "wall_s: 3"}', id="only_whole_keys"),
+])
+def test_normalize_rewrites_only_the_volatile(text: str, expected: str) -> None:
+    assert normalize(text, {"/tmp/x": "<tmp>", "http://127.0.0.1:5/v1": "<judge>"}) == expected
