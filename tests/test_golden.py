@@ -1,7 +1,9 @@
 """Golden runs: gradekit's front doors answer byte for byte as recorded, so a restructure can prove it changed nothing.
 
 A fixed set of real runs against the loopback fake provider (``FakeProvider`` with the content-keyed
-``golden_judge`` below: same prompt, same reply, whatever order the requests arrive in):
+``golden_judge`` below: same prompt, same reply, whatever order the requests arrive in; its one margin
+of time is the 0.2 s on each scripted 503, which keeps those the error run's last replies, so the
+endpoint's health at the end of that run, ``endpoints[].state``, is "down" every time):
 
 - ``gradekit grade`` with the ``semantic_equivalence_en`` rubric over a small JSONL, to JSONL (a real
   ``python -m gradekit`` subprocess) and to CSV; a run whose judge fails on some rows (a 503 on every
