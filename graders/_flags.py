@@ -19,7 +19,7 @@ FLAGS: dict[str, str] = {
     "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
     "prices": "--prices", "context_window": "--context-window", "api": "--api", "service_tier": "--service-tier",
     "flex_deadline_s": "--flex-deadline",
-    # A run's plan (runs._grade.GradePlan), where its own messages name a field.
+    # A run's plan (grading.GradePlan), where its own messages name a field.
     "mapping": "--map", "canary": "--canary",
 }
 _FIELD = re.compile(r"`([a-z_.]+)`")

@@ -197,10 +197,12 @@ ROOMS: dict[str, set[str]] = {
     "graders/runs": {"judge", "graders", "graders/sandbox"},
     # judge/testing: `gradekit llmbar` and the answer suites replay recorded verdicts through the fake provider
     "graders/calibration": {"judge", "judge/testing", "graders", "graders/runs", "graders/sandbox"},
+    # the library door for a run (grade): it picks among the engines' runs (runs, and calibration's pairwise run)
+    "graders/grading": {"judge", "graders", "graders/runs", "graders/calibration", "graders/sandbox"},
     "graders/platforms": {"judge", "graders", "graders/runs"},
     "graders/platforms/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
     "graders/view": {"judge", "graders", "graders/runs", "graders/calibration"},
-    "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/sandbox",
+    "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/grading", "graders/sandbox",
                     "graders/platforms", "graders/platforms/server", "graders/view"},
 }
 

@@ -15,7 +15,7 @@ from ._grade_plan import Command, GradeArgs, check, parse, plan_of, resolve
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # the library (openai, pyarrow, ...) loads when the command runs, not for --help
-    from ..runs._grade import GradePlan, GradeRun
+    from ..grading._grade import GradePlan, GradeRun
     from ..runs._io import RunInput
 
 
@@ -99,7 +99,7 @@ def _call(command: Command, plan: GradePlan, source: RunInput) -> GradeRun:
     from gradekit.judge._breaker import BreakerTripped
 
     from .._config import GraderConfigError
-    from ..runs._grade import RayRunError, grade
+    from ..grading._grade import RayRunError, grade
     from ..runs._io import InputError
     from ..runs._provider_batch import BatchRunError
     from ._grade_print import Show, breaker_exit

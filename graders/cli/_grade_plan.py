@@ -15,7 +15,7 @@ from ._common import fail
 from ._judge_options import JudgeOptions
 
 if TYPE_CHECKING:
-    from ..runs._grade import GradePlan
+    from ..grading._grade import GradePlan
     from ..runs._io import RunInput
 
 
@@ -115,7 +115,7 @@ def sample_mapping(pairs: list[str]) -> dict[str, str]:
 
 def resolve(command: Command) -> RunInput:
     """The input, once for the whole run (exit 2 for an empty or mixed folder, an output that is the input, ...)."""
-    from ..runs._grade import resolve_input
+    from ..grading._grade import resolve_input
     from ..runs._io import InputError
 
     try:
@@ -191,7 +191,7 @@ def check(command: Command) -> None:
 def plan_of(command: Command) -> GradePlan:
     """The run's plan: the judge spec as the judge options give it (over and beneath a grader file's judge:), or the
     jury's or cascade's, and the run's options as the flags say them."""
-    from ..runs._grade import GradePlan
+    from ..grading._grade import GradePlan
     from ._panel import panel_spec
 
     a, opts = command.args, command.args.opts

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ..calibration._pairwise import PairwiseRunSummary
     from ..runs._file import RunSummary
-    from ..runs._grade import GradeRun
+    from ..grading._grade import GradeRun
     from ..runs._io import RunInput
 
 

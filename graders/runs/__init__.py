@@ -1,8 +1,7 @@
 """Runs: a grader or rubric over a file or a DataFrame, streamed in order, resumable.
 
-Every input row gets exactly one output row. ``grade(input, output, GradePlan(...))`` (``_grade``) is the
-library door: it picks the rubric, grader, pairwise, Batch API or Ray run and fills the run's record
-(``_record``: cost, pacing, a panel's block); `gradekit grade` is that call with a plan from its flags. A front door resolves its input once and hands the
+Every input row gets exactly one output row. ``_record`` fills a run's record (cost at the price table,
+a jury's or cascade's block), as the library door (graders/grading) returns it. A front door resolves its input once and hands the
 streaming runner (``_file``) one plan (``_plan``); the runner reads rows (``_io``), maps them to
 samples (``_rows``), keeps a resume checkpoint (``_checkpoint``), holds
 the output's lock (``_lock``), and can send its requests through the provider's Batch API
@@ -19,7 +18,6 @@ from gradekit.judge._lazy import lazy_names
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._canary": ["Canary"],
     "._file": ["BreakerTripped", "RunSummary", "grade_file", "grade_file_with"],
-    "._grade": ["GradePlan", "GradeRun", "agrade", "grade"],
     "._frame": ["agrade_frame", "grade_frame"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],
     "._ray_dataset": ["grade_dataset"],

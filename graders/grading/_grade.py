@@ -2,9 +2,9 @@
 
 A :class:`GradePlan` says what to grade with (a rubric or a grader config), which judge, and the
 run's options; ``grade`` resolves the input once, builds the judge the plan describes and chooses
-the run: a rubric's (``_file.grade_file``), a grader config's (``grade_file_with``), a pairwise
-rubric's (``calibration.grade_pairwise_file``), the provider's Batch API (``_provider_batch``) or a
-Ray cluster's (``_ray``). The run fills its own record (``_record``): its cost at the price table,
+the run: a rubric's (``runs._file.grade_file``), a grader config's (``grade_file_with``), a pairwise
+rubric's (``calibration.grade_pairwise_file``), the provider's Batch API (``runs._provider_batch``) or a
+Ray cluster's (``runs._ray``). The run fills its own record (``runs._record``): its cost at the price table,
 its pacing, an eval definition's figures, a jury's or cascade's block. `gradekit grade` is this call
 with a plan built from its flags; a Python user gets the same output file and the same record.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gradekit.judge._limiter import RequestLimiter
     from gradekit.judge._protocol import JudgeStats
 
-    from ._io import RunInput
+    from ..runs._io import RunInput
 
 
 class GradePlan(BaseModel):
@@ -136,8 +136,8 @@ async def agrade(input: str | Path | RunInput, output: str | Path, plan: GradePl
 def resolve_input(input: Path, output: Path, encoding: str | None = None) -> RunInput:
     """The input, once for the whole run: a folder's files are listed here, so an empty or mixed one, an output that
     is the input, or an unknown encoding fails (InputError) before any request."""
-    from ._io import InputError, RunInput, codec, file_format, input_format
-    from ._lock import check_not_input
+    from ..runs._io import InputError, RunInput, codec, file_format, input_format
+    from ..runs._lock import check_not_input
 
     if not input.is_dir():
         input_format(input)  # a row file, or one ATIF trajectory (.json)
@@ -177,7 +177,7 @@ class _Run:
         from gradekit.judge import Budget, load_rubric
         from gradekit.judge._spec import JudgeSpec
 
-        from ._io import RunInput
+        from ..runs._io import RunInput
 
         self.plan, self.output, self.on_event = plan, output, on_event
         self.spec = load_rubric(plan.rubric) if isinstance(plan.rubric, (str, Path)) else plan.rubric
@@ -236,7 +236,7 @@ class _Run:
         """The rubric, grader, pairwise or Batch API run, and its record; the cache is this call's to close."""
         from gradekit.judge._breaker import BreakerTripped
 
-        from ._record import endpoints_of
+        from ..runs._record import endpoints_of
 
         plan = self.plan
         self.cache = _open_cache(plan.cache)
@@ -267,7 +267,7 @@ class _Run:
                 "encoding": p.encoding}
 
     async def _rubric(self, judge: Any, canary: Any) -> Any:
-        from ._file import grade_file
+        from ..runs._file import grade_file
 
         options = self._options()
         if self.plan.keep_reasoning:
@@ -290,8 +290,8 @@ class _Run:
         """
         from .._config import load_grader
         from .._evals import EvalGrader, run_figures
-        from ._file import grade_file_with
-        from ._io import InputError, written_rows
+        from ..runs._file import grade_file_with
+        from ..runs._io import InputError, written_rows
 
         config = self.plan.grader
         assert config is not None
@@ -333,7 +333,7 @@ class _Run:
         return (self.whole.limits.concurrency or 16) * max(1, len(where))  # per endpoint: a fleet keeps each of them as busy
 
     async def _batch(self, judge: Any) -> Any:
-        from ._provider_batch import grade_file_batch
+        from ..runs._provider_batch import grade_file_batch
 
         async with judge:
             return await grade_file_batch(judge, self.spec, self.source, self.output, self.mapping, poll_interval=self.plan.batch_poll,
@@ -355,8 +355,8 @@ class _Run:
         """The canary: its rows (read like labelled rows, with the run's mapping), and the run's judge built again
         without a cache (a check never reads one), sharing the run's limiter and budget."""
         from ..calibration._judging import read_labelled
-        from ._canary import Canary, parse_every
-        from ._io import InputError, RowError
+        from ..runs._canary import Canary, parse_every
+        from ..runs._io import InputError, RowError
 
         plan = self.plan
         assert plan.canary is not None
@@ -374,8 +374,8 @@ class _Run:
         """The run fills its own record: money, pacing and a panel's block; the judge's fleet beside it."""
         from gradekit.judge._client import DEFAULT_MODEL
 
-        from ._file import RunSummary
-        from ._record import add_money, endpoints_of, panel_summary
+        from ..runs._file import RunSummary
+        from ..runs._record import add_money, endpoints_of, panel_summary
 
         stats = self.stats()
         # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
@@ -401,9 +401,9 @@ class _Run:
 
         from .._config import load_grader
         from .._sample import aclose_grader
-        from ._file import rubric_settings
-        from ._io import InputError
-        from ._ray import RayInfo, alive_nodes, connect, default_workers, grade_file_ray, import_ray, worker_spec
+        from ..runs._file import rubric_settings
+        from ..runs._io import InputError
+        from ..runs._ray import RayInfo, alive_nodes, connect, default_workers, grade_file_ray, import_ray, worker_spec
 
         plan, spec, judge = self.plan, self.spec, self.whole
         if not self.single or plan.batch or plan.canary is not None or (spec is not None and spec.pairwise is not None):
@@ -464,7 +464,7 @@ class _Run:
             info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
         finally:
             ray.shutdown()
-        from ._record import price
+        from ..runs._record import price
 
         price(summary, self.budget.prices, model or DEFAULT_MODEL)
         return GradeRun(summary=summary, model=model or DEFAULT_MODEL, ray=info)
