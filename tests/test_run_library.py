@@ -156,3 +156,20 @@ def test_an_empty_input_is_an_input_error_naming_the_file(tmp_path) -> None:
     empty.write_text("", encoding="utf-8")
     with pytest.raises(InputError, match="no rows to grade"):
         grade(empty, tmp_path / "out.jsonl", GradePlan(rubric="tone", cache=False))
+
+
+@pytest.mark.parametrize("plan, message", [
+    pytest.param({"grader": Path("g.yaml"), "canary": Path("c.jsonl")}, "`keep_reasoning` and `canary` work with a single-answer", id="grader_canary"),
+    pytest.param({"rubric": "llmbar_pairwise", "keep_reasoning": True}, "`keep_reasoning` and `canary` work with", id="pairwise_reasoning"),
+    pytest.param({"grader": Path("g.yaml"), "batch": True}, "`batch` and `tiebreak` work with a rubric", id="grader_batch"),
+])
+def test_options_a_run_kind_cannot_honour_are_refused_not_dropped(tmp_path, plan, message) -> None:
+    source = _small(tmp_path, 2)
+    with pytest.raises(ValueError, match=message):
+        grade(source, tmp_path / "out.jsonl", GradePlan(**plan, cache=False))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_agrade_refuses_a_ray_run_whose_driver_would_block_the_loop(tmp_path) -> None:
+    with pytest.raises(ValueError, match="call grade"):
+        asyncio.run(agrade(_small(tmp_path, 2), tmp_path / "out.jsonl", GradePlan(rubric="tone", ray="local")))

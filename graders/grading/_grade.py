@@ -57,7 +57,7 @@ class GradePlan(BaseModel):
     encoding: str | None = None
     keep_reasoning: bool = False
     swap: bool = True  # a pairwise rubric: ask the swapped order too
-    on_conflict: str = "tie"  # a pairwise rubric: tie, first, third (with tiebreak) or vote
+    on_conflict: Literal["tie", "first", "third", "vote"] = "tie"  # a pairwise rubric's rule when the orders disagree (third: tiebreak)
     batch: bool = False  # send the requests through the provider's Batch API
     batch_poll: float = 10.0
     ray: str | None = None  # a Ray cluster's address: auto, local, HOST:PORT or ray://HOST:PORT
@@ -114,9 +114,11 @@ def grade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, *, 
     the block between ``plan.judge_defaults`` and ``plan.judge``); ``progress`` shows a rubric or
     grader run as it goes; ``on_event`` hears a Batch API run's steps.
 
-    Raises InputError (bad input or rubric), GraderConfigError, BatchRunError, ValueError (a judge
-    that cannot be built) before or instead of a run, and judge.BreakerTripped when the judge looks
-    broken (the output is resumable; ``endpoints`` on it says the fleet's state).
+    Raises before or instead of a run: InputError (the input, the output, a canary), RubricError,
+    GraderConfigError, BatchRunError, RayRunError, ValueError (a plan that cannot run, a judge that
+    cannot be built), ConnectionError (a cache or shared limiter that does not answer); and
+    judge.BreakerTripped when the judge looks broken (the output is resumable; its ``endpoints`` say
+    the fleet's state then).
     """
     run = _Run(input, Path(output), plan, budget=budget, limiter=limiter, file_judge=file_judge, progress=progress,
                on_event=on_event)
@@ -126,11 +128,10 @@ def grade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, *, 
 
 
 async def agrade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, **parts: Any) -> GradeRun:
-    """:func:`grade` in a running event loop (a notebook, a server); a Ray run goes to a worker thread."""
-    run = _Run(input, Path(output), plan, **parts)
+    """:func:`grade` in a running event loop (a notebook, a server). A Ray run's driver blocks: call ``grade`` for it."""
     if plan.ray is not None:
-        return await asyncio.to_thread(run.on_ray)
-    return await run.local()
+        raise ValueError("a `ray` run blocks the process that drives it: call grade(), not agrade()")
+    return await _Run(input, Path(output), plan, **parts).local()
 
 
 def resolve_input(input: Path, output: Path, encoding: str | None = None) -> RunInput:
@@ -194,7 +195,12 @@ class _Run:
         self.progress = progress
         self.made: list[Any] = []  # the run's judge, once built (a grader config builds it on first need)
         self.cache: Any = None
-        if self.spec is not None and plan.mapping is not None:
+        single_rubric = self.spec is not None and self.spec.pairwise is None
+        if (plan.keep_reasoning or plan.canary is not None) and not single_rubric:
+            raise ValueError("`keep_reasoning` and `canary` work with a single-answer rubric, not a grader config or a pairwise rubric")
+        if plan.grader is not None and (plan.batch or plan.tiebreak is not None):
+            raise ValueError("`batch` and `tiebreak` work with a rubric, not a grader config")
+        if self.spec is not None:
             unknown = sorted(set(plan.mapping) - set(self.spec.variables))
             if unknown:
                 raise ValueError(f"`mapping`: rubric {self.spec.name!r} has no variable {unknown[0]!r} (it has: "
@@ -241,9 +247,11 @@ class _Run:
         plan = self.plan
         self.cache = _open_cache(plan.cache)
         try:
-            judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
+            # The run's judge last: a tiebreak or canary that cannot be built leaves no client open (a pairwise run has
+            # no canary, so they never both are).
             tiebreak = plan.tiebreak.build(limiter=self.limiter, cache=self.cache) if plan.tiebreak is not None else None
             canary = self._canary() if plan.canary is not None else None
+            judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
             try:
                 if self.spec is None:
                     summary = await self._grader()
@@ -295,8 +303,6 @@ class _Run:
 
         config = self.plan.grader
         assert config is not None
-        if self.plan.keep_reasoning or self.plan.canary is not None or self.plan.batch:
-            raise ValueError("`keep_reasoning`, `canary` and `batch` grade with a rubric, not a grader config")
         if not config.exists():
             raise InputError(f"{config}: no such grader config")
         grader = load_grader(config, judge=self.make_judge, media_root=_media_root(self.source))
