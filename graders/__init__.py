@@ -44,7 +44,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "AReaLReward", "GradekitTextEnv", "ROLLRewards", "areal_reward_fn", "roll_rewards",
                    "VerifiersV1Reward", "verifiers_group_reward_func", "verifiers_reward_func", "verifiers_v1_group_reward",
                    "verifiers_v1_reward", "GradekitStepEnv", "verifiers_step_reward_func"],
-    ".grading": ["GradePlan", "GradeRun", "agrade", "grade"],
+    ".grading": ["GradeError", "GradePlan", "GradeRun", "agrade", "grade"],
     ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
     ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],

@@ -285,7 +285,7 @@ def test_each_flag_in_the_flag_table_is_an_option_of_grade() -> None:
 GRADERS_PUBLIC = [
     "AReaLReward", "BaseRewardComputer", "BatchRunError", "BreakerTripped", "CalibrationReport", "CodeTestsGrader",
     "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError",
-    "FunctionCall", "Grade", "GradePlan", "GradeRun", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
+    "FunctionCall", "Grade", "GradeError", "GradePlan", "GradeRun", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
     "GradingError", "GroupResult", "GroupStatus", "Interval", "Isolation", "JudgeAgreementReport", "MathCheck",
     "MathEquivalenceGrader", "MathVerifier", "Message", "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict",
     "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe", "ProbeReport", "PythonGrader", "ROLLRewards",

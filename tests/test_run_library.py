@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders import GradePlan, GradeRun, RunSummary, agrade, grade
+from gradekit.graders import GradeError, GradePlan, GradeRun, RunSummary, agrade, grade
 from gradekit.judge import Budget, JudgeSpec
 from gradekit.judge._spec import JurySpec
 from gradekit.judge.testing import FakeProvider, Reply
@@ -144,7 +144,7 @@ def test_a_jury_plan_fills_its_block_and_each_call_may_come_from_a_new_loop(tmp_
 def test_a_plan_that_cannot_run_is_refused_before_any_request(tmp_path, plan, message) -> None:
     source = _small(tmp_path, 2)
     with FakeProvider(responder=reference_judge) as fake:
-        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        with pytest.raises(GradeError, match=message.replace("(", r"\(")):
             grade(source, tmp_path / "out.jsonl", GradePlan(**plan, judge=JudgeSpec.of(None, base_url=fake.base_url, api_key="k")))
         assert not fake.requests and not (tmp_path / "out.jsonl").exists()
 
@@ -165,11 +165,11 @@ def test_an_empty_input_is_an_input_error_naming_the_file(tmp_path) -> None:
 ])
 def test_options_a_run_kind_cannot_honour_are_refused_not_dropped(tmp_path, plan, message) -> None:
     source = _small(tmp_path, 2)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(GradeError, match=message):
         grade(source, tmp_path / "out.jsonl", GradePlan(**plan, cache=False))
     assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_agrade_refuses_a_ray_run_whose_driver_would_block_the_loop(tmp_path) -> None:
-    with pytest.raises(ValueError, match="call grade"):
+    with pytest.raises(GradeError, match="call grade"):
         asyncio.run(agrade(_small(tmp_path, 2), tmp_path / "out.jsonl", GradePlan(rubric="tone", ray="local")))

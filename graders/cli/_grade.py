@@ -99,7 +99,7 @@ def _call(command: Command, plan: GradePlan, source: RunInput) -> GradeRun:
     from gradekit.judge._breaker import BreakerTripped
 
     from .._config import GraderConfigError
-    from ..grading._grade import RayRunError, grade
+    from ..grading._grade import GradeError, grade
     from ..runs._io import InputError
     from ..runs._provider_batch import BatchRunError
     from ._grade_print import Show, breaker_exit
@@ -118,7 +118,7 @@ def _call(command: Command, plan: GradePlan, source: RunInput) -> GradeRun:
             return grade(source, a.output, plan, budget=opts.budget(), limiter=functools.partial(opts.limiter, model),
                          file_judge=functools.partial(opts.file_spec, model), progress=show.progress,
                          on_event=None if a.json_output else say)
-    except (InputError, BatchRunError, GraderConfigError, RayRunError, ValueError, ConnectionError) as e:
+    except (InputError, BatchRunError, GraderConfigError, GradeError) as e:
         raise fail(str(e)) from e
     except BreakerTripped as e:
         raise breaker_exit(e, a.output, a.json_output, err) from None

@@ -8,5 +8,5 @@ It sits above the engines it chooses among: the rubric, grader-config and Batch 
 from gradekit.judge._lazy import lazy_names
 
 __all__, __getattr__, __dir__ = lazy_names(__name__, {
-    "._grade": ["GradePlan", "GradeRun", "agrade", "grade"],
+    "._grade": ["GradeError", "GradePlan", "GradeRun", "agrade", "grade"],
 })

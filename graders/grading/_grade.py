@@ -115,10 +115,9 @@ def grade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, *, 
     grader run as it goes; ``on_event`` hears a Batch API run's steps.
 
     Raises before or instead of a run: InputError (the input, the output, a canary), RubricError,
-    GraderConfigError, BatchRunError, RayRunError, ValueError (a plan that cannot run, a judge that
-    cannot be built), ConnectionError (a cache or shared limiter that does not answer); and
-    judge.BreakerTripped when the judge looks broken (the output is resumable; its ``endpoints`` say
-    the fleet's state then).
+    GraderConfigError, BatchRunError, GradeError (a plan that cannot run; a judge, cache or limiter
+    that cannot be built or reached; a Ray cluster that cannot); and judge.BreakerTripped when the
+    judge looks broken (the output is resumable; its ``endpoints`` say the fleet's state then).
     """
     run = _Run(input, Path(output), plan, budget=budget, limiter=limiter, file_judge=file_judge, progress=progress,
                on_event=on_event)
@@ -130,7 +129,7 @@ def grade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, *, 
 async def agrade(input: str | Path | RunInput, output: str | Path, plan: GradePlan, **parts: Any) -> GradeRun:
     """:func:`grade` in a running event loop (a notebook, a server). A Ray run's driver blocks: call ``grade`` for it."""
     if plan.ray is not None:
-        raise ValueError("a `ray` run blocks the process that drives it: call grade(), not agrade()")
+        raise GradeError("a `ray` run blocks the process that drives it: call grade(), not agrade()")
     return await _Run(input, Path(output), plan, **parts).local()
 
 
@@ -183,7 +182,7 @@ class _Run:
         self.plan, self.output, self.on_event = plan, output, on_event
         self.spec = load_rubric(plan.rubric) if isinstance(plan.rubric, (str, Path)) else plan.rubric
         if (self.spec is None) == (plan.grader is None):
-            raise ValueError("a plan grades with a `rubric` or a `grader` config, one of the two")
+            raise GradeError("a plan grades with a `rubric` or a `grader` config, one of the two")
         self.source = input if isinstance(input, RunInput) else resolve_input(Path(input), output, plan.encoding)
         judge = plan.judge if plan.judge is not None else JudgeSpec()
         # One judge model (a spec), else a panel (a jury, a cascade) that builds itself and paces each member.
@@ -197,13 +196,13 @@ class _Run:
         self.cache: Any = None
         single_rubric = self.spec is not None and self.spec.pairwise is None
         if (plan.keep_reasoning or plan.canary is not None) and not single_rubric:
-            raise ValueError("`keep_reasoning` and `canary` work with a single-answer rubric, not a grader config or a pairwise rubric")
+            raise GradeError("`keep_reasoning` and `canary` work with a single-answer rubric, not a grader config or a pairwise rubric")
         if plan.grader is not None and (plan.batch or plan.tiebreak is not None):
-            raise ValueError("`batch` and `tiebreak` work with a rubric, not a grader config")
+            raise GradeError("`batch` and `tiebreak` work with a rubric, not a grader config")
         if self.spec is not None:
             unknown = sorted(set(plan.mapping) - set(self.spec.variables))
             if unknown:
-                raise ValueError(f"`mapping`: rubric {self.spec.name!r} has no variable {unknown[0]!r} (it has: "
+                raise GradeError(f"`mapping`: rubric {self.spec.name!r} has no variable {unknown[0]!r} (it has: "
                                  f"{', '.join(self.spec.variables)})")
         self.mapping = {**({v: v for v in self.spec.variables} if self.spec is not None else {}), **plan.mapping}
 
@@ -242,6 +241,7 @@ class _Run:
         """The rubric, grader, pairwise or Batch API run, and its record; the cache is this call's to close."""
         from gradekit.judge._breaker import BreakerTripped
 
+        from ..runs._io import InputError
         from ..runs._record import endpoints_of
 
         plan = self.plan
@@ -249,9 +249,14 @@ class _Run:
         try:
             # The run's judge last: a tiebreak or canary that cannot be built leaves no client open (a pairwise run has
             # no canary, so they never both are).
-            tiebreak = plan.tiebreak.build(limiter=self.limiter, cache=self.cache) if plan.tiebreak is not None else None
-            canary = self._canary() if plan.canary is not None else None
-            judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
+            try:
+                tiebreak = plan.tiebreak.build(limiter=self.limiter, cache=self.cache) if plan.tiebreak is not None else None
+                canary = self._canary() if plan.canary is not None else None
+                judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
+            except (GradeError, InputError):
+                raise
+            except ValueError as e:  # a judge that cannot be built: a bad URL, parameter or limit
+                raise GradeError(str(e)) from e
             try:
                 if self.spec is None:
                     summary = await self._grader()
@@ -413,7 +418,7 @@ class _Run:
 
         plan, spec, judge = self.plan, self.spec, self.whole
         if not self.single or plan.batch or plan.canary is not None or (spec is not None and spec.pairwise is not None):
-            raise ValueError("a `ray` run grades a single-answer rubric or a grader config with one judge model: "
+            raise GradeError("a `ray` run grades a single-answer rubric or a grader config with one judge model: "
                              "no jury or cascade, `batch`, `canary` or pairwise rubric")
         ray = import_ray()
         cache = _open_cache(plan.cache)
@@ -425,15 +430,18 @@ class _Run:
         except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
             if plan.ray == "auto" and isinstance(e, ConnectionError):
                 # Ray's own text suggests an --address flag, which gradekit does not have.
-                raise RayRunError("--ray auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
+                raise GradeError("--ray auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
                                   "start one with `ray start --head`, or use --ray local to start one for this run") from e
-            raise RayRunError(f"--ray {plan.ray}: cannot reach the Ray cluster: {e}") from e
+            raise GradeError(f"--ray {plan.ray}: cannot reach the Ray cluster: {e}") from e
         try:
             count = plan.ray_workers or default_workers()
             # Without a shared limiter, the rates and Retry-After holds are the cluster's one limiter actor.
             judge = replace(judge, limits=replace(judge.limits, url=judge.limits.url or "ray"))
             if judge.limits.url == "ray" and (judge.limits.rps or judge.limits.tpm):
-                judge.limiter()  # the actor exists before the first row
+                try:
+                    judge.limiter()  # the actor exists before the first row
+                except (ValueError, ConnectionError) as e:
+                    raise GradeError(str(e)) from e
             encoding = {"encoding": plan.encoding} if plan.encoding else {}
             # The checkpoint's settings are a local run's, so a run killed with or without Ray resumes either way.
             if spec is not None:
@@ -466,7 +474,7 @@ class _Run:
                 summary = asyncio.run(grade_file_ray(ws, self.source, self.output, self.mapping, workers=count, settings=settings,
                                                      resume=plan.resume, encoding=plan.encoding))
             except ray.exceptions.RayError as e:  # an actor that cannot build its judge or grader, a cluster gone
-                raise RayRunError(f"--ray {plan.ray}: {type(e).__name__}: {e}") from e
+                raise GradeError(f"--ray {plan.ray}: {type(e).__name__}: {e}") from e
             info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
         finally:
             ray.shutdown()
@@ -479,8 +487,9 @@ class _Run:
 _Run.make_judge.reads_settings = True  # type: ignore[attr-defined]  # a grader config hands it its judge: block
 
 
-class RayRunError(RuntimeError):
-    """A Ray run that could not start or go on: no cluster at the address, an actor that cannot build its judge."""
+class GradeError(ValueError):
+    """A plan that cannot run: an option its run kind cannot honour, a judge, cache or shared limiter that cannot be
+    built or reached, a Ray cluster that cannot be reached or an actor that cannot build its judge."""
 
 
 def _open_cache(where: str | Path | Literal[False] | None) -> Any:
@@ -489,7 +498,10 @@ def _open_cache(where: str | Path | Literal[False] | None) -> Any:
         return None
     from gradekit.judge import open_cache
 
-    return open_cache(None if where is None else str(where))
+    try:
+        return open_cache(None if where is None else str(where))
+    except ConnectionError as e:  # a redis:// cache that does not answer: before any request
+        raise GradeError(str(e)) from e
 
 
 def _media_root(source: Any) -> Path:
