@@ -28,16 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import JUDGES, SETS, recorded_pairs  # noqa: E402
 
 from gradekit.graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
-from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean_active  # noqa: E402
 
-SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
-JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
-          ("ChatGPT", "Metrics_Reference")]
-VOTE = {"1": 1.0, "2": -1.0}
 SIZES = (50, 100, 200)
 
 
@@ -54,14 +50,8 @@ def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
         members = [rows(j, s) for j, s in JUDGES]
         y = members[0][1]
         return [{"status": "ok", "score": float(np.mean([m[0][i]["score"] for m in members]))} for i in range(len(y))], y
-    out, y = [], []
-    for subset in SETS:
-        run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
-        for a, b, label in zip(run.winner_ab, run.winner_ba, run.labels):
-            out.append({"status": "ok", "score": (VOTE.get(a or "", 0.0) + VOTE.get(b or "", 0.0)) / 2,
-                        "agree": a is not None and a == b})
-            y.append(VOTE[label])
-    return out, np.array(y)
+    pairs = list(recorded_pairs(judge, strategy))
+    return [{"status": "ok", "score": score, "agree": agree} for score, agree, _ in pairs], np.array([h for _, _, h in pairs])
 
 
 def sequence(levels: np.ndarray, f: list[float], y: np.ndarray, n: int, active: bool,

@@ -20,25 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import JUDGES, SETS, recorded_pairs  # noqa: E402
 
-from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean  # noqa: E402
-
-SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
-JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
-          ("ChatGPT", "Metrics_Reference")]
-VOTE = {"1": 1.0, "2": -1.0}
 
 
 def scores(judge: str, strategy: str) -> tuple[np.ndarray, np.ndarray]:
     """(judge score, human score) per pair over the pooled sets."""
-    f, y = [], []
-    for subset in SETS:
-        run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
-        f += [(VOTE.get(a or "", 0.0) + VOTE.get(b or "", 0.0)) / 2 for a, b in zip(run.winner_ab, run.winner_ba)]
-        y += [VOTE[label] for label in run.labels]
-    return np.array(f), np.array(y)
+    pairs = list(recorded_pairs(judge, strategy))
+    return np.array([f for f, _, _ in pairs]), np.array([y for _, _, y in pairs])
 
 
 def study(f: np.ndarray, y: np.ndarray, n: int, draws: int, alpha: float, rng: np.random.Generator) -> dict[str, float]:
