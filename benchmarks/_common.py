@@ -5,6 +5,7 @@ Import it beside the benchmark (``sys.path.insert(0, <benchmarks>)``): benchmark
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 
 from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar
@@ -13,6 +14,20 @@ SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
 JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
           ("ChatGPT", "Metrics_Reference")]
 VOTE = {"1": 1.0, "2": -1.0}
+
+
+def draws_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a study that draws labelled subsets of the pooled sets: --draws, --alpha, --seed."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--draws", type=int, default=2000)
+    parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def pooled_names() -> str:
+    """The pooled sets as the studies' headings name them: MT-Bench + LLMEval2 + FairEval."""
+    return " + ".join(s.split("__")[1] for s in SETS)
 
 
 def recorded_pairs(judge: str, strategy: str) -> Iterator[tuple[float, bool, float]]:

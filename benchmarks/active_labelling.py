@@ -21,7 +21,6 @@ the case where a judge's uncertainty does predict its error, which the recorded 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import JUDGES, SETS, recorded_pairs  # noqa: E402
+from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
 
 from gradekit.graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean_active  # noqa: E402
@@ -102,16 +101,13 @@ def bound(levels: np.ndarray, f: np.ndarray, y: np.ndarray) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = draws_parser(__doc__)
     parser.add_argument("--judges", type=int, default=len(JUDGES) + 2, help="the first N judges only (a quick look)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     print(f"Active vs uniform labelling, IPW PPI on LLMBar's human-labelled sets pooled "
-          f"({' + '.join(s.split('__')[1] for s in SETS)}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
+          f"({pooled_names()}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
     print()
     print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform | best possible |")
     print("|---|---|---|---|---|---|---|---|")

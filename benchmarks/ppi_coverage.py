@@ -13,7 +13,6 @@ human-only interval from the same labelled subset (the baseline), and the judge-
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import JUDGES, SETS, recorded_pairs  # noqa: E402
+from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
 
 from gradekit.graders.calibration._ppi import ppi_mean  # noqa: E402
 
@@ -49,14 +48,11 @@ def study(f: np.ndarray, y: np.ndarray, n: int, draws: int, alpha: float, rng: n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = draws_parser(__doc__)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    print(f"PPI coverage on LLMBar's human-labelled sets pooled ({' + '.join(s.split('__')[1] for s in SETS)}), "
+    print(f"PPI coverage on LLMBar's human-labelled sets pooled ({pooled_names()}), "
           f"{args.draws} random labelled subsets per row, alpha {args.alpha}")
     print()
     print("| judge (recorded) | labelled n | unlabelled N | PPI coverage | human-only coverage | PPI width | width vs human-only | judge-only bias |")
