@@ -159,7 +159,7 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
     """
     import re
 
-    from gradekit.judge.testing import Reply
+    from gradekit.judge.testing import asked_reply
 
     # A row is known by its question too: two rows may trade gold and response (listen / silent).
     verdicts = {(r.question.strip(), r.gold.strip(), r.response.strip()): r.verdict for r in rows}
@@ -181,13 +181,7 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
             label = "correct" if swapped_says_correct else verdicts[(question, second, first)]
         else:
             label = "incorrect"
-        verdict = {"rationale": "scripted", "judgement": label}
-        choice = body.get("tool_choice")
-        if isinstance(choice, dict):
-            return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict)})
-        if (body.get("response_format") or {}).get("type") in ("json_schema", "json_object"):
-            return Reply(content=json.dumps(verdict))
-        return Reply(content=f"<judgement>{label}</judgement>")
+        return asked_reply(body, {"rationale": "scripted", "judgement": label}, f"<judgement>{label}</judgement>")
 
     return respond
 
