@@ -237,14 +237,14 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
     return run
 
 
-Handler = Callable[[Request], Awaitable[tuple[str, Any]]]
+_RouteHandler = Callable[[Request], Awaitable[tuple[str, Any]]]
 
 
-def _reward_route(app: FastAPI, path: str) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
+def _reward_route(app: FastAPI, path: str) -> Callable[[_RouteHandler], Callable[[Request], Awaitable[Response]]]:
     """``POST path`` as every reward route answers: the handler returns (outcome, reply), the outcome is what the
     request is logged and counted under, the reply a Response or a JSON body (200); ``_guarded`` answers the rest."""
 
-    def register(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def register(handler: _RouteHandler) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
             outcome, reply = await handler(request)
             _set_outcome(request, outcome)
