@@ -205,7 +205,7 @@ def test_canary_every_reads_rows_and_times(values, rows, seconds) -> None:
 def test_canary_every_refuses_what_is_not_a_count_or_a_time(bad) -> None:
     from gradekit.graders.runs._canary import parse_every
 
-    with pytest.raises(ValueError, match="--canary-every"):
+    with pytest.raises(ValueError, match="`canary_every`"):  # the library's name; `gradekit grade` says --canary-every
         parse_every([bad])
 
 

@@ -299,7 +299,7 @@ async def test_changed_input_with_open_batches_stops_and_restart_starts_over(tmp
         write_jsonl(src, en_rows(3))  # the input changed under the open batch
         fake.release_batches()
         events: list[str] = []
-        with pytest.raises(InputError, match="batch_fake2.*--restart"):
+        with pytest.raises(InputError, match=r"batch_fake2.*`resume=False`"):  # the library's argument, passed below
             await run_batch(batch_judge(fake), src, out)
         assert fake.batches_created == 1
         summary = await run_batch(batch_judge(fake), src, out, resume=False, on_event=events.append)

@@ -99,7 +99,7 @@ def is_answer_suite(suite: str) -> bool:
 def load_answer_suite(suite: str = ANSWER_SUITE, *, limit: int | None = None) -> tuple[str, list[AnswerRow]]:
     """(name, rows) of the shipped set or a JSONL file; every malformed line is a SuiteError naming it."""
     if limit is not None and limit < 1:
-        raise SuiteError(f"--limit must be at least 1, not {limit}")
+        raise SuiteError(f"`limit` must be at least 1, not {limit}")
     path = answer_suite_path() if suite == ANSWER_SUITE else Path(suite)
     name = ANSWER_SUITE if suite == ANSWER_SUITE else path.stem
     rows = read_suite_rows(path, ("gold", "response", "verdict"), _answer_row)

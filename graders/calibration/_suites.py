@@ -120,7 +120,7 @@ def load_suite(suite: str, *, limit: int | None = None, root: str | Path | None 
     ``limit`` keeps the first N pairs of each subset, so a quick run still covers every subset.
     """
     if limit is not None and limit < 1:
-        raise SuiteError(f"--limit must be at least 1, not {limit}")
+        raise SuiteError(f"`limit` must be at least 1, not {limit}")
     if suite in SHIPPED_SUITES:
         parts = SHIPPED_SUITES[suite]
         llmbar_root(root)  # a clear error when the data are missing

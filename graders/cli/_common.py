@@ -37,7 +37,7 @@ class _Echo(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         from gradekit.judge._redact import redact
 
-        typer.echo(redact(self.format(record)), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
+        typer.echo(redact(in_flags(self.format(record))), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
 
 
 def warnings_to_stderr() -> None:
