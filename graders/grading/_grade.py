@@ -71,7 +71,7 @@ class GradeRun(BaseModel):
     """What ``grade`` returns: the run's record, filled by the run, and what its judge saw.
 
     ``model`` is the judge model the run names; ``endpoints`` and ``hedges`` a fleet's part;
-    ``panel`` a jury's or cascade's block; ``ray`` the cluster a ``--ray`` run used.
+    ``panel`` a jury's or cascade's block; ``ray`` the cluster a Ray run used.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -429,10 +429,10 @@ class _Run:
             gcs = connect(plan.ray)
         except Exception as e:  # noqa: BLE001 -- Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
             if plan.ray == "auto" and isinstance(e, ConnectionError):
-                # Ray's own text suggests an --address flag, which gradekit does not have.
-                raise GradeError("--ray auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
-                                  "start one with `ray start --head`, or use --ray local to start one for this run") from e
-            raise GradeError(f"--ray {plan.ray}: cannot reach the Ray cluster: {e}") from e
+                # Ray's own text suggests an address flag, which gradekit does not have.
+                raise GradeError("`ray` auto: no running Ray cluster found (none on this machine, and RAY_ADDRESS is not set); "
+                                 "start one with `ray start --head`, or use `ray=local` to start one for this run") from e
+            raise GradeError(f"`ray` {plan.ray}: cannot reach the Ray cluster: {e}") from e
         try:
             count = plan.ray_workers or default_workers()
             # Without a shared limiter, the rates and Retry-After holds are the cluster's one limiter actor.
@@ -474,7 +474,7 @@ class _Run:
                 summary = asyncio.run(grade_file_ray(ws, self.source, self.output, self.mapping, workers=count, settings=settings,
                                                      resume=plan.resume, encoding=plan.encoding))
             except ray.exceptions.RayError as e:  # an actor that cannot build its judge or grader, a cluster gone
-                raise GradeError(f"--ray {plan.ray}: {type(e).__name__}: {e}") from e
+                raise GradeError(f"`ray` {plan.ray}: {type(e).__name__}: {e}") from e
             info = RayInfo(address=gcs, nodes=alive_nodes(), workers=count)
         finally:
             ray.shutdown()
