@@ -44,7 +44,7 @@ from ._window import known_window, overflow_of
 from ._native import claude_minimum_tokens
 from ._thinking import read_message
 from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_retrying, standard
-from ._verdict import ErrorKind, Usage, Verdict
+from ._verdict import NO_USAGE, ErrorKind, Usage, Verdict
 from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
                     takes_prompt_cache_key)
 from ._wire import (Failed, Route, breaker_failure, carrying, error_of, local_message, served_of, spent_by, status_detail, status_error_kind,
@@ -441,7 +441,7 @@ class Judge:
 
     async def _judge(self, rubric: Rubric, row: Mapping[str, Any], started: float) -> Verdict:
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
-        spent = Usage()  # the requests of the asks that came to nothing (a relearnt request, a refused output mode)
+        spent = NO_USAGE  # the requests of the asks that came to nothing (a relearnt request, a refused output mode)
 
         def finish(**fields: Any) -> Verdict:
             return Verdict(latency_s=time.perf_counter() - started, **fields)
@@ -499,7 +499,7 @@ class Judge:
         cache lacks go out in one request. Embeddings are not charged to a ``budget``.
         """
         started = time.perf_counter()
-        spent = Usage()
+        spent = NO_USAGE
         texts = list(texts)
         vectors: list[list[float] | None] = [None] * len(texts)
         keys = {text: embedding_key(self.base_url, model, text) for text in texts}
@@ -541,7 +541,7 @@ class Judge:
         error kinds, never a score of 0.
         """
         started = time.perf_counter()
-        spent = Usage()
+        spent = NO_USAGE
         request = {"model": self.model, **request}
         key = cache_key(self.base_url, {"route": route, **request})
 
@@ -575,7 +575,7 @@ class Judge:
         text once. Never raises: a failure is ``status="error"`` (or ``skipped`` past the budget) with its kind.
         """
         started = time.perf_counter()
-        spent = Usage()
+        spent = NO_USAGE
 
         def finish(**fields: Any) -> Generated:
             # Generated's usage as it always counted: the tokens by kind, not their cache writes or flex part.
@@ -604,7 +604,7 @@ class Judge:
                     reservation = await self.budget.start(prompt, reply, model=self.model)
                     if reservation is None:
                         return finish(status="skipped", error_kind="budget", error=self.budget.reason())
-                used = Usage()
+                used = NO_USAGE
                 try:
                     completion, used = await self._send(request, dialect_version=version)
                 except _Relearn as relearn:
@@ -756,7 +756,7 @@ class Judge:
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
-        spent = Usage()
+        spent = NO_USAGE
         try:
             verdict = await self._ask(rubric, prepared, finish, data)
             spent = verdict.usage
@@ -776,7 +776,7 @@ class Judge:
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
         served: dict[str, str | None] = {}
-        spent = Usage()
+        spent = NO_USAGE
 
         def asked(**fields: Any) -> Verdict:
             return finish(usage=spent, **fields)
@@ -858,7 +858,7 @@ class Judge:
             return await self._send(request, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
                                     counted=counted)
         deadline = (ROW_STARTED.get() or time.monotonic()) + self.flex_deadline_s
-        full = Usage()  # the flex requests refused for capacity
+        full = NO_USAGE  # the flex requests refused for capacity
         try:
             async for attempt in flex_retrying(deadline, self._sleep):  # tenacity, the one owner of retries
                 with attempt:
@@ -943,7 +943,7 @@ class Judge:
                 if learning:
                     dialect.gate.leave()
                 raise _Relearn()
-        spent = Usage()  # every attempt's, the retried ones' included
+        spent = NO_USAGE  # every attempt's, the retried ones' included
         try:
             breaker = current_breaker()
             clock = row_clock()

@@ -43,7 +43,7 @@ from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
-from ._verdict import Usage
+from ._verdict import NO_USAGE, Usage
 from ._wire import (Failed, Route, breaker_failure, carrying, check_body, post, reply_usage, route_url, sdk_http, spent_by,
                     whole_request_seconds)
 
@@ -625,7 +625,7 @@ class Fleet:
         tried: list[Member] = []
         last: BaseException | None = None
         turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
-        spent = Usage()  # every endpoint this attempt went to
+        spent = NO_USAGE  # every endpoint this attempt went to
         try:
             while True:
                 picked = router.pick(tried if avoid is None else [*tried, avoid])
@@ -770,7 +770,7 @@ class Fleet:
             raise carrying(ValueError("completion body is not a JSON object"), Usage(requests=1))  # a malformed 200: transient
         member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
-        used = Usage(requests=1) + reply_usage(spent, completion.get("service_tier") or request.get("service_tier"))
+        used = reply_usage(spent, completion.get("service_tier") or request.get("service_tier"))
         try:
             limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
             await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
@@ -820,7 +820,7 @@ class _Race:
         self.winner: asyncio.Task[tuple[dict[str, Any], Usage]] | None = None
         self.error: BaseException | None = None
         self.hedge_member: Member | None = None  # where the hedge was sent, once it is
-        self.spent = Usage()  # what both contenders billed, each adding its own as it ends
+        self.spent = NO_USAGE  # what both contenders billed, each adding its own as it ends
 
     def armed(self, member: Member) -> None:
         """The first request reached the wire at ``member``: its hedge deadline starts now.

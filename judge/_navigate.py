@@ -25,7 +25,7 @@ from ._cache import cache_key
 from ._parse import Reading, read_completion
 from ._rubric import PromptOverflow, Room, Rubric, RubricInputError
 from ._trajectory import Steps, fit
-from ._verdict import Usage, Verdict
+from ._verdict import NO_USAGE, Verdict
 from ._wire import Failed, spent_by
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
     if "tool" in judge.dialect.refused_modes:
         return await judge.judge_once(rubric, row)  # no tools here: the budgeted view
     started = time.perf_counter()
-    spent = Usage()  # every round's requests
+    spent = NO_USAGE  # every round's requests
     mode = rubric.ask_modes[0]
     var = rubric.trajectory_variables[0]
 
@@ -154,7 +154,7 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
                 reservation = await judge.budget.start(used, 1024, model=judge.model)
                 if reservation is None:
                     return finish(status="skipped", error_kind="budget", error=judge.budget.reason())
-            billed = Usage()
+            billed = NO_USAGE
             try:
                 try:
                     completion, billed = await judge._send(request)

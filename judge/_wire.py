@@ -25,7 +25,7 @@ import openai
 from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_local, is_not_recorded
 from ._reward_model import NoScore, read_reward, server_root
-from ._verdict import ErrorKind, Usage
+from ._verdict import NO_USAGE, ErrorKind, Usage
 from ._window import overflow_of
 
 if TYPE_CHECKING:
@@ -377,15 +377,16 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route, fast: Fas
 
 
 def reply_usage(spent: Mapping[str, Any], tier: str | None = None) -> Usage:
-    """A reply's ``usage`` as a Usage (``tier``: the service tier that billed it; a flex reply's counts are its flex part too)."""
+    """The request that got this reply and the reply's ``usage``, as a Usage (``tier``: the service tier that billed it;
+    a flex reply's counts are its flex part too)."""
     counts = usage_counts(spent)
-    return Usage(**counts, **({f"flex_{name}": value for name, value in counts.items()} if tier == "flex" else {}))
+    return Usage(requests=1, **counts, **({f"flex_{name}": value for name, value in counts.items()} if tier == "flex" else {}))
 
 
 def spent_by(exc: BaseException) -> Usage:
     """What the requests that ended in ``exc`` billed (a failed request is a request too); nothing sent: zero."""
     spent = getattr(exc, "gradekit_usage", None)
-    return spent if isinstance(spent, Usage) else Usage()
+    return spent if isinstance(spent, Usage) else NO_USAGE
 
 
 def carrying(exc: BaseException, spent: Usage) -> BaseException:
