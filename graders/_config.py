@@ -127,6 +127,7 @@ and ``member_retries:`` (graders._members); load it with :func:`load_group_grade
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -268,6 +269,41 @@ class JudgeSettings(BaseModel):
         return self
 
 
+def problems(error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None, *, tagged: bool = False) -> str:
+    """A validation error as one line, each problem at its place in the file (after ``prefix``); a key ``model``
+    (or a model inside it) does not take names the keys it does. ``tagged``: each place starts with the union's
+    tag (the node's type), which the file does not show."""
+    lines = []
+    for err in error.errors():
+        loc = err["loc"][1:] if tagged else err["loc"]
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None:
+            message += _allowed(model, loc)
+        lines.append(f"{prefix}{'.'.join(map(str, loc))}: {message}")
+    return "; ".join(lines)
+
+
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """What to say after "Extra inputs are not permitted": the key it was likely meant as, else the keys there are."""
+    at: type[BaseModel] | None = model
+    for key in loc[:-1]:  # down the loc to the model holding the unknown key (an int is a list's index: same model)
+        if at is None or isinstance(key, int):
+            continue
+        field = at.model_fields.get(str(key))
+        at = _model_in(field.annotation) if field is not None else None
+    if at is None:
+        return ""
+    keys = [field.alias or name for name, field in at.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; allowed keys: {', '.join(keys)}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)
+
+
 # The node model of each type a file may name, from the union's members (in the order an unknown type's message lists them).
 NODES: dict[str, type[_Node]] = {kind: model for model in NODE_MODELS for kind in get_args(model.model_fields["type"].annotation)}
 _NODE = TypeAdapter(GraderNode)
@@ -294,9 +330,7 @@ def validate_node(data: Any, where: str, source: str) -> tuple[str, _Node]:
         return kind, _NODE.validate_python(data)
     except ValidationError as e:
         prefix = f"{where}." if where else ""
-        # err["loc"][0] is the union's tag (the type): the place in the file is what follows it.
-        problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{source}: {problems}") from None
+        raise GraderConfigError(f"{source}: {problems(e, prefix, model, tagged=True)}") from None
 
 
 class _Builder:
@@ -345,16 +379,23 @@ class _Builder:
 
 
 def _read(source: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str, Path]:
+    """A grader config as a mapping, the name its errors give and the folder its paths are relative to.
+
+    A top-level ``$schema`` (an editor's pointer to the JSON schema, docs/graders.md) is dropped here, so every
+    reader of a grader file takes one."""
     if isinstance(source, Mapping):
-        return dict(source), "grader config", Path.cwd()
-    path = Path(source)
-    try:
-        data = read_data_file(path, "grader config")
-    except ValueError as e:
-        raise GraderConfigError(str(e)) from e
-    if not isinstance(data, dict):
-        raise GraderConfigError(f"{path}: a grader config must be a mapping")
-    return data, str(path), path.parent
+        data, where, base = dict(source), "grader config", Path.cwd()
+    else:
+        path = Path(source)
+        try:
+            read = read_data_file(path, "grader config")
+        except ValueError as e:
+            raise GraderConfigError(str(e)) from e
+        if not isinstance(read, dict):
+            raise GraderConfigError(f"{path}: a grader config must be a mapping")
+        data, where, base = read, str(path), path.parent
+    data.pop("$schema", None)
+    return data, where, base
 
 
 class ConfiguredGrader:
@@ -381,8 +422,7 @@ def _builder(data: dict[str, Any], source: str, base: Path, judge: JudgeProtocol
     try:
         parsed = JudgeSettings.model_validate(settings)
     except ValidationError as e:
-        problems = "; ".join(f"judge.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{source}: {problems}") from None
+        raise GraderConfigError(f"{source}: {problems(e, 'judge.', JudgeSettings)}") from None
     return _Builder(source, base, judge, parsed)
 
 
@@ -410,8 +450,7 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
     try:
         definition = EvalDefinition.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e)}") from None
     if not definition.testing_criteria:
         raise GraderConfigError(f"{where}: testing_criteria is empty: an eval needs at least one criterion")
     criteria = []
@@ -436,8 +475,7 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgePro
     try:
         node = GroupNode.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
     if sum(x is not None for x in (node.grader, node.relative, node.pairwise)) != 1:
         raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone), relative (one judge call ranks them all) "
                                 "and pairwise (members compared in pairs)")
@@ -477,8 +515,7 @@ def load_group_members(source: str | Path | Mapping[str, Any], *, judge: JudgePr
     try:
         node = GroupNode.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
     if node.grader is None:
         raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
     if node.grader.get("type") == "reward_model" and node.grader.get("mapping") in GROUP_MAPPINGS:
