@@ -24,7 +24,9 @@ from ._config_nodes import NODE_MODELS, GroupNode, with_keys
 from ._evals import EvalDefinition
 
 SCHEMA_FILE = Path(__file__).with_name("grader.schema.json")
-DIALECT = "https://json-schema.org/draft/2020-12/schema"
+# Draft 7: what yaml-language-server (VS Code's YAML extension) and VS Code's JSON support check instances with;
+# pydantic's output reads the same there (its $defs are reached by JSON pointer, its prefixItems only add detail).
+DIALECT = "http://json-schema.org/draft-07/schema#"
 
 _FILE_KEYS: dict[str, Any] = {
     "judge": (JudgeSettings | None, Field(None, description="The judge of this file's LLM nodes: one model (model, base_url, params, "
