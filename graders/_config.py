@@ -116,7 +116,9 @@ instead of ``base_url`` makes the judge a fleet (docs/fleets.md), which hedges s
 ``hedge: false`` (``hedge: {max_extra: 0.05, ...}`` tunes it). A jury instead of one judge:
 ``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}``
 (docs/juries.md). An endpoint's or a juror's ``api_key`` is best written ``$NAME`` (read from that
-environment variable) rather than the key itself.
+environment variable) rather than the key itself. A top-level ``$schema`` (an editor's pointer to the
+JSON schema ``gradekit schema`` prints, generated from the node models in graders._config_nodes) is
+ignored.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
