@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail
+from ._common import print_or_write
 
 
 def schema(output: Path | None = typer.Option(None, "-o", "--output", help="Write the schema to this file instead of stdout.",
@@ -16,11 +16,4 @@ def schema(output: Path | None = typer.Option(None, "-o", "--output", help="Writ
     from importlib.resources import files
 
     text = (files("gradekit.graders") / "grader.schema.json").read_text(encoding="utf-8")
-    if output is None:
-        typer.echo(text, nl=False)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise fail(f"--output: cannot write {output}: {e.strerror or e}") from e
-    typer.echo(f"wrote {output}", err=True)
+    print_or_write(text, output)
