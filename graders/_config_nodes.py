@@ -13,12 +13,10 @@ The schema still describes them as nodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, create_model, field_validator, model_validator
-from pydantic_core import PydanticKnownError, core_schema
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WrapValidator, create_model, field_validator, model_validator
 
 from gradekit.judge import RubricError
 
@@ -76,22 +74,15 @@ class BuildContext(Protocol):
 
 
 class AsNode:
-    """A nested node's annotation: validated as a plain mapping here (the builder validates it as a node when it
-    reaches it, naming its place in the file), described in the JSON schema as the node type it holds."""
+    """A nested node's annotation, ``AsNode[GraderNode]``: validated as a plain mapping here (the builder validates
+    it as a node when it reaches it, naming its place in the file), described in the JSON schema as the node."""
 
     def __class_getitem__(cls, described: Any) -> Any:
-        return Annotated[described, cls()]
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        # A wrap validator that never calls the node's validator: the node's schema stays in the tree (its
-        # definitions and its JSON schema), the value stays the mapping as given.
-        return core_schema.no_info_wrap_validator_function(_mapping, handler(source))
+        # A wrap validator that never calls the node's own: the node stays in the schema, the value stays the mapping.
+        return Annotated[described, WrapValidator(lambda value, _node: _MAPPING.validate_python(value))]
 
 
-def _mapping(value: Any, _node: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise PydanticKnownError("dict_type")
-    return dict(value)
+_MAPPING = TypeAdapter(dict[str, Any])
 
 
 def _dot(where: str) -> str:

@@ -140,6 +140,7 @@ BROKEN = [
                  "did you mean on_judge_error?", id="group_misspelt_key"),
     pytest.param({"type": "verified_answer", "expression": S, "sandbox": "off"}, "sandbox: Input should be", id="sandbox_enum"),
     pytest.param({"expression": S}, "unknown grader type None", id="no_type"),
+    pytest.param({"type": "weighted", "parts": {"a": 5}}, "parts.a: Input should be a valid dictionary", id="part_not_a_mapping"),
 ]
 
 
