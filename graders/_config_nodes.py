@@ -108,7 +108,8 @@ class _Node(BaseModel):
         raise NotImplementedError
 
 
-_PARSE = "How the answer is cut out of the response first: {type: IDENTITY} (the default) or {type: REGEX_EXTRACT, regex: ...}."
+_PARSE_WAYS = "{type: IDENTITY} (the default) or {type: REGEX_EXTRACT, regex: ...} (the last match counts)."
+_PARSE = f"How the answer is cut out of the response first: {_PARSE_WAYS}"
 _EXPRESSION = "The expected answer, a template: \"{{references.answer}}\" (also {{prompt}}, {{response}}, {{metadata.key}})."
 
 
@@ -209,7 +210,7 @@ class AutoraterNode(_Node):
     type: Literal["autorater"] = Field(description="autorater: ask the judge a prompt of your own.")
     prompt: str | None = Field(None, description="The prompt, a template ({{response}}, {{references.key}}); or prompt_file.")
     prompt_file: str | None = Field(None, description="A file holding the prompt (relative to this file); or prompt.")
-    parse: ParseConfig = Field(ParseConfig(), description="How the judge's reply is read: " + _PARSE.split(": ", 1)[1])
+    parse: ParseConfig = Field(ParseConfig(), description=f"How the judge's reply is read: {_PARSE_WAYS}")
     response_parse: ParseConfig = Field(ParseConfig(), description="How the response is cut before it goes into the prompt.")
     expression: str | None = Field(None, description="Exact match of the parsed reply -> correct/wrong; omit to read it as a number.")
     correct: float = Field(1.0, description="The score when the reply matches expression.")
