@@ -17,18 +17,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._composite import FormulaError, compile_formula
-from .._config import (
-    AutoraterNode,
-    FormulaNode,
-    GraderConfigError,
-    JsonMatchNode,
-    PythonNode,
-    StringMatchNode,
-    VertexNode,
-    WeightedNode,
-    _read,
-    validate_node,
-)
+from .._config import GraderConfigError, _read, validate_node
+from .._config_nodes import AutoraterNode, FormulaNode, JsonMatchNode, PythonNode, StringMatchNode, VertexNode, WeightedNode
 from .._python import ENTRY, detect_flavour
 from .._string_match import ParseConfig
 from .._vertex import SingleRewardConfig, VertexSpec, parse_vertex_spec
@@ -82,7 +72,7 @@ def read_tree(config: str | Path | Mapping[str, Any], target: str) -> Tree:
     data, where, base = _read(config)
     if "testing_criteria" in data and "type" not in data:
         raise GraderConfigError(f"{where}: an Evals-API eval definition (testing_criteria), not one grader: export it with "
-                                "--to foundry, or grade it with `gradekit grade --grader`")
+                                "`export_foundry_grader`, or grade it with `gradekit grade --grader`")
     judge = data.pop("judge", None) or {}
     reader = _Reader(where, base, target)
     return Tree(reader.node(data, "", None), where, judge.get("model") if isinstance(judge, Mapping) else None)
