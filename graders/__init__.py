@@ -4,7 +4,7 @@ A grader is an async callable ``grade(sample) -> Grade``; factories build them f
 from a YAML/JSON config (``load_grader``). Aggregates are pure functions over lists of grades.
 
 The package reads as the flow: the graders themselves are its own modules; ``runs`` grades
-files and DataFrames; ``calibration`` checks a judge against human labels; ``platforms`` serves
+files and DataFrames; ``grading`` is the library door for a whole run (``grade``), which picks one; ``calibration`` checks a judge against human labels; ``platforms`` serves
 a grader to RL platforms (reward server, adapters, exports); ``sandbox`` runs untrusted code
 (graded programs and python graders); ``cli`` is the command line.
 Names load on first use, so ``gradekit --help`` imports none of pandas, openai or FastAPI.
@@ -44,6 +44,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "AReaLReward", "GradekitTextEnv", "ROLLRewards", "areal_reward_fn", "roll_rewards",
                    "VerifiersV1Reward", "verifiers_group_reward_func", "verifiers_reward_func", "verifiers_v1_group_reward",
                    "verifiers_v1_reward", "GradekitStepEnv", "verifiers_step_reward_func"],
+    ".grading": ["GradeError", "GradePlan", "GradeRun", "agrade", "grade"],
     ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
     ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],

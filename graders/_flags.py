@@ -25,10 +25,10 @@ JUDGE_FLAGS: dict[str, str] = {
 }
 FLAGS: dict[str, str] = {
     **JUDGE_FLAGS,
-    # a file run's arguments (graders.runs): grade_file, RunOptions, Canary (mapping, group_by, retry_errors and
+    # a file run's arguments (graders.runs, graders.grading's GradePlan): grade_file, RunOptions, Canary (mapping, group_by, retry_errors and
     # keep_going are for graders/runs/_file.py's messages, said as fields once its rewrite lands)
     "resume=False": "--restart", "encoding": "--encoding", "on_drift": "--on-drift", "canary_every": "--canary-every",
-    "ray": "--ray", "mapping": "--map", "group_by": "--group-by", "retry_errors": "--retry-errors", "keep_going": "--keep-going",
+    "ray": "--ray", "ray=local": "--ray local", "canary": "--canary", "mapping": "--map", "group_by": "--group-by", "retry_errors": "--retry-errors", "keep_going": "--keep-going",
     # calibration's arguments: calibrate_rows, cascades, answer and pairwise suites, the LLMBar data
     "human_column": "--human-column", "judge_column": "--judge-column", "label_rows": "--labels", "on": "--on",
     "label_map": "--label-map", "limit": "--limit", "root": "--data",

@@ -292,7 +292,7 @@ def test_a_judge_that_does_not_change_passes_every_check_and_a_warm_cache_from_a
 
 
 def canary_text_of(block: dict) -> str:
-    from gradekit.graders.cli._grade import canary_text
+    from gradekit.graders.cli._grade_print import canary_text
 
     return canary_text(block)
 

@@ -223,10 +223,12 @@ ROOMS: dict[str, set[str]] = {
     "graders/runs": {"judge", "graders", "graders/sandbox"},
     # judge/testing: `gradekit llmbar` and the answer suites replay recorded verdicts through the fake provider
     "graders/calibration": {"judge", "judge/testing", "graders", "graders/runs", "graders/sandbox"},
+    # the library door for a run (grade): it picks among the engines' runs (runs, and calibration's pairwise run)
+    "graders/grading": {"judge", "graders", "graders/runs", "graders/calibration", "graders/sandbox"},
     "graders/platforms": {"judge", "graders", "graders/runs"},
     "graders/platforms/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
     "graders/view": {"judge", "graders", "graders/runs", "graders/calibration"},
-    "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/sandbox",
+    "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/grading", "graders/sandbox",
                     "graders/platforms", "graders/platforms/server", "graders/view"},
 }
 
@@ -301,9 +303,10 @@ def test_the_graders_library_names_fields_never_command_line_flags() -> None:
     from gradekit.graders._flags import FLAGS
 
     texts = [t for t in _message_texts("graders", skip=LIBRARY_SKIP) if t[0] not in NOT_MESSAGES]
-    # A command line quoted whole (`gradekit grade --grader`) names a command, as `gradekit serve` does, not an argument.
+    # A command line quoted whole (`gradekit grade --grader`, Ray's `ray start --head`) names a command, as
+    # `gradekit serve` does, not an argument.
     flags = [f"{file}:{line}: {text!r}" for file, line, text in texts
-             if any(FLAG.search(part) for part in re.split(r"`gradekit [^`]*`", text)) and (file, text) not in FLAGS_PENDING]
+             if any(FLAG.search(part) for part in re.split(r"`(?:gradekit|ray) [^`]*`", text)) and (file, text) not in FLAGS_PENDING]
     assert not flags, ("a library module of graders/ names a command-line flag; name the argument in backticks and add it "
                        "to graders._flags.FLAGS instead:\n" + "\n".join(flags))
     pending = {(file, text) for file, _, text in texts} & FLAGS_PENDING
@@ -336,17 +339,17 @@ def test_each_flag_in_the_flag_table_is_an_option_of_a_command() -> None:
 GRADERS_PUBLIC = [
     "AReaLReward", "BaseRewardComputer", "BatchRunError", "BreakerTripped", "CalibrationReport", "CodeTestsGrader",
     "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError",
-    "FunctionCall", "Grade", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
+    "FunctionCall", "Grade", "GradeError", "GradePlan", "GradeRun", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
     "GradingError", "GroupResult", "GroupStatus", "Interval", "Isolation", "JudgeAgreementReport", "MathCheck",
     "MathEquivalenceGrader", "MathVerifier", "Message", "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict",
     "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe", "ProbeReport", "PythonGrader", "ROLLRewards",
     "RewardModelGrader", "RewardRequest", "RewardResponse", "RewardServer", "RunSummary", "Sample", "SampleChecks",
     "SandboxUnavailable", "SandboxWarning", "SpreadReport", "SpreadTally", "SyncGrader", "ToolCall", "Trajectory",
-    "TrajectoryChecks", "TrajectoryError", "VerifiersV1Reward", "VerlReward", "VertexSpec", "aclose_grader", "agrade_frame",
+    "TrajectoryChecks", "TrajectoryError", "VerifiersV1Reward", "VerlReward", "VertexSpec", "aclose_grader", "agrade", "agrade_frame",
     "answer_listing", "areal_reward_fn", "ark_group_grader", "ark_single_grader", "autorater_grader", "calibrate",
     "calibrate_rows", "cloud_run_grader", "code_tests_grader", "correlations", "create_app", "dump_vertex_spec",
     "export_bedrock_lambda", "export_foundry_grader", "export_openai_grader", "export_vertex_evaluate", "export_vertex_spec",
-    "formula_grader", "grade_dataset", "grade_file", "grade_file_batch", "grade_frame", "grade_pairwise_file",
+    "formula_grader", "grade", "grade_dataset", "grade_file", "grade_file_batch", "grade_frame", "grade_pairwise_file",
     "group_grader", "instruction_injection", "json_match_grader", "judge_agreement", "label_model_grader", "llm_grader",
     "load_grader", "load_group_grader", "load_suite", "majority_vote", "master_keys", "math_equivalence_grader", "mean_vote",
     "meta_eval", "normalized_match_grader", "numeric_match_grader", "pairwise_grader", "pairwise_group_grader",

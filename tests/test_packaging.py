@@ -142,6 +142,6 @@ def test_graders_public_names() -> None:
     for name in graders.__all__:
         assert hasattr(graders, name), name
     expected_core = {"Grade", "Sample", "Trajectory", "group_grader", "llm_grader", "python_grader", "weighted_grader",
-                     "formula_grader", "string_match_grader", "load_grader", "parse_vertex_spec", "grade_file"}
+                     "formula_grader", "string_match_grader", "load_grader", "parse_vertex_spec", "grade_file", "grade", "GradePlan"}
     assert expected_core <= set(graders.__all__)
     assert not [n for n in graders.__all__ if n.startswith("_")]

@@ -10,6 +10,7 @@ parameter is given on the command line.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from ._common import fail
 from ._judge_options import JudgeOptions
 
 if TYPE_CHECKING:
-    from gradekit.judge import Budget, CascadeSpec, JudgeProtocol
+    from gradekit.judge import Budget, CascadeSpec
+    from gradekit.judge._spec import JudgeSpec
 
 
 def check_cascade_rubric(path: Path, cascade: CascadeSpec, spec: Any) -> None:
@@ -68,75 +70,37 @@ def check_panel(opts: JudgeOptions, jury: str | None, quorum: int | None, cascad
     return None
 
 
-def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spec: CascadeSpec | None,
-                cache: Any, budget: Budget | None) -> Any:
-    """A Jury (several --model), a Cascade (a spec), or None (one judge: the caller builds it)."""
+def panel_spec(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spec: CascadeSpec | None) -> Any:
+    """A JurySpec (several --model), a cascade's judges as a spec (a --cascade file), or None (one judge)."""
     if spec is not None:
-        from gradekit.judge import Cascade
-
-        judges = [spec.judge_spec(i, opts.spec(fitted.model, base_url=url, api_key=key)).build(cache=cache, budget=budget)
-                  for i, (fitted, (url, key)) in enumerate(zip(spec.judges, opts.per_member(len(spec.judges), "cascade")))]
-        return Cascade(judges, spec)
+        return CascadeJudges(spec, tuple(spec.judge_spec(i, opts.spec(fitted.model, base_url=url, api_key=key)) for i, (fitted, (url, key))
+                                         in enumerate(zip(spec.judges, opts.per_member(len(spec.judges), "cascade")))))
     if len(opts.model) > 1:
         from gradekit.judge._spec import JurySpec
 
         jurors = tuple(opts.spec(model, base_url=url, api_key=key) for model, (url, key) in zip(opts.model, opts.per_member(len(opts.model), "jury")))
-        return JurySpec(jurors, aggregate=jury, quorum=quorum).build(cache=cache, budget=budget)
+        return JurySpec(jurors, aggregate=jury, quorum=quorum)
     return None
 
 
-def panel_summary(panel: JudgeProtocol, summary: Any, prices: Any) -> dict[str, Any] | None:
-    """The ``jury`` / ``cascade`` block of the run's summary (None for a single judge)."""
-    from gradekit.judge import Cascade, Jury, cost_usd
-    from gradekit.judge._budget import price_of
+@dataclass(frozen=True)
+class CascadeJudges:
+    """A cascade as a spec: the fitted file and each judge's spec; ``build`` makes the Cascade, as JudgeSpec.build a Judge."""
 
-    def priced(model: str, prompt: int, completion: int, cached: int = 0, written: int = 0) -> float | None:
-        return cost_usd(prices, model, prompt, completion, cached, cache_write_tokens=written) if price_of(prices, model) is not None else None
+    spec: CascadeSpec
+    judges: tuple[JudgeSpec, ...]
 
-    usage = panel.stats().members
-    if usage is None:  # a single judge
-        return None
-    members = []
-    for member, figures in usage.by_model.items():
-        model = usage.models.get(member, member)
-        members.append({"model": model, **({"juror": member} if member != model else {}), **figures,
-                        "cost_usd": priced(model, figures["prompt_tokens"], figures["completion_tokens"], figures["cached_tokens"],
-                                           figures["cache_write_tokens"])})
-    costs = [m["cost_usd"] for m in members]
-    total = sum(c for c in costs if c is not None) if costs and all(c is not None for c in costs) else None
-    if isinstance(panel, Jury):
-        return {"jurors": [j.model for j in panel.jurors], "aggregate": panel.aggregate, "quorum": panel.quorum,
-                "mean_agreement": summary.mean_agreement, "members": members, "cost_usd": total}
-    if not isinstance(panel, Cascade):
-        return None
-    spec = panel.spec
-    judged = summary.ok + summary.abstained
-    strongest = spec.judges[-1].model
-    # The baseline: the strongest judge alone, asked every row the same way (K samples per row).
-    per_row = 1 if spec.confidence == "logprobs" else spec.samples
-    rows_asked = summary.rows - summary.resumed_from if not summary.already_complete else 0
-    seen = next((m for m in members if m["model"] == strongest and m["requests"]), None) or next((m for m in members if m["requests"]), None)
-    alone_requests = rows_asked * per_row
-    alone_cost = None
-    if seen is not None:
-        mean_prompt, mean_completion = seen["prompt_tokens"] / seen["requests"], seen["completion_tokens"] / seen["requests"]
-        alone_cost = priced(strongest, round(mean_prompt * alone_requests), round(mean_completion * alone_requests))
-    requests = sum(m["requests"] for m in members)
-    return {
-        "judges": [j.model for j in spec.judges],
-        "thresholds": [j.threshold for j in spec.judges],
-        "coverage": summary.ok / judged if judged else None,
-        "abstained": summary.abstained,
-        "decided_by": summary.decided_by,
-        "share": {j.model: (summary.decided_by.get(j.model, 0) / judged if judged else None) for j in spec.judges},
-        "members": members,
-        "requests": requests,
-        "cost_usd": total,
-        "strongest_alone": {"model": strongest, "requests": alone_requests, "cost_usd": alone_cost,
-                            "requests_ratio": requests / alone_requests if alone_requests else None},
-        "guarantee": {"target": spec.target, "delta": spec.delta, "delta_per_judge": spec.delta_per_judge,
-                      "calibration_n": spec.calibration_n, "confidence": spec.confidence, "samples": spec.samples},
-    }
+    def build(self, *, cache: Any = None, budget: Budget | None = None, limiter: Any = None) -> Any:
+        from gradekit.judge import Cascade
+
+        return Cascade([j.build(cache=cache, budget=budget) for j in self.judges], self.spec)  # each judge paces itself
+
+
+def build_panel(opts: JudgeOptions, *, jury: str | None, quorum: int | None, spec: CascadeSpec | None,
+                cache: Any, budget: Budget | None) -> Any:
+    """A Jury (several --model), a Cascade (a spec), or None (one judge: the caller builds it)."""
+    panel = panel_spec(opts, jury=jury, quorum=quorum, spec=spec)
+    return panel.build(cache=cache, budget=budget) if panel is not None else None
 
 
 def print_panel(block: dict[str, Any] | None, console: Any) -> None:

@@ -1,6 +1,7 @@
 """Runs: a grader or rubric over a file or a DataFrame, streamed in order, resumable.
 
-Every input row gets exactly one output row. A front door resolves its input once and hands the
+Every input row gets exactly one output row. ``_record`` fills a run's record (cost at the price table,
+a jury's or cascade's block), as the library door (graders/grading) returns it. A front door resolves its input once and hands the
 streaming runner (``_file``) one plan (``_plan``); the runner reads rows (``_io``), maps them to
 samples (``_rows``), keeps a resume checkpoint (``_checkpoint``), holds
 the output's lock (``_lock``), and can send its requests through the provider's Batch API
