@@ -18,7 +18,7 @@ FLAGS: dict[str, str] = {
     "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",
     "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
     "prices": "--prices", "context_window": "--context-window", "api": "--api", "service_tier": "--service-tier",
-    "flex_deadline_s": "--flex-deadline",
+    "flex_deadline_s": "--flex-deadline", "hedge": "--hedge",
 }
 _FIELD = re.compile(r"`([a-z_.]+)`")
 

@@ -182,6 +182,10 @@ class JurySpec:
     aggregate: str | None = None  # majority, mean, min, unanimous [majority for labels, mean for scores]
     quorum: int | None = None  # [a majority of the jury]
 
+    def merge(self, *layers: JudgeSpec) -> JurySpec:
+        """This jury with each layer put over every juror (a server's ``hedge``, say), as :meth:`JudgeSpec.merge` does."""
+        return replace(self, jurors=tuple(juror.merge(*layers) for juror in self.jurors))
+
     def build(self, *, cache: JudgeCache | None = None, budget: Budget | None = None,
               limiter: RequestLimiter | None = None) -> Jury:
         """The Jury; each juror paces itself with a limiter of its own (``limiter`` is not shared with jurors):

@@ -306,6 +306,7 @@ class _Judges:
 
 def _judges(command: _Command, cache) -> _Judges:
     """The run's judge from the command line (and a grader file's ``judge:`` block, on first need)."""
+    from .._config import FileJudge
     from ._panel import build_panel
 
     a, opts, spec, cascade_spec, model = command.args, command.args.opts, command.spec, command.cascade_spec, command.model
@@ -325,15 +326,13 @@ def _judges(command: _Command, cache) -> _Judges:
         made.append(wanted.build(limiter=limiter, cache=cache, budget=budget))
         return made[-1]
 
-    make_judge.reads_settings = True  # type: ignore[attr-defined]
-
     try:
         # A grader config may need no judge at all: its LLM nodes build one on first need.
         judge = make_judge() if spec is not None else None
         tiebreak = opts.judge(tiebreak_model, limiter=limiter, cache=cache) if tiebreak_model else None
     except ValueError as e:
         raise fail(str(e)) from e
-    return _Judges(limiter, budget, made, make_judge, judge, tiebreak)
+    return _Judges(limiter, budget, made, FileJudge(make_judge), judge, tiebreak)
 
 
 @dataclass
@@ -371,7 +370,7 @@ def _plan(command: _Command, judges: _Judges, source: RunInput) -> _Plan:
                     **({"jury": a.jury, "quorum": a.quorum} if panel else {})}
         # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
         return _Plan(lambda: _run_grader(a.grader_file, judges.make_judge, endpoint, source, output, variables,
-                                         opts.concurrency * max(1, len(opts.base_url)), show, run_options), traffic, err)
+                                         opts.in_flight * max(1, len(opts.base_url)), show, run_options), traffic, err)
     if a.batch:
         return _Plan(lambda: _run_batch(judge, spec, source, output, variables, a.batch_poll, a.group_by, not a.restart,
                                         None if a.json_output else err), traffic, err)
@@ -815,7 +814,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
         else:
             if not grader_file.exists():
                 raise fail(f"{grader_file}: no such grader config")
-            from .._config import load_grader
+            from .._config import FileJudge, load_grader
             from .._sample import aclose_grader
 
             try:  # built here too, only for its name (part of the checkpoint) and to fail before any actor starts
@@ -823,8 +822,7 @@ def _grade_on_ray(address: str, workers: int | None, spec, grader_file: Path | N
                     if settings is not None and file_judge is not None:
                         file_judge(settings)
 
-                layered.reads_settings = True  # type: ignore[attr-defined]
-                local = load_grader(grader_file, judge=layered)  # type: ignore[arg-type]
+                local = load_grader(grader_file, judge=FileJudge(layered))  # type: ignore[arg-type]
             except GraderConfigError as e:
                 raise fail(str(e)) from e
             asyncio.run(aclose_grader(local))

@@ -64,6 +64,7 @@ class JudgeWorker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         from gradekit.judge import open_cache
+        from gradekit.judge._spec import JudgeSpec
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
@@ -73,18 +74,15 @@ class JudgeWorker:
         defaults = spec.judge_defaults
 
         def make_judge(settings: Any = None) -> Any:
-            if settings is None:
-                wanted = judge if defaults is None else defaults.merge(judge)
-            else:
-                wanted = settings.under(judge, defaults)
+            # The layers a local run has: the environment, a grader file's judge: block, the command line.
+            wanted = JudgeSpec.merge(defaults or JudgeSpec(), judge) if settings is None else settings.under(judge, defaults)
             return wanted.build(limiter=self.limiter, cache=self.cache)
 
-        make_judge.reads_settings = True  # type: ignore[attr-defined]
         self.judge = make_judge() if spec.rubric is not None else None
         if spec.grader_config is not None:
-            from .._config import load_grader
+            from .._config import FileJudge, load_grader
 
-            self.grader = load_grader(spec.grader_config, judge=make_judge)
+            self.grader = load_grader(spec.grader_config, judge=FileJudge(make_judge))
         else:
             self.grader = spec.grader
         self._slots: asyncio.Semaphore | None = None
