@@ -1,4 +1,4 @@
-"""The options that configure a judge, declared once for every command that talks to one.
+"""The options that configure a judge, declared once (:class:`JudgeOptions`' fields) for every command that talks to one.
 
 ``@judge_options`` adds them to a command's signature (typer reads ``__signature__``) and hands
 the command one :class:`JudgeOptions` value (its ``opts`` argument) instead, so ``grade``, ``meta-eval``, ``probe`` and
@@ -150,10 +150,6 @@ class JudgeOptions:
     # not listed: the command line, as for options built in Python). A grader file's judge sits between the two.
     sources: dict[str, str] = field(default_factory=dict)
     _said: set[str] = field(default_factory=set, repr=False)
-
-    def given(self, name: str) -> bool:
-        """Whether option ``name`` was written on the command line (not read from the environment, not a default)."""
-        return getattr(self, name) not in (None, []) and self.sources.get(name, "command line") == "command line"
 
     @property
     def in_flight(self) -> int:

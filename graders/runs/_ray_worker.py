@@ -7,12 +7,11 @@ and the actor's code is the same whether the file runner or :func:`grade_dataset
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from gradekit.judge._spec import JudgeSpec
+from gradekit.judge._spec import DEFAULT_CONCURRENCY
 
 
 class WorkerSpec(BaseModel):
@@ -25,34 +24,14 @@ class WorkerSpec(BaseModel):
     rubric: Any = None  # a Rubric (pickled whole, so a user's spec need not be on the node)
     grader_config: str | None = None  # or: the path of a grader config
     grader: Any = None  # or: a grader callable (grade_dataset), shipped by cloudpickle
-    model: str | None = None
-    base_url: str | list[str] | None = None  # several: a fleet, each endpoint a bucket of the limiter actor
-    api_key: str | list[str] | None = None
-    timeout: float = 60.0
-    limiter: str | None = "ray"  # a limiter URL: "ray" (the cluster's actor), redis://..., None (this actor only)
-    limiter_key: str = "default"
-    rps: float | None = None
-    tpm: float | None = None
-    concurrency: int = 16
-    adapt: bool = True  # self-pacing to the provider's rate-limit headers and 429s (--no-adapt: False)
+    # The judge as one judge._spec.JudgeSpec (limits.url: "ray", the cluster's actor; redis://...; None, this actor only).
+    # With a grader file it is the command line's layer, over the file's judge block, as in a local run.
+    judge: Any = None
+    # With a grader file: the environment's layer (OPENAI_BASE_URL, GRADEKIT_MODEL, ...), beneath the file's block.
+    judge_defaults: Any = None
+    concurrency: int = DEFAULT_CONCURRENCY  # grades in flight per actor (a rubric's judge paces with its own limiter too)
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
-    params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
-    judge: Any = None  # the judge as one judge._spec.JudgeSpec (the command line's); it wins over the fields above
-    # With a grader file: the environment's judge (OPENAI_BASE_URL, GRADEKIT_MODEL, --timeout's default), a JudgeSpec
-    # beneath the file's judge block, which ``judge`` (then the command line's alone) goes over.
-    judge_defaults: Any = None
-
-    def judge_spec(self) -> JudgeSpec:
-        """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
-        from gradekit.judge._spec import JudgeSpec, Limits
-
-        if self.judge is not None:
-            return self.judge
-
-        limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=self.adapt, url=self.limiter, key=self.limiter_key)
-        return JudgeSpec.of(self.model, base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, params=self.params or None,
-                            limits=limits)
 
 
 class JudgeWorker:
@@ -68,7 +47,7 @@ class JudgeWorker:
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
-        judge = spec.judge_spec()
+        judge = spec.judge or JudgeSpec()
         self.limiter = judge.limiter()
 
         defaults = spec.judge_defaults
