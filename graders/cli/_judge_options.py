@@ -299,7 +299,7 @@ class JudgeOptions:
         if self.replay and not (beneath.api_key or over.api_key):
             beneath = replace(beneath, api_key=("replay",))  # a cassette answers without a key
         # The limiter is named by the endpoint as given, so runs against another provider or model never share one by accident.
-        key = over.limits.key or beneath.limits.key or f"{(over.base_url or beneath.base_url or ('default',))[0]}|{model or 'default'}"
+        key = over.limits.key or beneath.limits.key or f"{self.first_base_url or 'default'}|{model or 'default'}"
         return beneath, replace(over, limits=replace(over.limits, key=key))
 
     def file_spec(self, model: str | None, settings: Any) -> Any:
