@@ -184,6 +184,79 @@ def _judge_message_texts() -> list[tuple[str, int, str]]:
     return texts
 
 
+# The rooms above the judge core, in the flow's order: each folder may import gradekit's own folders named here and no
+# other (at module level or inside a function). The grader kinds (graders/) sit on the judge; the engines (runs,
+# calibration, sandbox) on the kinds; the front doors (platforms and its server, view, cli) on the engines. No engine
+# imports a door; no door imports another but the CLI (the umbrella) and the server (which hosts the platform adapters).
+ROOMS: dict[str, set[str]] = {
+    "gradekit": {"graders/cli"},  # the package root: python -m gradekit, the extras table
+    "judge": set(),  # the judge core knows nothing above it (and not its own fake provider, judge/testing)
+    "judge/testing": {"judge"},
+    "graders/sandbox": set(),
+    "graders": {"judge", "graders/sandbox"},
+    "graders/runs": {"judge", "graders", "graders/sandbox"},
+    # judge/testing: `gradekit llmbar` and the answer suites replay recorded verdicts through the fake provider
+    "graders/calibration": {"judge", "judge/testing", "graders", "graders/runs", "graders/sandbox"},
+    "graders/platforms": {"judge", "graders", "graders/runs"},
+    "graders/platforms/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
+    "graders/view": {"judge", "graders", "graders/runs", "graders/calibration"},
+    "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/sandbox",
+                    "graders/platforms", "graders/platforms/server", "graders/view"},
+}
+
+
+def _gradekit_rooms_imported(path: Path, package: list[str]) -> set[str]:
+    """The gradekit folders ``path`` imports (absolute or relative, anywhere in the file but TYPE_CHECKING blocks)."""
+    bases = {"judge": ROOT / "judge", "graders": ROOT / "graders"}
+
+    def room(parts: list[str]) -> str:
+        if not parts or parts[0] not in bases:
+            return "gradekit"
+        folder = bases[parts[0]]
+        for part in parts[1:]:
+            if not (folder / part).is_dir():
+                break
+            folder = folder / part
+        return str(folder.relative_to(ROOT))
+
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            modules: list[list[str]] = []
+            if isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").split(".")[0] == "gradekit":
+                modules.append(child.module.split(".")[1:])  # type: ignore[union-attr]
+            elif isinstance(child, ast.ImportFrom) and child.level > 0:
+                base = package[:len(package) - (child.level - 1)] + (child.module.split(".") if child.module else [])
+                modules += [base + [alias.name] for alias in child.names] if not child.module else [base]
+            elif isinstance(child, ast.Import):
+                modules += [alias.name.split(".")[1:] for alias in child.names if alias.name.split(".")[0] == "gradekit"]
+            found.update(room(m) for m in modules)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    problems, seen = [], set()
+    for top in ("judge", "graders", "src/gradekit"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parent = path.parent.relative_to(ROOT)
+            folder = "gradekit" if parent.parts[0] == "src" else str(parent)
+            package = ["gradekit"] if folder == "gradekit" else list(parent.parts)
+            seen.add(folder)
+            if folder not in ROOMS:
+                problems.append(f"{folder}/ is not in the ROOMS table: say which rooms it may import")
+                continue
+            for name in sorted(_gradekit_rooms_imported(path, package) - ROOMS[folder] - {folder, "gradekit"}):
+                problems.append(f"{path.relative_to(ROOT)} imports {name}/: not a room {folder}/ may import")
+    assert not problems, "\n".join(sorted(set(problems)))
+    assert seen == set(ROOMS), sorted(set(ROOMS) - seen)  # every room in the table is a folder that exists
+
+
 def test_the_judge_core_names_spec_fields_never_command_line_flags() -> None:
     """judge/ is a library: its messages say `base_url`, and the CLI's one flag table (graders._flags) says --base-url."""
     from gradekit.graders._flags import FLAGS
