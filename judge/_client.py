@@ -1093,12 +1093,13 @@ class Judge:
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
 
 
-
-
-# The keywords that are a JudgeSpec's fields, with their defaults: Judge(spec, ...) refuses one given beside the spec.
+# The keywords that are a JudgeSpec's fields (judge._spec; tests/test_spec_doors.py holds the two lists equal), with their
+# defaults: Judge(spec, ...) refuses one given beside the spec.
 _SPEC_KEYWORDS = {name: p.default for name, p in inspect.signature(Judge.__init__).parameters.items()
                   if name in ("base_url", "api_key", "endpoints", "timeout", "params", "logprobs", "max_prompt_tokens", "hedge",
                               "context_window", "api", "service_tier", "flex_deadline_s", "prompt_cache_key", "row_deadline")}
+
+
 def _message_text(message: Mapping[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):

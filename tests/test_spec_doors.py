@@ -102,6 +102,13 @@ def test_the_command_line_is_one_layer_and_the_environment_another(args, env, be
     assert opts.spec(opts.model[0] if opts.model else None) == below.merge(above)
 
 
+def test_every_spec_field_is_a_judge_keyword() -> None:
+    from gradekit.judge._client import _SPEC_KEYWORDS
+
+    assert {f.name for f in dataclasses.fields(JudgeSpec)} - {"model", "limits"} == set(_SPEC_KEYWORDS)
+    assert set(JudgeSpec.of("m", base_url="http://a.example/v1", timeout=1.0).judge_keywords()) == {"model", "base_url", "timeout"}
+
+
 def test_judge_of_a_spec_and_of_keywords_send_the_same_request() -> None:
     rubric = load_rubric("semantic_equivalence_en")
 

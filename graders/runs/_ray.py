@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from gradekit._extras import MissingExtra
-
 from gradekit.judge._spec import DEFAULT_CONCURRENCY
 
 from ._ray_worker import JudgeWorker, WorkerSpec

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gradekit.judge._spec import DEFAULT_CONCURRENCY
+from gradekit.judge._spec import DEFAULT_CONCURRENCY, JudgeSpec
 
 
 class WorkerSpec(BaseModel):
@@ -43,7 +43,6 @@ class JudgeWorker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         from gradekit.judge import open_cache
-        from gradekit.judge._spec import JudgeSpec
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
