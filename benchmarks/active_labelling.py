@@ -21,23 +21,18 @@ the case where a judge's uncertainty does predict its error, which the recorded 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
 
 from gradekit.graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
-from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean_active  # noqa: E402
 
-SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
-JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
-          ("ChatGPT", "Metrics_Reference")]
-VOTE = {"1": 1.0, "2": -1.0}
 SIZES = (50, 100, 200)
 
 
@@ -54,14 +49,8 @@ def rows(judge: str, strategy: str) -> tuple[list[dict], np.ndarray]:
         members = [rows(j, s) for j, s in JUDGES]
         y = members[0][1]
         return [{"status": "ok", "score": float(np.mean([m[0][i]["score"] for m in members]))} for i in range(len(y))], y
-    out, y = [], []
-    for subset in SETS:
-        run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
-        for a, b, label in zip(run.winner_ab, run.winner_ba, run.labels):
-            out.append({"status": "ok", "score": (VOTE.get(a or "", 0.0) + VOTE.get(b or "", 0.0)) / 2,
-                        "agree": a is not None and a == b})
-            y.append(VOTE[label])
-    return out, np.array(y)
+    pairs = list(recorded_pairs(judge, strategy))
+    return [{"status": "ok", "score": score, "agree": agree} for score, agree, _ in pairs], np.array([h for _, _, h in pairs])
 
 
 def sequence(levels: np.ndarray, f: list[float], y: np.ndarray, n: int, active: bool,
@@ -112,16 +101,13 @@ def bound(levels: np.ndarray, f: np.ndarray, y: np.ndarray) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = draws_parser(__doc__)
     parser.add_argument("--judges", type=int, default=len(JUDGES) + 2, help="the first N judges only (a quick look)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     print(f"Active vs uniform labelling, IPW PPI on LLMBar's human-labelled sets pooled "
-          f"({' + '.join(s.split('__')[1] for s in SETS)}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
+          f"({pooled_names()}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
     print()
     print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform | best possible |")
     print("|---|---|---|---|---|---|---|---|")

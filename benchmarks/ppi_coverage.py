@@ -13,32 +13,22 @@ human-only interval from the same labelled subset (the baseline), and the judge-
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
 
-from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean  # noqa: E402
-
-SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
-JUDGES = [("GPT-4", "Vanilla_NoRules"), ("GPT-4", "Metrics_Reference"), ("ChatGPT", "Vanilla_NoRules"),
-          ("ChatGPT", "Metrics_Reference")]
-VOTE = {"1": 1.0, "2": -1.0}
 
 
 def scores(judge: str, strategy: str) -> tuple[np.ndarray, np.ndarray]:
     """(judge score, human score) per pair over the pooled sets."""
-    f, y = [], []
-    for subset in SETS:
-        run = rescore_llmbar(LLMBarRun(subset, judge, strategy))
-        f += [(VOTE.get(a or "", 0.0) + VOTE.get(b or "", 0.0)) / 2 for a, b in zip(run.winner_ab, run.winner_ba)]
-        y += [VOTE[label] for label in run.labels]
-    return np.array(f), np.array(y)
+    pairs = list(recorded_pairs(judge, strategy))
+    return np.array([f for f, _, _ in pairs]), np.array([y for _, _, y in pairs])
 
 
 def study(f: np.ndarray, y: np.ndarray, n: int, draws: int, alpha: float, rng: np.random.Generator) -> dict[str, float]:
@@ -58,14 +48,11 @@ def study(f: np.ndarray, y: np.ndarray, n: int, draws: int, alpha: float, rng: n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = draws_parser(__doc__)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    print(f"PPI coverage on LLMBar's human-labelled sets pooled ({' + '.join(s.split('__')[1] for s in SETS)}), "
+    print(f"PPI coverage on LLMBar's human-labelled sets pooled ({pooled_names()}), "
           f"{args.draws} random labelled subsets per row, alpha {args.alpha}")
     print()
     print("| judge (recorded) | labelled n | unlabelled N | PPI coverage | human-only coverage | PPI width | width vs human-only | judge-only bias |")

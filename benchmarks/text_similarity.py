@@ -22,7 +22,9 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +80,14 @@ async def cosine_speed(rows: int, latency: float, concurrency: int) -> None:
     print(f"  grader, warm cache ({warm_sent} requests)    {rows / warm:8.0f} rows/s   {baseline / warm:.2f}")
 
 
+def over_pairs(measure: Callable[[str, str], Any], pairs: list[tuple[str, str]]) -> float:
+    """Seconds ``measure`` takes over every pair, one after the other."""
+    start = time.perf_counter()
+    for got, want in pairs:
+        measure(got, want)
+    return time.perf_counter() - start
+
+
 def meteor_speed(pairs: list[tuple[str, str]]) -> None:
     from gradekit.graders._meteor import load, meteor
     from gradekit.graders._text_similarity import rouge_l
@@ -85,14 +95,7 @@ def meteor_speed(pairs: list[tuple[str, str]]) -> None:
     start = time.perf_counter()
     load()
     loading = time.perf_counter() - start
-    start = time.perf_counter()
-    for got, want in pairs:
-        rouge_l(got, want)
-    baseline = time.perf_counter() - start
-    start = time.perf_counter()
-    for got, want in pairs:
-        meteor(got, want)
-    took = time.perf_counter() - start
+    baseline, took = over_pairs(rouge_l, pairs), over_pairs(meteor, pairs)
     print(f"meteor, {len(pairs)} LLMBar pairs (WordNet loaded in {loading:.1f} s, once per process)")
     print(f"  rouge_l   {len(pairs) / baseline:8.0f} pairs/s   1.00")
     print(f"  meteor    {len(pairs) / took:8.0f} pairs/s   {baseline / took:.2f}")
@@ -115,14 +118,7 @@ def fuzzy_speed(pairs: list[tuple[str, str]]) -> None:
     """fuzzy_match (bit-parallel LCS) against the row-by-row LCS it replaced, and rapidfuzz's C++ fuzz.ratio if installed."""
     from gradekit.graders._text_similarity import fuzzy_match
 
-    start = time.perf_counter()
-    for got, want in pairs:
-        _dynamic_lcs(got, want)
-    baseline = time.perf_counter() - start
-    start = time.perf_counter()
-    for got, want in pairs:
-        fuzzy_match(got, want)
-    took = time.perf_counter() - start
+    baseline, took = over_pairs(_dynamic_lcs, pairs), over_pairs(fuzzy_match, pairs)
     chars = sum(len(a) + len(b) for a, b in pairs) / max(1, len(pairs))
     print(f"fuzzy_match, {len(pairs)} LLMBar pairs, {chars:.0f} characters a pair")
     print(f"  row-by-row LCS (before)  {len(pairs) / baseline:8.0f} pairs/s   1.00")
@@ -131,10 +127,7 @@ def fuzzy_speed(pairs: list[tuple[str, str]]) -> None:
         from rapidfuzz import fuzz
     except ImportError:
         return
-    start = time.perf_counter()
-    for got, want in pairs:
-        fuzz.ratio(got, want)
-    native = time.perf_counter() - start
+    native = over_pairs(fuzz.ratio, pairs)
     print(f"  rapidfuzz fuzz.ratio     {len(pairs) / native:8.0f} pairs/s   {baseline / native:.1f}")
 
 

@@ -12,9 +12,9 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from gradekit.judge import SyncRunner, clamp
 from gradekit.judge._media import data_uri
@@ -85,25 +85,22 @@ def _messages(value: Any, default_role: str) -> Any:
     return value
 
 
+# A JSON object field that also takes null: platforms' bodies and YAML files write null where they mean "none".
+EmptyIfNull = Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)]
+# Message lists a field takes in any short form _messages accepts, a bare string being a message of the role.
+_UserMessages = Annotated[list[Message], BeforeValidator(lambda v: _messages(v, "user"))]
+_AssistantMessages = Annotated[list[Message], BeforeValidator(lambda v: _messages(v, "assistant"))]
+
+
 class Trajectory(BaseModel):
     """One rollout of a sample: the generated messages (Ark's ``Trajectory``)."""
 
     model_config = ConfigDict(extra="allow")
 
-    messages: list[Message] = Field(default_factory=list)
+    messages: _AssistantMessages = Field(default_factory=list)
     finish_reason: str | None = None
-    usage: dict[str, Any] = Field(default_factory=dict)
+    usage: EmptyIfNull = Field(default_factory=dict)
     extra: dict[str, Any] | None = None
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _coerce(cls, v: Any) -> Any:
-        return _messages(v, "assistant")
-
-    @field_validator("usage", mode="before")
-    @classmethod
-    def _no_usage(cls, v: Any) -> Any:
-        return {} if v is None else v
 
 
 class Sample(BaseModel):
@@ -115,26 +112,11 @@ class Sample(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    messages: list[Message] = Field(default_factory=list)
-    response: list[Message] = Field(default_factory=list)
-    references: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: _UserMessages = Field(default_factory=list)
+    response: _AssistantMessages = Field(default_factory=list)
+    references: EmptyIfNull = Field(default_factory=dict)
+    metadata: EmptyIfNull = Field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _prompt(cls, v: Any) -> Any:
-        return _messages(v, "user")
-
-    @field_validator("response", mode="before")
-    @classmethod
-    def _response(cls, v: Any) -> Any:
-        return _messages(v, "assistant")
-
-    @field_validator("references", "metadata", mode="before")
-    @classmethod
-    def _no_dict(cls, v: Any) -> Any:
-        return {} if v is None else v
 
     @property
     def prompt_text(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
@@ -121,6 +122,13 @@ def string_match_grader(
         parse: IDENTITY or REGEX_EXTRACT (last match) applied to the response first.
         correct, wrong: the rewards; wrong is also given when REGEX_EXTRACT finds nothing.
     """
+    return _match_grader(expression, operation, parse, correct, wrong, name, lambda parsed: (parsed, "parsed"))
+
+
+def _match_grader(expression: str, operation: MatchOperation, parse: ParseConfig, correct: float, wrong: float, name: str,
+                  read: Callable[[str], tuple[str, str]]) -> Grader:
+    """The string-match grade both Vertex scorers give: ``read`` the text to match from the parsed response, as
+    (text, how the debug line names it); a ValueError from it is a wrong answer, with its message."""
     _check_regex(expression, operation)
 
     async def grade(sample: Sample) -> Grade:
@@ -128,7 +136,12 @@ def string_match_grader(
         if isinstance(prepared, Grade):
             return prepared
         expected, parsed = prepared
-        return _result(name, match(parsed, expected, operation), correct, wrong, [f"{name}: parsed {parsed[:200]!r} vs {expected[:200]!r} ({operation})"])
+        try:
+            text, shown = read(parsed)
+        except ValueError as e:
+            return _result(name, False, correct, wrong, [f"{name}: {e}"])
+        return _result(name, match(text, expected, operation), correct, wrong,
+                       [f"{name}: {shown} {text[:200]!r} vs {expected[:200]!r} ({operation})"])
 
     grade.__name__ = name
     return grade
@@ -167,26 +180,16 @@ def json_match_grader(
 ) -> Grader:
     """Vertex's jsonMatchExpression: read ``key`` (dots go into nested objects) from the JSON in the
     response and string-match its value. No JSON, or no such key, is a wrong answer."""
-    _check_regex(expression, operation)
 
-    async def grade(sample: Sample) -> Grade:
-        prepared = _prepare(sample, name, expression, operation, parse, correct, wrong)
-        if isinstance(prepared, Grade):
-            return prepared
-        expected, parsed = prepared
-        try:
-            value: Any = _json_value(parsed)
-            for part in key.split("."):
-                if not isinstance(value, dict) or part not in value:
-                    raise ValueError(f"the JSON has no key {key!r}")
-                value = value[part]
-        except ValueError as e:
-            return _result(name, False, correct, wrong, [f"{name}: {e}"])
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        return _result(name, match(text, expected, operation), correct, wrong, [f"{name}: {key} = {text[:200]!r} vs {expected[:200]!r} ({operation})"])
+    def read(parsed: str) -> tuple[str, str]:
+        value: Any = _json_value(parsed)
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError(f"the JSON has no key {key!r}")
+            value = value[part]
+        return (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)), f"{key} ="
 
-    grade.__name__ = name
-    return grade
+    return _match_grader(expression, operation, parse, correct, wrong, name, read)
 
 
 # ---- normalised and numeric -------------------------------------------------------------------

@@ -235,7 +235,7 @@ JudgeSource = Judge | Callable[[], Judge] | None
 
 def _judge(judge: JudgeSource, what: str) -> Judge:
     if judge is None:
-        raise ValueError(f"{what} is an autorater: pass a judge (gradekit validate builds one from --model/--base-url)")
+        raise ValueError(f"{what} is an autorater: pass a judge (gradekit validate builds one from `model`/`base_url`)")
     return judge() if callable(judge) else judge  # a factory, or the judge itself (a Judge, a Jury or a Cascade)
 
 

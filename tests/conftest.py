@@ -6,7 +6,10 @@ import asyncio
 import filecmp
 import importlib
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -224,6 +227,29 @@ def serve() -> Iterator[Callable[..., str]]:
     yield start
     for server in servers:
         server.stop()
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    """``gradekit ARGS`` through Click's runner in this process: the exit status and what it printed."""
+    from typer.testing import CliRunner
+
+    from gradekit.graders.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def serve_in(folder: Path, **env: str) -> tuple[subprocess.Popen[str], str]:
+    """``gradekit serve --config config.yaml --port 0`` started in ``folder``, ``env`` added to this process's: the
+    process and the URL it printed (a server that printed none is killed and its stderr is the failure)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"],
+                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(proc.stderr.read() or url)  # type: ignore[union-attr]
+    return proc, url
 
 
 async def until(ready: Callable[[], bool], what: str, deadline: float = 60.0) -> None:

@@ -392,7 +392,7 @@ async def test_openai_exports_validate_and_score_like_the_grader(tmp_path: Path)
 def test_openai_score_model_and_rescale_wrapper() -> None:
     config = {"type": "autorater", "name": "quality", "prompt": "Rate {{response}} against {{references.answer}} from -1 to 1.",
               "judge": {"model": "gpt-4.1-mini"}}
-    with pytest.raises(ExportError, match=r"can score -1.*--rescale"):
+    with pytest.raises(ExportError, match=r"can score -1.*`rescale`"):  # the argument; `gradekit export` says --rescale
         export_openai_grader(config)
     grader = export_openai_grader(config, rescale=True)
     jsonschema.validate(grader, OPENAI_SCHEMA)

@@ -20,6 +20,8 @@ from gradekit.graders.cli import app
 from gradekit.judge import load_rubric
 from gradekit.judge.testing import AlignmentLab, FakeProvider
 
+from .conftest import serve_in
+
 runner = CliRunner()
 RUBRIC = "semantic_equivalence_en"
 LESSONS = {"words": "A number written out in words is the same answer as the number.",
@@ -228,14 +230,9 @@ def test_serve_prints_an_aligned_rubrics_certificate_and_refuses_it_once_edited(
     (tmp_path / "grader.yaml").write_text("type: llm\nrubric: aligned.yaml\njudge: {model: fake-judge}\n", encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\nlogging:\n  enable: false\n", encoding="utf-8")
     env = {**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"}
-    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
+    proc, _ = serve_in(tmp_path, OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="k")  # serving: the certificate held at start-up
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
     assert "aligned rubric certified on" in err and "for judge fake-judge" in err
 
     spec = yaml.safe_load(out.read_text(encoding="utf-8"))

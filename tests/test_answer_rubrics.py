@@ -19,7 +19,7 @@ from gradekit.graders.cli import app
 from gradekit.judge import Judge, Limiter, RubricError, load_rubric, parse_reply
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge._parse import ParseFailure
-from gradekit.judge.testing import DIALECTS, FakeProvider, Reply
+from gradekit.judge.testing import DIALECTS, FakeProvider, Reply, asked_reply
 
 SAMPLE = Sample(messages="Compute 1/2 + 1/4.", response="Adding, 1/2 + 1/4 = 3/4, so the answer is \\boxed{\\tfrac34}.",
                 references={"references": ["0.75"]})
@@ -28,13 +28,8 @@ SAMPLE = Sample(messages="Compute 1/2 + 1/4.", response="Adding, 1/2 + 1/4 = 3/4
 def three_way(label: str):
     """A judge giving ``label`` in whatever format the request asks for (JSON, a tool call, tags)."""
     def respond(body: dict[str, Any]) -> Reply:
-        verdict = {"rationale": "compared the final answers", "judgement": label}
-        choice = body.get("tool_choice")
-        if isinstance(choice, dict):
-            return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict)})
-        if (body.get("response_format") or {}).get("type") in ("json_schema", "json_object"):
-            return Reply(content=json.dumps(verdict))
-        return Reply(content=f"<rationale>compared</rationale>\n<judgement>{label}</judgement>")
+        return asked_reply(body, {"rationale": "compared the final answers", "judgement": label},
+                           f"<rationale>compared</rationale>\n<judgement>{label}</judgement>")
     return respond
 
 

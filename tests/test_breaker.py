@@ -229,10 +229,20 @@ AT_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.defa
                  "runpy.run_module('gradekit', run_name='__main__', alter_sys=True)")
 
 
-def _grade_process(source: Path, out: Path, base_url: str, *extra: str) -> subprocess.Popen:
+def _grade_process(source: Path, out: Path, base_url: str, *extra: str, cache: bool = True) -> subprocess.Popen:
+    caching = ["--cache", str(out.with_suffix(".sqlite3"))] if cache else ["--no-cache"]
     return subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, "grade", str(source), "-r", EN, "-o", str(out), "--base-url", base_url,
-                             "--api-key", "k", "--cache", str(out.with_suffix(".sqlite3")), "--concurrency", "2", *extra],
+                             "--api-key", "k", *caching, "--concurrency", "2", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _interrupt_under_way(process: subprocess.Popen) -> str:
+    """Ctrl-C once the run prints its first progress line (it is under way); the stderr it ends with."""
+    assert process.stderr is not None
+    first = process.stderr.readline()
+    assert first.startswith("graded "), first
+    process.send_signal(signal.SIGINT)
+    return process.communicate(timeout=120)[1]
 
 
 def test_without_a_terminal_a_progress_line_comes_every_few_seconds(tmp_path) -> None:
@@ -259,11 +269,7 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_finishes(tmp_path) -> No
 
     with FakeProvider(responder=judge) as fake:
         process = _grade_process(source, out, fake.base_url, "--progress-every", "0.05")
-        assert process.stderr is not None
-        first = process.stderr.readline()  # a progress line: the run is under way
-        assert first.startswith("graded "), first
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=120)
+        err = _interrupt_under_way(process)
         assert process.returncode == 130, err
         assert "run the same command again to resume" in err and "Traceback" not in err
         stuck = False
@@ -369,14 +375,8 @@ def test_ctrl_c_under_no_cache_promises_no_cache_hits(tmp_path) -> None:
         return Reply(delay=60) if "question 1" not in str(body["messages"]) else reference_judge(body)
 
     with FakeProvider(responder=judge) as fake:
-        process = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, "grade", str(source), "-r", EN, "-o", str(out), "--base-url",
-                                    fake.base_url, "--api-key", "k", "--no-cache", "--concurrency", "2", "--progress-every", "0.05"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert process.stderr is not None
-        first = process.stderr.readline()  # a progress line: the run is under way
-        assert first.startswith("graded "), first
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=120)
+        process = _grade_process(source, out, fake.base_url, "--progress-every", "0.05", cache=False)
+        err = _interrupt_under_way(process)
     assert process.returncode == 130, err
     assert "run the same command again to resume" in err and "cache hits" not in err and "come back from the cache" not in err
     assert "judged again" in err

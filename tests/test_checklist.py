@@ -23,6 +23,8 @@ from gradekit.judge._checklist import bind_row
 from gradekit.judge._parse import ParseFailure, parse_reply
 from gradekit.judge.testing import FakeProvider, Reply
 
+from .conftest import serve_in
+
 ROOT = Path(__file__).resolve().parent.parent
 
 FIVE_SPEC = """\
@@ -289,12 +291,8 @@ def test_per_row_criteria_in_serve(tmp_path: Path) -> None:
     (tmp_path / "ifc.yaml").write_text(CONFIG, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: ifc.yaml\nlogging:\n  enable: false\n", encoding="utf-8")
     with FakeProvider(responder=checklist_judge(per_row_answer)) as fake:
-        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"})
+        proc, url = serve_in(tmp_path, OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="k")
         try:
-            url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-            assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
             bodies = []
             for row in PER_ROW:
                 body = json.dumps({"prompt": row["prompt"], "response": row["response"], "extra_params": {"criteria": row["criteria"]}})

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from .conftest import invoke, reference_judge
 
 ROOT = Path(__file__).resolve().parent.parent
 ZH_SET = ROOT / "eval_sets" / "semantic_equivalence_zh" / "data.jsonl"
@@ -23,8 +23,7 @@ runner = CliRunner()
 
 
 def grade(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["grade", *args])
-    return result.exit_code, result.output
+    return invoke("grade", *args)
 
 
 def rows(path: Path) -> list[dict]:

@@ -16,14 +16,13 @@ from gradekit.graders.cli import app
 from gradekit.graders.runs._drift import LONG_RUN_ROWS, ServedTally, alias_note, is_alias
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from .conftest import invoke, reference_judge, serve_in
 
 runner = CliRunner()
 
 
 def grade(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["grade", *args])
-    return result.exit_code, result.output
+    return invoke("grade", *args)
 
 
 def grade_json(*args: str) -> tuple[int, dict, str]:
@@ -206,7 +205,7 @@ def test_canary_every_reads_rows_and_times(values, rows, seconds) -> None:
 def test_canary_every_refuses_what_is_not_a_count_or_a_time(bad) -> None:
     from gradekit.graders.runs._canary import parse_every
 
-    with pytest.raises(ValueError, match="--canary-every"):
+    with pytest.raises(ValueError, match="`canary_every`"):  # the library's name; `gradekit grade` says --canary-every
         parse_every([bad])
 
 
@@ -319,9 +318,6 @@ def test_a_canary_label_the_rubric_does_not_offer_is_exit_2_before_any_request(t
 
 
 def test_serve_runs_the_canary_on_a_schedule_and_exposes_it_in_metrics(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
     import time
     import urllib.request
 
@@ -350,12 +346,8 @@ def test_serve_runs_the_canary_on_a_schedule_and_exposes_it_in_metrics(tmp_path:
         return text
 
     with FakeProvider(responder=judge) as fake:
-        proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "k"})
+        proc, url = serve_in(tmp_path, OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="k")
         try:
-            url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-            assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
             wait(url, 'gradekit_canary_agreement{check="start"} 1.0')
             metrics = wait(url, "gradekit_canary_checks_total 2.0")  # checks go on, on the schedule
             assert "gradekit_canary_drift 0.0" in metrics

@@ -262,17 +262,10 @@ def test_a_local_image_outside_the_input_folder_is_refused(tmp_path) -> None:
     inside = tmp_path / "run"
     inside.mkdir()
     write_images(inside)
-    rows = [items()[0], {**items()[2], "item": {**items()[2]["item"], "image": "../secret.png"}}]
-    (inside / "eval.json").write_text(json.dumps({**EVAL, "testing_criteria": [EVAL["testing_criteria"][3]]}))
-    (inside / "items.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with FakeProvider(responder=responder) as fake:
-        result = runner.invoke(app, ["grade", str(inside / "items.jsonl"), "--grader", str(inside / "eval.json"), "-o",
-                                     str(inside / "out.jsonl"), "--base-url", fake.base_url, "--api-key", "k", "--no-cache", "--json"])
-        sent = fake.chat_requests()
+    result, out, sent = grade_with_image(inside, "../secret.png")
     assert result.exit_code == 1
     assert json.loads(result.stdout)["result_counts"] == {"total": 2, "passed": 0, "failed": 1, "errored": 1}
-    out = [json.loads(line) for line in (inside / "out.jsonl").read_text().splitlines()]
-    assert out[1]["status"] == "invalid" and "outside the input's folder" in out[1]["error"]
+    assert len(out) == 2 and out[1]["status"] == "invalid" and "outside the input's folder" in out[1]["error"]
     assert len(sent) == 1  # the refused row sent nothing
 
 

@@ -103,7 +103,7 @@ def test_foundry_native_graders_match_the_documented_schema() -> None:
 
 
 def test_foundry_endpoint_grader_where_there_is_no_native_form(tmp_path: Path) -> None:
-    with pytest.raises(ExportError, match="--endpoint-url"):
+    with pytest.raises(ExportError, match="`endpoint`"):  # the argument; `gradekit export` says --endpoint-url
         export_foundry_grader(RUBRIC)
     grader = export_foundry_grader(RUBRIC, endpoint="https://rewards.example.com", headers={"Authorization": "Bearer ${KEY}"},
                                    rate_limit=50, pass_threshold=0.5)

@@ -21,6 +21,7 @@ from gradekit.judge import HedgePolicy, Judge, JudgeCache, Limiter, load_rubric
 from gradekit.judge._hedge import HedgeBudget, LatencyTracker
 from gradekit.judge.testing import FakeProvider, Lognormal, Reply, auto_reply
 
+from .conftest import serve_in
 from .test_fleet import cli, rows
 
 EN = load_rubric("semantic_equivalence_en")
@@ -232,10 +233,6 @@ def test_latency_tracker_and_budget() -> None:
 
 
 def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
     import yaml
 
     from gradekit.graders.platforms.server._config import parse_server_config
@@ -253,11 +250,8 @@ def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path
     (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\nhedge: true\n", encoding="utf-8")
     assert parse_server_config({"hedge": {"max_extra": 0.05}}).hedge == HedgePolicy(max_extra=0.05)
     assert parse_server_config({"hedge": False}).hedge is False
-    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc, url = serve_in(tmp_path)
     try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
         assert "gradekit_judge_hedges" in urllib_text(url + "/metrics")
         for i in range(50):  # one at a time: both endpoints have answered many before q-49 hangs
             status, _, body = call(url, "/compute_reward", {"prompt": "Capital of France?", "response": f"Paris (q-{i})",

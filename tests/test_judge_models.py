@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge import Judge, Limiter, load_rubric
 from gradekit.judge._dialect import forget_dialects
-from gradekit.judge.testing import DIALECTS, FakeProvider, Reply
+from gradekit.judge.testing import DIALECTS, FakeProvider, Reply, asked_reply
 
 # The final answer each rubric's judge gives, and the label it must be read as.
 FINAL: dict[str, tuple[str, str]] = {
@@ -51,15 +51,8 @@ def answer_for(rubric_name: str):
     field = spec.output.field
 
     def respond(body: dict[str, Any]) -> Reply:
-        verdict = {field: label, "rationale": "it matches"} if field else None
-        choice = body.get("tool_choice")
-        if verdict is not None and isinstance(choice, dict):
-            return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict, ensure_ascii=False)})
-        kind = (body.get("response_format") or {}).get("type")
-        if verdict is not None and kind in ("json_schema", "json_object"):
-            return Reply(content=json.dumps(verdict, ensure_ascii=False))
-        if verdict is not None:  # tags mode of a JSON rubric: the template asks for <judgement>
-            return Reply(content=f"It matches.\n<{spec.verdict_tag}>{label}</{spec.verdict_tag}>")
+        if field:  # a JSON rubric; in tags mode its template asks for <judgement>
+            return asked_reply(body, {field: label, "rationale": "it matches"}, f"It matches.\n<{spec.verdict_tag}>{label}</{spec.verdict_tag}>")
         return Reply(content=text)
 
     return respond

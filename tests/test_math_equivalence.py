@@ -24,6 +24,8 @@ import pytest
 from gradekit.graders import Grade, MathCheck, MathVerifier, Sample, load_grader, math_equivalence_grader
 from gradekit.graders.sandbox._checkers import CheckerPool
 
+from .conftest import serve_in
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "data" / "math_verify" / "cases.jsonl"
 MATH_YAML = 'type: math_equivalence\nexpression: "{{references.answer}}"\ntimeout: %s\n'
@@ -164,12 +166,8 @@ def test_validate_shows_the_reward_the_parse_and_a_timeout(tmp_path: Path) -> No
 def test_serve_grades_math_over_http(tmp_path: Path) -> None:
     (tmp_path / "math.yaml").write_text(MATH_YAML % 1, encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: math.yaml\n", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_in(tmp_path)
     try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url
 
         def post(body: dict) -> tuple[int, dict]:
             request = urllib.request.Request(url + "/compute_reward", data=json.dumps(body).encode(),

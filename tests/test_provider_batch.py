@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -265,15 +267,20 @@ def test_rerun_over_a_finished_output_does_nothing_and_says_so(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out.jsonl.batch")) == ["out.jsonl.batch.json"]
 
 
+async def stop_while_polling(run: Coroutine[Any, Any, Any], fake: FakeProvider) -> None:
+    """Start a batch run and cancel it once it polls its open batch (as a killed process leaves it)."""
+    task = asyncio.create_task(run)
+    await until(lambda: fake.batch_polls >= 1 or task.done(), "the batch run's first poll")
+    assert not task.done(), task
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_kill_between_create_and_save_adopts_the_batch(tmp_path: Path, batch_judge) -> None:
     src, out = write_jsonl(tmp_path / "in.jsonl", en_rows(3)), tmp_path / "out.jsonl"
     with FakeProvider(responder=reference_judge, hold_batches=True) as fake:
-        task = asyncio.create_task(run_batch(batch_judge(fake), src, out))
-        await until(lambda: fake.batch_polls >= 1 or task.done(), "the batch run's first poll")
-        assert not task.done(), task
-        task.cancel()  # the process dies while polling...
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await stop_while_polling(run_batch(batch_judge(fake), src, out), fake)  # the process dies while polling...
         # ...and we rewind its state to the instant after the batch was created but before its id was saved.
         path = state_path_for(out)
         state = json.loads(path.read_text(encoding="utf-8"))
@@ -288,16 +295,11 @@ async def test_kill_between_create_and_save_adopts_the_batch(tmp_path: Path, bat
 async def test_changed_input_with_open_batches_stops_and_restart_starts_over(tmp_path: Path, batch_judge) -> None:
     src, out = write_jsonl(tmp_path / "in.jsonl", en_rows(2)), tmp_path / "out.jsonl"
     with FakeProvider(responder=reference_judge, hold_batches=True) as fake:
-        task = asyncio.create_task(run_batch(batch_judge(fake), src, out))
-        await until(lambda: fake.batch_polls >= 1 or task.done(), "the batch run's first poll")
-        assert not task.done(), task
-        task.cancel()  # stopped with its batch open
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await stop_while_polling(run_batch(batch_judge(fake), src, out), fake)  # stopped with its batch open
         write_jsonl(src, en_rows(3))  # the input changed under the open batch
         fake.release_batches()
         events: list[str] = []
-        with pytest.raises(InputError, match="batch_fake2.*--restart"):
+        with pytest.raises(InputError, match=r"batch_fake2.*`resume=False`"):  # the library's argument, passed below
             await run_batch(batch_judge(fake), src, out)
         assert fake.batches_created == 1
         summary = await run_batch(batch_judge(fake), src, out, resume=False, on_event=events.append)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,8 +38,23 @@ def _grade(fake: FakeProvider, tmp_path: Path, source: Path, output: Path, *extr
                                     "--json", *extra], env=env)
 
 
+def _graded(tmp_path: Path, source: Path, output: Path, *extra: str) -> tuple[Any, int]:
+    """``_grade`` against a fresh reference judge: the CLI's result and the requests the judge received."""
+    with FakeProvider(responder=reference_judge) as fake:
+        result = _grade(fake, tmp_path, source, output, *extra)
+        return result, len(fake.chat_requests())
+
+
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _only_bad_rows_fail(tmp_path: Path, source: Path, total: int, bad: dict[int, str]) -> None:
+    """Grade ``source`` (``total`` rows): exit 1, the bad rows are their own errors and sent nothing, every other row judged."""
+    output = tmp_path / "out.jsonl"
+    result, sent = _graded(tmp_path, source, output)
+    assert sent == total - len(bad) and result.exit_code == 1, result.output
+    _check_error_rows(output, total, bad)
 
 
 def _check_error_rows(output: Path, total: int, bad: dict[int, str]) -> None:
@@ -56,30 +72,22 @@ def _check_error_rows(output: Path, total: int, bad: dict[int, str]) -> None:
 def test_a_csv_cell_over_128_kib_is_that_rows_error(tmp_path) -> None:
     rows = [_row(i) for i in range(6)]
     rows[2][2] = "x" * (128 * 1024 + 1)
-    source, output = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    source = tmp_path / "in.csv"
     source.write_bytes(_csv_bytes(rows))
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 5
-    assert result.exit_code == 1, result.output
-    _check_error_rows(output, 6, {3: "131,072"})
+    _only_bad_rows_fail(tmp_path, source, 6, {3: "131,072"})
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_a_stray_byte_that_is_not_utf8_in_a_later_row_is_that_rows_error(tmp_path, suffix) -> None:
     rows = [_row(i) for i in range(12)]
-    source, output = tmp_path / f"in{suffix}", tmp_path / "out.jsonl"
+    source = tmp_path / f"in{suffix}"
     if suffix == ".csv":
         data = _csv_bytes(rows)
     else:
         data = "".join(json.dumps(dict(zip(HEADER, row))) + "\n" for row in rows).encode()
     data = data.replace(b"answer 9", b"answ\xe9r 9", 1)  # row 10: a Latin-1 byte in an otherwise UTF-8 file
     source.write_bytes(data)
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 11
-    assert result.exit_code == 1, result.output
-    _check_error_rows(output, 12, {10: "0xe9"})
+    _only_bad_rows_fail(tmp_path, source, 12, {10: "0xe9"})
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
@@ -112,17 +120,17 @@ def test_an_unknown_encoding_is_exit_2(tmp_path) -> None:
         assert len(fake.chat_requests()) == 0
 
 
+def _jsonl_input(tmp_path: Path, lines: list[str]) -> Path:
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return source
+
+
 def test_json_nested_deeper_than_the_recursion_limit_is_that_rows_error(tmp_path) -> None:
     rows = [dict(zip(HEADER, _row(i))) for i in range(4)]
     lines = [json.dumps(r) for r in rows]
     lines[1] = '{"question": "q", "references": "a", "prediction": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 3
-    assert result.exit_code == 1, result.output
-    _check_error_rows(output, 4, {2: "nested deeper"})
+    _only_bad_rows_fail(tmp_path, _jsonl_input(tmp_path, lines), 4, {2: "nested deeper"})
 
 
 def test_a_lone_surrogate_escape_in_a_jsonl_row_is_that_rows_error(tmp_path) -> None:
@@ -131,17 +139,11 @@ def test_a_lone_surrogate_escape_in_a_jsonl_row_is_that_rows_error(tmp_path) -> 
     lines = [json.dumps(r) for r in rows]
     lines[1] = lines[1].replace('"answer 1"}', '"answer \\ud800"}', 1).replace('"prediction": "answer 1"', '"prediction": "x\\ud800"')
     lines[2] = lines[2].replace('"question 2?"', '"question \\ud83d\\ude00?"')
-    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 2
-    assert result.exit_code == 1, result.output
-    _check_error_rows(output, 3, {2: "surrogate"})
+    _only_bad_rows_fail(tmp_path, _jsonl_input(tmp_path, lines), 3, {2: "surrogate"})
 
 
 def test_a_corrupt_parquet_data_page_fails_only_its_row_groups_rows(tmp_path) -> None:
-    source, output = tmp_path / "in.parquet", tmp_path / "out.jsonl"
+    source = tmp_path / "in.parquet"
     table = pa.Table.from_pylist([dict(zip(HEADER, _row(i))) for i in range(30)])
     pq.write_table(table, source, row_group_size=10, compression="snappy")
     column = pq.ParquetFile(source).metadata.row_group(1).column(2)  # prediction, rows 11-20
@@ -149,11 +151,7 @@ def test_a_corrupt_parquet_data_page_fails_only_its_row_groups_rows(tmp_path) ->
     start = column.data_page_offset
     data[start:start + 16] = b"\xff" * 16  # the data page's header: the page cannot be read
     source.write_bytes(bytes(data))
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 20
-    assert result.exit_code == 1, result.output
-    _check_error_rows(output, 30, {n: "row group 1" for n in range(11, 21)})
+    _only_bad_rows_fail(tmp_path, source, 30, {n: "row group 1" for n in range(11, 21)})
 
 
 def test_a_utf8_bom_is_not_part_of_the_first_column(tmp_path) -> None:
@@ -174,9 +172,8 @@ def test_duplicate_column_names_stop_before_any_request(tmp_path, suffix) -> Non
         source.write_text("question,references,prediction,id,id\nq,a,a,1,2\n", encoding="utf-8")
     else:
         pq.write_table(pa.table([["q"], ["a"], ["a"], ["b"]], names=["question", "references", "prediction", "prediction"]), source)
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, tmp_path / "out.jsonl")
-        assert len(fake.chat_requests()) == 0
+    result, sent = _graded(tmp_path, source, tmp_path / "out.jsonl")
+    assert sent == 0
     assert result.exit_code == 2 and "duplicate column names" in result.output
     assert ("'id'" if suffix == ".csv" else "'prediction'") in result.output
 
@@ -223,9 +220,8 @@ def test_a_jsonl_row_with_a_repeated_key_is_that_rows_error_naming_the_key(tmp_p
     good = [json.dumps(dict(zip(HEADER, _row(i)))) for i in range(3)]
     tricky = json.dumps({"question": 'say "a": here', "references": "a", "prediction": "a", "id": "9"})  # '":' inside a string
     source.write_text("\n".join([good[0], line, good[1], tricky, good[2]]) + "\n", encoding="utf-8")
-    with FakeProvider(responder=reference_judge) as fake:
-        result = _grade(fake, tmp_path, source, output)
-        assert len(fake.chat_requests()) == 4  # before: the row was graded with the last value
+    result, sent = _graded(tmp_path, source, output)
+    assert sent == 4  # before: the row was graded with the last value
     assert result.exit_code == 1, result.output
     rows = _jsonl(output)
     assert [r["status"] for r in rows] == ["ok", "error", "ok", "ok", "ok"]

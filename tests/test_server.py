@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -56,18 +54,6 @@ def call(url: str, path: str = "/", body: Any = None, *, raw: bytes | None = Non
             return response.status, response.headers, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, e.headers, json.loads(e.read() or b"null")
-
-
-def serve_in(folder: Path) -> tuple[subprocess.Popen, str]:
-    """``gradekit serve --config config.yaml --port 0`` started in ``folder``: the process and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"],
-                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-    if not url.startswith("http://127.0.0.1:"):
-        proc.kill()
-        proc.wait()
-        raise AssertionError(proc.stderr.read() or url)  # type: ignore[union-attr]
-    return proc, url
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:

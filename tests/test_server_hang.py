@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_server import call, serve_in
+from .conftest import serve_in
+from .test_server import call
 
 HANGS = '''
 import os

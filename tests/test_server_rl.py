@@ -8,8 +8,6 @@ import asyncio
 import json
 import random
 import re
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +22,7 @@ from openai.types.responses import Response
 from gradekit.graders.platforms.server._metrics import safe_endpoint
 from gradekit.judge.testing import FakeProvider
 
+from .conftest import serve_in
 from .test_server import call, judge_grader, serve  # noqa: F401  (serve is a fixture)
 from .test_trainers_2026 import responder  # the reference judge; FAIL unparseable, HANG never answered
 
@@ -429,12 +428,8 @@ def test_metrics_on_a_serving_process_exist_and_move_under_load(fake: FakeProvid
         "judge": {"model": "fake-judge", "base_url": fake.base_url, "timeout": 60}}), encoding="utf-8")
     (tmp_path / "config.yaml").write_text("reward:\n  grader: grader.yaml\n", encoding="utf-8")
     secret = "sk-gradekit-test-secret-4242"
-    proc = subprocess.Popen([sys.executable, "-m", "gradekit", "serve", "--config", "config.yaml", "--port", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "OPENAI_API_KEY": secret})
+    proc, url = serve_in(tmp_path, OPENAI_API_KEY=secret)
     try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url  # type: ignore[union-attr]
         status, headers, _ = call(url, "/health")
         before = urllib_text(url + "/metrics")
         for family in ("gradekit_requests_total", "gradekit_request_seconds_bucket", "gradekit_rewards_total",

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from gradekit.graders.cli import app
 
-from .test_server import call, serve_in, wait_for
+from .conftest import serve_in
+from .test_server import call, wait_for
 
 SLOW = '''
 import time

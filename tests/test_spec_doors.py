@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from gradekit.graders import Sample
 from gradekit.graders._config import FileJudge, JudgeSettings, load_grader
-from gradekit.graders._flags import FLAGS
+from gradekit.graders._flags import JUDGE_FLAGS
 from gradekit.graders.cli._judge_options import OPTIONS, JudgeOptions, judge_options
 from gradekit.judge import Judge, load_rubric
 from gradekit.judge._spec import DEFAULTS, JudgeSpec, Limits
@@ -72,9 +72,9 @@ def test_every_judge_option_is_its_spec_fields_flag_and_unset_unless_given() -> 
     for option in OPTIONS:
         path, flags = option.metadata["field"], option.metadata["flags"]
         if path is not None:  # a spec field (params.x: a request parameter) or the run's budget: said as the flag table says
-            assert flags.split("/")[0] == FLAGS[path], option.name
+            assert flags.split("/")[0] == JUDGE_FLAGS[path], option.name
             assert path in spec_fields or path.startswith("params.") or path in ("max_cost_usd", "max_tokens", "prices"), path
-    assert set(FLAGS) == {o.metadata["field"] for o in OPTIONS} - {None}  # every flag of the table is an option, once
+    assert set(JUDGE_FLAGS) == {o.metadata["field"] for o in OPTIONS} - {None}  # every flag of the table is an option, once
     opts = _parsed([])
     assert all(getattr(opts, o.name) in (None, []) for o in OPTIONS), opts
     beneath, over = opts.layers()

@@ -17,14 +17,15 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
+from .conftest import invoke
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "graders"
 runner = CliRunner()
 
 
 def validate(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["validate", *args])
-    return result.exit_code, result.output
+    return invoke("validate", *args)
 
 
 def polite_judge(body: dict) -> Reply:

@@ -772,19 +772,20 @@ class FileCalibration(BaseModel):
     judge_scores: list[float | None] = Field(default_factory=list, exclude=True)
 
 
-# Names a column of human labels goes by, for the --human-column hint.
+# Names a column of human labels goes by, for the `human_column` hint.
 _LABEL_NAMES = ("verdict", "human_label", "human", "gold", "gold_label", "annotation", "rating", "judgement", "judgment",
                 "preference", "label", "winner", "answer")
 
 
-def _columns_hint(row: Mapping[str, Any], flag: str) -> str:
-    """The row's columns and the option that names another one, so one message is enough to fix the command."""
+def _columns_hint(row: Mapping[str, Any], field: str) -> str:
+    """The row's columns and the argument (`human_column`, `judge_column`, `on`) that names another one, so one message
+    is enough to fix the call; the command line says the argument as its flag (graders._flags)."""
     columns = [str(k) for k in row]
-    hint = f"its columns are {', '.join(columns) or '(none)'}; name the column with {flag} COLUMN"
-    if flag == "--human-column":
+    hint = f"its columns are {', '.join(columns) or '(none)'}; name the column with `{field}` COLUMN"
+    if field == "human_column":
         guess = next((c for c in _LABEL_NAMES if c in columns), None)
         if guess is not None:
-            hint += f" (e.g. --human-column {guess})"
+            hint += f" (e.g. `human_column` {guess})"
     return hint
 
 
@@ -816,20 +817,20 @@ def calibrate_rows(
         human_column = f"input_{human_column}"  # grade_file kept the input's own column under this name
     if label_rows is None and human_column == judge_column:
         raise ValueError(f"{source}: column {judge_column!r} holds the judge's verdict; give human labels with "
-                         f"--labels FILE --on KEY; for labels in this file: {_columns_hint(graded[0] if graded else {}, '--human-column')}")
+                         f"`label_rows` FILE `on` KEY; for labels in this file: {_columns_hint(graded[0] if graded else {}, 'human_column')}")
     for number, row in enumerate(graded, start=1):
         if judge_column not in row:
             raise ValueError(f"{source} row {number}: no column {judge_column!r} with the judge's verdict; "
-                             f"{_columns_hint(row, '--judge-column')}")
+                             f"{_columns_hint(row, 'judge_column')}")
     if label_rows is not None:
         if not on:
-            raise ValueError("human labels from a separate file need --on KEY, the column both files share")
+            raise ValueError("human labels from a separate file need `on` KEY, the column both files share")
         human_by_key: dict[str, Any] = {}
         for number, row in enumerate(label_rows, start=1):
             if on not in row or human_column not in row:
                 missing = on if on not in row else human_column
-                flag = "--on" if missing == on else "--human-column"
-                raise ValueError(f"{labels_source} row {number}: field {missing!r} is missing; {_columns_hint(row, flag)}")
+                field = "on" if missing == on else "human_column"
+                raise ValueError(f"{labels_source} row {number}: field {missing!r} is missing; {_columns_hint(row, field)}")
             key = as_label(row[on])
             if key is None:
                 raise ValueError(f"{labels_source} row {number}: field {on!r} is empty")
@@ -839,7 +840,7 @@ def calibrate_rows(
         keys = []
         for number, row in enumerate(graded, start=1):
             if on not in row:
-                raise ValueError(f"{source} row {number}: field {on!r} is missing; {_columns_hint(row, '--on')}")
+                raise ValueError(f"{source} row {number}: field {on!r} is missing; {_columns_hint(row, 'on')}")
             keys.append(as_label(row[on]))
         human = [human_by_key.get(k) if k is not None else None for k in keys]
         orphans = len(set(human_by_key) - {k for k in keys if k is not None})
@@ -847,7 +848,7 @@ def calibrate_rows(
         for number, row in enumerate(graded, start=1):
             if human_column not in row:
                 raise ValueError(f"{source} row {number}: no column {human_column!r} with the human label; "
-                                 f"{_columns_hint(row, '--human-column')}")
+                                 f"{_columns_hint(row, 'human_column')}")
         human = [row[human_column] for row in graded]
         keys = [as_label(row.get(on)) for row in graded] if on else [str(i + 1) for i in range(len(graded))]
         orphans = 0

@@ -331,7 +331,7 @@ class Aligner:
                 break
             base, base_dev = step
         if not base.candidate.changed and self.short_of_budget:
-            raise Stopped("the budget (--max-cost / --max-tokens) leaves no room for a round and the certificate after it")
+            raise Stopped("the budget (`max_cost_usd` / `max_tokens`) leaves no room for a round and the certificate after it")
         if not base.candidate.changed:
             self.report.reason = ("no candidate agreed with the labels more than the original rubric on dev: nothing to certify, "
                                   "nothing written")

@@ -51,7 +51,7 @@ from .._answer_judge import AnswerJudgement, Require, check_answer_rubric, judge
 from ..sandbox._answer_rules import KINDS
 from ._llmbar import packaged_eval_sets
 from ._judging import judge_all
-from ._suites import SuiteError
+from ._suites import SuiteError, read_suite_rows
 
 ANSWER_SUITE = "answer-verification"
 VERDICTS = ("correct", "incorrect")
@@ -99,44 +99,25 @@ def is_answer_suite(suite: str) -> bool:
 def load_answer_suite(suite: str = ANSWER_SUITE, *, limit: int | None = None) -> tuple[str, list[AnswerRow]]:
     """(name, rows) of the shipped set or a JSONL file; every malformed line is a SuiteError naming it."""
     if limit is not None and limit < 1:
-        raise SuiteError(f"--limit must be at least 1, not {limit}")
+        raise SuiteError(f"`limit` must be at least 1, not {limit}")
     path = answer_suite_path() if suite == ANSWER_SUITE else Path(suite)
     name = ANSWER_SUITE if suite == ANSWER_SUITE else path.stem
-    rows: list[AnswerRow] = []
-    seen: set[str] = set()
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read: {e}") from e
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SuiteError(f"{where}: not valid JSON ({e.msg})") from e
-        if not isinstance(item, dict):
-            raise SuiteError(f"{where}: expected a JSON object with gold, response, verdict")
-        missing = [k for k in ("gold", "response", "verdict") if item.get(k) is None]
-        if missing:
-            raise SuiteError(f"{where}: missing {', '.join(missing)}")
-        verdict = str(item["verdict"]).strip().lower()
-        if verdict not in VERDICTS:
-            raise SuiteError(f"{where}: verdict must be correct or incorrect, not {item['verdict']!r}")
-        kind = str(item.get("kind") or "").strip().lower()
-        if kind and kind not in ROW_KINDS:
-            raise SuiteError(f"{where}: kind must be one of {', '.join(ROW_KINDS)}, not {item['kind']!r}")
-        row_id = str(item.get("id", number))
-        if row_id in seen:
-            raise SuiteError(f"{where}: id {row_id!r} occurs twice")
-        seen.add(row_id)
-        rows.append(AnswerRow(id=row_id, question=str(item.get("question") or ""), gold=str(item["gold"]),
-                              response=str(item["response"]), verdict=verdict, category=str(item.get("category") or ""),
-                              source=str(item.get("source") or ""), kind=kind, split=str(item.get("split") or "")))
+    rows = read_suite_rows(path, ("gold", "response", "verdict"), _answer_row)
     if not rows:
         raise SuiteError(f"{path}: no rows")
     return name, rows[:limit] if limit is not None else rows
+
+
+def _answer_row(row_id: str, item: dict[str, Any], where: str) -> AnswerRow:
+    verdict = str(item["verdict"]).strip().lower()
+    if verdict not in VERDICTS:
+        raise SuiteError(f"{where}: verdict must be correct or incorrect, not {item['verdict']!r}")
+    kind = str(item.get("kind") or "").strip().lower()
+    if kind and kind not in ROW_KINDS:
+        raise SuiteError(f"{where}: kind must be one of {', '.join(ROW_KINDS)}, not {item['kind']!r}")
+    return AnswerRow(id=row_id, question=str(item.get("question") or ""), gold=str(item["gold"]),
+                     response=str(item["response"]), verdict=verdict, category=str(item.get("category") or ""),
+                     source=str(item.get("source") or ""), kind=kind, split=str(item.get("split") or ""))
 
 
 # ---- statistics ---------------------------------------------------------------------------------
@@ -178,7 +159,7 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
     """
     import re
 
-    from gradekit.judge.testing import Reply
+    from gradekit.judge.testing import asked_reply
 
     # A row is known by its question too: two rows may trade gold and response (listen / silent).
     verdicts = {(r.question.strip(), r.gold.strip(), r.response.strip()): r.verdict for r in rows}
@@ -200,13 +181,7 @@ def scripted_responder(rows: Sequence[AnswerRow], *, swapped_says_correct: bool 
             label = "correct" if swapped_says_correct else verdicts[(question, second, first)]
         else:
             label = "incorrect"
-        verdict = {"rationale": "scripted", "judgement": label}
-        choice = body.get("tool_choice")
-        if isinstance(choice, dict):
-            return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict)})
-        if (body.get("response_format") or {}).get("type") in ("json_schema", "json_object"):
-            return Reply(content=json.dumps(verdict))
-        return Reply(content=f"<judgement>{label}</judgement>")
+        return asked_reply(body, {"rationale": "scripted", "judgement": label}, f"<judgement>{label}</judgement>")
 
     return respond
 

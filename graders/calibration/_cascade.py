@@ -117,9 +117,9 @@ async def fit_cascade(
         on_row: called with no argument after each (row, judge) opinion, for progress.
     """
     if not 0 < target < 1 or not 0 < delta < 1:
-        raise ValueError("--target and --delta are probabilities strictly between 0 and 1")
+        raise ValueError("`target` and `delta` are probabilities strictly between 0 and 1")
     if samples < 1:
-        raise ValueError("--samples must be at least 1")
+        raise ValueError("`samples` must be at least 1")
     if len(rows) != len(human):
         raise ValueError("rows and human labels differ in length")
     indices = [i for i, h in enumerate(human) if as_label(h) is not None]
@@ -130,7 +130,7 @@ async def fit_cascade(
     if confidence == "simulated-annotators":
         need = samples * demonstrations
         if len(indices) < need + 1:
-            raise ValueError(f"simulated-annotators with --samples {samples} needs more than {need} labelled rows")
+            raise ValueError(f"simulated-annotators with `samples` {samples} needs more than {need} labelled rows")
         picked = random.Random(seed).sample(indices, need)
         spec.demonstrations = [{"row": dict(rows[i]), "label": human[i]} for i in picked]
         spec.demonstrations_per_annotator = demonstrations
@@ -141,7 +141,7 @@ async def fit_cascade(
         raise ValueError("no labelled rows to calibrate on (every human label is empty)")
     fewest = fewest_to_trust(target, spec.delta_per_judge)
     if len(indices) < fewest:
-        raise ValueError(f"{len(indices)} labelled rows cannot certify any judge: at --target {target:g} and delta "
+        raise ValueError(f"{len(indices)} labelled rows cannot certify any judge: at `target` {target:g} and delta "
                          f"{spec.delta_per_judge:g} the fewest rows that can pass are {fewest}, all agreeing with the humans; "
                          "label more rows (a few hundred give useful coverage)")
     rubrics = asked(rubric, samples=samples, method=confidence, spec=spec)
@@ -170,7 +170,7 @@ async def fit_cascade(
             raise ValueError(f"{judge.model} answered none of the {len(reaching)} labelled rows it was asked ({why}); "
                              "nothing written: fix the judge and run the same command again")
         if confidence == "logprobs" and reaching and not any(f.verdict.read.score_source == "logprobs" for _, f in answered):
-            raise ValueError(f"{judge.model} returned no logprobs on any row: use --confidence agreement")
+            raise ValueError(f"{judge.model} returned no logprobs on any row: use `confidence` agreement")
         # A judge that failed a row is not trusted with it: the row escalates, as it would when grading.
         confs = [f.confidence for _, f in answered]
         right = [agrees(rubric, f.verdict, human[i]) for i, f in answered]

@@ -104,12 +104,12 @@ def read_labelled(path: Path, rubric: Rubric, mapping: Mapping[str, str], human_
             raise InputError(f"{path}: {row}")
         if human_column not in row:
             raise InputError(f"{path} row {number}: no column {human_column!r} with the human label; "
-                             f"its columns are {', '.join(row)}; name it with --human-column")
+                             f"its columns are {', '.join(row)}; name it with `human_column`")
         key = str(number)
         if on is not None:
             key = as_label(row.get(on)) or ""
             if not key:
-                raise InputError(f"{path} row {number}: no value in the key column {on!r} (--on)")
+                raise InputError(f"{path} row {number}: no value in the key column {on!r} (`on`)")
             if key in ids:
                 raise InputError(f"{path} row {number}: key {on}={key!r} appears twice")
         rows.append(_variables(row, rubric, mapping, number))

@@ -236,7 +236,7 @@ def parse_label_map(pairs: Iterable[str]) -> dict[str, str]:
                 continue
             human, sep, judge = pair.partition("=")
             if not sep or not human.strip() or not judge.strip():
-                raise ValueError(f"--label-map {pair!r}: expected HUMAN=JUDGE, e.g. yes=correct")
+                raise ValueError(f"`label_map` {pair!r}: expected HUMAN=JUDGE, e.g. yes=correct")
             found[human.strip()] = judge.strip()
     return found
 
@@ -249,8 +249,8 @@ def check_vocabularies(human: Iterable[Any], judge: Iterable[Any], human_source:
     if h and j and not set(h) & set(j):
         example = ",".join(f"{a}=<{'|'.join(j)}>" for a in h[:3])
         raise ValueError(f"the {human_source} ({', '.join(h)}) share no value with {judge_source}'s labels ({', '.join(j)}): "
-                         f"every row would count as a disagreement. Map them with --label-map HUMAN=JUDGE,... "
-                         f"(e.g. --label-map {example})")
+                         f"every row would count as a disagreement. Map them with `label_map` HUMAN=JUDGE,... "
+                         f"(e.g. `label_map` {example})")
 
 
 def mapped(rows: Sequence[Mapping[str, Any]], column: str, label_map: Mapping[str, str]) -> list[dict[str, Any]]:

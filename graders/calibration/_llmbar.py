@@ -62,7 +62,7 @@ def llmbar_root(root: str | Path | None = None) -> Path:
             return candidate
     looked = ", ".join(str(c) for c in candidates)
     raise LLMBarError(f"LLMBar data not found (looked for manifest.json in {looked}); "
-                      "reinstall gradekit or pass --data PATH/TO/eval_sets/llmbar")
+                      "reinstall gradekit or pass `root` PATH/TO/eval_sets/llmbar")
 
 
 def subset_dir(subset: str, root: str | Path | None = None) -> Path:

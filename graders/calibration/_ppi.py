@@ -232,7 +232,7 @@ def ppi_rows(
             if label not in scores:
                 raise PPIError(f"{labels_source} row {number}: label {label!r} has no score "
                                f"(known: {', '.join(sorted(scores)) or 'none'}); pass the rubric with -r, map the labels "
-                               "with --label-map HUMAN=JUDGE, or add a numeric 'score' column")
+                               "with `label_map` HUMAN=JUDGE, or add a numeric 'score' column")
             value = scores[label]
         human[key] = value
         raw_p = row.get("p")

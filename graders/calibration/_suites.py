@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -29,6 +30,7 @@ SHIPPED_SUITES: dict[str, list[tuple[str, str]]] = {
 }
 OVERALL = "overall"
 UNCATEGORISED = "(no category)"
+T = TypeVar("T")
 
 
 class SuiteError(ValueError):
@@ -118,7 +120,7 @@ def load_suite(suite: str, *, limit: int | None = None, root: str | Path | None 
     ``limit`` keeps the first N pairs of each subset, so a quick run still covers every subset.
     """
     if limit is not None and limit < 1:
-        raise SuiteError(f"--limit must be at least 1, not {limit}")
+        raise SuiteError(f"`limit` must be at least 1, not {limit}")
     if suite in SHIPPED_SUITES:
         parts = SHIPPED_SUITES[suite]
         llmbar_root(root)  # a clear error when the data are missing
@@ -135,9 +137,13 @@ def load_suite(suite: str, *, limit: int | None = None, root: str | Path | None 
     return Suite(path.stem, _limited(pairs, subsets, limit), subsets)
 
 
-def read_pairs(path: Path) -> list[SuitePair]:
-    """Read a suite file; every malformed line is a :class:`SuiteError` naming the line, nothing is skipped."""
-    pairs: list[SuitePair] = []
+def read_suite_rows(path: Path, required: tuple[str, ...], build: Callable[[str, dict[str, Any], str], T]) -> list[T]:
+    """Every row of a JSONL suite file through ``build(id, item, where)``; the one reader of both suite kinds.
+
+    Each line must be a JSON object holding every ``required`` key; ``id`` (the line number when absent) must
+    be unique. ``build`` raises :class:`SuiteError` for a bad value; nothing is skipped but blank lines.
+    """
+    rows: list[T] = []
     seen: set[str] = set()
     try:
         handle = path.open(encoding="utf-8")
@@ -153,26 +159,36 @@ def read_pairs(path: Path) -> list[SuitePair]:
             except json.JSONDecodeError as e:
                 raise SuiteError(f"{where}: not valid JSON ({e.msg})") from e
             if not isinstance(item, dict):
-                raise SuiteError(f"{where}: expected a JSON object with instruction, output_1, output_2, label")
-            missing = [k for k in ("instruction", "output_1", "output_2", "label") if item.get(k) is None]
+                raise SuiteError(f"{where}: expected a JSON object with {', '.join(required)}")
+            missing = [k for k in required if item.get(k) is None]
             if missing:
                 raise SuiteError(f"{where}: missing {', '.join(missing)}")
-            texts = [item[k] for k in ("instruction", "output_1", "output_2")]
-            if not all(isinstance(t, str) for t in texts):
-                raise SuiteError(f"{where}: instruction, output_1 and output_2 must be strings")
-            label = str(item["label"]).strip()
-            if label not in ("1", "2"):
-                raise SuiteError(f"{where}: label must be 1 or 2 (the better output), not {item['label']!r}")
-            pair_id = str(item.get("id", number))
-            if pair_id in seen:
-                raise SuiteError(f"{where}: id {pair_id!r} occurs twice")
-            seen.add(pair_id)
-            category = item.get("category")
-            subset = str(category) if category not in (None, "") else UNCATEGORISED
-            if subset == OVERALL:
-                raise SuiteError(f"{where}: category {OVERALL!r} is reserved for the whole suite's row")
-            pairs.append(SuitePair(id=pair_id, instruction=texts[0], output_1=texts[1], output_2=texts[2], label=label,
-                                   subset=subset))
+            row_id = str(item.get("id", number))
+            row = build(row_id, item, where)  # a bad value is named before a repeated id, as it always was
+            if row_id in seen:
+                raise SuiteError(f"{where}: id {row_id!r} occurs twice")
+            seen.add(row_id)
+            rows.append(row)
+    return rows
+
+
+def _pair(pair_id: str, item: dict[str, Any], where: str) -> SuitePair:
+    texts = [item[k] for k in ("instruction", "output_1", "output_2")]
+    if not all(isinstance(t, str) for t in texts):
+        raise SuiteError(f"{where}: instruction, output_1 and output_2 must be strings")
+    label = str(item["label"]).strip()
+    if label not in ("1", "2"):
+        raise SuiteError(f"{where}: label must be 1 or 2 (the better output), not {item['label']!r}")
+    category = item.get("category")
+    subset = str(category) if category not in (None, "") else UNCATEGORISED
+    if subset == OVERALL:
+        raise SuiteError(f"{where}: category {OVERALL!r} is reserved for the whole suite's row")
+    return SuitePair(id=pair_id, instruction=texts[0], output_1=texts[1], output_2=texts[2], label=label, subset=subset)
+
+
+def read_pairs(path: Path) -> list[SuitePair]:
+    """Read a suite file; every malformed line is a :class:`SuiteError` naming the line, nothing is skipped."""
+    pairs = read_suite_rows(path, ("instruction", "output_1", "output_2", "label"), _pair)
     if not pairs:
         raise SuiteError(f"{path}: no pairs")
     if all(p.subset == UNCATEGORISED for p in pairs):  # no categories at all: the suite is one subset

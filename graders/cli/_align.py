@@ -12,7 +12,7 @@ from rich.console import Console
 
 from gradekit._extras import require
 
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -56,7 +56,6 @@ def align(
     written, and the same command resumes from the cache; 130 on Ctrl-C.
     """
     require("calibration", "gradekit align")  # its intervals and kappa: before any request
-    import asyncio
 
     from gradekit.judge import BreakerTripped, RubricError, load_rubric
 
@@ -121,19 +120,11 @@ def align(
                 await optimiser.aclose()
 
     try:
-        with opts.traffic(), show:
-            report = asyncio.run(run())
-    except AlignError as e:
-        raise fail(str(e)) from e
+        report = run_judging(run, cache, opts.traffic(), show, errors=(AlignError,), interrupted=lambda: err.print(
+            "interrupted: nothing written; the judgements made so far come back from the cache", markup=False))
     except (BreakerTripped, Stopped) as e:  # the judge or the budget, not the input: nothing written, resumable
         raise fail(str(e) if isinstance(e, BreakerTripped) else f"{e}; nothing written: run the same command with a larger "
                    "--max-cost (the judgements made so far come back from the cache)", 3) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: nothing written; the judgements made so far come back from the cache", markup=False)
-        raise typer.Exit(130) from None
-    finally:
-        if cache is not None:
-            cache.close()
     if json_output:
         print_json({"output": str(output) if report.written else None, **report.model_dump(mode="json")})
     else:

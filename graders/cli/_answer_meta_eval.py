@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from ._common import fail, print_json
+from ._common import fail, print_json, run_judging
 from ._judge_options import JudgeOptions
 
 MODES = ("symbolic", "judge", "hybrid")
@@ -21,7 +21,6 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
     """Run and print the report. Exit status: 0, or 1 when a judge request failed on some row (the report
     counts them; a gold the symbolic check cannot parse, or a row the judge calls invalid, is not a failure),
     2 when the run cannot start, 130 when interrupted (the same command continues from the cache)."""
-    import asyncio
 
     from gradekit.judge import RubricError, load_rubric
 
@@ -89,20 +88,8 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
             if close_symbolic is not None:
                 await close_symbolic()
 
-    from gradekit.judge._breaker import BreakerTripped
-
-    try:
-        with opts.traffic():
-            reports = asyncio.run(run())
-    except BreakerTripped as e:  # the judge is broken, not the suite: exit 3, as `grade` stops
-        raise fail(str(e), 3) from None
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        raise fail(str(e)) from e
-    except KeyboardInterrupt:
-        raise fail("interrupted; run the same command again: rows already judged come from the cache", 130) from None
-    finally:
-        if cache is not None:
-            cache.close()
+    reports = run_judging(run, cache, opts.traffic(), errors=(ValueError, FileNotFoundError, RuntimeError), broken_exit=True,
+                          interrupted="interrupted; run the same command again: rows already judged come from the cache")
     failed = sum(n for report in reports for row in report.results if row.mode == "judge"
                  for kind, n in row.undecided_by_kind.items() if kind != "judged_invalid")
     if json_output:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from gradekit._extras import require
 
+from .._flags import in_flags
 from ._common import fail, print_json
 
 if TYPE_CHECKING:  # numpy, scipy and matplotlib load when the command runs, not for --help
@@ -180,7 +181,7 @@ def _labels(path: Path, on: str | None, column: str = "label") -> list[dict]:
     if state.keyless and not state.records:
         return _load(path, "labels file")  # no row has --on's key: read as a table, whose errors name the columns
     for warning in state.warnings:
-        typer.echo(f"warning: {warning}", err=True)
+        typer.echo(f"warning: {in_flags(warning)}", err=True)
     if not state.records:
         raise InputError(f"{path}: no labels (no line with {on!r} and a label)")
     return state.records

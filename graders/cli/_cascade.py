@@ -9,7 +9,7 @@ from rich.console import Console
 
 from gradekit._extras import require
 
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -41,7 +41,6 @@ def fit(
     looks broken (the breaker every run has stopped the fit early; nothing written).
     """
     require("calibration", "gradekit cascade fit")
-    import asyncio
 
     from gradekit.judge import RubricError, load_rubric
     from gradekit.judge._cascade import CONFIDENCE_METHODS
@@ -101,21 +100,8 @@ def fit(
             for j in judges:
                 await j.aclose()
 
-    from gradekit.judge import BreakerTripped
-
-    try:
-        with opts.traffic():
-            fitted = asyncio.run(run())
-    except ValueError as e:
-        raise fail(str(e)) from e
-    except BreakerTripped as e:  # the judge is broken, not the input: exit 3, as `grade` stops
-        raise fail(str(e), 3) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: nothing written; the judgements made so far come back from the cache", highlight=False)
-        raise typer.Exit(130) from None
-    finally:
-        if cache is not None:
-            cache.close()
+    fitted = run_judging(run, cache, opts.traffic(), broken_exit=True, interrupted=lambda: err.print(
+        "interrupted: nothing written; the judgements made so far come back from the cache", highlight=False))
     try:
         output.write_text(fitted.model_dump_json(indent=2) + "\n", encoding="utf-8")
     except OSError as e:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, TypeVar
 
 import typer
 
 from .._flags import in_flags
 
 JSON_VERSION = 1
+T = TypeVar("T")
 
 # The judge options (model, endpoint, parameters, pacing, cache, budget) live in _judge_options.py.
 
@@ -34,7 +37,7 @@ class _Echo(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         from gradekit.judge._redact import redact
 
-        typer.echo(redact(self.format(record)), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
+        typer.echo(redact(in_flags(self.format(record))), err=True)  # sys.stderr as it is now: the CLI runner's, in tests
 
 
 def warnings_to_stderr() -> None:
@@ -57,3 +60,40 @@ def _echo(name: str, level: int) -> None:
     if not any(isinstance(h, _Echo) for h in logger.handlers):
         logger.addHandler(_Echo(level))
         logger.propagate = False  # not twice when the host logs to stderr too
+
+
+def run_judging(run: Callable[[], Coroutine[Any, Any, T]], cache: Any, *contexts: AbstractContextManager[Any],
+                interrupted: str | Callable[[], None] | None, errors: tuple[type[Exception], ...] = (ValueError,),
+                broken_exit: bool = False) -> T:
+    """Run a command's judging to its end: inside ``contexts`` (the cassette, a progress bar), the cache closed
+    whatever happens, each way out an exit status with a message instead of a traceback.
+
+    ``errors`` become exit 2 with their message; with ``broken_exit`` a tripped breaker (the judge is broken, not
+    the input) is exit 3, as `grade` stops; Ctrl-C is exit 130 after ``interrupted`` (a message, or a callable
+    that prints one; None lets it through). Anything else goes up to the caller.
+    """
+    import asyncio
+
+    from gradekit.judge._breaker import BreakerTripped
+
+    try:
+        with ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context)
+            return asyncio.run(run())
+    except Exception as e:
+        if broken_exit and isinstance(e, BreakerTripped):
+            raise fail(str(e), 3) from None
+        if isinstance(e, errors):
+            raise fail(str(e)) from e
+        raise
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        if isinstance(interrupted, str):
+            raise fail(interrupted, 130) from None
+        interrupted()
+        raise typer.Exit(130) from None
+    finally:
+        if cache is not None:
+            cache.close()

@@ -23,7 +23,7 @@ import typer
 
 from gradekit.judge._spec import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S
 
-from .._flags import FLAGS
+from .._flags import JUDGE_FLAGS
 from ._common import fail
 
 if TYPE_CHECKING:  # the library loads when a command runs, not for --help
@@ -60,7 +60,7 @@ def _sets(path: str, *negative: str, many: bool = False, **option: Any) -> Any:
     budget's): its flag is the flag table's (graders._flags), its value None (unset) unless the user gives it, so
     a layer beneath (a grader file's ``judge:``) is never replaced by a default. ``negative``: the flag that
     turns a switch off (``--no-hedge``); ``many``: repeatable (an empty list is unset)."""
-    flags = FLAGS[path] + "".join(f"/{name}" for name in negative)
+    flags = JUDGE_FLAGS[path] + "".join(f"/{name}" for name in negative)
     return _declared(path, flags, many, option)
 
 

@@ -9,7 +9,7 @@ import typer
 
 from gradekit._extras import require as require_extra
 
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -37,7 +37,6 @@ def meta_eval(
     2 when the run could not start (unknown suite, bad file, rubric or option), 130 when interrupted (the same
     command continues from the cache).
     """
-    import asyncio
 
     from gradekit.judge import RubricError, load_rubric
 
@@ -114,18 +113,9 @@ def meta_eval(
             for j in judges + ([tiebreak] if tiebreak else []):
                 await j.aclose()
 
-    traffic = opts.traffic()
-    try:
-        with traffic:
-            report = asyncio.run(run())
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        raise fail(str(e)) from e
-    except KeyboardInterrupt:
-        # Judged pairs are in the cache: the same command continues from there.
-        raise fail("interrupted; run the same command again: pairs already judged come from the cache", 130) from None
-    finally:
-        if cache is not None:
-            cache.close()
+    # Judged pairs are in the cache: the same command continues from there.
+    report = run_judging(run, cache, opts.traffic(), errors=(ValueError, FileNotFoundError, RuntimeError),
+                         interrupted="interrupted; run the same command again: pairs already judged come from the cache")
     written = plot_meta_eval(report, plots) if plots is not None else []
     errors = sum(r.errors for r in report.results if r.judge != "jury" and r.subset in _leaf_subsets(report, r.suite))
     if json_output:

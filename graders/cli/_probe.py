@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
@@ -33,7 +33,6 @@ def probe(
     judge requests did (the report counts them), 2 the run could not start (bad file, rubric or option),
     130 interrupted.
     """
-    import asyncio
 
     from gradekit.judge import RubricError, load_rubric
 
@@ -77,16 +76,8 @@ def probe(
         async with opts.judge(model, limiter=limiter, cache=cache, budget=budget) as judge:
             return judge.model, await run_probes(judge, spec, rows, probes, mapping=columns)
 
-    try:
-        with opts.traffic():
-            used, reports = asyncio.run(run())
-    except ValueError as e:
-        raise fail(str(e)) from e
-    except KeyboardInterrupt:
-        raise fail("interrupted; run the same command again: verdicts already given come from the cache", 130) from None
-    finally:
-        if cache is not None:
-            cache.close()
+    used, reports = run_judging(run, cache, opts.traffic(),
+                                interrupted="interrupted; run the same command again: verdicts already given come from the cache")
     passed = [r.weakness_rate is None or r.weakness_rate <= tolerance for r in reports]
     failed = [r for r, ok in zip(reports, passed) if not ok]
     errors = sum(r.errors for r in reports)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .._flags import in_flags, said_as_flags
-from ._common import fail, print_json, warnings_to_stderr
+from ._common import fail, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # pydantic models load when the command runs
@@ -144,8 +144,6 @@ def validate(
     a grader asks for sandbox: strict where bubblewrap cannot run. Code-running graders
     show where they run (sandbox:), and sandbox: none is flagged with a WARNING line.
     """
-    import asyncio
-
     from .._config import GraderConfigError
 
     if definition is not None:
@@ -167,14 +165,8 @@ def validate(
 
     judge_factory = opts.file_judge(model, limiter=limiter, cache=cache, budget=budget)  # the file's judge: beneath the options
 
-    try:
-        with opts.traffic():
-            grade, sandboxes = asyncio.run(_grade(grader, sample, judge_factory))
-    except GraderConfigError as e:
-        raise fail(str(e)) from e
-    finally:
-        if cache is not None:
-            cache.close()
+    grade, sandboxes = run_judging(lambda: _grade(grader, sample, judge_factory), cache, opts.traffic(),
+                                   errors=(GraderConfigError,), interrupted=None)
     result = report(grade)
     if sandboxes:
         result["sandbox"], result["warnings"] = sandbox_report(sandboxes)

@@ -9,6 +9,7 @@ import typer
 
 from gradekit._extras import MissingExtra, require
 
+from .._flags import in_flags
 from ._common import fail
 from ._serve import _is_loopback
 
@@ -101,7 +102,7 @@ def view(
                 typer.echo(f"{output}: {results.total_rows:,} rows; filters, search and the summary are ready", err=True)
             except ViewError as e:
                 if not results.closed:  # stopped mid-copy: nothing went wrong
-                    typer.echo(f"error: {e}", err=True)
+                    typer.echo(f"error: {in_flags(str(e))}", err=True)
 
         def announce(server: RewardServer) -> None:  # on the server's event loop: nothing here may wait
             typer.echo(server.url)  # first line of stdout: what tests and scripts read
@@ -110,7 +111,7 @@ def view(
                 typer.echo(f"labelling into {labels} as {annotator.store.labeller} ({', '.join(annotator.values)})"
                            + (", blind" if blind else "") + f"; {len(annotator.labelled)} labelled already", err=True)
                 for warning in annotator.warnings:
-                    typer.echo(f"warning: {warning}", err=True)
+                    typer.echo(f"warning: {in_flags(warning)}", err=True)
             threading.Thread(target=indexed, name="gradekit-view-announce", daemon=True).start()
             if not no_browser:
                 webbrowser.open(server.url)

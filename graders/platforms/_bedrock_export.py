@@ -63,7 +63,7 @@ def export_bedrock_lambda(config: ConfigSource, *, on_invalid: float | None = No
                                  title=f"AWS Bedrock / SageMaker RFT reward Lambda: {tree.root.name} (from {tree.source}).")
     except ExportError as e:
         if any("gradekit serve" in r for r in e.reasons):
-            raise ExportError(TARGET, [*e.reasons, "or pass --endpoint-url https://your-host: the Lambda then forwards each "
+            raise ExportError(TARGET, [*e.reasons, "or pass `endpoint` https://your-host: the Lambda then forwards each "
                                                    "sample to `gradekit serve` (POST /grade), which grades it with the judge"]) from None
         raise
 

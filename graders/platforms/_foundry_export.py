@@ -113,7 +113,7 @@ def export_foundry_grader(config: ConfigSource, *, endpoint: str | None = None, 
                 raise ExportError(TARGET, [f"the exported grader does not match Foundry's schema: {p}" for p in problems])
             return native
     if endpoint is None:
-        hint = ("pass an endpoint URL (--endpoint-url https://your-host) to export an endpoint grader that calls "
+        hint = ("pass an endpoint URL (`endpoint` https://your-host) to export an endpoint grader that calls "
                 f"`gradekit serve` (route POST {GRADE_ROUTE}) with this grader")
         raise ExportError(TARGET, [*(r.replace(OPENAI_TARGET, TARGET) for r in reasons), hint])
     name = str(data.get("name") or data.get("type") or "gradekit")

@@ -82,7 +82,7 @@ def read_tree(config: str | Path | Mapping[str, Any], target: str) -> Tree:
     data, where, base = _read(config)
     if "testing_criteria" in data and "type" not in data:
         raise GraderConfigError(f"{where}: an Evals-API eval definition (testing_criteria), not one grader: export it with "
-                                "--to foundry, or grade it with `gradekit grade --grader`")
+                                "`export_foundry_grader`, or grade it with `gradekit grade --grader`")
     judge = data.pop("judge", None) or {}
     reader = _Reader(where, base, target)
     return Tree(reader.node(data, "", None), where, judge.get("model") if isinstance(judge, Mapping) else None)

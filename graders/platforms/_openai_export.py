@@ -287,11 +287,11 @@ class _Exporter:
             low = _lowest(node)
             if low is not None and low < 0:
                 self.reasons.append(f"{node.where}: can score {low:g}, below OpenAI's 0..1; set its wrong score to 0 or export "
-                                    "with rescale (--rescale) to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2")
+                                    "with rescale (`rescale`) to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2")
         if len(self.reasons) > before:
             return
         span = score_range(root)
-        fix = "export with --rescale to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2"
+        fix = "export with `rescale` to map gradekit's [-1, 1] onto 0..1 as (score + 1) / 2"
         if span is None:
             unknown = [n.where for n in root.walk() if n.kind == "python" and getattr(n.cfg, "range", None) is None]
             why = f" ({', '.join(unknown)} cannot be read for its range: declare it as range: [0, 1] if it scores within 0..1)" if unknown else ""

@@ -33,7 +33,7 @@ from .._sample import Grade, Sample
 from ._common import GraderSource, GradingError, PrivateGrader, check_fixed, graded_within, grader_name, plain, reference_dict, resolve_grader
 from ._skyrl import _TextEnvBase, _get
 from ._trainers import FailurePolicy, _failure
-from ._verifiers import _mark, verifiers_sample
+from ._verifiers import _mark, reward_func
 
 
 def step_scores(grade: Grade, where: str) -> list[float | None]:
@@ -60,9 +60,7 @@ def verifiers_step_reward_func(grader: GraderSource, *, name: str | None = None)
     inner = resolve_grader(grader)
     label = name or grader_name(inner, "gradekit_steps")
 
-    async def reward(prompt: Any = None, completion: Any = None, answer: Any = None, state: Any = None,
-                     info: Any = None, **kwargs: Any) -> float:
-        grade = await inner(verifiers_sample(prompt, completion, answer, info))
+    def set_steps(grade: Grade, state: Any) -> None:
         scores = step_scores(grade, f"step reward {label!r}")
         trajectory = state.get("trajectory") if isinstance(state, Mapping) or hasattr(state, "get") else None
         if isinstance(trajectory, list) and trajectory:
@@ -72,13 +70,8 @@ def verifiers_step_reward_func(grader: GraderSource, *, name: str | None = None)
             for step, score in zip(trajectory, scores):
                 if score is not None and isinstance(step, dict):
                     step["reward"] = float(score)
-        if grade.ok:
-            return float(grade.score)  # type: ignore[arg-type]
-        raise _mark(state, f"step reward {label!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
 
-    reward.__name__ = reward.__qualname__ = label
-    reward.grader = inner  # type: ignore[attr-defined]
-    return reward
+    return reward_func(inner, label, "step reward", set_steps)
 
 
 # ---- SkyRL ------------------------------------------------------------------------------------------

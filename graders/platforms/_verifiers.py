@@ -31,7 +31,7 @@ legacy      ``Rubric`` reward functions, called with the names they ask for (``p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._members import GroupPolicy, MemberPolicy, decide
@@ -226,14 +226,21 @@ def verifiers_reward_func(grader: GraderSource, *, name: str | None = None) -> A
     and scores 0.0 beside the marker; the rollout is saved with its error and prime-rl skips it).
     """
     inner = resolve_grader(grader)
-    label = name or grader_name(inner, "gradekit")
+    return reward_func(inner, name or grader_name(inner, "gradekit"), "reward")
+
+
+def reward_func(inner: Any, label: str, what: str, on_grade: Callable[[Grade, Any], None] | None = None) -> Any:
+    """The legacy verifiers reward function around a resolved grader, named ``label``: ``on_grade(grade, state)``
+    sees each grade first (a step reward writes the trajectory); a grade with no score marks ``state`` and raises."""
 
     async def reward(prompt: Any = None, completion: Any = None, answer: Any = None, state: Any = None,
                      info: Any = None, **kwargs: Any) -> float:
         grade = await inner(verifiers_sample(prompt, completion, answer, info))
+        if on_grade is not None:
+            on_grade(grade, state)
         if grade.ok:
             return float(grade.score)  # type: ignore[arg-type]
-        raise _mark(state, f"reward {label!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
+        raise _mark(state, f"{what} {label!r}: {grade.status} ({grade.error_kind or 'error'}): {grade.error}", grade)
 
     reward.__name__ = reward.__qualname__ = label
     reward.grader = inner  # type: ignore[attr-defined]

@@ -74,7 +74,7 @@ def parse_every(values: Sequence[str]) -> tuple[int | None, float | None]:
                 if rows < 1:
                     raise ValueError
         except ValueError:
-            raise ValueError(f"--canary-every {value!r}: a number of rows (500) or a time (90s, 10m, 1h)") from None
+            raise ValueError(f"`canary_every` {value!r}: a number of rows (500) or a time (90s, 10m, 1h)") from None
     return rows, seconds
 
 
@@ -289,8 +289,8 @@ class Canary:
     def message(self, where: str) -> str:
         """Why the run stopped on drift, and how to go on."""
         return (f"{self.finding()}. Stopped early: {where}; the same command resumes once the canary agrees with the start again "
-                "(rows are then judged without the cache); --restart grades every row with the judge as it is now; "
-                "--on-drift flag goes on and marks the rows judged after the change")
+                "(rows are then judged without the cache); `resume=False` grades every row with the judge as it is now; "
+                "`on_drift` flag goes on and marks the rows judged after the change")
 
     def trip(self) -> Trip:
         d = self.drift or {}

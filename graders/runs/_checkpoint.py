@@ -72,7 +72,7 @@ class Checkpoint:
             return
         shown = "; ".join(_difference(k, before.get(k), now.get(k)) for k in differ)
         raise InputError(f"{self.destination} is a finished output graded with other settings ({shown}); "
-                         "pass --restart to grade it again and replace it, or choose another output path")
+                         "pass `resume=False` to grade it again and replace it, or choose another output path")
 
     def _disagreement(self, state: Mapping[str, Any], mark: Mapping[str, Any], parts: Path) -> str | None:
         """Why the output is not what the checkpoint says (rows, size, the hash of its last bytes), or None."""

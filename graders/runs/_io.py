@@ -308,7 +308,7 @@ def codec(encoding: str | None) -> str:
     try:
         found = codecs.lookup(name).name
     except LookupError:
-        raise InputError(f"unknown encoding {name!r} (--encoding takes a Python codec name: utf-8, latin-1, cp1252, gbk, ...)") from None
+        raise InputError(f"unknown encoding {name!r} (`encoding` takes a Python codec name: utf-8, latin-1, cp1252, gbk, ...)") from None
     return "utf-8-sig" if found == "utf-8" else found
 
 
@@ -403,7 +403,7 @@ def _bad_cell(header: list[str], cells: list[str], name: str) -> str | None:
                     "use JSONL or Parquet for cells this long")
         if (bad := _ESCAPED.search(value)) is not None:
             return (f"column {column!r} holds byte 0x{ord(bad.group()) - 0xDC00:02x}, which is not valid {_display(name)} "
-                    "(name the file's encoding with --encoding)")
+                    "(name the file's encoding with `encoding`)")
     return None
 
 
@@ -445,7 +445,7 @@ def _jsonl_rows(handle: IO[bytes], path: str, skip: int, name: str) -> Iterator[
             line = raw.decode(name)
         except UnicodeDecodeError as e:
             yield RowError(f"{path} row {number}: byte {start + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)} "
-                           "(name the file's encoding with --encoding)")
+                           "(name the file's encoding with `encoding`)")
             continue
         try:
             value = _loads(line)
@@ -608,7 +608,7 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
                 codecs.getincrementaldecoder(name)().decode(data, final=len(data) < _PROBE_BYTES)
             except UnicodeDecodeError as e:
                 raise InputError(f"{path}: byte {e.start} is not valid {name}, so the file is in another encoding; "
-                                 "name it with --encoding") from None
+                                 "name it with `encoding`") from None
             return
         for count, raw in enumerate(handle):
             try:
@@ -616,7 +616,7 @@ def check_encoding(path: Path, encoding: str | None = None) -> None:
             except UnicodeDecodeError as e:
                 raise InputError(
                     f"{path}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not valid {_display(name)}, so the file is in "
-                    "another encoding; name it with --encoding, e.g. --encoding latin-1 or --encoding cp1252 for an Excel export"
+                    "another encoding; name it with `encoding`, e.g. `encoding` latin-1 or `encoding` cp1252 for an Excel export"
                 ) from None
             offset += len(raw)
             if count >= FIRST_ROWS or offset >= _PROBE_BYTES:

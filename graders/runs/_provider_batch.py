@@ -180,7 +180,7 @@ class _BatchRun:
             if in_flight:
                 raise InputError(
                     f"{self.state_path} belongs to another input or other settings and its batches are still open "
-                    f"({', '.join(in_flight)}): run the original command to collect them, or use --restart to abandon them")
+                    f"({', '.join(in_flight)}): run the original command to collect them, or use `resume=False` to abandon them")
             earlier = None
         if earlier is not None and earlier.phase == "done" and earlier.summary is not None and self.destination.exists():
             self.say(f"{self.destination} is already complete (state in {self.state_path}); nothing to do")

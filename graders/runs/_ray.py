@@ -60,7 +60,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayMissing("--ray", "ray", "ray") from None
+        raise RayMissing("`ray`", "ray", "ray") from None
     return ray
 
 
@@ -301,6 +301,6 @@ async def grade_file_ray(spec: WorkerSpec, source: Path | RunInput, destination:
 
 async def _unjudged(values: Any) -> Any:
     """A Ray plan's rows are judged by its pool (``RunPlan.judged_by``), never here."""
-    raise AssertionError("a --ray plan is judged by its actor pool")
+    raise AssertionError("a Ray plan is judged by its actor pool")
 
 

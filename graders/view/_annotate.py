@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._flags import in_flags
 from ..calibration._labels import LabelStore, _key, as_number, draw_probabilities, uncertainty
 from ._results import HUMAN, ResultsFile, RowFilter, ViewError
 
@@ -215,7 +216,7 @@ class Annotator:
                 out["ppi"] = {"estimate": report.estimate, "ci_low": report.ci_low, "ci_high": report.ci_high,
                               "method": report.method, "n_labeled": report.n_labeled}
             except PPIError as e:
-                out["ppi_error"] = str(e)
+                out["ppi_error"] = in_flags(str(e))  # the viewer is the command line's: a field is said as its flag
         return out
 
 

@@ -18,9 +18,9 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -31,6 +31,7 @@ TEXT = "_text"  # the lowercased text columns of a row, joined: what ?q= searche
 HUMAN = "human_label"  # the human label beside each row: from --labels, or the input's own gold label
 HISTOGRAM_BINS = 20
 MAX_LIMIT = 1000
+T = TypeVar("T")
 DISAGREEMENTS_LISTED = 200
 
 
@@ -704,6 +705,17 @@ class ResultsFile:
         return self._fetch(f"SELECT rowid AS \"index\", {listed} FROM {TABLE} ORDER BY {order} LIMIT {max(0, int(limit))}")
 
 
+def _query_value(query: Mapping[str, str], name: str, parse: Callable[[str], T], what: str) -> T | None:
+    """Query parameter ``name`` read by ``parse`` (None when empty or absent); a ViewError saying it is not ``what``."""
+    text = (query.get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        return parse(text)
+    except ValueError:
+        raise ViewError(f"{name}: {text!r} is not {what}") from None
+
+
 ROW_PARAMS = ("offset", "limit", "status", "label", "error_kind", "score_min", "score_max", "q", "disagree", "flipped",
               "served_model", "system_fingerprint", "drift", "sort")
 _YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -724,15 +736,9 @@ def as_filter(query: Mapping[str, str]) -> RowFilter:
         return text in _YES
 
     def number(name: str) -> float | None:
-        text = (query.get(name) or "").strip()
-        if not text:
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise ViewError(f"{name}: {text!r} is not a number") from None
-        if not math.isfinite(value):
-            raise ViewError(f"{name}: {text!r} is not a finite number")
+        value = _query_value(query, name, float, "a number")
+        if value is not None and not math.isfinite(value):
+            raise ViewError(f"{name}: {query[name].strip()!r} is not a finite number")
         return value
 
     return RowFilter(status=query.get("status") or None, label=query.get("label") or None,
@@ -749,15 +755,11 @@ def page_window(query: Mapping[str, str]) -> tuple[int, int]:
     """``offset`` (0 up to 2^62; past the last row is an empty page) and ``limit`` (0 to MAX_LIMIT, default 50)
     from ``/api/rows``' query; a ViewError naming the parameter otherwise."""
     def integer(name: str, default: int, top: int) -> int:
-        text = (query.get(name) or "").strip()
-        if not text:
+        value = _query_value(query, name, int, "an integer")
+        if value is None:
             return default
-        try:
-            value = int(text)
-        except ValueError:
-            raise ViewError(f"{name}: {text!r} is not an integer") from None
         if not 0 <= value <= top:
-            raise ViewError(f"{name}: {text} is out of range (0 to {top:,})")
+            raise ViewError(f"{name}: {query[name].strip()} is out of range (0 to {top:,})")
         return value
 
     return integer("offset", 0, MAX_OFFSET), integer("limit", 50, MAX_LIMIT)

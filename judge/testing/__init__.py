@@ -24,7 +24,7 @@ try:
     from gradekit.judge.testing._down import DownJudge
     from gradekit.judge.testing._fake_batch import BatchFault
     from gradekit.judge.testing._fake_billing import CACHE_MODELS, Billing, CacheModel, write_long_rubric
-    from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, auto_reply
+    from gradekit.judge.testing._fake_provider import FakeProvider, RecordedRequest, Reply, asked_reply, auto_reply
     from gradekit.judge.testing._latency import Lognormal
     from gradekit.judge.testing._population import JudgePopulation, labelled_reply
 except ImportError as missing:
@@ -41,4 +41,4 @@ except ImportError as missing:
     raise SystemExit(2) from None
 
 __all__ = ["CACHE_MODELS", "DIALECTS", "AlignmentLab", "BatchFault", "Billing", "CacheModel", "Dialect", "DownJudge", "FakeProvider",
-           "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal", "Reply", "auto_reply", "labelled_reply", "write_long_rubric"]
+           "JudgePopulation", "Lognormal", "RecordedRequest", "Refusal", "Reply", "asked_reply", "auto_reply", "labelled_reply", "write_long_rubric"]

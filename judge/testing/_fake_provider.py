@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -116,6 +116,17 @@ Responder = Callable[[dict[str, Any]], "Reply | None | Awaitable[Reply | None]"]
 # --------------------------------------------------------------------------------------------
 
 AUTO_TEXT = "auto reply"
+
+
+def asked_reply(body: Mapping[str, Any], verdict: Mapping[str, Any], text: str) -> Reply:
+    """``verdict`` in the form the request asks for: the forced tool's call, JSON content under a JSON response
+    format, else ``text`` (what a judge writes in tags mode). For scripted judges of a known verdict."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping):
+        return Reply(tool_call={"name": choice["function"]["name"], "arguments": json.dumps(verdict, ensure_ascii=False)})
+    if (body.get("response_format") or {}).get("type") in ("json_schema", "json_object"):
+        return Reply(content=json.dumps(verdict, ensure_ascii=False))
+    return Reply(content=text)
 
 
 def auto_reply(body: dict[str, Any]) -> Reply:

@@ -237,6 +237,26 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
     return run
 
 
+_RouteHandler = Callable[[Request], Awaitable[tuple[str, Any]]]
+
+
+def _reward_route(app: FastAPI, path: str) -> Callable[[_RouteHandler], Callable[[Request], Awaitable[Response]]]:
+    """``POST path`` as every reward route answers: the handler returns (outcome, reply), the outcome is what the
+    request is logged and counted under, the reply a Response or a JSON body (200); ``_guarded`` answers the rest."""
+
+    def register(handler: _RouteHandler) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            outcome, reply = await handler(request)
+            _set_outcome(request, outcome)
+            return reply if isinstance(reply, Response) else JSONResponse(reply)
+
+        route.__name__ = route.__qualname__ = handler.__name__
+        route.__doc__ = handler.__doc__
+        return app.post(path)(_guarded(route))
+
+    return register
+
+
 # ---- middleware ---------------------------------------------------------------------------------
 
 
@@ -497,17 +517,14 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
                 "in_flight": pool.admitted, "capacity": pool.capacity}
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    @app.post("/compute_reward")
-    @_guarded
-    async def compute_reward(request: Request) -> Response:
+    @_reward_route(app, "/compute_reward")
+    async def compute_reward(request: Request) -> tuple[str, Any]:
         reward_request = _parse(RewardRequest, await _json_body(request))
         response = await engine.compute(reward_request)
-        _set_outcome(request, response.status)
-        return JSONResponse(response.model_dump(mode="json"))
+        return response.status, response.model_dump(mode="json")
 
-    @app.post("/api/v1")
-    @_guarded
-    async def dashscope(request: Request) -> Response:
+    @_reward_route(app, "/api/v1")
+    async def dashscope(request: Request) -> tuple[str, Any]:
         body = await _json_body(request)
         kind = body.get("func_type") if isinstance(body, dict) else None
         if kind is None and isinstance(body, dict) and "agent_outputs" in body:
@@ -524,12 +541,10 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         else:
             raise _unprocessable(["func_type"], f"func_type {kind!r} is not served here; gradekit serves 'reward' and 'group_reward'",
                                  "literal_error")
-        _set_outcome(request, out["status"])
-        return JSONResponse(out)
+        return out["status"], out
 
-    @app.post("/")
-    @_guarded
-    async def vertex(request: Request) -> Response:
+    @_reward_route(app, "/")
+    async def vertex(request: Request) -> tuple[str, Any]:
         body = await _json_body(request)
         parsed = _parse(VertexRequest, body)
         try:
@@ -541,12 +556,10 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         response = await engine.compute(reward_request)
         if response.status != "success":
             raise _failed([("", response)])
-        _set_outcome(request, "success")
-        return JSONResponse(vertex_reply(response))
+        return "success", vertex_reply(response)
 
-    @app.post("/get_reward")
-    @_guarded
-    async def openrlhf(request: Request) -> Response:
+    @_reward_route(app, "/get_reward")
+    async def openrlhf(request: Request) -> tuple[str, Any]:
         batch = _parse(OpenRLHFRequest, await _json_body(request))
         n = len(batch.query)
         for field in ("prompts", "labels"):
@@ -575,12 +588,10 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
             # An invalid item of a request without labels (or prompts) is explained by that absent field.
             absent = "labels" if batch.labels is None else "prompts" if batch.prompts is None else None
             raise _failed(failures, missing=absent)
-        _set_outcome(request, "success")
-        return JSONResponse(openrlhf_reply(responses))
+        return "success", openrlhf_reply(responses)
 
-    @app.post("/grade")
-    @_guarded
-    async def foundry(request: Request) -> Response:
+    @_reward_route(app, "/grade")
+    async def foundry(request: Request) -> tuple[str, Any]:
         parsed = _parse(FoundryGradeRequest, await _json_body(request))
         try:
             reward_request = foundry_request(parsed)
@@ -589,8 +600,7 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         response = await engine.compute(reward_request)
         if response.status != "success":
             raise _failed([("", response)], missing_loc=["sample"])
-        _set_outcome(request, "success")
-        return JSONResponse(foundry_reply(response))
+        return "success", foundry_reply(response)
 
     register_rl_routes(app, engine, sys.modules[__name__])
     from ._metrics import install_metrics  # prometheus_client loads with the server only

@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ..._sample import Message
+from ..._sample import EmptyIfNull, Message
 from .._common import reference_dict
 
 # ---- Bailian seed 001: POST /compute_reward ---------------------------------------------------
@@ -33,16 +33,11 @@ class RewardRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     response: str
-    extra_params: dict[str, Any] = Field(default_factory=dict)
+    extra_params: EmptyIfNull = Field(default_factory=dict)
     prompt: str | list[Message] | None = None
     messages: list[Message] | None = None
     response_messages: list[Message] | None = None
     metadata: dict[str, Any] | None = None
-
-    @field_validator("extra_params", mode="before")
-    @classmethod
-    def _no_params(cls, v: Any) -> Any:
-        return {} if v is None else v
 
 
 class RewardResponse(BaseModel):
@@ -295,13 +290,8 @@ class FoundryGradeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     sample: dict[str, Any]
-    item: dict[str, Any] = Field(default_factory=dict)
+    item: EmptyIfNull = Field(default_factory=dict)
     trace_id: str | None = None
-
-    @field_validator("item", mode="before")
-    @classmethod
-    def _no_item(cls, v: Any) -> Any:
-        return {} if v is None else v
 
 
 class ShapeError(ValueError):

@@ -210,22 +210,19 @@ BUSY_REPLIES = {"/verify": verify_busy_reply}
 
 def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
     """``POST /slime`` and ``POST /verify`` on the reward server's app: ``core`` is the app module
-    (its guards: ``_guarded``, ``_json_body``, ``_parse``, ``_failed``, ``_set_outcome``), passed in
+    (its guards: ``_reward_route``, ``_json_body``, ``_parse``, ``_failed``), passed in
     rather than imported so the two modules make no import circle."""
 
-    @app.post("/slime")
-    @core._guarded
-    async def slime(request: Request) -> Response:
+    @core._reward_route(app, "/slime")
+    async def slime(request: Request) -> tuple[str, Any]:
         parsed = core._parse(SlimeRequest, await core._json_body(request))
         response = await engine.compute(slime_request(parsed))
         if response.status != "success":
             raise core._failed([("", response)], missing="label" if parsed.label is None else None)
-        core._set_outcome(request, "success")
-        return Response(json.dumps(response.score), media_type="application/json")
+        return "success", Response(json.dumps(response.score), media_type="application/json")
 
-    @app.post("/verify")
-    @core._guarded
-    async def verify(request: Request) -> Response:
+    @core._reward_route(app, "/verify")
+    async def verify(request: Request) -> tuple[str, Any]:
         raw = await core._json_body(request)
         parsed = core._parse(VerifyRequest, raw)
         try:
@@ -244,5 +241,4 @@ def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
             logger.exception("POST /verify: the reward computer raised")
             response = RewardResponse(status="fail", detail=f"{type(e).__name__}: {e}",
                                       extra_info={"grade_status": "error", "error_kind": "reward_exception"})
-        core._set_outcome(request, response.status)
-        return JSONResponse(verify_reply(raw, response))
+        return response.status, verify_reply(raw, response)
