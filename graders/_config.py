@@ -116,7 +116,9 @@ instead of ``base_url`` makes the judge a fleet (docs/fleets.md), which hedges s
 ``hedge: false`` (``hedge: {max_extra: 0.05, ...}`` tunes it). A jury instead of one judge:
 ``judge: {jury: [{model, base_url, api_key, params}, ...], aggregate: majority, quorum: 2}``
 (docs/juries.md). An endpoint's or a juror's ``api_key`` is best written ``$NAME`` (read from that
-environment variable) rather than the key itself.
+environment variable) rather than the key itself. A top-level ``$schema`` (an editor's pointer to the
+JSON schema ``gradekit schema`` prints, generated from the node models in graders._config_nodes) is
+ignored.
 
 The group grader takes the same nodes: ``type: group`` with ``grader:`` (a node), ``checks:``
 (TrajectoryChecks fields), ``sample_checks:``, ``on_judge_error:`` (FAILURE, RETRY, DISCARD or
@@ -127,13 +129,13 @@ and ``member_retries:`` (graders._members); load it with :func:`load_group_grade
 
 from __future__ import annotations
 
-import os
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from gradekit.judge import JudgeProtocol, RubricError
 from gradekit.judge._spec import JudgeSpec, JurySpec
@@ -142,284 +144,21 @@ from gradekit.judge._fleet import Endpoint, key_from_env
 from gradekit.judge._files import read_data_file
 from gradekit.judge._hedge import HedgePolicy
 
-from ._code_tests import DEFAULT_CASE_MEMORY_MB, DEFAULT_CASE_TIMEOUT, Scoring, code_tests_grader
-from ._composite import FormulaError, formula_grader, weighted_grader
+from ._composite import FormulaError
+from ._config_nodes import NODE_MODELS, GraderNode, GroupNode, _Node
 from ._evals import EvalDefinition, EvalGrader, criterion_name, criterion_node, is_eval_definition
-from ._group import GroupGrader, Policy, SampleChecks, TrajectoryChecks, group_grader
-from ._math_equivalence import math_equivalence_grader
-from ._math_hybrid import JudgeFallback, hybrid_grader
-from ._math_verify import DEFAULT_MAX_CHARS as MATH_MAX_CHARS
-from ._math_verify import DEFAULT_MEMORY_MB as MATH_MEMORY_MB
-from ._math_verify import DEFAULT_TIMEOUT as MATH_TIMEOUT
-from ._math_verify import check_kind, parse_modes
-from ._members import GroupPolicy, MemberPolicy
-from ._llm import TRAJECTORY_SETTINGS, autorater_grader, label_model_grader, llm_grader, score_model_grader
-from ._python import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, python_grader
+from ._group import GroupGrader, group_grader
+from ._members import GroupPolicy
 from ._pairwise_group import pairwise_group_grader
 from ._relative import relative_group_grader
-from ._reward_model import GROUP_MAPPINGS, reward_model_grader
-
+from ._reward_model import GROUP_MAPPINGS
 from ._sample import Grade, Grader, Sample, aclose_grader
-from ._string_match import (
-    MatchOperation,
-    Normalization,
-    ParseConfig,
-    json_match_grader,
-    normalized_match_grader,
-    numeric_match_grader,
-    string_check_grader,
-    string_match_grader,
-)
-from ._text_similarity import text_similarity_grader
-from ._vertex import is_vertex_spec, parse_vertex_spec, vertex_grader
-from .sandbox import DEFAULT_CPUS, DEFAULT_FILE_MB, DEFAULT_PROCESSES, Isolation
-from .sandbox import Policy as SandboxPolicy
+from ._vertex import is_vertex_spec
+from .sandbox import Isolation
 
 
 class GraderConfigError(ValueError):
     """A grader config is wrong; the message names the file and the field at fault."""
-
-
-class _Node(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: str
-    name: str | None = None
-
-
-class _Rewards(_Node):
-    parse: ParseConfig = ParseConfig()
-    correct: float = 1.0
-    wrong: float = -1.0
-
-
-class StringMatchNode(_Rewards):
-    expression: str
-    operation: MatchOperation = "EXACT_MATCH"
-
-
-class JsonMatchNode(_Rewards):
-    key: str
-    expression: str
-    operation: MatchOperation = "EXACT_MATCH"
-
-
-class NormalizedMatchNode(_Rewards):
-    expression: str
-    operation: Literal["EXACT_MATCH", "PARTIAL_MATCH"] = "EXACT_MATCH"
-    normalization: Normalization = Normalization()
-
-
-class NumericMatchNode(_Rewards):
-    expression: str
-    abs_tol: float = 0.0
-    rel_tol: float = 1e-9
-
-
-class StringCheckNode(_Node):
-    input: str
-    reference: str
-    operation: Literal["eq", "ne", "like", "ilike"] = "eq"
-
-
-class LlmNode(_Node):
-    rubric: str
-    map: dict[str, str] = Field(default_factory=dict)
-    # Over the rubric's trajectory settings (judge._rubric): one verdict per step, how steps aggregate,
-    # the judge reading the trace with tools, the trajectory's token budget and what stays when it is cut.
-    granularity: Literal["whole", "step"] | None = None
-    step_aggregate: Literal["mean", "min", "last", "product"] | None = None
-    navigate: bool | None = None
-    navigate_rounds: int | None = Field(None, ge=1, le=32)
-    trajectory_budget: int | None = Field(None, ge=1)
-    truncation: Literal["middle_out", "keep_recent", "none"] | None = None
-    trajectory_reasoning: Literal["keep", "drop"] | None = None
-
-
-class AutoraterNode(_Node):
-    prompt: str | None = None
-    prompt_file: str | None = None
-    parse: ParseConfig = ParseConfig()
-    response_parse: ParseConfig = ParseConfig()
-    expression: str | None = None
-    correct: float = 1.0
-    wrong: float = -1.0
-
-
-class TextSimilarityNode(_Node):
-    """OpenAI's text_similarity grader JSON. ``embedding_model`` is gradekit's: the model ``cosine``
-    asks the judge's endpoint for (OpenAI's grader always uses text-embedding-3-large)."""
-
-    input: str
-    reference: str
-    evaluation_metric: str
-    pass_threshold: float | None = None
-    embedding_model: str | None = None
-
-
-class LabelModelNode(_Node):
-    """OpenAI's label_model grader JSON: ``model`` is recorded (and exported back); the judge that
-    runs it locally is gradekit's (``judge:``), so validate and a run use your endpoint."""
-
-    model: str | None = None
-    input: list[dict[str, Any]]
-    labels: list[str]
-    passing_labels: list[str]
-
-
-class ScoreModelNode(_Node):
-    """OpenAI's score_model grader JSON: the judge gives a number in ``range``; ``model`` is recorded
-    (and exported back) as label_model's is, the judge that runs it is gradekit's."""
-
-    model: str | None = None
-    input: list[dict[str, Any]]
-    range: tuple[float, float] = (0.0, 1.0)
-    sampling_params: dict[str, Any] | None = None
-    pass_threshold: float | None = None  # an eval criterion's pass/fail, in the range's units
-
-    @model_validator(mode="after")
-    def _range(self) -> ScoreModelNode:
-        if not self.range[0] < self.range[1]:
-            raise ValueError(f"range must be [low, high] with low < high, got {list(self.range)}")
-        return self
-
-
-class RewardModelNode(_Node):
-    """A served reward model's score (graders._reward_model): the judge block names its model and endpoint."""
-
-    route: Literal["/classify", "/pooling", "/v1/classify", "/v1/embeddings"] = "/classify"
-    mapping: Literal["sigmoid", "raw", "minmax", "zscore"] = "sigmoid"
-    scale: float | None = Field(None, gt=0)
-    center: float = 0.0
-    use_activation: bool = False
-    task: str | None = None  # vLLM /pooling's task (e.g. token_classify); the server's default otherwise
-    chat_template: str | None = None  # SGLang's routes: the reward model's Jinja chat template ...
-    chat_template_file: str | None = None  # ... or the file holding it (relative to this config)
-
-
-class _Sandboxed(_Node):
-    workers: int | None = None
-    sandbox: SandboxPolicy = "auto"
-    network: bool = False
-    packages: list[str] = Field(default_factory=list)
-    processes: int = DEFAULT_PROCESSES
-    file_mb: int = DEFAULT_FILE_MB
-    cpus: int = DEFAULT_CPUS
-
-
-class PythonNode(_Sandboxed):
-    file: str | None = None
-    source: str | None = None
-    flavour: Literal["vertex", "openai"] | None = None
-    entry: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
-    memory_mb: int | None = DEFAULT_MEMORY_MB
-    env: dict[str, str] = Field(default_factory=dict)
-    image_tag: str | None = None  # OpenAI's field, accepted so its grader JSON loads; unused
-    pass_threshold: float | None = None  # OpenAI's field; unused by the grade itself
-    # The scores this code gives, as its author states them: a python grader's range cannot be read
-    # from its source, and `gradekit export --to openai` exports without --rescale only a range in 0..1.
-    range: tuple[float, float] | None = None
-
-    @model_validator(mode="after")
-    def _range(self) -> PythonNode:
-        if self.range is not None and not -1.0 <= self.range[0] <= self.range[1] <= 1.0:
-            raise ValueError(f"range must be [low, high] with -1 <= low <= high <= 1, got {list(self.range)}")
-        return self
-
-
-class CodeTestsNode(_Sandboxed):
-    tests: str = "tests"
-    scoring: Scoring = "fraction"
-    timeout: float = DEFAULT_CASE_TIMEOUT
-    memory_mb: int | None = DEFAULT_CASE_MEMORY_MB
-
-
-class MathEquivalenceNode(_Node):
-    """``type: verified_answer`` (or ``math_equivalence``, its first name): the response's final answer
-    against the gold one, by rule, for every kind of answer, in sandboxed workers (graders._math_verify);
-    a check that cannot finish is an error, never wrong."""
-
-    expression: str  # the gold answer: "{{references.answer}}"
-    # What the answers are: auto (told from the gold), number, expression, choice, string, or a template per row.
-    kind: str = "auto"
-    options: str | list[Any] | dict[str, Any] | None = None  # choice: the options (default: references options/choices, else the question)
-    aliases: str | None = None  # a template of more answers that count (a JSON list or one string)
-    timeout: float = Field(MATH_TIMEOUT, gt=0)  # seconds per check, enforced from outside the worker
-    correct: float = 1.0
-    wrong: float = -1.0
-    # How the response is read: auto (the last \boxed{}, then LaTeX, then a plain expression), boxed, latex, expr, or a list.
-    parse: str | list[str] = "auto"
-    max_chars: int | None = Field(MATH_MAX_CHARS, ge=1)  # a longer response is cut to its last max_chars characters
-    workers: int | None = Field(None, ge=1)  # checker processes (default: one per CPU, up to 4)
-    memory_mb: int | None = Field(MATH_MEMORY_MB, ge=256)
-    sandbox: SandboxPolicy = "auto"
-    # The hybrid: rows the symbolic check did not accept go to the judge (the config's judge:, or the command
-    # line's), asked in both orders with this rubric (graders._math_hybrid).
-    judge_fallback: JudgeFallback | None = None
-
-    @model_validator(mode="after")
-    def _modes(self) -> MathEquivalenceNode:
-        parse_modes(self.parse)
-        return self
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, kind: str) -> str:
-        return kind if "{{" in kind else check_kind(kind)
-
-
-class WeightedNode(_Node):
-    parts: dict[str, dict[str, Any]]
-
-
-class FormulaNode(_Node):
-    formula: str | None = None
-    calculate_output: str | None = None  # OpenAI multi grader's name for the formula
-    graders: dict[str, dict[str, Any]]
-
-
-class VertexNode(_Node):
-    spec: dict[str, Any] | None = None
-    file: str | None = None
-
-
-class RelativeSettings(BaseModel):
-    """``relative:`` of a group config: one judge call ranks all trajectories (graders._relative)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    criteria: str | None = None
-    shuffles: Literal[1, 2] = 2
-    seed: int = 0
-    rubric: str = "group_rank"
-
-
-class PairwiseSettings(BaseModel):
-    """``pairwise:`` of a group config: members compared in pairs, fitted with Bradley-Terry (graders._pairwise_group)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rubric: str = "arena_hard_pairwise"
-    pairing: Literal["circular", "all_pairs", "anchor"] = "circular"
-    anchor: int = Field(0, ge=0)
-    seed: int = 0
-    alpha: float = Field(0.01, gt=0)
-
-
-class GroupNode(_Node):
-    grader: dict[str, Any] | None = None
-    relative: RelativeSettings | None = None
-    pairwise: PairwiseSettings | None = None
-    checks: TrajectoryChecks = TrajectoryChecks()
-    sample_checks: SampleChecks = SampleChecks()
-    on_judge_error: Policy = "RETRY"
-    on_invalid: Policy = "DISCARD"
-    pass_threshold: float = 0.5
-    on_member_error: MemberPolicy = "renormalize"  # graders._members: a group with a failed member
-    min_members: int = Field(2, ge=1)
-    group_deadline_s: float | None = Field(None, gt=0)
-    member_retries: int = Field(1, ge=0, le=5)
 
 
 class JurorSettings(BaseModel):
@@ -546,27 +285,44 @@ class FileJudge:
         return self.make(None)
 
 
-NODES: dict[str, type[_Node]] = {
-    "string_match": StringMatchNode,
-    "json_match": JsonMatchNode,
-    "normalized_match": NormalizedMatchNode,
-    "numeric_match": NumericMatchNode,
-    "string_check": StringCheckNode,
-    "llm": LlmNode,
-    "autorater": AutoraterNode,
-    "label_model": LabelModelNode,
-    "score_model": ScoreModelNode,
-    "reward_model": RewardModelNode,
-    "text_similarity": TextSimilarityNode,
-    "python": PythonNode,
-    "code_tests": CodeTestsNode,
-    "math_equivalence": MathEquivalenceNode,
-    "verified_answer": MathEquivalenceNode,  # the same grader under the name that fits every kind of answer
-    "weighted": WeightedNode,
-    "formula": FormulaNode,
-    "multi": FormulaNode,
-    "vertex": VertexNode,
-}
+def problems(error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None, *, tagged: bool = False) -> str:
+    """A validation error as one line, each problem at its place in the file (after ``prefix``); a key ``model``
+    (or a model inside it) does not take names the keys it does. ``tagged``: each place starts with the union's
+    tag (the node's type), which the file does not show."""
+    lines = []
+    for err in error.errors():
+        loc = err["loc"][1:] if tagged else err["loc"]
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None:
+            message += _allowed(model, loc)
+        lines.append(f"{prefix}{'.'.join(map(str, loc))}: {message}")
+    return "; ".join(lines)
+
+
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """What to say after "Extra inputs are not permitted": the key it was likely meant as, else the keys there are."""
+    at: type[BaseModel] | None = model
+    for key in loc[:-1]:  # down the loc to the model holding the unknown key (an int is a list's index: same model)
+        if at is None or isinstance(key, int):
+            continue
+        field = at.model_fields.get(str(key))
+        at = _model_in(field.annotation) if field is not None else None
+    if at is None:
+        return ""
+    keys = [field.alias or name for name, field in at.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; allowed keys: {', '.join(keys)}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)
+
+
+# The node model of each type a file may name, from the union's members (in the order an unknown type's message lists them).
+NODES: dict[str, type[_Node]] = {kind: model for model in NODE_MODELS for kind in get_args(model.model_fields["type"].annotation)}
+_NODE = TypeAdapter(GraderNode)
 
 
 def validate_node(data: Any, where: str, source: str) -> tuple[str, _Node]:
@@ -587,11 +343,10 @@ def validate_node(data: Any, where: str, source: str) -> tuple[str, _Node]:
     if model is None:
         raise fail(f"unknown grader type {kind!r}; known types: {', '.join(NODES)}")
     try:
-        return kind, model.model_validate(data)
+        return kind, _NODE.validate_python(data)
     except ValidationError as e:
         prefix = f"{where}." if where else ""
-        problems = "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{source}: {problems}") from None
+        raise GraderConfigError(f"{source}: {problems(e, prefix, model, tagged=True)}") from None
 
 
 class _Builder:
@@ -629,11 +384,7 @@ class _Builder:
         kind, node = validate_node(data, where, self.source)
         name = node.name or default_name or kind
         try:
-            if isinstance(node, LlmNode):  # named after its rubric unless the config names it
-                rubric: str | Path = self.path(node.rubric) if node.rubric.endswith((".yaml", ".yml")) else node.rubric
-                return llm_grader(self.judge(), rubric, node.map, name=node.name or default_name,
-                                  settings=node.model_dump(include=set(TRAJECTORY_SETTINGS), exclude_none=True))
-            return self._build(node, where, name)
+            return node.build(self, where, node.name or default_name)
         except GraderConfigError:
             raise
         except (ValueError, RubricError, FormulaError, OSError) as e:
@@ -642,114 +393,25 @@ class _Builder:
                 raise GraderConfigError(message) from e
             raise self.fail(where or name, message) from e
 
-    def _build(self, node: _Node, where: str, name: str) -> Grader:
-        dot = f"{where}." if where else ""
-        if isinstance(node, JsonMatchNode):
-            return json_match_grader(node.key, node.expression, node.operation, parse=node.parse, correct=node.correct, wrong=node.wrong, name=name)
-        if isinstance(node, StringMatchNode):
-            return string_match_grader(node.expression, node.operation, parse=node.parse, correct=node.correct, wrong=node.wrong, name=name)
-        if isinstance(node, NormalizedMatchNode):
-            return normalized_match_grader(node.expression, operation=node.operation, parse=node.parse, normalization=node.normalization,
-                                           correct=node.correct, wrong=node.wrong, name=name)
-        if isinstance(node, NumericMatchNode):
-            return numeric_match_grader(node.expression, abs_tol=node.abs_tol, rel_tol=node.rel_tol, parse=node.parse,
-                                        correct=node.correct, wrong=node.wrong, name=name)
-        if isinstance(node, StringCheckNode):
-            return string_check_grader(node.input, node.reference, node.operation, name=name)
-        if isinstance(node, AutoraterNode):
-            if (node.prompt is None) == (node.prompt_file is None):
-                raise self.fail(where or name, "give exactly one of prompt and prompt_file")
-            prompt = node.prompt if node.prompt is not None else self.path(node.prompt_file or "").read_text(encoding="utf-8")
-            return autorater_grader(self.judge(), prompt, parse=node.parse, response_parse=node.response_parse,
-                                    expression=node.expression, correct=node.correct, wrong=node.wrong, name=name)
-        if isinstance(node, TextSimilarityNode):
-            return text_similarity_grader(node.input, node.reference, node.evaluation_metric,  # type: ignore[arg-type]
-                                          pass_threshold=node.pass_threshold, name=name, embedding_model=node.embedding_model,
-                                          judge=self.judge() if node.evaluation_metric == "cosine" else None)
-        if isinstance(node, LabelModelNode):
-            return label_model_grader(self.judge(), node.input, node.labels, node.passing_labels, name=name, media_root=self.media_root)
-        if isinstance(node, ScoreModelNode):
-            return score_model_grader(self.judge(), node.input, range=node.range, sampling_params=node.sampling_params, name=name,
-                                      media_root=self.media_root)
-        if isinstance(node, RewardModelNode):
-            if node.mapping in GROUP_MAPPINGS and not self.in_group:
-                raise self.fail(where or name, f"mapping {node.mapping} maps scores within a group: put this node under "
-                                f"type: group (grader: {{type: reward_model, mapping: {node.mapping}}}), or use sigmoid or raw")
-            if node.chat_template is not None and node.chat_template_file is not None:
-                raise self.fail(where or name, "give chat_template or chat_template_file, not both")
-            template = node.chat_template
-            if node.chat_template_file is not None:
-                template = self.path(node.chat_template_file).read_text(encoding="utf-8")
-            return reward_model_grader(self.judge(), route=node.route, mapping=node.mapping, scale=node.scale, center=node.center,
-                                       use_activation=node.use_activation, task=node.task, chat_template=template, name=name)
-        if isinstance(node, PythonNode):
-            if (node.file is None) == (node.source is None):
-                raise self.fail(where or name, "give exactly one of file and source")
-            python = python_grader(node.source, file=self.path(node.file) if node.file else None, flavour=node.flavour, entry=node.entry,
-                                   timeout=node.timeout, memory_mb=node.memory_mb, workers=node.workers, env=node.env, name=name,
-                                   sandbox=node.sandbox, network=node.network, packages=node.packages, processes=node.processes,
-                                   file_mb=node.file_mb, cpus=node.cpus)
-            self.sandboxes[where or name] = python.isolation
-            return python
-        if isinstance(node, CodeTestsNode):
-            code = code_tests_grader(tests=node.tests, scoring=node.scoring, timeout=node.timeout, memory_mb=node.memory_mb,
-                                     workers=node.workers, sandbox=node.sandbox, network=node.network, packages=node.packages,
-                                     processes=node.processes, file_mb=node.file_mb, cpus=node.cpus, name=name)
-            self.sandboxes[where or name] = code.isolation
-            return code
-        if isinstance(node, MathEquivalenceNode):
-            math = math_equivalence_grader(node.expression, kind=node.kind, options=node.options, aliases=node.aliases, timeout=node.timeout,
-                                           correct=node.correct, wrong=node.wrong, parse=node.parse, max_chars=node.max_chars,
-                                           workers=node.workers, memory_mb=node.memory_mb, sandbox=node.sandbox, name=name)
-            self.sandboxes[where or name] = math.isolation
-            fallback = node.judge_fallback
-            if fallback is None:
-                return math
-            rubric = self.path(fallback.rubric) if fallback.rubric.endswith((".yaml", ".yml")) else fallback.rubric
-            try:
-                return hybrid_grader(math, self.judge(), fallback, rubric=rubric)
-            except (ValueError, RubricError):
-                math.close()  # its workers are started: a config that fails after them must not leave them behind
-                raise
-        if isinstance(node, WeightedNode):
-            parts = []
-            for part_name, part in node.parts.items():
-                part = dict(part)
-                if "weight" not in part:
-                    raise self.fail(f"{dot}parts.{part_name}", "needs a weight")
-                weight = part.pop("weight")
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                    raise self.fail(f"{dot}parts.{part_name}.weight", f"must be a number, got {weight!r}")
-                parts.append((part_name, self.node(part, f"{dot}parts.{part_name}", part_name), float(weight)))
-            return weighted_grader(parts, name=name)
-        if isinstance(node, FormulaNode):
-            formula = node.formula or node.calculate_output
-            if formula is None or (node.formula is not None and node.calculate_output is not None):
-                raise self.fail(where or name, "give exactly one of formula and calculate_output")
-            graders = {k: self.node(v, f"{dot}graders.{k}", k) for k, v in node.graders.items()}
-            return formula_grader(graders, formula, name=name)
-        if isinstance(node, VertexNode):
-            if (node.spec is None) == (node.file is None):
-                raise self.fail(where or name, "give exactly one of spec and file")
-            if node.spec is not None:
-                spec = parse_vertex_spec(node.spec, source=self.source, path_prefix=f"{dot}spec")
-            else:
-                spec = parse_vertex_spec(self.path(node.file or ""))
-            return vertex_grader(spec, judge=self.judge)
-        raise AssertionError(node)
-
 
 def _read(source: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str, Path]:
+    """A grader config as a mapping, the name its errors give and the folder its paths are relative to.
+
+    A top-level ``$schema`` (an editor's pointer to the JSON schema, docs/graders.md) is dropped here, so every
+    reader of a grader file takes one."""
     if isinstance(source, Mapping):
-        return dict(source), "grader config", Path.cwd()
-    path = Path(source)
-    try:
-        data = read_data_file(path, "grader config")
-    except ValueError as e:
-        raise GraderConfigError(str(e)) from e
-    if not isinstance(data, dict):
-        raise GraderConfigError(f"{path}: a grader config must be a mapping")
-    return data, str(path), path.parent
+        data, where, base = dict(source), "grader config", Path.cwd()
+    else:
+        path = Path(source)
+        try:
+            read = read_data_file(path, "grader config")
+        except ValueError as e:
+            raise GraderConfigError(str(e)) from e
+        if not isinstance(read, dict):
+            raise GraderConfigError(f"{path}: a grader config must be a mapping")
+        data, where, base = read, str(path), path.parent
+    data.pop("$schema", None)
+    return data, where, base
 
 
 class ConfiguredGrader:
@@ -776,8 +438,7 @@ def _builder(data: dict[str, Any], source: str, base: Path, judge: JudgeProtocol
     try:
         parsed = JudgeSettings.model_validate(settings)
     except ValidationError as e:
-        problems = "; ".join(f"judge.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{source}: {problems}") from None
+        raise GraderConfigError(f"{source}: {problems(e, 'judge.', JudgeSettings)}") from None
     return _Builder(source, base, judge, parsed)
 
 
@@ -805,8 +466,7 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
     try:
         definition = EvalDefinition.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e)}") from None
     if not definition.testing_criteria:
         raise GraderConfigError(f"{where}: testing_criteria is empty: an eval needs at least one criterion")
     criteria = []
@@ -831,8 +491,7 @@ def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgePro
     try:
         node = GroupNode.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
     if sum(x is not None for x in (node.grader, node.relative, node.pairwise)) != 1:
         raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone), relative (one judge call ranks them all) "
                                 "and pairwise (members compared in pairs)")
@@ -867,11 +526,12 @@ def load_group_members(source: str | Path | Mapping[str, Any], *, judge: JudgePr
     doors that grade a group's members one request at a time (the reward server's group routes)."""
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
+    if data.get("type") != "group":
+        raise GraderConfigError(f"{where}: a group grader config needs type: group")
     try:
         node = GroupNode.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise GraderConfigError(f"{where}: {problems}") from None
+        raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
     if node.grader is None:
         raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
     if node.grader.get("type") == "reward_model" and node.grader.get("mapping") in GROUP_MAPPINGS:

@@ -44,6 +44,18 @@ def test_wheel_ships_every_rubric(wheel: Path) -> None:
     assert {n.split("/")[0] for n in names} == {"gradekit", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for asset in ("index.html", "view.js", "view.css"):  # gradekit view's page: no CDN, so it ships in the wheel
         assert f"gradekit/graders/view/static/{asset}" in names
+    assert "gradekit/graders/grader.schema.json" in names  # what `gradekit schema` prints
+
+
+def test_gradekit_schema_prints_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    """Installed from the wheel alone, `gradekit schema` prints the shipped schema: the file is package data, not the checkout's."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GRADEKIT_"))} | {"PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-m", "gradekit", "schema"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (site / "gradekit" / "graders" / "grader.schema.json").read_text(encoding="utf-8")
+    assert json.loads(done.stdout)["title"] == "gradekit grader file"
 
 
 def test_llmbar_data_ship_in_the_wheel_and_work_from_any_folder(wheel: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typer.core import TyperCommand, TyperGroup
 from gradekit import __version__
 from gradekit._extras import as_missing_extra
 
-from . import _align, _calibrate, _cascade, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _serve, _validate, _view
+from . import _align, _calibrate, _cascade, _export, _grade, _llmbar, _meta_eval, _probe, _render, _report, _rubrics, _schema, _serve, _validate, _view
 
 
 def _help_flag_defaults_to_false(option: Any) -> Any:
@@ -121,6 +121,7 @@ for _name, _command in (
     ("meta-eval", _meta_eval.meta_eval),
     ("probe", _probe.probe),
     ("validate", _validate.validate),
+    ("schema", _schema.schema),
     ("export", _export.export),
     ("serve", _serve.serve),
     ("view", _view.view),

@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -23,6 +24,18 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
     typer.echo(f"error: {redact(in_flags(message))}", err=True)  # an error may quote a URL with credentials or an echoed key
     return typer.Exit(code)
+
+
+def print_or_write(text: str, out: Path | None, what: str = "") -> None:
+    """``text`` on stdout, or into the file ``out`` with a line on stderr saying so (``what`` after its name)."""
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise fail(f"{out}: {e.strerror or e}") from e
+    typer.echo(f"wrote {out}{what}", err=True)
 
 
 def print_json(payload: dict[str, Any]) -> None:

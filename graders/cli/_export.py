@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail
+from ._common import fail, print_or_write
 
 
 class Target(str, Enum):
@@ -94,11 +94,4 @@ def export(
         raise fail(str(e)) from e
     except ValueError as e:  # on_invalid out of range and the like
         raise fail(str(e)) from e
-    if out is None:
-        typer.echo(text, nl=False)
-        return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise fail(f"{out}: {e.strerror or e}") from e
-    typer.echo(f"wrote {out} ({to.value})", err=True)
+    print_or_write(text, out, f" ({to.value})")

@@ -17,18 +17,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._composite import FormulaError, compile_formula
-from .._config import (
-    AutoraterNode,
-    FormulaNode,
-    GraderConfigError,
-    JsonMatchNode,
-    PythonNode,
-    StringMatchNode,
-    VertexNode,
-    WeightedNode,
-    _read,
-    validate_node,
-)
+from .._config import GraderConfigError, _read, validate_node
+from .._config_nodes import AutoraterNode, FormulaNode, JsonMatchNode, PythonNode, StringMatchNode, VertexNode, WeightedNode
 from .._python import ENTRY, detect_flavour
 from .._string_match import ParseConfig
 from .._vertex import SingleRewardConfig, VertexSpec, parse_vertex_spec
