@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._sample import Grade, Grader, Sample, aclose_grader
+from ._sample import Grade, Grader, Sample, aclose_grader, usage_of
 
 MAX_PARTS = 16  # Vertex's console allows up to 16 rewards in a composite
 
@@ -34,7 +34,7 @@ def _worst(parts: Mapping[str, Grade]) -> Grade | None:
             reasons = "; ".join(f"{n}: {g.error}" for n, g in failed.items())
             kinds = {g.error_kind for g in failed.values()}
             return Grade.failed(status, f"part(s) {', '.join(failed)} failed: {reasons}",  # type: ignore[arg-type]
-                                error_kind=kinds.pop() if len(kinds) == 1 else "part_failed", parts=dict(parts))
+                                error_kind=kinds.pop() if len(kinds) == 1 else "part_failed", parts=dict(parts), **usage_of(parts.values()))
     return None
 
 
@@ -57,16 +57,18 @@ class CompositeGrader:
         failed = _worst(parts)
         if failed is not None:
             return failed
+        spent = usage_of(grades)  # the judge parts' requests and tokens are the composite's
         scores = {n: g.score for n, g in parts.items()}
         try:
             total = self._combine(scores)  # type: ignore[arg-type]
         except (ArithmeticError, ValueError) as e:  # 1/0, sqrt(-1), log(0), overflow
-            return Grade.failed("invalid", f"{self.__name__}: {self.describe} cannot be computed: {e}", error_kind="formula", parts=parts)
+            return Grade.failed("invalid", f"{self.__name__}: {self.describe} cannot be computed: {e}", error_kind="formula", parts=parts,
+                                **spent)
         if math.isnan(total):
-            return Grade.failed("invalid", f"{self.__name__}: {self.describe} is not a number", error_kind="formula", parts=parts)
+            return Grade.failed("invalid", f"{self.__name__}: {self.describe} is not a number", error_kind="formula", parts=parts, **spent)
         debug = [f"{self.__name__}: {self.describe} = {total:g} with " + ", ".join(f"{n}={s:g}" for n, s in scores.items())]
         metrics = {f"{n}.score": s for n, s in scores.items() if s is not None}
-        return Grade.scored(total, parts=parts, debug=debug, metrics=metrics)
+        return Grade.scored(total, parts=parts, debug=debug, metrics=metrics, **spent)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(aclose_grader(g) for g in self.parts.values()))

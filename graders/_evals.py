@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ._sample import Grade, Grader, Sample, aclose_grader
+from ._sample import Grade, Grader, Sample, aclose_grader, usage_of
 
 _UUID_NAMESPACE = uuid.UUID("5f1c7a52-0d0e-4c5e-9b1e-6b8f0a3e2d41")  # gradekit's, for criteria without an id
 _FULL_SCORE_TYPES = ("string_check", "label_model")
@@ -98,7 +98,8 @@ class EvalGrader:
         metrics: dict[str, float] = {}
         failed_to_judge: list[tuple[str, Grade]] = []
         for (name, criterion, _), grade in zip(self.criteria, grades):
-            # A model criterion's judge tokens, requests and cache hits, per part: the run's summary and cost count them.
+            # A model criterion's judge tokens, requests and cache hits, per part, for the row's metrics (the run's
+            # summary and cost count the grade's usage).
             metrics.update({f"{name}.{key}": value for key, value in grade.metrics.items() if key.startswith("judge_")})
             if grade.status != "ok":
                 failed_to_judge.append((name, grade))
@@ -113,9 +114,9 @@ class EvalGrader:
             worst = "error" if any(g.status == "error" for _, g in failed_to_judge) else "invalid"
             first_name, first = failed_to_judge[0]
             return Grade.failed(worst, f"criterion {first_name!r}: {first.error}", error_kind=first.error_kind,
-                                parts=parts, metrics=metrics)
+                                parts=parts, metrics=metrics, **usage_of(grades))
         passed = all(value for key, value in metrics.items() if key.endswith(".passed"))
-        return Grade.scored(1.0 if passed else 0.0, parts=parts, metrics={**metrics, "passed": float(passed)})
+        return Grade.scored(1.0 if passed else 0.0, parts=parts, metrics={**metrics, "passed": float(passed)}, **usage_of(grades))
 
     async def aclose(self) -> None:
         for _, _, grader in self.criteria:

@@ -27,10 +27,12 @@ from enum import Enum
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gradekit.judge import Usage
 
 from ._members import GroupPolicy, MemberPolicy, decide, gather_members, group_decision_metrics
-from ._sample import Grade, Grader, Sample, Trajectory
+from ._sample import Grade, Grader, Sample, Trajectory, usage_of
 
 
 class GroupStatus(str, Enum):
@@ -80,6 +82,15 @@ class GroupResult(BaseModel):
     # Members that failed while the group succeeded (on_member_error: renormalize): their reward
     # is the finished members' mean, a placeholder each door marks with its trainer's mask.
     failed_members: list[int] = Field(default_factory=list)
+    # What the group's judges billed: its grades' sum unless given (a pairwise group's comparisons belong to no one
+    # member); None when no judge was asked.
+    usage: Usage | None = None
+
+    @model_validator(mode="after")
+    def _summed(self) -> GroupResult:
+        if self.usage is None:
+            self.usage = usage_of(self.grades)["usage"]
+        return self
 
 
 GroupGrader = Callable[[Sample, Sequence[Trajectory]], Awaitable[GroupResult]]
@@ -161,7 +172,7 @@ def group_metrics(rewards: Sequence[float], grades: Sequence[Grade], pass_thresh
         "parse_failures": float(sum(g.error_kind in ("parse_failure", "truncated") for g in grades)),
         "preset": float(sum(g.metrics.get("preset", 0.0) for g in grades)),
         "format_checks": float(sum(g.metrics.get("format", 0.0) for g in grades)),
-        "judge_calls": float(sum(g.metrics.get("judge_attempts", 0.0) for g in grades)),
+        "judge_calls": float(sum(g.usage.requests for g in grades if g.usage is not None)),
     }
     if rewards:
         mean = sum(rewards) / len(rewards)

@@ -107,6 +107,7 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
             metrics[f"judge_{part}"] = float(getattr(verdict.usage, part))
     lines = list(debug or [])
     columns = trajectory_columns(verdict)
+    spent = {"usage": verdict.usage, "cache_hits": int(verdict.cached)}  # what the run's tally counts (the metrics are for reading)
     if verdict.status != "ok":
         status: Literal["invalid", "error"] = "invalid" if verdict.error_kind == "input" else "error"
         if verdict.criteria is not None:  # a checklist read too little: how much it read is part of the answer
@@ -116,13 +117,14 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
         if verdict.raw:
             lines.append(f"{name}: judge reply {verdict.raw[:300]!r}")
         return Grade.failed(status, f"grader {name!r}: {verdict.error_kind}: {verdict.error}", error_kind=verdict.error_kind,
-                            metrics=metrics, debug=lines, columns=columns)
+                            metrics=metrics, debug=lines, columns=columns, **spent)
     if rubric is not None and rubric.is_invalid(verdict.label):
         # The judge says the sample cannot be graded (CompassVerifier's INVALID): a state, not a score.
         if verdict.rationale:
             lines.append(f"{name}: rationale: {verdict.rationale[:500]}")
         return Grade.failed("invalid", f"grader {name!r}: judged_invalid: the judge labelled the sample {verdict.label!r}, "
-                            f"which rubric {rubric.name!r} names invalid", error_kind="judged_invalid", metrics=metrics, debug=lines)
+                            f"which rubric {rubric.name!r} names invalid", error_kind="judged_invalid", metrics=metrics, debug=lines,
+                            **spent)
     value = verdict.score if score is None else score
     assert value is not None
     if verdict.criteria is not None:  # a checklist: each criterion a part (criteria.<id>), none a made-up 0
@@ -131,14 +133,14 @@ def grade_from_verdict(verdict: Verdict, name: str, *, score: float | None = Non
         read = sum(c.status == "ok" for c in verdict.criteria)
         lines.append(f"{name}: checklist {read}/{len(verdict.criteria)} criteria read -> {value:g}" + (" (cached)" if verdict.cached else ""))
         return Grade.scored(value, metrics={**metrics, **criteria_metrics(verdict.criteria)}, debug=lines,
-                            parts=criteria_parts(verdict.criteria, name))
+                            parts=criteria_parts(verdict.criteria, name), **spent)
     if verdict.steps is not None:
         lines.extend(f"{name}: step {s.step}: " + (f"{s.label!r} -> {s.score:g}" if s.score is not None else f"{s.error_kind}: {s.error}")
                      for s in verdict.steps)
     lines.append(f"{name}: judge label {verdict.label!r} -> {value:g}" + (" (cached)" if verdict.cached else ""))
     if verdict.rationale:
         lines.append(f"{name}: rationale: {verdict.rationale[:500]}")
-    return Grade.scored(value, metrics=metrics, debug=lines, columns=columns)
+    return Grade.scored(value, metrics=metrics, debug=lines, columns=columns, **spent)
 
 
 def trajectory_columns(verdict: Verdict) -> dict[str, Any]:

@@ -59,9 +59,8 @@ def symbolic_checker(timeout: float, **settings: Any) -> tuple[Callable[[str, st
     return check, verifier.aclose
 
 
-def _metrics(judged: AnswerJudgement) -> dict[str, float]:
+def _metrics(judged: AnswerJudgement, usage: Usage) -> dict[str, float]:
     verdicts: tuple[Verdict, ...] = judged.verdicts
-    usage = sum((v.usage for v in verdicts), Usage())
     return {
         "judge_prompt_tokens": float(usage.prompt_tokens),
         "judge_completion_tokens": float(usage.completion_tokens),
@@ -105,7 +104,9 @@ class HybridGrader:
                 debug.append(f"{name}: judge ({order}): {verdict.rationale[:300]}")
             if verdict.status != "ok" and verdict.error:
                 debug.append(f"{name}: judge ({order}) {verdict.error_kind}: {verdict.error[:300]}")
-        fields = {"metrics": {**first.metrics, **_metrics(judged)}, "debug": debug, "columns": {**first.columns, "decided_by": JUDGE}}
+        usage = sum((v.usage for v in judged.verdicts), Usage())
+        fields = {"metrics": {**first.metrics, **_metrics(judged, usage)}, "debug": debug, "columns": {**first.columns, "decided_by": JUDGE},
+                  "usage": usage, "cache_hits": sum(v.cached for v in judged.verdicts)}
         if judged.decision in ("correct", "incorrect"):
             return Grade.scored(self.symbolic.correct if judged.decision == "correct" else self.symbolic.wrong, **fields)
         status = "invalid" if judged.decision == "invalid" else "error"

@@ -35,7 +35,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gradekit.judge import JudgeProtocol, Verdict, load_rubric
+from gradekit.judge import JudgeProtocol, Usage, Verdict, load_rubric
 
 from ._bradley_terry import ALPHA, bradley_terry, win_rates
 from ._group import GroupGrader, GroupResult, GroupStatus, Policy, _PolicyValue, group_metrics
@@ -132,7 +132,8 @@ def pairwise_group_grader(judge: JudgeProtocol, *, rubric: str = "arena_hard_pai
                 continue
             comparisons.append((i, j, (1.0 + max(-1.0, min(1.0, v.score))) / 2.0))
             seen[(i, j)] = v.score
-        requests = sum(v.usage.requests for v in verdicts if v is not None)
+        usage = sum((v.usage for v in verdicts if v is not None), Usage())
+        requests = usage.requests
         fitted = sorted({i for c in comparisons for i in c[:2]})
         theta = bradley_terry(n, comparisons, alpha=alpha)
         rates = win_rates(theta, fitted)
@@ -158,10 +159,10 @@ def pairwise_group_grader(judge: JudgeProtocol, *, rubric: str = "arena_hard_pai
         decided, failed, why = decide(values, members)
         metrics.update(group_decision_metrics(n, failed, 0))
         if decided is None:
-            return GroupResult(status=GroupStatus(policy), error=f"{why}: {error}", grades=grades,
+            return GroupResult(status=GroupStatus(policy), error=f"{why}: {error}", grades=grades, usage=usage,
                                metrics={**group_metrics([], grades, 0.5), **metrics})
         finished = [r for i, r in enumerate(decided) if i not in failed]
-        return GroupResult(rewards=decided, grades=grades, error=error, failed_members=failed,
+        return GroupResult(rewards=decided, grades=grades, error=error, failed_members=failed, usage=usage,
                            metrics={**group_metrics(finished, grades, 0.5), **metrics})
 
     grade_group.__name__ = "pairwise_group_grader"  # type: ignore[attr-defined]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from gradekit.judge import SyncRunner, clamp
+from gradekit.judge import SyncRunner, Usage, clamp
 from gradekit.judge._media import data_uri
 from gradekit.judge._trajectory import content_text as _content_text
 
@@ -194,6 +194,10 @@ class Grade(BaseModel):
     # Extra output-row cells, for the columns the grader declares in its ``output_columns`` (a file
     # run writes the same columns on every row, so they are declared before the first grade).
     columns: dict[str, Any] = Field(default_factory=dict)
+    # What the grader's judges billed (a composite's: its parts' sum); None when no judge was asked (a
+    # deterministic grader), so a failed row's attempts column says "no judge" apart from "0 requests".
+    usage: Usage | None = None
+    cache_hits: int = 0  # judgements served from the response cache (a hybrid's two orders count two)
 
     @field_validator("score")
     @classmethod
@@ -223,6 +227,14 @@ class Grade(BaseModel):
     @classmethod
     def failed(cls, status: Literal["invalid", "error"], error: str, **fields: Any) -> Grade:
         return cls(status=status, error=error, **fields)
+
+
+def usage_of(grades: Iterable[Grade]) -> dict[str, Any]:
+    """The ``usage`` and ``cache_hits`` of grades put together (a composite's, a group's): their sum, usage None
+    when none of them asked a judge. Spread into ``Grade(...)``."""
+    judged = [g for g in grades if g.usage is not None]
+    return {"usage": sum((g.usage for g in judged), Usage()) if judged else None,  # type: ignore[misc]
+            "cache_hits": sum(g.cache_hits for g in judged)}
 
 
 @runtime_checkable

@@ -38,6 +38,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from gradekit.judge import Usage
+
 from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
 
 if TYPE_CHECKING:
@@ -213,20 +215,21 @@ def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass
         if not got or not want:  # the embeddings API refuses an empty string; nothing is like something
             return _scored(float(got == want), "cosine", pass_threshold, name, debug=[f"{name}: an empty text, not embedded"])
         embedded = await judge.embed([got, want], model=model)
-        # judge_attempts and judge_cached, as an LLM grader names them: a run's summary counts the requests and
-        # cache hits, and an error row's attempts column fills. The tokens are not judge_prompt_tokens: the
-        # judge model's price does not apply to them.
+        # judge_attempts and judge_cached, as an LLM grader names them, for the row's metrics. The usage counts the
+        # requests only (a run's summary and an error row's attempts column): the embedding tokens are not the
+        # judge's prompt tokens, and the judge model's price does not apply to them.
         metrics = {"judge_attempts": float(embedded.attempts), "judge_cached": float(embedded.cached),
                    "embedding_prompt_tokens": float(embedded.prompt_tokens)}
+        spent = {"usage": Usage(requests=embedded.attempts), "cache_hits": int(embedded.cached)}
         if embedded.status != "ok":
             return Grade.failed("error", f"grader {name!r}: {embedded.error_kind}: {embedded.error}", error_kind=embedded.error_kind,
-                                metrics=metrics)
+                                metrics=metrics, **spent)
         got_vector, want_vector = embedded.vectors
         if len(got_vector) != len(want_vector):  # a cache filled by another server, or a broken one: no angle to measure
             return Grade.failed("error", f"grader {name!r}: server_error: the endpoint gave vectors of {len(got_vector)} and "
-                                f"{len(want_vector)} dimensions for {model!r}", error_kind="server_error", metrics=metrics)
+                                f"{len(want_vector)} dimensions for {model!r}", error_kind="server_error", metrics=metrics, **spent)
         return _scored(cosine(got_vector, want_vector), "cosine", pass_threshold, name, metrics=metrics,
-                       debug=[f"{name}: embedded with {model}" + (" (cached)" if embedded.cached else "")])
+                       debug=[f"{name}: embedded with {model}" + (" (cached)" if embedded.cached else "")]).model_copy(update=spent)
 
     grade.__name__ = name
     return grade

@@ -45,11 +45,11 @@ from ._window import known_window, overflow_of
 from ._native import claude_minimum_tokens
 from ._thinking import read_message
 from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_retrying, standard
-from ._verdict import ErrorKind, Usage, Verdict
+from ._verdict import NO_USAGE, ErrorKind, Usage, Verdict
 from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_shared_prefix, prompt_cache_key, shared_prefix,
                     takes_prompt_cache_key)
-from ._wire import (Failed, Route, breaker_failure, error_of, local_message, served_of, status_detail, status_error_kind, status_message, status_text,
-                    usage_counts, vectors_of)
+from ._wire import (Failed, Route, breaker_failure, carrying, error_of, local_message, served_of, spent_by, status_detail, status_error_kind,
+                    status_message, status_text, usage_counts, vectors_of)
 
 if TYPE_CHECKING:
     from ._spec import JudgeSpec
@@ -81,10 +81,6 @@ _NO_ROOM = Room(None, ESTIMATE)  # no window to check a plain rubric's prompt ag
 class _Relearn(Exception):
     """The endpoint's dialect changed since this request was built: build it again (new cache key too)."""
 
-
-# The counts a reply bills, in the order judge._budget prices them, then their flex-tier part.
-_BILLED = ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens",
-           "flex_prompt_tokens", "flex_completion_tokens", "flex_cached_tokens", "flex_cache_write_tokens", "flex_reasoning_tokens")
 
 # A row rebuilt this many times (each time for a newly learnt fix) has met a server that refuses
 # everything; its last 400 is the row's error.
@@ -468,10 +464,14 @@ class Judge:
 
     async def _judge(self, rubric: Rubric, row: Mapping[str, Any], started: float) -> Verdict:
         rubric = bind_row(rubric, row)  # a per-row checklist: this row's criteria and schema
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
+        spent = NO_USAGE  # the requests of the asks that came to nothing (a relearnt request, a refused output mode)
 
         def finish(**fields: Any) -> Verdict:
-            return Verdict(latency_s=time.perf_counter() - started, **usage, **fields)
+            return Verdict(latency_s=time.perf_counter() - started, **fields)
+
+        def told(verdict: Verdict) -> Verdict:
+            """The verdict's usage with the judgement's earlier requests added (none: the verdict as it is)."""
+            return verdict.model_copy(update={"usage": spent + verdict.usage}) if spent.requests else verdict
 
         chain = rubric.ask_modes
         first_bad_request: Failed | None = None
@@ -483,15 +483,17 @@ class Judge:
             for _ in range(_MAX_RELEARNS):
                 prepared = self._prepare(rubric, row, mode, finish, need_key=False)
                 if isinstance(prepared, Verdict):
-                    return prepared
+                    return told(prepared)
                 try:
-                    verdict = await self._ask_within_budget(rubric, prepared, usage, finish, data=row_text(rubric, row))
-                    return verdict.shown(prepared.coverage)
-                except _Relearn:
+                    verdict = await self._ask_within_budget(rubric, prepared, finish, data=row_text(rubric, row))
+                    return told(verdict.shown(prepared.coverage))
+                except _Relearn as relearn:
+                    spent += spent_by(relearn)
                     if mode in self.dialect.refused_modes and mode != chain[-1]:
                         break  # another request learnt that this mode is refused
                     continue  # a fix was learnt (here or by another request): build the request again
                 except Failed as failure:
+                    spent += spent_by(failure)
                     structured = mode != chain[-1]
                     # Only a 400 about the output format walks the chain; a model name, a parameter or a
                     # context length fails the same way in every format.
@@ -500,14 +502,15 @@ class Judge:
                         break  # this server may not support the mode: try the next one
                     if first_bad_request is not None and failure.kind == "bad_request":
                         failure = first_bad_request
-                    return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode, coverage=prepared.coverage)
+                    return finish(status="error", error_kind=failure.kind, error=str(failure), mode=mode, coverage=prepared.coverage,
+                                  usage=spent)
             else:
                 return finish(status="error", error_kind="context_overflow" if rubric.trajectory_variables or self.dialect.window
-                              else "bad_request", mode=mode,
+                              else "bad_request", mode=mode, usage=spent,
                               error=f"the endpoint refused {_MAX_RELEARNS} versions of the request: "
                                     + "; ".join(self.dialect.learnt))
         assert first_bad_request is not None
-        return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1])
+        return finish(status="error", error_kind="bad_request", error=str(first_bad_request), mode=chain[-1], usage=spent)
 
     async def embed(self, texts: Sequence[str], *, model: str) -> Embeddings:
         """Embed ``texts`` with ``model`` on the judge's endpoint (``POST {base_url}/embeddings``).
@@ -519,7 +522,7 @@ class Judge:
         cache lacks go out in one request. Embeddings are not charged to a ``budget``.
         """
         started = time.perf_counter()
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+        spent = NO_USAGE
         texts = list(texts)
         vectors: list[list[float] | None] = [None] * len(texts)
         keys = {text: embedding_key(self.base_url, model, text) for text in texts}
@@ -531,14 +534,15 @@ class Judge:
         missing = list(dict.fromkeys(text for text, vector in zip(texts, vectors) if vector is None))
 
         def finish(**fields: Any) -> Embeddings:
-            return Embeddings(latency_s=time.perf_counter() - started, prompt_tokens=usage["prompt_tokens"],
-                              attempts=usage["attempts"], cached=not missing, **fields)
+            return Embeddings(latency_s=time.perf_counter() - started, prompt_tokens=spent.prompt_tokens,
+                              attempts=spent.requests, cached=not missing, **fields)
 
         if missing:
             request = {"model": model, "input": missing, "encoding_format": "float"}  # float: the SDK would ask for base64
             try:
-                response = await self._send(request, usage, route="embeddings")
+                response, spent = await self._send(request, route="embeddings")
             except Failed as failure:
+                spent = spent_by(failure)
                 error = str(failure)
                 if failure.status == 404:
                     error = f"{self.base_url.rstrip('/')}/embeddings has no route or no model {model!r}: {error}"
@@ -560,20 +564,21 @@ class Judge:
         error kinds, never a score of 0.
         """
         started = time.perf_counter()
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "attempts": 0}
+        spent = NO_USAGE
         request = {"model": self.model, **request}
         key = cache_key(self.base_url, {"route": route, **request})
 
         def finish(**fields: Any) -> RewardScore:
-            return RewardScore(latency_s=time.perf_counter() - started, prompt_tokens=usage["prompt_tokens"],
-                               attempts=usage["attempts"], **fields)
+            return RewardScore(latency_s=time.perf_counter() - started, prompt_tokens=spent.prompt_tokens,
+                               attempts=spent.requests, **fields)
 
         stored = self.cache.get(key) if self.cache is not None else None
         if isinstance(stored, dict) and isinstance(value := read_reward(route, stored), float):
             return finish(status="ok", value=value, cached=True)
         try:
-            reply = await self._send(request, usage, route=route)
+            reply, spent = await self._send(request, route=route)
         except Failed as failure:
+            spent = spent_by(failure)
             error = str(failure)
             if failure.status == 404:
                 error = f"{server_root(self.base_url)}{route} has no route or no model {self.model!r}: {error}"
@@ -593,12 +598,13 @@ class Judge:
         text once. Never raises: a failure is ``status="error"`` (or ``skipped`` past the budget) with its kind.
         """
         started = time.perf_counter()
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
+        spent = NO_USAGE
 
         def finish(**fields: Any) -> Generated:
-            spent = Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
-                          reasoning_tokens=usage["reasoning_tokens"], cached_tokens=usage["cached_tokens"], requests=usage["attempts"])
-            return Generated(latency_s=time.perf_counter() - started, usage=spent, **fields)
+            # Generated's usage as it always counted: the tokens by kind, not their cache writes or flex part.
+            told = Usage(prompt_tokens=spent.prompt_tokens, completion_tokens=spent.completion_tokens,
+                         reasoning_tokens=spent.reasoning_tokens, cached_tokens=spent.cached_tokens, requests=spent.requests)
+            return Generated(latency_s=time.perf_counter() - started, usage=told, **fields)
 
         shapes = [True, False] if json_object else [False]
         failure: Failed | None = None
@@ -621,18 +627,20 @@ class Judge:
                     reservation = await self.budget.start(prompt, reply, model=self.model)
                     if reservation is None:
                         return finish(status="skipped", error_kind="budget", error=self.budget.reason())
-                before = usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]
+                used = NO_USAGE
                 try:
-                    completion = await self._send(request, usage, dialect_version=version)
-                except _Relearn:
+                    completion, used = await self._send(request, dialect_version=version)
+                except _Relearn as relearn:
+                    used = spent_by(relearn)
                     continue  # a fix was learnt: build the request again
                 except Failed as e:
+                    used = spent_by(e)
                     failure = e
                     break
                 finally:
+                    spent += used
                     if reservation is not None and self.budget is not None:
-                        self.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
-                                           usage["cached_tokens"] - before[2])
+                        self.budget.settle(reservation, used.prompt_tokens, used.completion_tokens, used.cached_tokens)
                 answer = read_message(((completion.get("choices") or [{}])[0]).get("message") or {}).answer
                 if not answer:
                     return finish(status="error", error_kind="parse_failure", error="the reply holds no text (only thinking, or nothing)",
@@ -758,11 +766,11 @@ class Judge:
             return f"window {min(windows):,} tokens (context_window)"
         return f"window {known_window(self.model) or 0:,} tokens, documented for {self.model}"
 
-    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
+    async def _ask_within_budget(self, rubric: Rubric, prepared: Prepared, finish: Callable[..., Verdict],
                                  data: str | None = None) -> Verdict:
         """``_ask`` once the budget admits the request (one reservation covers its retries and re-asks)."""
         if self.budget is None:
-            return await self._ask(rubric, prepared, usage, finish, data)
+            return await self._ask(rubric, prepared, finish, data)
         request, mode = prepared.request, prepared.mode
         prompt = prepared.prompt_estimate
         if prompt < 0:
@@ -771,25 +779,40 @@ class Judge:
         reservation = await self.budget.start(prompt, reply, model=self.model)
         if reservation is None:
             return finish(status="skipped", error_kind="budget", error=self.budget.reason(), mode=mode)
-        before = dict(usage)
+        spent = NO_USAGE
         try:
-            return await self._ask(rubric, prepared, usage, finish, data)
+            verdict = await self._ask(rubric, prepared, finish, data)
+            spent = verdict.usage
+            return verdict
+        except BaseException as exc:
+            spent = spent_by(exc)
+            raise
         finally:
-            spent = {name: usage.get(name, 0) - before.get(name, 0) for name in _BILLED}
-            self.budget.settle(reservation, spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"],
-                               cache_write_tokens=spent["cache_write_tokens"], reasoning_tokens=spent["reasoning_tokens"],
-                               flex=tuple(spent[f"flex_{name}"] for name in _BILLED[:5]))  # type: ignore[arg-type]
+            self.budget.settle(reservation, spent.prompt_tokens, spent.completion_tokens, spent.cached_tokens,
+                               cache_write_tokens=spent.cache_write_tokens, reasoning_tokens=spent.reasoning_tokens,
+                               flex=(spent.flex_prompt_tokens, spent.flex_completion_tokens, spent.flex_cached_tokens,
+                                     spent.flex_cache_write_tokens, spent.flex_reasoning_tokens))
 
-    async def _ask(self, rubric: Rubric, prepared: Prepared, usage: dict[str, int], finish: Callable[..., Verdict],
-                   data: str | None = None) -> Verdict:
+    async def _ask(self, rubric: Rubric, prepared: Prepared, finish: Callable[..., Verdict], data: str | None = None) -> Verdict:
+        """Send the prepared request (again while its reply cannot be read, ``parse_retries`` times) and read it. The
+        Verdict's usage is these requests'; a failure carries them (``spent_by``)."""
         request, mode = prepared.request, prepared.mode
         last: Unread | None = None
         served: dict[str, str | None] = {}
+        spent = NO_USAGE
+
+        def asked(**fields: Any) -> Verdict:
+            return finish(usage=spent, **fields)
+
         for _ in range(1 + self.retry.parse_retries):
             route = self.route
-            async with self.warmer.turn(self._warm_key(request, route), self._timeout):
-                completion = await self._send_tiered(request, usage, route, dialect_version=prepared.dialect_version,
-                                                     prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
+            try:
+                async with self.warmer.turn(self._warm_key(request, route), self._timeout):
+                    completion, used = await self._send_tiered(request, route, dialect_version=prepared.dialect_version,
+                                                               prompt_estimate=prepared.prompt_estimate, counted=prepared.counted)
+            except BaseException as exc:
+                raise carrying(exc, spent + spent_by(exc))
+            spent += used
             if prepared.counted > 0:
                 self._answered_size(completion, prepared.counted)
             served = served_of(completion)  # who answered, on every outcome: a drifted judge's failures show it too
@@ -799,17 +822,17 @@ class Judge:
                 if self.cache is not None:
                     self.cache.put(prepared.key, completion, row_key=prepared.row_key)
                 self._remember(rubric, mode)
-                return finish(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking, **served)
+                return asked(mode=mode, **reading.verdict_fields(), reasoning=reading.thinking, **served)
             if reading.kind == "refusal":  # refusals are deterministic: no re-ask
-                return finish(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw, **served)
+                return asked(status="error", error_kind="refusal", error=reading.error, mode=mode, raw=reading.raw, **served)
             last = reading
             if reading.kind == "truncated":
                 break  # the same limit cuts the same reply off again: no re-ask
         assert last is not None
         if (number := read_missed_schema(rubric, last)) is not None:
-            return finish(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
-        return finish(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
-                      criteria=list(last.criteria) if last.criteria is not None else None, **served)
+            return asked(mode=mode, **number.verdict_fields(), reasoning=number.thinking, **served)
+        return asked(status="error", error_kind=last.kind, error=last.error, mode=mode, raw=last.raw, reasoning=last.thinking,
+                     criteria=list(last.criteria) if last.criteria is not None else None, **served)
 
     def _answered_size(self, completion: Mapping[str, Any], counted: int) -> None:
         """An answered prompt: its size passes the window gate from now on, and a provider that counted
@@ -850,29 +873,42 @@ class Judge:
         # Learnt already by another request of the wave: this one's prompt was built before it, so render it again.
         return self.dialect.window is not None and counted > 0
 
-    async def _send_tiered(self, request: dict[str, Any], usage: dict[str, int], route: Route, *,
-                           dialect_version: int | None, prompt_estimate: int, counted: int = -1) -> dict[str, Any]:
+    async def _send_tiered(self, request: dict[str, Any], route: Route, *,
+                           dialect_version: int | None, prompt_estimate: int, counted: int = -1) -> tuple[dict[str, Any], Usage]:
         """``_send`` at the request's service tier; a flex request the provider has no capacity for backs off
         and, once its row is ``flex_deadline_s`` old, goes at the standard tier (see judge._tiers)."""
         if request.get("service_tier") != "flex":
-            return await self._send(request, usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
+            return await self._send(request, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
                                     counted=counted)
         deadline = (ROW_STARTED.get() or time.monotonic()) + self.flex_deadline_s
+        full = NO_USAGE  # the flex requests refused for capacity
         try:
             async for attempt in flex_retrying(deadline, self._sleep):  # tenacity, the one owner of retries
                 with attempt:
-                    return await self._send(request, usage, route=route, dialect_version=dialect_version,
-                                            prompt_estimate=prompt_estimate, counted=counted)
+                    try:
+                        completion, used = await self._send(request, route=route, dialect_version=dialect_version,
+                                                            prompt_estimate=prompt_estimate, counted=counted)
+                    except FlexFull as refused:
+                        full += spent_by(refused)
+                        raise
+                    return completion, full + used
         except FlexFull:
             pass
+        except BaseException as exc:
+            raise carrying(exc, full + spent_by(exc))
         self.flex_fallbacks += 1
         log.info("%s: no flex capacity until the row's deadline (%g s): sent at the standard tier", self.model, self.flex_deadline_s)
-        return await self._send(standard(request), usage, route=route, dialect_version=dialect_version, prompt_estimate=prompt_estimate,
-                                counted=counted)
+        try:
+            completion, used = await self._send(standard(request), route=route, dialect_version=dialect_version,
+                                                prompt_estimate=prompt_estimate, counted=counted)
+        except BaseException as exc:
+            raise carrying(exc, full + spent_by(exc))
+        return completion, full + used
 
-    async def _send(self, request: dict[str, Any], usage: dict[str, int], *, route: Route = "chat",
-                    dialect_version: int | None = None, prompt_estimate: int = -1, counted: int = -1) -> dict[str, Any]:
-        """One request through the limiter, the breaker and the retry policy (chat completions or embeddings).
+    async def _send(self, request: dict[str, Any], *, route: Route = "chat",
+                    dialect_version: int | None = None, prompt_estimate: int = -1, counted: int = -1) -> tuple[dict[str, Any], Usage]:
+        """One request through the limiter, the breaker and the retry policy (chat completions or embeddings):
+        the completion and what its attempts billed. A failure (``Failed``, a relearn) carries that (``spent_by``).
 
         On an endpoint met carefully (a model family known to refuse parameters, or one that refused
         something), a chat request carrying a parameter or output mode the endpoint has not answered
@@ -904,7 +940,7 @@ class Judge:
                     dialect.window_gate.leave()
                 raise _Relearn()
         try:
-            return await self._send_sized(request, usage, route, dialect_version, estimate, counted)
+            return await self._send_sized(request, route, dialect_version, estimate, counted)
         finally:
             if sizing:
                 dialect.window_gate.leave()
@@ -913,8 +949,8 @@ class Judge:
         """Neither given nor learnt: a documented window may not be this endpoint's (a deployment's own limit)."""
         return self.context_window is None and self.dialect.window is None
 
-    async def _send_sized(self, request: dict[str, Any], usage: dict[str, int], route: Route, dialect_version: int | None,
-                          estimate: int, counted: int) -> dict[str, Any]:
+    async def _send_sized(self, request: dict[str, Any], route: Route, dialect_version: int | None,
+                          estimate: int, counted: int) -> tuple[dict[str, Any], Usage]:
         def before_sleep(state: RetryCallState) -> None:
             self._fleet.before_retry(state.outcome.exception() if state.outcome else None)
 
@@ -930,18 +966,22 @@ class Judge:
                 if learning:
                     dialect.gate.leave()
                 raise _Relearn()
+        spent = NO_USAGE  # every attempt's, the retried ones' included
         try:
             breaker = current_breaker()
             clock = row_clock()
 
             async def once() -> dict[str, Any]:
+                nonlocal spent
                 if clock is not None and (left := clock.left()) is not None and left <= 0:
                     raise Failed("timeout", clock.passed())  # the row's deadline is spent: no further attempt
                 try:
-                    completion = await self._fleet.send(request, estimate, usage, breaker, route)
-                except Failed:
+                    completion, used = await self._fleet.send(request, estimate, breaker, route)
+                except Failed as failed:
+                    spent += spent_by(failed)
                     raise
                 except Exception as exc:
+                    spent += spent_by(exc)
                     if clock is not None:
                         clock.last = str(error_of(exc))
                     if judging and isinstance(exc, openai.APIStatusError) and flex_capacity(exc, request):
@@ -962,6 +1002,7 @@ class Judge:
                     elif breaker is not None and not is_local(exc):  # a failure of this process is no request of the judge's
                         breaker.request(breaker_failure(exc), base_url=self.base_url, model=request["model"])
                     raise
+                spent += used
                 if breaker is not None:
                     breaker.request(None, base_url=self.base_url, model=request["model"])
                 return completion
@@ -989,7 +1030,9 @@ class Judge:
                 raise failure from exc
             if judging and dialect.settle(request, accepted=True):
                 self.dialect.keep(self.cache, self.endpoint)
-            return completion
+            return completion, spent
+        except BaseException as exc:
+            raise carrying(exc, spent)
         finally:
             if learning:
                 dialect.gate.leave()

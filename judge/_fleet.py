@@ -43,7 +43,9 @@ from ._retry import RetryPolicy, is_local, retry_after_seconds
 from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
-from ._wire import Failed, Route, add_usage, breaker_failure, check_body, post, route_url, sdk_http, whole_request_seconds
+from ._verdict import NO_USAGE, Usage
+from ._wire import (Failed, Route, breaker_failure, carrying, check_body, post, reply_usage, route_url, sdk_http, spent_by,
+                    whole_request_seconds)
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -568,18 +570,19 @@ class Fleet:
         if wait and self.router is None:
             self.limiter.hold(wait)
 
-    async def send(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
-                    route: Route = "chat") -> dict[str, Any]:
-        """One attempt. A fleet of several routes it (:class:`Router`) and, when the endpoint it
-        went to fails the way a broken endpoint fails, sends it to another at once (no retry is spent):
-        the row is answered once, by whichever endpoint could. A hedging fleet races a straggler
-        against a second request to another endpoint (:meth:`_race`)."""
+    async def send(self, request: dict[str, Any], estimate: int, breaker: Breaker | None,
+                    route: Route = "chat") -> tuple[dict[str, Any], Usage]:
+        """One attempt: the completion and what the attempt billed (every request it sent). A fleet of several
+        routes it (:class:`Router`) and, when the endpoint it went to fails the way a broken endpoint fails,
+        sends it to another at once (no retry is spent): the row is answered once, by whichever endpoint
+        could. A hedging fleet races a straggler against a second request to another endpoint (:meth:`_race`).
+        A failed attempt's exception carries what it billed (``spent_by``)."""
         router = self.router
         if router is None:
             # One endpoint: nowhere to fail over to, but its health is still reported (``endpoints``: state, reason).
             member = self.members[0]
             try:
-                completion = await self._send_to(member, False, request, estimate, usage, breaker, route)
+                answered = await self._send_to(member, False, request, estimate, breaker, route)
             except Failed:
                 raise
             except Exception as exc:
@@ -590,34 +593,39 @@ class Fleet:
                     member.breaker.success()
                 raise
             member.breaker.success()
-            return completion
+            return answered
         if not self.hedging:
-            return await self._routed(router, request, estimate, usage, breaker, route)
-        return await self._race(request, estimate, usage, breaker, route)
+            return await self._routed(router, request, estimate, breaker, route)
+        return await self._race(request, estimate, breaker, route)
 
-    async def _race(self, request: dict[str, Any], estimate: int, usage: dict[str, int], breaker: Breaker | None,
-                    route: Route) -> dict[str, Any]:
+    async def _race(self, request: dict[str, Any], estimate: int, breaker: Breaker | None,
+                    route: Route) -> tuple[dict[str, Any], Usage]:
         """One attempt, hedged: the request goes out; if it is still unanswered at its endpoint's hedge
         deadline, the same request goes once to another endpoint, and the first answer wins (:class:`_Race`)."""
         assert self.router is not None
         race = _Race(self, asyncio.get_running_loop())
-        race.first = race.loop.create_task(self._routed(self.router, request, estimate, usage, breaker, route, race=race))
+        race.first = race.loop.create_task(self._routed(self.router, request, estimate, breaker, route, race=race))
         race.first.add_done_callback(race.settle)
-        race.args = (request, estimate, usage, breaker, route)
+        race.args = (request, estimate, breaker, route)
         try:
-            return await race.outcome
-        finally:
+            completion = await race.outcome
+        except BaseException as exc:
             await race.close()
+            raise carrying(exc, race.spent)  # both contenders' requests, the loser's included
+        await race.close()
+        return completion, race.spent
 
-    async def _routed(self, router: Router, request: dict[str, Any], estimate: int, usage: dict[str, int],
+    async def _routed(self, router: Router, request: dict[str, Any], estimate: int,
                       breaker: Breaker | None, route: Route, *, race: _Race | None = None,
-                      avoid: Member | None = None) -> dict[str, Any]:
+                      avoid: Member | None = None) -> tuple[dict[str, Any], Usage]:
         """One attempt over the fleet: routed, and failed over to another endpoint when the one it went to
         is broken. ``race``: the attempt is the first of a hedged race (its sends arm the hedge deadline);
-        ``avoid``: the attempt is the hedge of the request at that endpoint, which it never goes to."""
+        ``avoid``: the attempt is the hedge of the request at that endpoint, which it never goes to.
+        In a race, what it billed goes to the race's tally too (a cancelled loser's request was sent)."""
         tried: list[Member] = []
         last: BaseException | None = None
         turn: asyncio.Event | None = None  # this request's place in line while it waits unrouted
+        spent = NO_USAGE  # every endpoint this attempt went to
         try:
             while True:
                 picked = router.pick(tried if avoid is None else [*tried, avoid])
@@ -648,8 +656,13 @@ class Fleet:
                 turn = None
                 probe = router.take(member)
                 try:
-                    completion = await self._send_to(member, probe, request, estimate, usage, breaker, route,
-                                                     race=race, hedge=avoid is not None)
+                    try:
+                        completion, used = await self._send_to(member, probe, request, estimate, breaker, route,
+                                                               race=race, hedge=avoid is not None)
+                    except BaseException as exc:
+                        spent += spent_by(exc)
+                        raise
+                    spent += used
                 except _Skipped:
                     tried.append(member)
                     continue
@@ -674,9 +687,13 @@ class Fleet:
                     if probe:
                         member.breaker.probing = False  # answered or not, the probe is over
                 member.breaker.success()
-                return completion
+                return completion, spent
+        except BaseException as exc:
+            raise carrying(exc, spent)
         finally:
             router.leave(turn)
+            if race is not None:
+                race.spent += spent
 
     def _down(self, breaker: Breaker | None) -> Failed:
         """Every endpoint of the fleet is out: the run's breaker trips, naming each and why."""
@@ -690,10 +707,12 @@ class Fleet:
             breaker.trip(trip)
         return Failed(trip.kind, f"not sent: {trip.describe()}")  # type: ignore[arg-type]
 
-    async def _send_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int, usage: dict[str, int],
+    async def _send_to(self, member: Member, probe: bool, request: dict[str, Any], estimate: int,
                        breaker: Breaker | None, route: Route = "chat", *, race: _Race | None = None,
-                       hedge: bool = False) -> dict[str, Any]:
-        """One attempt on one endpoint: a limiter slot, the request, and the checks a well-formed completion passes."""
+                       hedge: bool = False) -> tuple[dict[str, Any], Usage]:
+        """One request to one endpoint: a limiter slot, the request, and the checks a well-formed completion passes.
+        Returns the completion and its Usage (one request and the reply's tokens); once the request is sent, its
+        failure carries one request (``spent_by``)."""
         limiter = member.limiter
         async with limiter.slot(estimate):
             # Checked once the slot is ours: a request queued for a slot when the breaker tripped is not sent,
@@ -702,7 +721,6 @@ class Fleet:
                 raise Failed(breaker.tripped.kind, f"not sent: the run stopped because {breaker.tripped.describe()}")  # type: ignore[arg-type]
             if self.router is not None and member.breaker.down and not probe:
                 raise _Skipped()  # taken out while this one waited for its slot: another endpoint sends it
-            usage["attempts"] += 1
             member.sent()
             if hedge:
                 member.stats.hedges.sent += 1
@@ -725,6 +743,7 @@ class Fleet:
                     post(member.client(), request, route, wire)
                 raw, completion = await _within_row_deadline(sending, member.client(), clock, route)
             except openai.APIStatusError as refused:
+                carrying(refused, Usage(requests=1))  # it was sent and answered: a request
                 if flex_capacity(refused, request):
                     raise  # flex has no capacity now: not a rate limit, so the pacer, the hold and the 429 count learn nothing
                 member.replied(refused.status_code, time.monotonic() - sent_at)
@@ -738,23 +757,27 @@ class Fleet:
             except Exception as exc:
                 if is_local(exc):  # failed here, not at the endpoint: no request, no error of the endpoint's
                     member.unsent()
-                    usage["attempts"] -= 1
-                else:
-                    member.failed()
-                raise
+                    raise
+                member.failed()
+                raise carrying(exc, Usage(requests=1))
+            except BaseException as exc:  # cancelled on the wire (a hedge race's loser): the request was sent
+                raise carrying(exc, Usage(requests=1))
             finally:
                 if clock is not None and not hedge:  # a hedge runs beside the first request: the row's time is the first's
                     clock.spend(time.monotonic() - sent_at)
         if not isinstance(completion, dict):
             member.failed()
-            raise ValueError("completion body is not a JSON object")  # a malformed 200: transient
+            raise carrying(ValueError("completion body is not a JSON object"), Usage(requests=1))  # a malformed 200: transient
         member.replied(raw.status_code, time.monotonic() - sent_at)
         spent = completion.get("usage") or {}
-        add_usage(usage, spent, completion.get("service_tier") or request.get("service_tier"))
-        limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
-        await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
-        check_body(completion, request, route)
-        return completion
+        used = reply_usage(spent, completion.get("service_tier") or request.get("service_tier"))
+        try:
+            limiter.observe(raw.status_code, raw.headers, sent_at=sent_at, tokens=int(spent.get("total_tokens") or 0) or estimate)
+            await limiter.settle(estimate, int(spent.get("total_tokens") or 0))
+            check_body(completion, request, route)
+        except BaseException as exc:
+            raise carrying(exc, used)  # answered and billed, but no completion to use
+        return completion, used
 
 
 async def _within_row_deadline(sending: Any, client: Any, clock: RowClock | None, route: Route) -> Any:
@@ -782,21 +805,22 @@ class _Race:
     """
 
     __slots__ = ("fleet", "loop", "outcome", "first", "hedge", "args", "member", "sent_at", "attempt", "winner", "error",
-                 "hedge_member")
+                 "hedge_member", "spent")
 
     def __init__(self, fleet: Fleet, loop: asyncio.AbstractEventLoop) -> None:
         self.fleet = fleet
         self.loop = loop
         self.outcome: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.first: asyncio.Task[dict[str, Any]] | None = None
-        self.hedge: asyncio.Task[dict[str, Any]] | None = None
+        self.first: asyncio.Task[tuple[dict[str, Any], Usage]] | None = None
+        self.hedge: asyncio.Task[tuple[dict[str, Any], Usage]] | None = None
         self.args: tuple[Any, ...] = ()
         self.member: Member | None = None  # where the first request is now
         self.sent_at = 0.0
         self.attempt = 0
-        self.winner: asyncio.Task[dict[str, Any]] | None = None
+        self.winner: asyncio.Task[tuple[dict[str, Any], Usage]] | None = None
         self.error: BaseException | None = None
         self.hedge_member: Member | None = None  # where the hedge was sent, once it is
+        self.spent = NO_USAGE  # what both contenders billed, each adding its own as it ends
 
     def armed(self, member: Member) -> None:
         """The first request reached the wire at ``member``: its hedge deadline starts now.
@@ -834,13 +858,13 @@ class _Race:
         self.hedge = self.loop.create_task(fleet._routed(fleet.router, *self.args, race=self, avoid=member))
         self.hedge.add_done_callback(self.settle)
 
-    def settle(self, task: asyncio.Task[dict[str, Any]]) -> None:
+    def settle(self, task: asyncio.Task[tuple[dict[str, Any], Usage]]) -> None:
         if self.outcome.done():
             return
         error = asyncio.CancelledError() if task.cancelled() else task.exception()
         if error is None:
             self.winner = task
-            self.outcome.set_result(task.result())
+            self.outcome.set_result(task.result()[0])  # the usage is the race's: both contenders add theirs to ``spent``
             return
         if task is self.first:
             self.error = error

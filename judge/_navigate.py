@@ -25,8 +25,8 @@ from ._cache import cache_key
 from ._parse import Reading, read_completion
 from ._rubric import PromptOverflow, Room, Rubric, RubricInputError
 from ._trajectory import Steps, fit
-from ._verdict import Verdict
-from ._wire import Failed
+from ._verdict import NO_USAGE, Verdict
+from ._wire import Failed, spent_by
 
 if TYPE_CHECKING:
     from ._client import Judge
@@ -120,12 +120,12 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
     if "tool" in judge.dialect.refused_modes:
         return await judge.judge_once(rubric, row)  # no tools here: the budgeted view
     started = time.perf_counter()
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "attempts": 0}
+    spent = NO_USAGE  # every round's requests
     mode = rubric.ask_modes[0]
     var = rubric.trajectory_variables[0]
 
     def finish(**fields: Any) -> Verdict:
-        return Verdict(latency_s=time.perf_counter() - started, mode=mode, **usage, **fields)
+        return Verdict(latency_s=time.perf_counter() - started, mode=mode, usage=spent, **fields)
 
     room = judge.room(rubric)
     overview_room = Room(room.tokens // 2 if room.tokens is not None else None, room.counter)
@@ -154,9 +154,17 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
                 reservation = await judge.budget.start(used, 1024, model=judge.model)
                 if reservation is None:
                     return finish(status="skipped", error_kind="budget", error=judge.budget.reason())
-            before = usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]
+            billed = NO_USAGE
             try:
-                completion = await judge._send(request, usage)
+                try:
+                    completion, billed = await judge._send(request)
+                except BaseException as exc:
+                    billed = spent_by(exc)
+                    raise
+                finally:  # before the verdict below is made: it counts this round's requests too
+                    spent += billed
+                    if reservation is not None:
+                        judge.budget.settle(reservation, billed.prompt_tokens, billed.completion_tokens, billed.cached_tokens)
             except Failed as failure:
                 if failure.output_format:  # this endpoint takes no tools: remember it, and show the budgeted view
                     judge.dialect.refuse_mode("tool")
@@ -165,10 +173,6 @@ async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verd
                 return finish(status="error", error_kind=failure.kind, error=f"navigation round {round_}: {failure}", coverage=coverage)
             except judge.RELEARN:  # a parameter fix (or the window) was learnt mid-navigation: the plain view is asked instead
                 return await judge.judge_once(rubric, row)
-            finally:
-                if reservation is not None:
-                    judge.budget.settle(reservation, usage["prompt_tokens"] - before[0], usage["completion_tokens"] - before[1],
-                                        usage["cached_tokens"] - before[2])
         message = ((completion.get("choices") or [{}])[0] or {}).get("message") or {}
         calls = [c for c in message.get("tool_calls") or [] if (c.get("function") or {}).get("name") in NAMES]
         navigation = _coverage(coverage, seen, answer_tokens, round_)

@@ -65,13 +65,23 @@ class Usage(BaseModel):
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(**{name: getattr(self, name) + getattr(other, name) for name in Usage.model_fields})
+        mine, theirs = self.__dict__, other.__dict__
+        # Zero is the identity and a Usage is immutable: the wire adds one per request to a tally that is mostly
+        # zero (one attempt, one endpoint), so those sums cost no new model.
+        if not any(theirs.values()):
+            return self
+        if not any(mine.values()):
+            return other
+        return Usage(**{name: count + theirs[name] for name, count in mine.items()})
 
     def __radd__(self, other: Any) -> Usage:
         """``sum(usages)`` starts from 0."""
         if other == 0:
             return self
         return NotImplemented
+
+
+NO_USAGE = Usage()  # the identity of ``+``: a Usage is immutable, so every tally on the wire starts from this one
 
 
 class PanelInfo(BaseModel):

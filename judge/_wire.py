@@ -25,7 +25,7 @@ import openai
 from ._dialect import answered, error_fields, names_output_format, on_wire
 from ._retry import is_local, is_not_recorded
 from ._reward_model import NoScore, read_reward, server_root
-from ._verdict import ErrorKind
+from ._verdict import NO_USAGE, ErrorKind, Usage
 from ._window import overflow_of
 
 if TYPE_CHECKING:
@@ -376,14 +376,25 @@ async def _post(client: Any, request: Mapping[str, Any], route: Route, fast: Fas
             await close()  # a stream cut off at the deadline gives its connection back
 
 
-def add_usage(usage: dict[str, int], spent: Mapping[str, Any], tier: str | None = None) -> None:
-    """Add a reply's ``usage`` to a judgement's running counts (``tier``: the service tier that billed it)."""
+def reply_usage(spent: Mapping[str, Any], tier: str | None = None) -> Usage:
+    """The request that got this reply and the reply's ``usage``, as a Usage (``tier``: the service tier that billed it;
+    a flex reply's counts are its flex part too)."""
     counts = usage_counts(spent)
-    for name, value in counts.items():
-        usage[name] = usage.get(name, 0) + value
-    if tier == "flex":
-        for name, value in counts.items():
-            usage[f"flex_{name}"] = usage.get(f"flex_{name}", 0) + value
+    return Usage(requests=1, **counts, **({f"flex_{name}": value for name, value in counts.items()} if tier == "flex" else {}))
+
+
+def spent_by(exc: BaseException) -> Usage:
+    """What the requests that ended in ``exc`` billed (a failed request is a request too); nothing sent: zero."""
+    spent = getattr(exc, "gradekit_usage", None)
+    return spent if isinstance(spent, Usage) else NO_USAGE
+
+
+def carrying(exc: BaseException, spent: Usage) -> BaseException:
+    """``exc`` saying ``spent`` (all the raising scope sent, the failed attempt's included) to the code that counts it.
+
+    A failure leaves the wire as an exception, so it carries its usage: the caller adds it like a reply's."""
+    exc.gradekit_usage = spent  # type: ignore[attr-defined]
+    return exc
 
 
 def usage_counts(spent: Mapping[str, Any]) -> dict[str, int]:

@@ -160,3 +160,27 @@ async def test_weighted_yaml_with_a_python_part() -> None:
         assert grade.score == pytest.approx((3 * exact + 1 * length) / 4)  # type: ignore[operator]
     finally:
         await grader.aclose()
+
+
+async def test_a_composite_grades_usage_is_its_judge_parts_sum(fake, make_judge) -> None:
+    """Issue 47: the judge parts' requests and tokens reach the composite's Grade.usage (what a run's summary counts)."""
+    from gradekit.graders._llm import llm_grader
+    from gradekit.judge import Usage
+    from gradekit.judge.testing import Reply
+
+    spent = {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}
+    fake.push(Reply(status=500), Reply(content="<answer>Yes</answer>", usage=spent), Reply(content="<answer>No</answer>", usage=spent))
+    judge = make_judge()
+    tone = llm_grader(judge, "tone", mapping={"tone": "references.tone"})
+    nested = formula_grader({"inner": weighted_grader({"tone": (tone, 1.0), "exact": (fixed(1.0), 1.0)}),
+                             "again": llm_grader(judge, "tone", mapping={"tone": "references.tone"})}, "inner + again")
+    grade = await nested(SAMPLE.model_copy(update={"references": {"tone": "polite"}}))
+    assert grade.status == "ok", grade.error
+    assert grade.usage == Usage(prompt_tokens=600, completion_tokens=40, requests=len(fake.chat_requests())) and grade.usage.requests == 3
+    assert grade.parts["inner"].parts["exact"].usage is None, "a deterministic part asked no judge"
+    assert grade.metrics == {"inner.score": grade.parts["inner"].score, "again.score": grade.parts["again"].score}
+
+
+async def test_a_composite_without_a_judge_has_no_usage() -> None:
+    grade = await weighted_grader({"a": (fixed(1.0), 1.0), "b": (fixed(None, "invalid", "no answer"), 1.0)})(SAMPLE)
+    assert grade.status == "invalid" and grade.usage is None and grade.cache_hits == 0

@@ -273,3 +273,19 @@ async def test_a_request_cancelled_while_it_waits_unrouted_leaves_no_turn_behind
     router.leave(head)  # the head is routed
     later = await asyncio.wait_for(router.wait_turn(None, 0.01), 2.0)  # a newcomer is head now: it wakes on its own
     router.leave(later)
+
+
+async def test_a_failed_over_rows_usage_counts_both_endpoints_requests() -> None:
+    """Issue 47: the request the broken endpoint refused and the one that answered are both the row's."""
+    from gradekit.judge.testing import Reply, auto_reply
+
+    spent = {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}
+    with FakeProvider(responder=lambda body: Reply(status=503)) as broken, \
+            FakeProvider(responder=lambda body: auto_reply(body).model_copy(update={"usage": spent})) as working:
+        judge = Judge("fake-judge", base_url=[broken.base_url, working.base_url], api_key="k", limiter=Limiter(concurrency=1))
+        async with judge:
+            verdicts = [await judge.judge(EN, row) for row in rows(12)]
+        refused, answered = broken.chat_requests(), working.chat_requests()
+    assert all(v.ok for v in verdicts) and refused and len(answered) == 12
+    assert sum(v.usage.requests for v in verdicts) == len(refused) + len(answered)
+    assert sum(v.usage.prompt_tokens for v in verdicts) == 40 * 12 and sum(v.usage.completion_tokens for v in verdicts) == 4 * 12

@@ -121,3 +121,54 @@ def test_a_grader_run_resumes_only_for_the_same_config_and_judge(tmp_path) -> No
     assert "already complete" not in runner.invoke(app, [*args, "--model", "another-judge"]).output
     config.write_text("type: string_match\nexpression: '{{references.answer}}'\noperation: PARTIAL_MATCH\n", encoding="utf-8")
     assert "already complete" not in runner.invoke(app, [*args, "--model", "another-judge"]).output
+
+
+LLM_PART = "{type: llm, rubric: tone, map: {response: response, tone: references.tone}}"
+MIXED = {  # an LLM judge beside a deterministic part, in each composite form and nested in another
+    "weighted": f"type: weighted\nparts:\n  tone: {{weight: 1, {LLM_PART[1:]}\n"
+                "  exact: {weight: 1, type: string_check, input: '{{response}}', reference: 'Thank you kindly.', operation: eq}\n",
+    "formula": f"type: formula\nformula: 0.5 * tone + 0.5 * exact\ngraders:\n  tone: {LLM_PART}\n"
+               "  exact: {type: string_check, input: '{{response}}', reference: 'Thank you kindly.', operation: eq}\n",
+    "formula_over_weighted": f"type: formula\nformula: inner\ngraders:\n  inner:\n    type: weighted\n    parts:\n"
+                             f"      tone: {{weight: 1, {LLM_PART[1:]}\n"
+                             "      exact: {weight: 1, type: string_check, input: '{{response}}', reference: 'x', operation: ne}\n",
+}
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, id=k) for k in MIXED])
+def test_a_composite_run_counts_its_judge_parts_tokens_requests_and_cost(tmp_path, kind) -> None:
+    """Issue 47's defect: a weighted or formula grader's run reported 0 tokens, 0 requests and $0."""
+    config, prices = tmp_path / "mixed.yaml", tmp_path / "prices.yaml"
+    config.write_text(MIXED[kind], encoding="utf-8")
+    prices.write_text("fake-judge: {input: 1.0, output: 2.0}\n", encoding="utf-8")
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(source, [{"response": "Thank you kindly.", "tone": "polite"}, {"response": "Whatever.", "tone": "polite"}])
+    spent = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
+    script = [Reply(content="<answer>Yes</answer>", usage=spent), Reply(status=500), Reply(content="<answer>No</answer>", usage=spent)]
+    with FakeProvider(script=script) as fake:
+        result = runner.invoke(app, ["grade", str(source), "--grader", str(config), "-o", str(output), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--model", "fake-judge", "--no-cache", "--concurrency", "1", "--timeout", "5",
+                                     "--prices", str(prices), "--json"])
+        sent = len(fake.chat_requests())
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert sent == 3 and summary["requests"] == sent, "the retried 500 is a request too"
+    assert (summary["prompt_tokens"], summary["completion_tokens"]) == (2000, 200)
+    assert summary["cost_usd"] == pytest.approx((2000 * 1.0 + 200 * 2.0) / 1e6)
+    rows = _read(output)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["metrics"]
+
+
+def test_a_composite_row_whose_judge_failed_says_its_attempts(tmp_path) -> None:
+    config = tmp_path / "mixed.yaml"
+    config.write_text(MIXED["weighted"], encoding="utf-8")
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(source, [{"response": "Thank you kindly.", "tone": "polite"}])
+    with FakeProvider(script=[Reply(status=403)]) as fake:
+        result = runner.invoke(app, ["grade", str(source), "--grader", str(config), "-o", str(output), "--base-url", fake.base_url,
+                                     "--api-key", "k", "--no-cache", "--timeout", "5", "--json"])
+        sent = len(fake.chat_requests())
+    assert result.exit_code == 1
+    row = _read(output)[0]
+    assert row["status"] == "error" and row["error_kind"] == "bad_request" and row["attempts"] == sent == 1
+    assert json.loads(result.output)["requests"] == 1

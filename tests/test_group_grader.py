@@ -311,3 +311,18 @@ def test_spread_counts_groups_too_easy_and_too_hard(groups, counts) -> None:
 
     report = reward_spread(groups)
     assert (report.too_easy_groups, report.too_hard_groups) == counts
+
+
+async def test_a_groups_usage_is_its_members_sum(fake: FakeProvider, make_judge) -> None:
+    """Issue 47: what the members' judges billed adds up in GroupResult.usage and the judge_calls metric."""
+    fake.set_responder(zh_judge)
+    grader = group_grader(llm_grader(make_judge(), "semantic_equivalence_zh"), checks=TrajectoryChecks(require_tool_call=True, tools=[SEARCH_TOOL]))
+    members = [traj(*SEARCHED, {"role": "assistant", "content": "答案是景栗科技和薪勤科技"}),
+               traj({"role": "assistant", "content": "景栗科技和薪勤科技"}),  # answered without searching: a check, no judge
+               traj(*SEARCHED, {"role": "assistant", "content": "只有薪勤科技"})]
+    result = await grader(seed_sample(), members)
+    assert result.status == GroupStatus.SUCCESS, result.error
+    sent = len(fake.chat_requests())
+    assert sent == 2 and result.usage is not None and result.usage.requests == sent and result.metrics["judge_calls"] == sent
+    assert result.usage.prompt_tokens == sum(g.usage.prompt_tokens for g in result.grades if g.usage is not None) > 0
+    assert result.grades[1].usage is None

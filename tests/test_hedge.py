@@ -101,6 +101,7 @@ async def test_a_hung_request_is_hedged_to_the_other_endpoint_and_cancelled(flee
     assert hedges.won >= 1 and hedges.sent == hedges.won + hedges.lost
     mine = [r for f in fleet for r in f.chat_requests() if "q-59" in r.body["messages"][-1]["content"]]
     assert len(mine) == 2  # the first request and its hedge, on two different endpoints
+    assert verdicts[59].usage.requests == 2, "the hung request and its hedge are both the row's (the loser was sent)"
     assert len(a.chat_requests()) + len(b.chat_requests()) <= 60 + hedges.sent
     assert any("q-59" in r.body["messages"][-1]["content"] for r in a.chat_requests())
     assert any("q-59" in r.body["messages"][-1]["content"] for r in b.chat_requests())

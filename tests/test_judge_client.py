@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
-from gradekit.judge import JudgeCache, Limiter, RetryPolicy, load_rubric
+from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from gradekit.judge.testing import FakeProvider, Reply
 
 from .conftest import reference_judge, verdict_json
@@ -264,3 +265,37 @@ async def test_a_hold_also_stops_requests_already_waiting_in_the_pacer() -> None
     await asyncio.gather(request(True), *(request(False) for _ in range(3)))
     resume = entered[0] + 0.3
     assert len(entered) == 4 and all(t >= resume - 0.01 for t in entered[1:])
+
+
+@pytest.mark.parametrize("concurrency", [pytest.param(1, id="one_at_a_time"), pytest.param(8, id="eight_learning_together")])
+async def test_every_request_a_judgement_sent_is_in_its_usage(concurrency: int) -> None:
+    """Issue 47: the wire returns each attempt's Usage and a failure carries its own, so a verdict counts the 400s
+    that taught the dialect a fix, the retried 5xx and the re-asked reply alike: the verdicts' requests sum to what
+    the provider saw, and their tokens to what it billed."""
+    from gradekit.judge.testing import auto_reply
+
+    billed: list[dict] = []
+    lock = threading.Lock()
+
+    def answer(body: dict) -> Reply:
+        reply = auto_reply(body)
+        spent = {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55}
+        with lock:
+            billed.append(spent)
+            if len(billed) % 5 == 2:
+                return Reply(status=503)  # transient: retried
+        return reply.model_copy(update={"usage": spent})
+
+    en = load_rubric("semantic_equivalence_en")
+    rows = [{"question": f"q-{i}", "references": ["x"], "prediction": "x"} for i in range(12)]
+    with FakeProvider(dialect="openai-reasoning", responder=answer) as fake:  # it refuses temperature: a 400 to learn from
+        judge = Judge("gpt-5-mini", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=concurrency),
+                      retry=RetryPolicy(max_attempts=4, initial_wait=0.01, max_wait=0.05))
+        async with judge:
+            verdicts = await asyncio.gather(*(judge.judge(en, row) for row in rows))
+        seen = fake.chat_requests()
+    assert all(v.ok for v in verdicts), [v.error for v in verdicts if not v.ok]
+    assert any(r.status == 400 for r in seen) and any(r.status == 503 for r in seen)
+    assert sum(v.usage.requests for v in verdicts) == len(seen)
+    answered = sum(r.status == 200 for r in seen)
+    assert sum(v.usage.prompt_tokens for v in verdicts) == 50 * answered and sum(v.usage.completion_tokens for v in verdicts) == 5 * answered

@@ -29,6 +29,7 @@ def test_a_verdict_is_at_most_15_fields_and_its_values_add_up() -> None:
     assert a + b == Usage(prompt_tokens=15, completion_tokens=2, reasoning_tokens=1, cached_tokens=4, saved_prompt_tokens=7,
                           saved_completion_tokens=3, requests=1)
     assert sum([a, b]) == a + b == sum([a, b], Usage()), "sum() starts from 0 or from Usage()"
+    assert a + Usage() == Usage() + a == a and b + a == a + b and Usage() + Usage() == Usage(), "zero is the identity"
     # Flat keys still build one (so the client stays short); each lands in its value.
     flat = Verdict(status="ok", score=1.0, prompt_tokens=3, attempts=2, agreement=0.5, jurors=[], mode="tags",
                    score_source="logprobs")

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
-from gradekit.judge import JudgeProtocol, Rubric, Verdict
+from gradekit.judge import JudgeProtocol, Rubric, Usage, Verdict
 from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from gradekit.judge._redact import redact_url
 from gradekit.judge._rubric import rubric_fingerprint
@@ -441,7 +441,7 @@ def grader_row(row: Mapping[str, Any], grade: Grade, extra: tuple[str, ...] = ()
         "parts": {name: part.score for name, part in grade.parts.items()} or None,
         "metrics": dict(grade.metrics) or None,
         # Requests the grader's judges sent for a failed row (None: no judge was asked, or the row is ok).
-        "attempts": _judge_attempts(grade) if grade.status != "ok" else None,
+        "attempts": grade.usage.requests if grade.status != "ok" and grade.usage is not None else None,
         **{column: grade.columns.get(column) for column in extra},
     }
 
@@ -449,11 +449,6 @@ def grader_row(row: Mapping[str, Any], grade: Grade, extra: tuple[str, ...] = ()
 def grader_columns(grader: Any) -> tuple[str, ...]:
     """The extra output columns a grader declares (``output_columns``: math_equivalence's ``parsed``)."""
     return tuple(c for c in getattr(grader, "output_columns", ()) if c not in GRADER_COLUMNS)
-
-
-def _judge_attempts(grade: Grade) -> int | None:
-    counts = [int(v) for k, v in grade.metrics.items() if k.endswith("judge_attempts")]
-    return sum(counts) if counts else None
 
 
 async def grade_file_with(
@@ -967,6 +962,18 @@ class _Tally:
             self.agreement_sum += value
             self.agreement_n += 1
 
+    def _usage(self, usage: Usage, cache_hits: int) -> None:
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.cached_tokens += usage.cached_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
+        for part in ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens"):
+            if getattr(usage, f"flex_{part}"):
+                self.flex[part] += getattr(usage, f"flex_{part}")
+        self.requests += usage.requests
+        self.cache_hits += cache_hits
+
     def _hybrid(self, decided_by: str) -> None:
         """A hybrid grade: the path that decided it, and the two judge calls a symbolic decision made needless."""
         self.hybrid = True
@@ -974,43 +981,17 @@ class _Tally:
         self.saved += 2 * (decided_by == "symbolic")
 
     def add(self, verdict: Any) -> None:
-        """Count a Verdict, or a grader's Grade (no label, tokens or requests of its own)."""
+        """Count a Verdict, or a grader's Grade (its usage is its judges', a composite's summed over its parts)."""
         self.verdicts += 1
         read = getattr(verdict, "read", None)  # a Verdict's; a grader's Grade names no served judge
         self.served.add(self.verdicts, getattr(read, "served_model", None), getattr(read, "system_fingerprint", None))
         label = None
-        if isinstance(verdict, Grade):  # an LLM grader reports its judge's tokens as metrics, maybe per part
-            for name, value in verdict.metrics.items():
-                if name.endswith("judge_prompt_tokens"):
-                    self.prompt_tokens += int(value)
-                elif name.endswith("judge_completion_tokens"):
-                    self.completion_tokens += int(value)
-                elif name.endswith("judge_reasoning_tokens"):
-                    self.reasoning_tokens += int(value)
-                elif name.endswith("judge_cached_tokens"):
-                    self.cached_tokens += int(value)
-                elif name.endswith("judge_cache_write_tokens") and "flex_" not in name:
-                    self.cache_write_tokens += int(value)
-                elif (part := name.rpartition("judge_flex_")[2]) and "judge_flex_" in name:
-                    self.flex[part] += int(value)
-                elif name.endswith("judge_cached"):
-                    self.cache_hits += int(value)
-                elif name.endswith("judge_attempts"):
-                    self.requests += int(value)
+        if isinstance(verdict, Grade):
+            self._usage(verdict.usage or Usage(), verdict.cache_hits)
             if verdict.columns.get("decided_by") is not None:  # a hybrid grader: symbolic or judge
                 self._hybrid(str(verdict.columns["decided_by"]))
         else:
-            usage = verdict.usage
-            self.prompt_tokens += usage.prompt_tokens
-            self.completion_tokens += usage.completion_tokens
-            self.reasoning_tokens += usage.reasoning_tokens
-            self.cached_tokens += usage.cached_tokens
-            self.cache_write_tokens += usage.cache_write_tokens
-            for part in ("prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "reasoning_tokens"):
-                if getattr(usage, f"flex_{part}"):
-                    self.flex[part] += getattr(usage, f"flex_{part}")
-            self.requests += usage.requests
-            self.cache_hits += verdict.cached
+            self._usage(verdict.usage, int(verdict.cached))
             label = verdict.label
             if verdict.panel is not None:
                 self._panel(verdict.panel.decided_by, verdict.panel.agreement)
