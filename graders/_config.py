@@ -131,7 +131,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -261,14 +261,28 @@ class JudgeSettings(BaseModel):
         """
         if self.jury is not None and command_line.model is None and not command_line.base_url:
             return self.spec()
-        block = self._block() if defaults is None else defaults.merge(self._block())
-        return block.merge(command_line)
+        return JudgeSpec.merge(defaults or JudgeSpec(), self._block(), command_line)
 
     @model_validator(mode="after")
     def _one_way_to_the_judge(self) -> JudgeSettings:
         if self.base_url and self.endpoints:
             raise ValueError("give base_url or endpoints (a fleet), not both")
         return self
+
+
+@dataclass(frozen=True)
+class FileJudge:
+    """A judge made from the grader file's ``judge:`` block, on first need: how a front door puts its own layers of
+    judge settings over (and beneath) the file's (``make(settings)``; called bare, with no file: ``make(None)``).
+
+    The typed way to say "this factory reads the file's block": a bare Judge, or a plain ``() -> Judge``, is used as
+    it is and the block is not read.
+    """
+
+    make: Callable[[JudgeSettings | None], JudgeProtocol]
+
+    def __call__(self) -> JudgeProtocol:
+        return self.make(None)
 
 
 def problems(error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None, *, tagged: bool = False) -> str:
@@ -352,7 +366,7 @@ class _Builder:
             try:
                 if self._judge is not None:
                     # A factory that reads the file's judge settings (the CLI's: a fleet declared in the file) gets them.
-                    self.made_judge = self._judge(self.settings) if getattr(self._judge, "reads_settings", False) else self._judge()
+                    self.made_judge = self._judge.make(self.settings) if isinstance(self._judge, FileJudge) else self._judge()
                 else:
                     self.made_judge = self.settings.build()
             except ValueError as e:
@@ -434,8 +448,8 @@ def load_grader(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol 
 
     Args:
         source: the file, or the config itself.
-        judge: the Judge for LLM nodes (or a function making one on first need); by default
-            one is built from the file's ``judge:`` block and the environment.
+        judge: the Judge for LLM nodes (or a function making one on first need; a :class:`FileJudge`
+            to make it from the file's ``judge:`` block); by default one is built from that block and the environment.
         media_root: the folder a label_model's local image paths are read from (a run's input
             folder); a path outside it is refused, and without it a local path is.
     """

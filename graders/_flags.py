@@ -21,7 +21,7 @@ JUDGE_FLAGS: dict[str, str] = {
     "limits.rps": "--rps", "limits.tpm": "--tpm", "limits.concurrency": "--concurrency", "limits.adapt": "--no-adapt",
     "limits.url": "--limiter", "limits.key": "--limiter-key", "max_cost_usd": "--max-cost", "max_tokens": "--max-tokens",
     "prices": "--prices", "context_window": "--context-window", "api": "--api", "service_tier": "--service-tier",
-    "flex_deadline_s": "--flex-deadline",
+    "flex_deadline_s": "--flex-deadline", "hedge": "--hedge",
 }
 FLAGS: dict[str, str] = {
     **JUDGE_FLAGS,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import openai
@@ -24,7 +25,7 @@ from ._budget import Budget
 from ._cache import JudgeCache, cache_key
 from ._embeddings import Embeddings, embedding_key
 from ._checklist import bind_row, row_text, unbound
-from ._deadline import ROW_DEADLINE_FACTOR, row_clock, row_scope
+from ._deadline import DEFAULT_TIMEOUT_S, ROW_DEADLINE_FACTOR, row_clock, row_scope
 from ._dialect import Fix, ask_mode_of, dialect_of, error_fields, names_output_format, parameter_fix, user_fix
 from ._fastwire import wanted as fast_wire_wanted
 from ._fleet import Endpoint, EndpointStats, Fleet, endpoints_of
@@ -49,6 +50,9 @@ from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_share
                     takes_prompt_cache_key)
 from ._wire import (Failed, Route, breaker_failure, carrying, error_of, local_message, served_of, spent_by, status_detail, status_error_kind,
                     status_message, status_text, usage_counts, vectors_of)
+
+if TYPE_CHECKING:
+    from ._spec import JudgeSpec
 
 log = logging.getLogger("gradekit.judge")
 Api = Literal["chat", "responses", "anthropic"]
@@ -126,8 +130,16 @@ def _failed_here(exc: BaseException, started: float) -> Verdict:
 class Judge:
     """Asks an OpenAI-compatible model to apply a rubric and returns a Verdict, never an exception.
 
+    Two ways to say which judge: ``Judge(spec, limiter=..., cache=..., budget=...)`` with a
+    :class:`~judge.JudgeSpec` (what every front door builds, layered with ``JudgeSpec.merge``), or
+    ``Judge(model, base_url=..., timeout=...)`` with the spec's fields as keywords (the library's
+    first form, kept: it reads well in a notebook). With a spec, its fields are given in the spec,
+    not beside it (a keyword that repeats one is a TypeError); the run's parts (``limiter``,
+    ``cache``, ``budget``, ``retry``, ``sleep``, ``warm``, ``fast_wire``) are keywords either way,
+    and without ``limiter`` a spec that gives ``limits`` gets a limiter of its own built from them.
+
     Args:
-        model: model name; defaults to $GRADEKIT_MODEL, else gpt-4o-mini.
+        model: model name (or a JudgeSpec); defaults to $GRADEKIT_MODEL, else gpt-4o-mini.
         base_url: API root; defaults to $OPENAI_BASE_URL, else OpenAI. A list of roots is a fleet
             (:mod:`gradekit.judge._fleet`): one judge served by several replicas, keys or regions.
         api_key: defaults to $OPENAI_API_KEY; local servers that need none get a placeholder. With
@@ -195,12 +207,12 @@ class Judge:
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | JudgeSpec | None = None,
         *,
         base_url: str | Sequence[str] | None = None,
         api_key: str | Sequence[str] | None = None,
         endpoints: Sequence[Endpoint | Mapping[str, Any]] | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         limiter: RequestLimiter | None = None,
         cache: JudgeCache | None = None,
         retry: RetryPolicy | None = None,
@@ -220,6 +232,17 @@ class Judge:
         fast_wire: bool | None = None,
         row_deadline: float | None = None,
     ) -> None:
+        if model is not None and not isinstance(model, str):  # a JudgeSpec (judge._spec imports this module, so not by name)
+            given = locals()
+            beside = sorted(name for name, default in _SPEC_KEYWORDS.items() if given[name] != default)
+            if beside:
+                raise TypeError(f"Judge(spec, ...): give {', '.join(beside)} in the spec (JudgeSpec.merge puts one over another), "
+                                "not beside it")
+            if limiter is None and model.limits.given:
+                limiter = model.limiter()
+            self.__init__(**model.judge_keywords(), limiter=limiter, cache=cache, retry=retry, sampling=sampling,  # type: ignore[misc]
+                          sleep=sleep, budget=budget, warm=warm, fast_wire=fast_wire)
+            return
         self.model = model or os.environ.get("GRADEKIT_MODEL") or DEFAULT_MODEL
         if context_window is not None and context_window < 1:
             raise ValueError(f"context_window must be at least 1 token, got {context_window}")
@@ -1111,6 +1134,13 @@ class Judge:
         kind: ErrorKind = "timeout" if code in ("request_timeout", "batch_expired") else "server_error"
         text = f"{code}: {message}" if code else (message or "the request failed without an error message")
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
+
+
+# The keywords that are a JudgeSpec's fields (judge._spec; tests/test_spec_doors.py holds the two lists equal), with their
+# defaults: Judge(spec, ...) refuses one given beside the spec.
+_SPEC_KEYWORDS = {name: p.default for name, p in inspect.signature(Judge.__init__).parameters.items()
+                  if name in ("base_url", "api_key", "endpoints", "timeout", "params", "logprobs", "max_prompt_tokens", "hedge",
+                              "context_window", "api", "service_tier", "flex_deadline_s", "prompt_cache_key", "row_deadline")}
 
 
 def _message_text(message: Mapping[str, Any]) -> str:

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+DEFAULT_TIMEOUT_S = 60.0  # seconds one request may take (judge._spec.DEFAULTS.timeout): first byte, every gap, the total
 ROW_DEADLINE_FACTOR = 3.0  # the default row deadline, in request timeouts: three whole attempts
 
 

@@ -2,9 +2,10 @@
 
 The command line, a grader file's ``judge:`` block, a cascade.json judge and a Ray worker each
 describe a judge; they all say it as a :class:`JudgeSpec` (or a :class:`JurySpec`), layer them with
-:meth:`JudgeSpec.merge`, and get the judge from :meth:`JudgeSpec.build`, the one caller of
-``Judge(...)``. A field left ``None`` is *not given*: a merge keeps the other side's, a build sends
-nothing for it (the Judge's default holds), so "unset" never turns into a value on the wire.
+:meth:`JudgeSpec.merge` (lowest first: the environment, a grader file's ``judge:``, the command line, a
+server's or a Ray worker's settings) and get the judge from ``Judge(spec)`` (:meth:`JudgeSpec.build`).
+A field left ``None`` is *not given*: a merge keeps the layer beneath's, a build sends nothing for it
+and :data:`DEFAULTS` holds, so "unset" never turns into a value and a default never counts as given.
 
 Errors name spec fields (``params``, ``limits.concurrency``); a front door that has flags maps a
 field to its own flag (graders/cli's flag table), so the judge core never names one.
@@ -16,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from ._deadline import DEFAULT_TIMEOUT_S
+
 if TYPE_CHECKING:
     from ._budget import Budget
     from ._cache import JudgeCache
@@ -24,6 +27,10 @@ if TYPE_CHECKING:
     from ._hedge import HedgePolicy
     from ._jury import Jury
     from ._limiter import RequestLimiter
+
+
+DEFAULT_CONCURRENCY = 16  # requests in flight at once, per limiter
+DEFAULT_ADAPT = True  # pace to the provider's rate-limit headers and 429s
 
 
 def _merged(mine: Any, theirs: Any) -> Any:
@@ -41,9 +48,12 @@ class Limits:
     url: str | None = None  # where the limit is shared: None (this process), redis://..., "ray"
     key: str | None = None  # the shared budget's name [base_url|model]
 
-    def merge(self, other: Limits) -> Limits:
-        """These limits with every field ``other`` gives put over them."""
-        return Limits(**{f.name: _merged(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
+    def merge(self, *layers: Limits) -> Limits:
+        """These limits with every field each layer gives put over them, in order (the last layer wins)."""
+        merged = self
+        for other in layers:
+            merged = Limits(**{f.name: _merged(getattr(merged, f.name), getattr(other, f.name)) for f in fields(self)})
+        return merged
 
     @property
     def given(self) -> bool:
@@ -55,8 +65,9 @@ class Limits:
 
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"`limits.concurrency` must be at least 1, not {self.concurrency}")
-        return limiter_from_url(self.url, rps=self.rps, tpm=self.tpm, concurrency=16 if self.concurrency is None else self.concurrency,
-                                adapt=True if self.adapt is None else self.adapt, key=self.key or default_key)
+        return limiter_from_url(self.url, rps=self.rps, tpm=self.tpm,
+                                concurrency=DEFAULT_CONCURRENCY if self.concurrency is None else self.concurrency,
+                                adapt=DEFAULT_ADAPT if self.adapt is None else self.adapt, key=self.key or default_key)
 
 
 @dataclass(frozen=True)
@@ -99,19 +110,31 @@ class JudgeSpec:
                                                      for e in endpoints)
         return cls(model=model, base_url=many(base_url), api_key=many(api_key), endpoints=fleet, **rest)
 
-    def merge(self, other: JudgeSpec) -> JudgeSpec:
-        """This spec with what ``other`` gives put over it: the one rule every layering of judge settings uses.
+    def merge(self, *layers: JudgeSpec) -> JudgeSpec:
+        """This spec with each layer put over it in order: the one rule every layering of judge settings uses.
 
-        A field ``other`` gives wins; ``params`` and ``limits`` merge field by field (``other``'s keys
-        win); where the judge is (``base_url``/``endpoints``) is replaced as a whole.
+        ``JudgeSpec.merge(environment, grader_file, command_line)`` reads lowest first. A field a layer
+        gives wins over the layers beneath; ``params`` and ``limits`` merge field by field (the higher
+        layer's keys win); where the judge is (``base_url``/``endpoints``) is replaced as a whole.
         """
+        merged = self
+        for other in layers:
+            merged = merged._over(other)
+        return merged
+
+    def _over(self, other: JudgeSpec) -> JudgeSpec:
         where = ({"base_url": other.base_url, "endpoints": other.endpoints} if other.base_url or other.endpoints
                  else {"base_url": self.base_url, "endpoints": self.endpoints})
         params = None if self.params is None and other.params is None else {**(self.params or {}), **(other.params or {})}
-        simple = {name: _merged(getattr(self, name), getattr(other, name))
-                  for name in ("model", "api_key", "timeout", "max_prompt_tokens", "logprobs", "hedge", "context_window", "api",
-                               "service_tier", "flex_deadline_s", "prompt_cache_key", "row_deadline")}
+        simple = {f.name: _merged(getattr(self, f.name), getattr(other, f.name))
+                  for f in fields(self) if f.name not in ("base_url", "endpoints", "params", "limits")}
         return replace(self, **simple, **where, params=params, limits=self.limits.merge(other.limits))
+
+    @property
+    def given(self) -> set[str]:
+        """The fields this spec sets (``limits.rps`` for a limit): what a layer says, as pydantic's ``model_fields_set``."""
+        top = {f.name for f in fields(self) if f.name != "limits" and getattr(self, f.name) is not None}
+        return top | {f"limits.{f.name}" for f in fields(self.limits) if getattr(self.limits, f.name) is not None}
 
     @property
     def first_base_url(self) -> str | None:
@@ -126,23 +149,29 @@ class JudgeSpec:
 
     def build(self, *, cache: JudgeCache | None = None, budget: Budget | None = None,
               limiter: RequestLimiter | None = None) -> Judge:
-        """The Judge this spec describes, sharing the run's ``cache``, ``budget`` and ``limiter``.
+        """``Judge(self, ...)``: the Judge this spec describes, sharing the run's ``cache``, ``budget`` and ``limiter``.
 
         Without ``limiter``: one built from ``limits`` when any is given, else the process's limiter.
         """
         from ._client import Judge
 
-        if limiter is None and self.limits.given:
-            limiter = self.limiter()
-        given = {name: value for name, value in (("timeout", self.timeout), ("max_prompt_tokens", self.max_prompt_tokens), ("hedge", self.hedge),
-                                                 ("context_window", self.context_window), ("api", self.api),
-                                                 ("service_tier", self.service_tier), ("flex_deadline_s", self.flex_deadline_s),
-                                                 ("prompt_cache_key", self.prompt_cache_key), ("row_deadline", self.row_deadline))
-                 if value is not None}
-        base_url: Any = list(self.base_url) if self.base_url else None
-        api_key: Any = list(self.api_key) if self.api_key else None
-        return Judge(self.model, base_url=base_url, api_key=api_key, endpoints=list(self.endpoints) if self.endpoints else None,
-                     params=dict(self.params or {}), logprobs=self.logprobs, limiter=limiter, cache=cache, budget=budget, **given)
+        return Judge(self, limiter=limiter, cache=cache, budget=budget)
+
+    def judge_keywords(self) -> dict[str, Any]:
+        """The spec as ``Judge``'s keyword arguments, only those it gives (the Judge's defaults, :data:`DEFAULTS`, hold
+        for the rest); ``limits`` is not one: ``Judge(spec)`` builds its limiter from them."""
+        keywords = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "limits" and getattr(self, f.name) is not None}
+        for name in ("base_url", "api_key", "endpoints"):
+            if name in keywords:
+                keywords[name] = list(keywords[name])
+        if "params" in keywords:
+            keywords["params"] = dict(keywords["params"])
+        return keywords
+
+
+# The defaults, in one place: what a judge uses for a field no layer gives. A front door shows them (the CLI's
+# --help) but never sets them, so a layer beneath (a grader file's judge:) is never replaced by a default.
+DEFAULTS = JudgeSpec(timeout=DEFAULT_TIMEOUT_S, limits=Limits(concurrency=DEFAULT_CONCURRENCY, adapt=DEFAULT_ADAPT))
 
 
 @dataclass(frozen=True)
@@ -152,6 +181,10 @@ class JurySpec:
     jurors: tuple[JudgeSpec, ...]
     aggregate: str | None = None  # majority, mean, min, unanimous [majority for labels, mean for scores]
     quorum: int | None = None  # [a majority of the jury]
+
+    def merge(self, *layers: JudgeSpec) -> JurySpec:
+        """This jury with each layer put over every juror (a server's ``hedge``, say), as :meth:`JudgeSpec.merge` does."""
+        return replace(self, jurors=tuple(juror.merge(*layers) for juror in self.jurors))
 
     def build(self, *, cache: JudgeCache | None = None, budget: Budget | None = None,
               limiter: RequestLimiter | None = None) -> Jury:

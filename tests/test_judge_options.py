@@ -7,7 +7,7 @@ import pytest
 import typer
 
 from gradekit.graders.cli import app
-from gradekit.graders.cli._judge_options import _DECLARED, parse_judge_params
+from gradekit.graders.cli._judge_options import OPTION_NAMES, parse_judge_params
 
 JUDGE_COMMANDS = ["grade", "meta-eval", "probe", "validate"]
 
@@ -23,7 +23,7 @@ def _options(command: str) -> dict:
 def test_every_judge_command_takes_every_judge_option_with_one_help(command: str) -> None:
     mine = _options(command)
     reference = _options("grade")
-    for name, *_ in _DECLARED:
+    for name in OPTION_NAMES:
         assert name in mine, f"{command} lacks the judge option {name}"
         assert (mine[name].opts, mine[name].help, mine[name].envvar) == (reference[name].opts, reference[name].help, reference[name].envvar)
 

@@ -82,12 +82,13 @@ def _settings(base_url: str, source: Path) -> dict:
     return rubric_settings(Judge("fake-judge", base_url=base_url, api_key="k"), rubric, {v: v for v in rubric.variables})
 
 
-def _spec(base_url: str, **options):
+def _spec(base_url: str, *, limiter: str = "ray", rps: float | None = None, cache: str | None = None, no_cache: bool = True):
     from gradekit.graders.runs._ray import worker_spec
+    from gradekit.judge._spec import JudgeSpec, Limits
 
-    settings = {"limiter": "ray", "limiter_key": f"{base_url}|fake-judge", "rps": None, "tpm": None, "concurrency": 4,
-                "cache": None, "no_cache": True, **options}
-    return worker_spec(rubric=load_rubric(RUBRIC), model="fake-judge", base_url=base_url, api_key="k", timeout=30, **settings)
+    judge = JudgeSpec.of("fake-judge", base_url=base_url, api_key="k", timeout=30,
+                         limits=Limits(url=limiter, key=f"{base_url}|fake-judge", rps=rps, concurrency=4))
+    return worker_spec(rubric=load_rubric(RUBRIC), judge=judge, cache=cache, no_cache=no_cache)
 
 
 def _run(spec, source: Path, output: Path, base_url: str, **options):

@@ -113,7 +113,7 @@ def align(
             return await run_align(judge, optimiser, spec, labelled_set, output, rubric_name=rubric,
                                    label_policy=(name or None, version or None), fractions=fractions, seed=seed,  # type: ignore[arg-type]
                                    rounds=rounds, examples=examples, guidelines=guidelines, margin=margin, confidence=confidence,
-                                   concurrency=opts.concurrency * 4, budget=budget, on_round=on_round, on_judged=show.judged)
+                                   concurrency=opts.in_flight * 4, budget=budget, on_round=on_round, on_judged=show.judged)
         finally:
             await judge.aclose()
             if optimiser is not judge:

@@ -77,7 +77,7 @@ def answer_meta_eval_command(suites: list[str], rubric: str | None, modes: list[
             reports = []
             for name, rows in loaded:
                 report = await answer_meta_eval(name, rows, symbolic=symbolic, rubric=spec, judges=judges, require=require,  # type: ignore[arg-type]
-                                                concurrency=max(1, opts.concurrency // 2) + 2)
+                                                concurrency=max(1, opts.in_flight // 2) + 2)
                 keep = {m for m in chosen}
                 report.results = [r for r in report.results if r.mode in keep]
                 reports.append(report)

@@ -95,7 +95,7 @@ def fit(
             return await fit_cascade(judges, spec, rows, human, samples=samples, confidence=confidence,  # type: ignore[arg-type]
                                      target=target, delta=delta, split_delta=split_delta, rubric_name=rubric,
                                      human_column=human_column, demonstrations=demonstrations, seed=seed,
-                                     concurrency=opts.concurrency * 4)
+                                     concurrency=opts.in_flight * 4)
         finally:
             for j in judges:
                 await j.aclose()

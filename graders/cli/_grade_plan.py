@@ -206,7 +206,7 @@ def plan_of(command: Command) -> GradePlan:
         judge_defaults=None if panel else beneath, tiebreak=opts.spec(a.tiebreak_model) if a.tiebreak_model else None,
         cache=False if no_cache else opts.resolved_cache_path(),
         # --concurrency is per endpoint: a fleet on the command line keeps each of them as busy.
-        concurrency=opts.concurrency * max(1, len(opts.base_url)), resume=not a.restart, keep_going=a.keep_going,
+        concurrency=opts.in_flight * max(1, len(opts.base_url)), resume=not a.restart, keep_going=a.keep_going,
         retry_errors=a.retry_errors, group_by=a.group_by, encoding=a.encoding, keep_reasoning=a.keep_reasoning,
         swap=not a.no_swap, on_conflict=a.on_conflict, batch=a.batch, batch_poll=a.batch_poll, ray=a.ray_address,
         ray_workers=a.ray_workers, canary=a.canary, canary_every=a.canary_every, on_drift=a.on_drift)  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ def meta_eval(
         return
     if rubric is None:
         raise fail("give a pairwise rubric with -r (llmbar_pairwise, arena_hard_pairwise or a .yaml spec)")
-    models, concurrency = opts.model, opts.concurrency
+    models, concurrency = opts.model, opts.in_flight
     cascade_spec = None
     if cascade is not None:
         from gradekit.judge import CascadeSpec

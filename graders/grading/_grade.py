@@ -301,7 +301,7 @@ class _Run:
 
         The checkpoint is keyed by the config's bytes and the judge the plan names, so another judge starts over.
         """
-        from .._config import load_grader
+        from .._config import FileJudge, load_grader
         from .._evals import EvalGrader, run_figures
         from ..runs._file import grade_file_with
         from ..runs._io import InputError, written_rows
@@ -310,7 +310,7 @@ class _Run:
         assert config is not None
         if not config.exists():
             raise InputError(f"{config}: no such grader config")
-        grader = load_grader(config, judge=self.make_judge, media_root=_media_root(self.source))
+        grader = load_grader(config, judge=FileJudge(self.make_judge), media_root=_media_root(self.source))
         settings = {"config": hashlib.sha256(config.read_bytes()).hexdigest(), **self._endpoint()}
         try:
             progress = self.watch()
@@ -410,7 +410,7 @@ class _Run:
         from gradekit.judge._client import DEFAULT_MODEL
         from gradekit.judge._spec import Limits
 
-        from .._config import load_grader
+        from .._config import FileJudge, load_grader
         from .._sample import aclose_grader
         from ..runs._file import rubric_settings
         from ..runs._io import InputError
@@ -456,9 +456,8 @@ class _Run:
                     if settings is not None:
                         self.file_judge(settings)
 
-                layered.reads_settings = True  # type: ignore[attr-defined]
                 # Built here too, only for its name (part of the checkpoint) and to fail before any actor starts.
-                local = load_grader(plan.grader, judge=layered)  # type: ignore[arg-type]
+                local = load_grader(plan.grader, judge=FileJudge(layered))  # type: ignore[arg-type]
                 asyncio.run(aclose_grader(local))
                 settings = {"grader": getattr(local, "__name__", type(local).__name__), "mapping": dict(self.mapping),
                             "config": hashlib.sha256(plan.grader.read_bytes()).hexdigest(), "model": model or DEFAULT_MODEL,
@@ -482,9 +481,6 @@ class _Run:
 
         price(summary, self.budget.prices, model or DEFAULT_MODEL)
         return GradeRun(summary=summary, model=model or DEFAULT_MODEL, ray=info)
-
-
-_Run.make_judge.reads_settings = True  # type: ignore[attr-defined]  # a grader config hands it its judge: block
 
 
 class GradeError(ValueError):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from gradekit._extras import MissingExtra
+from gradekit.judge._spec import DEFAULT_CONCURRENCY
 
 from ._ray_worker import JudgeWorker, WorkerSpec
 
@@ -231,20 +232,17 @@ class ActorPool:
                 pass
 
 
-def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, judge: JudgeSpec | None = None, cache: str | None,
-                no_cache: bool, judge_defaults: JudgeSpec | None = None, **fields: Any) -> WorkerSpec:
-    """The actors' settings: ``judge`` (a spec), or its fields one by one (model, base_url, api_key, timeout, limiter,
-    limiter_key, rps, tpm, concurrency, adapt, params); ``judge_defaults``: what the environment gives, beneath a grader
-    file's judge block (``judge`` is then the command line's alone). The API key is read here, on the driver, so nodes
-    need no secret of their own."""
-    spec = WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, cache=cache,
-                      no_cache=no_cache, judge_defaults=judge_defaults, **fields)
-    judge = judge if judge is not None else spec.judge_spec()
+def worker_spec(*, rubric: Any = None, grader_config: Path | None = None, judge: JudgeSpec, cache: str | None, no_cache: bool,
+                judge_defaults: JudgeSpec | None = None) -> WorkerSpec:
+    """The actors' settings: ``judge`` (a spec; with a grader file the command line's layer) and ``judge_defaults`` (the
+    environment's layer, beneath a grader file's judge block). The API key is read here, on the driver, so nodes need
+    no secret of their own."""
     key = os.environ.get("OPENAI_API_KEY")
     if not judge.api_key and key:
         judge = replace(judge, api_key=(key,))
-    spec.judge, spec.concurrency = judge, judge.limits.concurrency or spec.concurrency
-    return spec
+    return WorkerSpec(rubric=rubric, grader_config=str(grader_config.resolve()) if grader_config else None, judge=judge,
+                      judge_defaults=judge_defaults, concurrency=judge.limits.concurrency or DEFAULT_CONCURRENCY, cache=cache,
+                      no_cache=no_cache)
 
 
 async def run_on_pool(pool: ActorPool, run: Callable[[Callable[[Any], Awaitable[Any]], int], Awaitable[Any]]) -> Any:

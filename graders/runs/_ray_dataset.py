@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._ray_worker import JudgeWorker, WorkerSpec
+
+if TYPE_CHECKING:
+    from gradekit.judge._spec import Limits
 
 
 class _GradeBatches:
@@ -70,20 +73,20 @@ def _missing(value: Any) -> bool:
         return False
 
 
-def _limiter_settings(limiter: Any) -> dict[str, Any]:
-    """A limiter (object or URL) -> what each actor needs to build its own share of it."""
-    if limiter is None:
-        return {"limiter": "ray"}
-    if isinstance(limiter, str):
-        return {"limiter": limiter}
+def _limits(limiter: Any, concurrency: int) -> Limits:
+    """A limiter (object or URL) -> the limits each actor builds its own share of it from."""
+    from gradekit.judge._spec import Limits
+
+    if limiter is None or isinstance(limiter, str):
+        return Limits(url=limiter or "ray", key="default", concurrency=concurrency)
     from gradekit.judge import Limiter, RayLimiter, SharedLimiter
 
     if isinstance(limiter, RayLimiter):
-        return {"limiter": "ray", "rps": limiter.rps, "tpm": limiter.tpm, "limiter_key": limiter.key, "concurrency": limiter.concurrency}
+        return Limits(url="ray", rps=limiter.rps, tpm=limiter.tpm, key=limiter.key, concurrency=limiter.concurrency)
     if isinstance(limiter, SharedLimiter):
-        return {"limiter": limiter.url, "rps": limiter.rps, "tpm": limiter.tpm, "limiter_key": limiter.key, "concurrency": limiter.concurrency}
+        return Limits(url=limiter.url, rps=limiter.rps, tpm=limiter.tpm, key=limiter.key, concurrency=limiter.concurrency)
     if isinstance(limiter, Limiter):  # each actor its own copy: the rates multiply by the pool size
-        return {"limiter": None, "rps": limiter.rps, "tpm": limiter.tpm, "concurrency": limiter.concurrency}
+        return Limits(url=None, rps=limiter.rps, tpm=limiter.tpm, key="default", concurrency=limiter.concurrency)
     raise TypeError(f"limiter must be a limiter URL ('ray', 'redis://...') or a Limiter, RayLimiter or SharedLimiter, not {type(limiter).__name__}")
 
 
@@ -125,25 +128,26 @@ def grade_dataset(
     import os
 
     from gradekit.judge import Rubric, load_rubric
+    from gradekit.judge._spec import JudgeSpec
 
     from ._ray import default_workers, import_ray
 
     import_ray()
     if isinstance(grader_or_rubric, (str, os.PathLike)):
         grader_or_rubric = load_rubric(grader_or_rubric)
-    settings = {"concurrency": concurrency, **_limiter_settings(limiter)}
+    limits = _limits(limiter, concurrency)
+    # The judge as a spec: what the arguments give, else this process's environment (read here, on the driver).
+    judge = JudgeSpec.of(model or os.environ.get("GRADEKIT_MODEL"), base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
+                         api_key=api_key or os.environ.get("OPENAI_API_KEY"), limits=limits)
+    common = {"judge": judge, "concurrency": limits.concurrency, "cache": cache, "no_cache": cache is None}
     if isinstance(grader_or_rubric, Rubric):
         variables = {var: var for var in grader_or_rubric.variables}
         variables.update(mapping or {})
-        spec = WorkerSpec(rubric=grader_or_rubric, **settings)
+        spec = WorkerSpec(rubric=grader_or_rubric, **common)
         mapped: dict[str, str] | None = variables
     else:
-        spec = WorkerSpec(grader=grader_or_rubric, **settings)
+        spec = WorkerSpec(grader=grader_or_rubric, **common)
         mapped = dict(mapping) if mapping else None
-    spec.model = model or os.environ.get("GRADEKIT_MODEL")
-    spec.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-    spec.api_key = api_key or os.environ.get("OPENAI_API_KEY")
-    spec.cache, spec.no_cache = cache, cache is None
     import ray.data
 
     size = workers or default_workers() if ray_initialized() else (workers or 1)

@@ -7,12 +7,11 @@ and the actor's code is the same whether the file runner or :func:`grade_dataset
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from gradekit.judge._spec import JudgeSpec
+from gradekit.judge._spec import DEFAULT_CONCURRENCY, JudgeSpec
 
 
 class WorkerSpec(BaseModel):
@@ -25,34 +24,14 @@ class WorkerSpec(BaseModel):
     rubric: Any = None  # a Rubric (pickled whole, so a user's spec need not be on the node)
     grader_config: str | None = None  # or: the path of a grader config
     grader: Any = None  # or: a grader callable (grade_dataset), shipped by cloudpickle
-    model: str | None = None
-    base_url: str | list[str] | None = None  # several: a fleet, each endpoint a bucket of the limiter actor
-    api_key: str | list[str] | None = None
-    timeout: float = 60.0
-    limiter: str | None = "ray"  # a limiter URL: "ray" (the cluster's actor), redis://..., None (this actor only)
-    limiter_key: str = "default"
-    rps: float | None = None
-    tpm: float | None = None
-    concurrency: int = 16
-    adapt: bool = True  # self-pacing to the provider's rate-limit headers and 429s (--no-adapt: False)
+    # The judge as one judge._spec.JudgeSpec (limits.url: "ray", the cluster's actor; redis://...; None, this actor only).
+    # With a grader file it is the command line's layer, over the file's judge block, as in a local run.
+    judge: Any = None
+    # With a grader file: the environment's layer (OPENAI_BASE_URL, GRADEKIT_MODEL, ...), beneath the file's block.
+    judge_defaults: Any = None
+    concurrency: int = DEFAULT_CONCURRENCY  # grades in flight per actor (a rubric's judge paces with its own limiter too)
     cache: str | None = None  # a SQLite path (each node its own file) or redis://host:port/db
     no_cache: bool = False
-    params: dict[str, Any] = {}  # the judge parameters (--judge-param and its shorthands)
-    judge: Any = None  # the judge as one judge._spec.JudgeSpec (the command line's); it wins over the fields above
-    # With a grader file: the environment's judge (OPENAI_BASE_URL, GRADEKIT_MODEL, --timeout's default), a JudgeSpec
-    # beneath the file's judge block, which ``judge`` (then the command line's alone) goes over.
-    judge_defaults: Any = None
-
-    def judge_spec(self) -> JudgeSpec:
-        """The judge these settings describe; a grader config's ``judge:`` block goes beneath it, as in a local run."""
-        from gradekit.judge._spec import JudgeSpec, Limits
-
-        if self.judge is not None:
-            return self.judge
-
-        limits = Limits(rps=self.rps, tpm=self.tpm, concurrency=self.concurrency, adapt=self.adapt, url=self.limiter, key=self.limiter_key)
-        return JudgeSpec.of(self.model, base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, params=self.params or None,
-                            limits=limits)
 
 
 class JudgeWorker:
@@ -67,24 +46,21 @@ class JudgeWorker:
 
         self.spec = spec
         self.cache = None if spec.no_cache else open_cache(spec.cache)
-        judge = spec.judge_spec()
+        judge = spec.judge or JudgeSpec()
         self.limiter = judge.limiter()
 
         defaults = spec.judge_defaults
 
         def make_judge(settings: Any = None) -> Any:
-            if settings is None:
-                wanted = judge if defaults is None else defaults.merge(judge)
-            else:
-                wanted = settings.under(judge, defaults)
+            # The layers a local run has: the environment, a grader file's judge: block, the command line.
+            wanted = JudgeSpec.merge(defaults or JudgeSpec(), judge) if settings is None else settings.under(judge, defaults)
             return wanted.build(limiter=self.limiter, cache=self.cache)
 
-        make_judge.reads_settings = True  # type: ignore[attr-defined]
         self.judge = make_judge() if spec.rubric is not None else None
         if spec.grader_config is not None:
-            from .._config import load_grader
+            from .._config import FileJudge, load_grader
 
-            self.grader = load_grader(spec.grader_config, judge=make_judge)
+            self.grader = load_grader(spec.grader_config, judge=FileJudge(make_judge))
         else:
             self.grader = spec.grader
         self._slots: asyncio.Semaphore | None = None

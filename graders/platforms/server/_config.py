@@ -69,8 +69,9 @@ from pydantic import (
 from gradekit.judge import configure_limiter
 from gradekit.judge._hedge import HedgePolicy
 from gradekit.judge._files import read_data_file
+from gradekit.judge._spec import JudgeSpec
 
-from ..._config import GraderConfigError, load_grader, load_group_members
+from ..._config import FileJudge, GraderConfigError, JudgeSettings, load_grader, load_group_members
 from ..._members import GroupPolicy
 from ._computers import (
     BaseRewardComputer,
@@ -243,12 +244,12 @@ def build_computer(config: ServerConfig) -> BaseRewardComputer:
             path = config.base / path
         judge = None
         if config.hedge is not None:
-            hedge = config.hedge
+            server = JudgeSpec(hedge=config.hedge)  # the server config's layer, over the grader file's judge (and every juror)
 
-            def judge(settings: Any) -> Any:  # the grader file's judge, with the server config's hedge setting
-                return settings.model_copy(update={"hedge": hedge}).build()
+            def made(settings: JudgeSettings | None) -> Any:
+                return (server if settings is None else settings.spec().merge(server)).build()
 
-            judge.reads_settings = True  # type: ignore[attr-defined]
+            judge = FileJudge(made)
         try:
             if _is_group_file(path):
                 grader, policy = load_group_members(path, judge=judge)
