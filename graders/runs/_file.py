@@ -125,9 +125,9 @@ def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
     for pair in pairs:
         var, sep, column = pair.partition("=")
         if not sep or not var or not column:
-            raise InputError(f"--map {pair!r}: expected VAR=COLUMN")
+            raise InputError(f"`mapping` {pair!r}: expected VAR=COLUMN")
         if var not in rubric.variables:
-            raise InputError(f"--map {pair!r}: rubric {rubric.name!r} has no variable {var!r} (it has: {', '.join(rubric.variables)})")
+            raise InputError(f"`mapping` {pair!r}: rubric {rubric.name!r} has no variable {var!r} (it has: {', '.join(rubric.variables)})")
         mapping[var] = column
     return mapping
 
@@ -218,7 +218,7 @@ def _map_hint(missing: Mapping[str, str], columns: Iterable[str], mapping: Mappi
             guess = close[0] if close else None
         if guess is not None:
             free.remove(guess)
-        hints.append(f"--map {var}={guess or 'COLUMN'}")
+        hints.append(f"`mapping` {var}={guess or 'COLUMN'}")
     return f"map {'it' if len(hints) == 1 else 'them'} with {' '.join(hints)}"
 
 
@@ -525,7 +525,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
     group_by, resume, keep_going, retry_errors = options.group_by, options.resume, options.keep_going, options.retry_errors
     header = source.columns
     if group_by is not None and header is not None and group_by not in header:
-        raise InputError(f"{source}: --group-by column {group_by!r} is not in the file; columns are {', '.join(header)}")
+        raise InputError(f"{source}: `group_by` column {group_by!r} is not in the file; columns are {', '.join(header)}")
     checkpoint = Checkpoint(source, destination, settings)
     state = checkpoint.load() if resume or retry_errors else None
     warnings = [checkpoint.warning] if (resume or retry_errors) and checkpoint.warning else []
@@ -547,8 +547,8 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
         # An empty output is this run's own placeholder (created to lock its inode), not an earlier run's rows.
         written = destination.exists() and destination.stat().st_size > 0
         if state is None and (written or checkpoint.path.exists()):
-            raise InputError(f"--retry-errors: {destination} has no checkpoint from an earlier run of this command (same input "
-                             "and settings), so its rows cannot be matched to the input; run without --retry-errors")
+            raise InputError(f"`retry_errors`: {destination} has no checkpoint from an earlier run of this command (same input "
+                             "and settings), so its rows cannot be matched to the input; run without `retry_errors`")
         if state is not None:
             previous = _previous_rows(destination, state)
     if previous is None and state is not None and state.get("complete"):
@@ -655,7 +655,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
         if canary is not None and trip.kind == "drift":
             raise BreakerTripped(trip, canary.message(where), summary)
         raise BreakerTripped(trip, f"{trip.describe()}. Stopped early: {where}; fix it and run the same command again "
-                                   "to resume (--keep-going turns this check off).", summary)
+                                   "to resume (`keep_going` turns this check off).", summary)
     return summary
 
 
