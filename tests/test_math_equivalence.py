@@ -71,13 +71,13 @@ def test_math_verify_suite_agrees_through_grade(tmp_path: Path) -> None:
     summary = json.loads(done.stdout)
     cases, out = rows_of(CASES), rows_of(tmp_path / "out.jsonl")
     assert len(cases) > 100 and len(out) == len(cases) == summary["rows"]
-    departed = {}
+    departed, said = {}, {}
     for case, row in zip(cases, out):
         assert row["id"] == case["id"] and row["parsed"] is not None
         got = {1.0: "equal", -1.0: "different"}.get(row["score"], f"{row['status']}/{row['error_kind']}")
         if got != case["expected"]:
-            departed[case["id"]] = got
-    assert set(departed) == set(DEPARTURES), departed
+            departed[case["id"]], said[case["id"]] = got, row["error"]
+    assert set(departed) == set(DEPARTURES), (departed, said)  # the row's error says what an unexpected departure was
     assert all(DEPARTURES[k].startswith(v.split("/")[-1] if v.startswith("invalid") else v) for k, v in departed.items()), departed
 
 
