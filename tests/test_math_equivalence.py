@@ -269,6 +269,53 @@ def test_the_host_kills_a_stuck_worker_and_resends_what_was_queued_behind_it() -
         pool.close()
 
 
+LOADS_ON_THE_THIRD_TRY = r'''
+import json, os, sys
+out = os.fdopen(os.dup(1), "wb", buffering=0)
+tries = len(os.listdir("."))  # the pool's scratch folder (the worker's working directory) counts the starts
+open(f"start-{tries}", "w").close()
+if tries < 2:
+    os._exit(9)  # dies while loading, before its ready line
+out.write(b'{"ready": true}\n')
+for line in sys.stdin.buffer:
+    request = json.loads(line)
+    out.write((json.dumps({"id": request["id"], "outcome": "equal", "detail": str(tries)}) + "\n").encode())
+'''
+
+NEVER_LOADS = r'''
+import os
+os._exit(9)
+'''
+
+
+def test_a_worker_that_dies_while_loading_hands_every_request_to_the_next() -> None:
+    """No request reached a worker that never loaded: the head request is re-sent too, not failed."""
+    # no sandbox: its private /tmp would forget the starts the source counts in its working directory
+    pool = CheckerPool(name="stub checker", workers=1, memory_mb=None, sandbox="none", packages=(), source=LOADS_ON_THE_THIRD_TRY)
+    try:
+        futures = [pool.submit({"gold": "1", "response": f"ok {i}"}, 5) for i in range(3)]
+        replies = [f.result(timeout=60) for f in futures]
+        assert [(r["outcome"], r["detail"]) for r in replies] == [("equal", "2")] * 3, replies
+        assert pool.counts["died"] == 2 and pool.counts["spawned"] == 3 and pool.load_error is None
+    finally:
+        pool.close()
+
+
+def test_a_checker_that_never_loads_fails_its_requests_and_refuses_the_next() -> None:
+    pool = CheckerPool(name="stub checker", workers=2, memory_mb=None, sandbox="auto", packages=(), source=NEVER_LOADS)
+    try:
+        replies = [f.result(timeout=60) for f in [pool.submit({"gold": "1", "response": "x"}, 5) for _ in range(3)]]
+        assert all((r["outcome"], r["error_kind"]) == ("error", "verifier_error") and "died while loading" in r["detail"]
+                   for r in replies), replies
+        assert pool.counts["died"] == 6  # three tries per worker place, then the pool gives up
+        spawned = pool.counts["spawned"]
+        late = pool.submit({"gold": "1", "response": "x"}, 5).result(timeout=60)
+        assert late["error_kind"] == "verifier_error" and "died while loading" in late["detail"]
+        assert pool.counts["spawned"] == spawned  # refused without a new start
+    finally:
+        pool.close()
+
+
 # ---- the grader's seam and config errors -----------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ from ._pool import json_line, kill_group
 
 DEPTH = 4  # requests in flight per worker: enough to hide the round trip, few to re-send after a kill
 START_TIMEOUT = 60.0  # seconds a worker may take to load its libraries
+LOAD_TRIES = 3  # per worker place: load deaths in a row (no worker loaded between them) before the requests fail
 MARGIN = 0.5  # seconds past a request's own timeout before the host kills its worker
 
 
@@ -111,6 +112,7 @@ class CheckerPool:
         self.closed = False
         self.load_error: str | None = None
         self.counts = collections.Counter()  # spawned, sent, answered, killed (deadline), died, resent
+        self._load_deaths = 0  # workers that died or stalled while loading since one last loaded
         self._stopping = threading.Event()  # set by the shutdown, which may run while the I/O thread still runs (at exit)
         self._finalizer = weakref.finalize(self, CheckerPool._shutdown, self._slots, self._home, self._wake_w, self._stopping)
 
@@ -256,6 +258,7 @@ class CheckerPool:
             if not slot.ready:
                 if reply.get("ready"):
                     slot.ready = True
+                    self._load_deaths = 0
                     slot.head_since = time.monotonic()
                     continue
                 error = f"{self.name}: the checker could not load ({reply.get('error')})"
@@ -286,15 +289,27 @@ class CheckerPool:
             except (subprocess.TimeoutExpired, ValueError):
                 pass
         if not slot.ready:
-            error = f"{self.name}: the checker died while loading ({how})"
-            self._retire(slot, _error("verifier_error", error), "died")
-            if time.monotonic() - slot.started < START_TIMEOUT and self.counts["died"] >= 3 * self.workers and not self.counts["answered"]:
-                with self._lock:
-                    self.load_error = error
-                self._fail_all(error)
+            self._load_failed(slot, f"{self.name}: the checker died while loading ({how})")
             return
         memory = f" (memory cap {self.memory_mb} MiB)" if self.memory_mb else ""
         self._retire(slot, _error("verifier_error", f"the checker died during the check, {how}{memory}; it was replaced", True), "died")
+
+    def _load_failed(self, slot: _Slot, error: str) -> None:
+        """A worker died or stalled before it loaded: no request reached it, so all it held goes to a new one.
+
+        A slow first start (a cold import under a loaded machine, a memory cap hit while loading) says
+        nothing about the requests. Only ``LOAD_TRIES`` such losses per worker place in a row, with no
+        worker loading between them, fail what is queued; a pool that never loaded at all refuses from then on.
+        """
+        self._retire(slot, None, "died")
+        self._load_deaths += 1
+        if self._load_deaths < LOAD_TRIES * self.workers:
+            return
+        self._load_deaths = 0
+        if not self.counts["answered"]:
+            with self._lock:
+                self.load_error = error
+        self._fail_all(error)
 
     def _fail_all(self, error: str) -> None:
         with self._lock:
@@ -315,7 +330,7 @@ class CheckerPool:
             if not slot.ready:
                 deadline = slot.started + START_TIMEOUT
                 if now >= deadline:
-                    self._retire(slot, _error("verifier_error", f"the checker did not load within {START_TIMEOUT:g} s"), "died")
+                    self._load_failed(slot, f"{self.name}: the checker did not load within {START_TIMEOUT:g} s")
                     continue
             elif slot.inflight:
                 head = slot.inflight[0]
