@@ -155,6 +155,30 @@ def compile_formula(formula: str, names: Sequence[str]) -> Node:
     return _node(tree.body, formula, known)
 
 
+def formula_text(formula: str, *, variable: Callable[[str], str], binary: Callable[[type, str, str], str],
+                 negate: Callable[[str], str], call: Callable[[str, list[str]], str]) -> str:
+    """A checked formula (:func:`compile_formula`) written out in another syntax, OpenAI's calculate_output or a
+    standalone file's Python: one walk of the tree, the target saying how it writes a grader's name, an operator
+    (``ast.Add`` ... ``ast.Pow``) over two written operands, a negation and a function call."""
+    tree = ast.parse(formula.replace("^", "**").strip(), mode="eval")
+
+    def emit(node: ast.AST) -> str:
+        if isinstance(node, ast.Constant):
+            return repr(float(node.value))
+        if isinstance(node, ast.Name):
+            return variable(node.id)
+        if isinstance(node, ast.BinOp):
+            return binary(type(node.op), emit(node.left), emit(node.right))
+        if isinstance(node, ast.UnaryOp):
+            return negate(emit(node.operand)) if isinstance(node.op, ast.USub) else emit(node.operand)
+        if isinstance(node, ast.Call):
+            assert isinstance(node.func, ast.Name)
+            return call(node.func.id, [emit(a) for a in node.args])
+        raise AssertionError(ast.dump(node))
+
+    return emit(tree.body)
+
+
 def _node(node: ast.AST, formula: str, known: set[str]) -> Node:
     where = f"formula {formula!r}"
     if isinstance(node, ast.Constant):

@@ -482,16 +482,22 @@ def _eval_grader(builder: _Builder, data: dict[str, Any], where: str) -> EvalGra
     return EvalGrader(criteria, definition.name or "eval")
 
 
-def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None = None) -> GroupGrader:
-    """Build a group grader from a ``type: group`` config."""
+def _group_config(source: str | Path | Mapping[str, Any], judge: JudgeProtocol | Callable[[], JudgeProtocol] | None
+                  ) -> tuple[GroupNode, _Builder, str]:
+    """A ``type: group`` config read and checked, with the builder of its nodes and the name its errors give."""
     data, where, base = _read(source)
     builder = _builder(data, where, base, judge)
     if data.get("type") != "group":
         raise GraderConfigError(f"{where}: a group grader config needs type: group")
     try:
-        node = GroupNode.model_validate(data)
+        return GroupNode.model_validate(data), builder, where
     except ValidationError as e:
         raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
+
+
+def load_group_grader(source: str | Path | Mapping[str, Any], *, judge: JudgeProtocol | Callable[[], JudgeProtocol] | None = None) -> GroupGrader:
+    """Build a group grader from a ``type: group`` config."""
+    node, builder, where = _group_config(source, judge)
     if sum(x is not None for x in (node.grader, node.relative, node.pairwise)) != 1:
         raise GraderConfigError(f"{where}: give one of grader (each trajectory graded alone), relative (one judge call ranks them all) "
                                 "and pairwise (members compared in pairs)")
@@ -524,14 +530,7 @@ def load_group_members(source: str | Path | Mapping[str, Any], *, judge: JudgePr
                        ) -> tuple[ConfiguredGrader, GroupPolicy]:
     """A ``type: group`` config (with ``grader:``) as its per-member grader and its group keys, for the
     doors that grade a group's members one request at a time (the reward server's group routes)."""
-    data, where, base = _read(source)
-    builder = _builder(data, where, base, judge)
-    if data.get("type") != "group":
-        raise GraderConfigError(f"{where}: a group grader config needs type: group")
-    try:
-        node = GroupNode.model_validate(data)
-    except ValidationError as e:
-        raise GraderConfigError(f"{where}: {problems(e, '', GroupNode)}") from None
+    node, builder, where = _group_config(source, judge)
     if node.grader is None:
         raise GraderConfigError(f"{where}: serving a group config needs its grader: node (each member graded alone)")
     if node.grader.get("type") == "reward_model" and node.grader.get("mapping") in GROUP_MAPPINGS:

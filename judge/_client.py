@@ -127,6 +127,15 @@ def _failed_here(exc: BaseException, started: float) -> Verdict:
     return Verdict(status="error", error_kind="local_error", error=local_message(exc), latency_s=time.perf_counter() - started)
 
 
+def _route_failure(failure: Failed, url: str, model: str) -> tuple[Usage, str]:
+    """What a failed request to a side route (embeddings, a reward model's) spent, and its error text: a 404 says
+    which URL lacks the route or the model, the usual cause, before the server's own words."""
+    error = str(failure)
+    if failure.status == 404:
+        error = f"{url} has no route or no model {model!r}: {error}"
+    return spent_by(failure), error
+
+
 class Judge:
     """Asks an OpenAI-compatible model to apply a rubric and returns a Verdict, never an exception.
 
@@ -542,10 +551,7 @@ class Judge:
             try:
                 response, spent = await self._send(request, route="embeddings")
             except Failed as failure:
-                spent = spent_by(failure)
-                error = str(failure)
-                if failure.status == 404:
-                    error = f"{self.base_url.rstrip('/')}/embeddings has no route or no model {model!r}: {error}"
+                spent, error = _route_failure(failure, f"{self.base_url.rstrip('/')}/embeddings", model)
                 return finish(status="error", error_kind=failure.kind, error=error)
             fresh = dict(zip(missing, vectors_of(response, len(missing))))
             for text, vector in fresh.items():
@@ -578,10 +584,7 @@ class Judge:
         try:
             reply, spent = await self._send(request, route=route)
         except Failed as failure:
-            spent = spent_by(failure)
-            error = str(failure)
-            if failure.status == 404:
-                error = f"{server_root(self.base_url)}{route} has no route or no model {self.model!r}: {error}"
+            spent, error = _route_failure(failure, f"{server_root(self.base_url)}{route}", self.model)
             return finish(status="error", error_kind=failure.kind, error=error)
         value = read_reward(route, reply)
         if isinstance(value, NoScore):

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from gradekit.judge import JudgeCache, ParseFailure, Rubric, load_rubric, parse_reply
 from gradekit.judge._spec import JudgeSpec, Limits
 from gradekit.judge.testing import FakeProvider, Reply
+from gradekit.judge.testing._fake_provider import last_user_content
 
 from ._agreement import PairwiseReport, pairwise_report
 from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
@@ -359,14 +360,10 @@ _FINISH = {"content management policy": "content_filter", "": "stop"}
 
 
 def _user_text(body: Mapping[str, Any]) -> str:
-    messages = body.get("messages") or []
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-            return content or ""
-    return ""
+    content = last_user_content(body)
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content or ""
 
 
 def _tagged(text: str, tags: Iterable[tuple[str, str, str]]) -> tuple[str, str, str] | None:

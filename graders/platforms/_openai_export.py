@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gradekit.judge._client import DEFAULT_MODEL
 
+from .._composite import formula_text
 from ._nodes import ExportError, Node, read_tree
 from ._standalone import DETERMINISTIC, expressible, standalone_source
 
@@ -424,21 +425,6 @@ def _lowest(node: Node) -> float | None:
 
 def openai_formula(formula: str, keys: Mapping[str, str]) -> str:
     """A gradekit formula in OpenAI's calculate_output syntax, fully parenthesised (``^`` for power)."""
-    tree = ast.parse(formula.replace("^", "**").strip(), mode="eval")
     symbols = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "^"}
-
-    def emit(node: ast.AST) -> str:
-        if isinstance(node, ast.Constant):
-            return repr(float(node.value))
-        if isinstance(node, ast.Name):
-            return keys[node.id]
-        if isinstance(node, ast.BinOp):
-            return f"({emit(node.left)} {symbols[type(node.op)]} {emit(node.right)})"
-        if isinstance(node, ast.UnaryOp):
-            return f"(0 - {emit(node.operand)})" if isinstance(node.op, ast.USub) else emit(node.operand)
-        if isinstance(node, ast.Call):
-            assert isinstance(node.func, ast.Name)
-            return f"{node.func.id}({', '.join(emit(a) for a in node.args)})"
-        raise AssertionError(ast.dump(node))
-
-    return emit(tree.body)
+    return formula_text(formula, variable=keys.__getitem__, binary=lambda op, left, right: f"({left} {symbols[op]} {right})",
+                        negate=lambda x: f"(0 - {x})", call=lambda fn, args: f"{fn}({', '.join(args)})")

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from .. import _code_tests as ct
 from .. import _string_match as sm
-from .._composite import compile_formula
+from .._composite import compile_formula, formula_text
 from .._sample import placeholders
 from ._nodes import ExportError, Node
 
@@ -578,26 +578,15 @@ class _Emitter:
 def formula_function(name: str, formula: str, names: list[str]) -> str:
     """A gradekit/OpenAI formula as a plain Python function of the part scores, as the composite computes it."""
     compile_formula(formula, names)  # the whitelist check; raises FormulaError
-    tree = ast.parse(formula.replace("^", "**").strip(), mode="eval")
     symbols = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
-    def emit(node: ast.AST) -> str:
-        if isinstance(node, ast.Constant):
-            return repr(float(node.value))
-        if isinstance(node, ast.Name):
-            return f"_s[{node.id!r}]"
-        if isinstance(node, ast.BinOp):
-            left, right = emit(node.left), emit(node.right)
-            # math.pow, as the composite: floats only, an overflow raises instead of building a huge int.
-            return f"_pow({left}, {right})" if isinstance(node.op, ast.Pow) else f"({left} {symbols[type(node.op)]} {right})"
-        if isinstance(node, ast.UnaryOp):
-            return f"(-{emit(node.operand)})" if isinstance(node.op, ast.USub) else emit(node.operand)
-        if isinstance(node, ast.Call):
-            assert isinstance(node.func, ast.Name)
-            return f"float(_FN[{node.func.id!r}]({', '.join(emit(a) for a in node.args)}))"
-        raise AssertionError(ast.dump(node))
+    def binary(op: type, left: str, right: str) -> str:
+        # math.pow, as the composite: floats only, an overflow raises instead of building a huge int.
+        return f"_pow({left}, {right})" if op is ast.Pow else f"({left} {symbols[op]} {right})"
 
-    return f"def {name}(_s):\n    # {formula.strip()}\n    return {emit(tree.body)}\n"
+    body = formula_text(formula, variable=lambda key: f"_s[{key!r}]", binary=binary, negate=lambda x: f"(-{x})",
+                        call=lambda fn, args: f"float(_FN[{fn!r}]({', '.join(args)}))")
+    return f"def {name}(_s):\n    # {formula.strip()}\n    return {body}\n"
 
 
 def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_invalid: float | None = None,

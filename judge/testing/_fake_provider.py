@@ -209,17 +209,22 @@ def asked_form(body: dict[str, Any], label: str) -> str:
     return found if found is not None else label
 
 
+def last_user_content(body: Mapping[str, Any]) -> Any:
+    """The content of a chat body's last user message (a string or content parts), None without one: where a
+    judge request puts the row, and the shipped rubrics their reply instruction."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message.get("content")
+    return None
+
+
 def _instruction(body: dict[str, Any]) -> str:
     """The last line of the last user message: where the shipped rubrics say how to reply (never the row's data)."""
-    messages = body.get("messages") or []
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-            lines = [line for line in str(content or "").splitlines() if line.strip()]
-            return lines[-1] if lines else ""
-    return ""
+    content = last_user_content(body)
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    lines = [line for line in str(content or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
