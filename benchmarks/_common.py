@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import numpy as np
+
 from gradekit.graders.calibration._llmbar import LLMBarRun, rescore_llmbar
 
 SETS = ["Processed__MT-Bench", "Processed__LLMEval2", "Processed__FairEval"]
@@ -25,9 +27,17 @@ def draws_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def pooled_names() -> str:
-    """The pooled sets as the studies' headings name them: MT-Bench + LLMEval2 + FairEval."""
-    return " + ".join(s.split("__")[1] for s in SETS)
+def start_study(parser: argparse.ArgumentParser, study: str, per: str,
+                columns: list[str]) -> tuple[argparse.Namespace, np.random.Generator]:
+    """Parse a study's options (``draws_parser``) and print its heading and its table's header: what it measures on the
+    pooled sets (MT-Bench + LLMEval2 + FairEval), how many draws ``per`` what, at which alpha. The generator is --seed's."""
+    args = parser.parse_args()
+    print(f"{study} on LLMBar's human-labelled sets pooled ({' + '.join(s.split('__')[1] for s in SETS)}), "
+          f"{args.draws} {per}, alpha {args.alpha}")
+    print()
+    print("| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
+    return args, np.random.default_rng(args.seed)
 
 
 def recorded_pairs(judge: str, strategy: str) -> Iterator[tuple[float, bool, float]]:

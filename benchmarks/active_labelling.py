@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
+from _common import JUDGES, draws_parser, recorded_pairs, start_study  # noqa: E402
 
 from gradekit.graders.calibration._labels import BINS, UNIFORM_SHARE, draw_probabilities, level, level_weights, uncertainty  # noqa: E402
 from gradekit.graders.calibration._ppi import ppi_mean_active  # noqa: E402
@@ -103,14 +103,10 @@ def bound(levels: np.ndarray, f: np.ndarray, y: np.ndarray) -> float:
 def main() -> None:
     parser = draws_parser(__doc__)
     parser.add_argument("--judges", type=int, default=len(JUDGES) + 2, help="the first N judges only (a quick look)")
-    args = parser.parse_args()
-    rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    print(f"Active vs uniform labelling, IPW PPI on LLMBar's human-labelled sets pooled "
-          f"({pooled_names()}), {args.draws} labelling runs per strategy, alpha {args.alpha}")
-    print()
-    print("| judge (recorded) | n | active coverage | uniform coverage | active width | uniform width | width active / uniform | best possible |")
-    print("|---|---|---|---|---|---|---|---|")
+    args, rng = start_study(parser, "Active vs uniform labelling, IPW PPI", "labelling runs per strategy",
+                            ["judge (recorded)", "n", "active coverage", "uniform coverage", "active width", "uniform width",
+                             "width active / uniform", "best possible"])
     worst, ratios = 100.0, []
     for judge, strategy in [*JUDGES, ("jury", "4 recorded judges"), ("synthetic", "calibrated")][:args.judges]:
         graded, y = rows(judge, strategy)

@@ -16,7 +16,6 @@ endpoint killed 4 s in, the limit is time-weighted: 60 req/s for 4 s, 30 req/s a
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -25,7 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from gradekit.judge.testing import FakeProvider
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _scenarios import scenario_options  # noqa: E402
+
+from gradekit.judge.testing import FakeProvider  # noqa: E402
 
 
 def grade(directory: Path, tag: str, rows: int, urls: list[str]) -> subprocess.Popen:
@@ -91,19 +93,15 @@ def report(label: str, result: dict, kill_after: float | None = None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=900)
-    parser.add_argument("--only", default="", help="comma-separated scenario names: single, fleet, killed (default: all)")
-    args = parser.parse_args()
-    wanted = set(filter(None, args.only.split(",")))
+    args, want = scenario_options(__doc__, rows=900, names="single, fleet, killed")
     print(f"{args.rows} rows, 200 ms latency, concurrency 64, no --rps, rate-limit headers\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        if not wanted or "single" in wanted:
+        if want("single"):
             report("single endpoint, limit 60", run("single", directory, args.rows, [60.0]))
-        if not wanted or "fleet" in wanted:
+        if want("fleet"):
             report("fleet 10 + 20 + 30 req/s", run("fleet", directory, args.rows, [10.0, 20.0, 30.0]))
-        if not wanted or "killed" in wanted:
+        if want("killed"):
             report("fleet 10 + 20 + 30, the 30 killed 4 s in", run("killed", directory, args.rows, [10.0, 20.0, 30.0], kill=(2, 4.0)),
                    kill_after=4.0)
 

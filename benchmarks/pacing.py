@@ -15,13 +15,13 @@ and --no-adapt (today's default command line, living on Retry-After alone).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _scenarios import scenario_options  # noqa: E402
 from shared_limiter import grade, start_redis  # noqa: E402  (one way to start a grader and a redis-server)
 
 from gradekit.judge.testing import FakeProvider  # noqa: E402
@@ -60,15 +60,7 @@ def report(label: str, result: dict, limit: float, *, since: float | None = None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=400)
-    parser.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
-    args = parser.parse_args()
-    wanted = set(filter(None, args.only.split(",")))
-
-    def want(name: str) -> bool:
-        return not wanted or name in wanted
-
+    args, want = scenario_options(__doc__, rows=400)
     rows = args.rows
     print(f"{rows} rows, 200 ms latency, concurrency 16, no --rps unless said\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import JUDGES, draws_parser, pooled_names, recorded_pairs  # noqa: E402
+from _common import JUDGES, draws_parser, recorded_pairs, start_study  # noqa: E402
 
 from gradekit.graders.calibration._ppi import ppi_mean  # noqa: E402
 
@@ -48,15 +48,10 @@ def study(f: np.ndarray, y: np.ndarray, n: int, draws: int, alpha: float, rng: n
 
 
 def main() -> None:
-    parser = draws_parser(__doc__)
-    args = parser.parse_args()
-    rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    print(f"PPI coverage on LLMBar's human-labelled sets pooled ({pooled_names()}), "
-          f"{args.draws} random labelled subsets per row, alpha {args.alpha}")
-    print()
-    print("| judge (recorded) | labelled n | unlabelled N | PPI coverage | human-only coverage | PPI width | width vs human-only | judge-only bias |")
-    print("|---|---|---|---|---|---|---|---|")
+    args, rng = start_study(draws_parser(__doc__), "PPI coverage", "random labelled subsets per row",
+                            ["judge (recorded)", "labelled n", "unlabelled N", "PPI coverage", "human-only coverage", "PPI width",
+                             "width vs human-only", "judge-only bias"])
     worst = 100.0
     for judge, strategy in JUDGES:
         f, y = scores(judge, strategy)
