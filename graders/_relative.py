@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from gradekit.judge import JudgeProtocol, load_rubric
+from gradekit.judge import JudgeProtocol, Usage, Verdict, load_rubric
 
 from ._group import GroupGrader, GroupResult, GroupStatus, Policy, _PolicyValue
 from ._members import GroupPolicy, MemberPolicy
@@ -74,11 +74,12 @@ def relative_group_grader(judge: JudgeProtocol, *, criteria: str | None = None, 
     policy = _PolicyValue(policy=on_judge_error).policy
     members = GroupPolicy(on_member_error=on_member_error, group_deadline_s=group_deadline_s)
 
-    async def rank(sample: Sample, texts: list[str], order: list[int]) -> list[float] | str:
+    async def rank(sample: Sample, texts: list[str], order: list[int], spent: list[Verdict]) -> list[float] | str:
         row = {"question": sample.prompt_text or "", "candidates": [texts[i] for i in order]}
         if criteria:
             row["criteria"] = criteria
         verdict = await judge.judge(spec, row)
+        spent.append(verdict)  # what it billed, ranked or not: the group's usage
         if verdict.status != "ok":
             return f"{verdict.error_kind}: {verdict.error}"
         shown = parse_ranking(verdict.label or "", len(texts))
@@ -100,7 +101,8 @@ def relative_group_grader(judge: JudgeProtocol, *, criteria: str | None = None, 
             return GroupResult(rewards=[0.0], metrics={"n": 1.0}, grades=[Grade.scored(0.0)])
         first = _order(sample, texts, seed)
         orders = [first, first[::-1]][:shuffles]
-        tasks = [asyncio.ensure_future(rank(sample, texts, o)) for o in orders]
+        verdicts: list[Verdict] = []
+        tasks = [asyncio.ensure_future(rank(sample, texts, o, verdicts)) for o in orders]
         _done, pending = await asyncio.wait(tasks, timeout=members.group_deadline_s)
         for t in pending:
             t.cancel()
@@ -108,6 +110,8 @@ def relative_group_grader(judge: JudgeProtocol, *, criteria: str | None = None, 
             await asyncio.wait(pending, timeout=1.0)
         results: list[list[float] | str] = [f"timeout: not ranked within group_deadline_s ({members.group_deadline_s:g} s)"
                                             if t in pending else t.result() for t in tasks]
+        # What the judge billed for the rankings that came back (a cancelled one's request is not known).
+        usage = sum((v.usage for v in verdicts), Usage())
         errors = [r for r in results if isinstance(r, str)]
         n_errors = len(errors)
         if errors and len(errors) < len(results) and members.on_member_error != "drop_group":
@@ -115,14 +119,14 @@ def relative_group_grader(judge: JudgeProtocol, *, criteria: str | None = None, 
         elif errors:
             error = "relative judge: " + "; ".join(errors)
             if isinstance(policy, float):
-                return GroupResult(rewards=[policy] * n, metrics={"n": float(n), "judge_errors": 1.0}, error=error)
-            return GroupResult(status=GroupStatus(policy), error=error, metrics={"n": float(n), "judge_errors": 1.0})
+                return GroupResult(rewards=[policy] * n, metrics={"n": float(n), "judge_errors": 1.0}, error=error, usage=usage)
+            return GroupResult(status=GroupStatus(policy), error=error, metrics={"n": float(n), "judge_errors": 1.0}, usage=usage)
         runs = [r for r in results if not isinstance(r, str)]
         rewards = [sum(run[i] for run in runs) / len(runs) for i in range(n)]
         metrics = {"n": float(n), "judge_errors": float(n_errors), "shuffles": float(len(runs))}
         if len(runs) == 2:
             metrics["position_bias"] = sum(abs(a - b) for a, b in zip(*runs)) / (2 * n)
-        return GroupResult(rewards=rewards, metrics=metrics, grades=[Grade.scored(r) for r in rewards])
+        return GroupResult(rewards=rewards, metrics=metrics, grades=[Grade.scored(r) for r in rewards], usage=usage)
 
     grade_group.__name__ = "relative_group_grader"  # type: ignore[attr-defined]
     return grade_group

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gradekit.judge import Judge, clamp
+from gradekit.judge import Judge, Usage, clamp
 
 from ._sample import Grade, Sample
 
@@ -137,11 +137,15 @@ class RewardModelGrader:
             return Grade.failed("invalid", f"the chat template could not render the conversation: {type(e).__name__}: {e}",
                                 error_kind="input")
         scored = await self.judge.reward_score(self.route, request)
+        # The requests the reward model served, as a run counts them (its summary, an error row's attempts column);
+        # its prompt tokens are not the judge's, and a judge model's price does not apply to them (as text_similarity).
+        spent = {"usage": Usage(requests=scored.attempts), "cache_hits": int(scored.cached)}
         if scored.status != "ok" or scored.value is None:
-            return Grade.failed("error", scored.error or "the reward model gave no score", error_kind=scored.error_kind or "server_error")
+            return Grade.failed("error", scored.error or "the reward model gave no score", error_kind=scored.error_kind or "server_error",
+                                **spent)
         raw = scored.value
         score = clamp(raw) if self.mapping in ("raw", *GROUP_MAPPINGS) else sigmoid_reward(raw, self.scale or 1.0, self.center)
-        return Grade.scored(score, metrics={"raw_score": raw})
+        return Grade.scored(score, metrics={"raw_score": raw}, **spent)
 
     async def __call__(self, sample: Sample) -> Grade:
         if self.group_mapping:

@@ -128,6 +128,15 @@ async def test_too_few_finished_by_the_deadline_fails_the_group(fake: FakeProvid
     assert [g.error_kind for g in result.grades] == [None, "timeout", "timeout"]
 
 
+async def test_relative_group_reports_what_its_rankings_billed(fake: FakeProvider, make_judge) -> None:
+    fake.set_responder(lambda body: Reply(content="<ranking>C > A > B</ranking>"))
+    result = await relative_group_grader(make_judge())(SAMPLE, [answer("x"), answer("y"), answer("z")])
+    assert result.status == GroupStatus.SUCCESS and result.metrics["shuffles"] == 2.0
+    sent = [r for r in fake.requests if r.path.endswith("/chat/completions")]
+    assert result.usage is not None and result.usage.requests == len(sent) == 2
+    assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens > 0
+
+
 async def test_relative_group_decides_on_the_ranking_that_finished(fake: FakeProvider, make_judge) -> None:
     calls = {"n": 0}
 
@@ -143,6 +152,7 @@ async def test_relative_group_decides_on_the_ranking_that_finished(fake: FakePro
     assert time.monotonic() - started < 3.0
     assert result.status == GroupStatus.SUCCESS and result.metrics["shuffles"] == 1.0 and result.metrics["judge_errors"] == 1.0
     assert sorted(result.rewards) == [-1.0, 0.0, 1.0]
+    assert result.usage is not None and result.usage.requests == 1  # the ranking cut off by the deadline billed nothing known
     calls["n"] = 0
     dropped = await relative_group_grader(judge, group_deadline_s=1.0, on_member_error="drop_group", seed=1)(SAMPLE, [answer("x"), answer("y"), answer("z")])
     assert dropped.status == GroupStatus.RETRY and dropped.rewards == [] and "timeout" in dropped.error

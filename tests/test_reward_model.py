@@ -144,9 +144,11 @@ async def test_a_malformed_reply_is_retried_then_an_error(rm: FakeProvider) -> N
     rm.push(Reply(raw_body='{"data": []}'), Reply(raw_body='{"data": [{"probs": ["x"]}]}'))
     got = await load_grader({"type": "reward_model"}, judge=judge(rm.base_url, attempts=3))(SAMPLE.with_response("Paris"))
     assert got.ok and got.metrics["raw_score"] == pytest.approx(head("assistant: Paris")), "the third attempt answered"
+    assert got.usage is not None and got.usage.requests == 3  # every attempt was a request the endpoint served
     rm.push(*[Reply(raw_body='{"data": []}')] * 2)
     got = await load_grader({"type": "reward_model"}, judge=judge(rm.base_url, attempts=2))(SAMPLE.with_response("Paris"))
     assert got.status == "error" and got.error_kind == "server_error" and got.score is None
+    assert got.usage is not None and got.usage.requests == 2  # an error row's attempts column
 
 
 async def test_the_cache_answers_a_second_run(rm: FakeProvider, tmp_path) -> None:
@@ -155,6 +157,9 @@ async def test_the_cache_answers_a_second_run(rm: FakeProvider, tmp_path) -> Non
     sent = len(rm.requests)
     second = await load_group_grader(group_config(), judge=judge(rm.base_url, cache=cache))(SAMPLE, TRAJECTORIES)
     assert second.rewards == first.rewards and len(rm.requests) == sent == 4
+    # What each member billed reaches the group's usage (a run's requests): four requests, then four cache hits.
+    assert [(g.usage.requests, g.cache_hits) for g in first.grades] == [(1, 0)] * 4 and first.usage.requests == 4
+    assert [(g.usage.requests, g.cache_hits) for g in second.grades] == [(0, 1)] * 4 and second.usage.requests == 0
 
 
 async def test_a_fleet_fails_over_from_a_dead_reward_endpoint(rm: FakeProvider) -> None:
