@@ -192,8 +192,8 @@ def _judge_message_texts() -> list[tuple[str, int, str]]:
 
 
 # The library rooms of graders/ (the grader kinds, runs, calibration, platforms, sandbox); the front doors (cli, view,
-# platforms/server) say flags.
-LIBRARY_SKIP = ("graders/cli", "graders/view", "graders/platforms/server")
+# server) say flags.
+LIBRARY_SKIP = ("graders/cli", "graders/view", "graders/server")
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 # Files whose strings are not messages: the flag table itself, and the sandbox's command lines (bubblewrap, unshare,
 # setpriv and mount arguments such as --ro-bind, --unshare-net, --reuid=).
@@ -219,10 +219,10 @@ ROOMS: dict[str, set[str]] = {
     # the library door for a run (grade): it picks among the engines' runs (runs, and calibration's pairwise run)
     "graders/grading": {"judge", "graders", "graders/runs", "graders/calibration", "graders/sandbox"},
     "graders/platforms": {"judge", "graders", "graders/runs"},
-    "graders/platforms/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
+    "graders/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
     "graders/view": {"judge", "graders", "graders/runs", "graders/calibration"},
     "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/grading", "graders/sandbox",
-                    "graders/platforms", "graders/platforms/server", "graders/view"},
+                    "graders/platforms", "graders/server", "graders/view"},
 }
 
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ..._sample import EmptyIfNull, Message
-from .._common import reference_dict
+from .._sample import EmptyIfNull, Message
+from ..platforms._common import reference_dict
 
 # ---- Bailian seed 001: POST /compute_reward ---------------------------------------------------
 

@@ -43,7 +43,7 @@ from fastapi import FastAPI, Request  # at run time: FastAPI reads the handlers'
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from ..._sample import Message
+from .._sample import Message
 from ._models import RewardRequest, RewardResponse, ShapeError, label_references
 
 RL_ROUTES = frozenset({"/slime", "/verify"})

@@ -60,7 +60,7 @@ from pydantic import BaseModel, ValidationError  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
-from ..._sample import Grader, sample_from_vertex
+from .._sample import Grader, sample_from_vertex
 from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer
 from ._config import ServerConfig, ServerConfigError, load_health_check, parse_server_config
 from ._models import (
