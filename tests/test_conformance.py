@@ -145,11 +145,8 @@ def test_one_reference_rule_on_every_platform() -> None:
     """The mapping table's rows: a plain value is under the platform's name and ``answer``; a dict merges."""
     from gradekit.graders.platforms._common import reference_dict
     from gradekit.graders.platforms._verl import verl_references
-    from gradekit.graders.server._models import (
-        AgentOutput,
-        dashscope_request,
-        label_references,
-    )
+    from gradekit.graders.server._dashscope import AgentOutput, dashscope_request
+    from gradekit.graders.server._models import label_references
 
     assert label_references("5") == {"label": "5", "answer": "5"}
     assert label_references('{"answer": "5", "unit": "cm"}') == {"answer": "5", "unit": "cm"}

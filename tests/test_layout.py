@@ -205,8 +205,8 @@ FLAGS_PENDING: set[tuple[str, str]] = set()  # library strings still saying a fl
 
 # The rooms above the judge core, in the flow's order: each folder may import gradekit's own folders named here and no
 # other (at module level or inside a function). The grader kinds (graders/) sit on the judge; the engines (runs,
-# calibration, sandbox) on the kinds; the front doors (platforms and its server, view, cli) on the engines. No engine
-# imports a door; no door imports another but the CLI (the umbrella) and the server (which hosts the platform adapters).
+# calibration, sandbox) on the kinds; the front doors (platforms, server, view, cli) on the engines. No engine
+# imports a door; no door imports another but the CLI (the umbrella) and the server (which reads the platforms' reference rule).
 ROOMS: dict[str, set[str]] = {
     "gradekit": {"graders/cli"},  # the package root: python -m gradekit, the extras table
     "judge": set(),  # the judge core knows nothing above it (and not its own fake provider, judge/testing)

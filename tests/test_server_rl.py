@@ -275,7 +275,7 @@ def serve_app():
 
 def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_servers_timeout(fake: FakeProvider, serve, serve_app,
                                                                                           tmp_path: Path) -> None:
-    from gradekit.graders.server._rl_routes import verify_deadline_s
+    from gradekit.graders.server._nemo_gym import verify_deadline_s
 
     fake.set_responder(responder)
     url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 2.0}})
@@ -297,7 +297,7 @@ def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_serv
 def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve) -> None:
     import threading
 
-    from gradekit.graders.platforms import BaseRewardComputer, RewardResponse
+    from gradekit.graders.server import BaseRewardComputer, RewardResponse
 
     release = threading.Event()
 
