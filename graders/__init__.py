@@ -5,7 +5,7 @@ from a YAML/JSON config (``load_grader``). Aggregates are pure functions over li
 
 The package reads as the flow: the graders themselves are its own modules; ``runs`` grades
 files and DataFrames; ``grading`` is the library door for a whole run (``grade``), which picks one; ``calibration`` checks a judge against human labels; ``platforms`` serves
-a grader to RL platforms (reward server, adapters, exports); ``sandbox`` runs untrusted code
+a grader to RL platforms (adapters, exports) and ``server`` over HTTP (the reward server); ``sandbox`` runs untrusted code
 (graded programs and python graders); ``cli`` is the command line.
 Names load on first use, so ``gradekit --help`` imports none of pandas, openai or FastAPI.
 """
@@ -37,8 +37,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                      "instruction_injection", "judge_agreement", "load_suite", "majority_vote", "master_keys", "mean_vote",
                      "meta_eval", "pairwise_grader", "pairwise_report", "plot_confusion", "plot_position_bias", "plot_scores",
                      "position_swap", "ppi_mean", "run_probes", "verbosity"],
-    ".platforms": ["BaseRewardComputer", "ExportError", "GraderRewardComputer", "GradingError", "RewardRequest",
-                   "RewardResponse", "RewardServer", "VerlReward", "ark_group_grader", "ark_single_grader", "create_app",
+    ".platforms": ["ExportError", "GradingError", "VerlReward", "ark_group_grader", "ark_single_grader",
                    "export_bedrock_lambda", "export_foundry_grader", "export_openai_grader",
                    "export_vertex_evaluate", "export_vertex_spec", "trl_reward_func", "verl_compute_score",
                    "AReaLReward", "GradekitTextEnv", "ROLLRewards", "areal_reward_fn", "roll_rewards",
@@ -48,4 +47,5 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     ".runs": ["BatchRunError", "BreakerTripped", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
     ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],
+    ".server": ["BaseRewardComputer", "GraderRewardComputer", "RewardRequest", "RewardResponse", "RewardServer", "create_app"],
 })

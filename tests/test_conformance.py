@@ -125,7 +125,7 @@ def test_openrlhf_templated_prompt_is_read_back_into_messages_and_end_tokens_are
     pytest.param("say </s> then Paris", "say </s> then Paris", id="only_trailing"),
 ])
 def test_end_tokens_of_the_common_templates(tokens: str, expected: str) -> None:
-    from gradekit.graders.platforms.server._models import strip_end_tokens
+    from gradekit.graders.server._models import strip_end_tokens
 
     assert strip_end_tokens(tokens) == expected
 
@@ -145,11 +145,8 @@ def test_one_reference_rule_on_every_platform() -> None:
     """The mapping table's rows: a plain value is under the platform's name and ``answer``; a dict merges."""
     from gradekit.graders.platforms._common import reference_dict
     from gradekit.graders.platforms._verl import verl_references
-    from gradekit.graders.platforms.server._models import (
-        AgentOutput,
-        dashscope_request,
-        label_references,
-    )
+    from gradekit.graders.server._dashscope import AgentOutput, dashscope_request
+    from gradekit.graders.server._models import label_references
 
     assert label_references("5") == {"label": "5", "answer": "5"}
     assert label_references('{"answer": "5", "unit": "cm"}') == {"answer": "5", "unit": "cm"}
@@ -223,7 +220,7 @@ def test_bailian_seed_class_with_core_imports_is_served_unchanged(tmp_path: Path
 
 
 def serve_seed_class(tmp_path: Path, serve: Any, class_path: str) -> None:
-    from gradekit.graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.server import build_computer, load_server_config
 
     (tmp_path / "implementations").mkdir()
     (tmp_path / "implementations" / "__init__.py").write_text("", encoding="utf-8")
@@ -239,7 +236,7 @@ def serve_seed_class(tmp_path: Path, serve: Any, class_path: str) -> None:
 
 
 def test_config_without_reward_class_serves_the_default_computer(tmp_path: Path, serve) -> None:
-    from gradekit.graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.server import build_computer, load_server_config
 
     config_file = tmp_path / "config.yaml"
     # The seed's own file with the class line commented out.

@@ -236,7 +236,7 @@ def test_latency_tracker_and_budget() -> None:
 def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path: Path) -> None:
     import yaml
 
-    from gradekit.graders.platforms.server._config import parse_server_config
+    from gradekit.graders.server._config import parse_server_config
 
     from .test_server import call
     from .test_server_rl import families, total, urllib_text

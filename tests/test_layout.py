@@ -192,8 +192,8 @@ def _judge_message_texts() -> list[tuple[str, int, str]]:
 
 
 # The library rooms of graders/ (the grader kinds, runs, calibration, platforms, sandbox); the front doors (cli, view,
-# platforms/server) say flags.
-LIBRARY_SKIP = ("graders/cli", "graders/view", "graders/platforms/server")
+# server) say flags.
+LIBRARY_SKIP = ("graders/cli", "graders/view", "graders/server")
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 # Files whose strings are not messages: the flag table itself, and the sandbox's command lines (bubblewrap, unshare,
 # setpriv and mount arguments such as --ro-bind, --unshare-net, --reuid=).
@@ -205,8 +205,8 @@ FLAGS_PENDING: set[tuple[str, str]] = set()  # library strings still saying a fl
 
 # The rooms above the judge core, in the flow's order: each folder may import gradekit's own folders named here and no
 # other (at module level or inside a function). The grader kinds (graders/) sit on the judge; the engines (runs,
-# calibration, sandbox) on the kinds; the front doors (platforms and its server, view, cli) on the engines. No engine
-# imports a door; no door imports another but the CLI (the umbrella) and the server (which hosts the platform adapters).
+# calibration, sandbox) on the kinds; the front doors (platforms, server, view, cli) on the engines. No engine
+# imports a door; no door imports another but the CLI (the umbrella) and the server (which reads the platforms' reference rule).
 ROOMS: dict[str, set[str]] = {
     "gradekit": {"graders/cli"},  # the package root: python -m gradekit, the extras table
     "judge": set(),  # the judge core knows nothing above it (and not its own fake provider, judge/testing)
@@ -219,10 +219,10 @@ ROOMS: dict[str, set[str]] = {
     # the library door for a run (grade): it picks among the engines' runs (runs, and calibration's pairwise run)
     "graders/grading": {"judge", "graders", "graders/runs", "graders/calibration", "graders/sandbox"},
     "graders/platforms": {"judge", "graders", "graders/runs"},
-    "graders/platforms/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
+    "graders/server": {"judge", "graders", "graders/runs", "graders/calibration", "graders/platforms"},
     "graders/view": {"judge", "graders", "graders/runs", "graders/calibration"},
     "graders/cli": {"judge", "judge/testing", "graders", "graders/runs", "graders/calibration", "graders/grading", "graders/sandbox",
-                    "graders/platforms", "graders/platforms/server", "graders/view"},
+                    "graders/platforms", "graders/server", "graders/view"},
 }
 
 

@@ -166,7 +166,7 @@ async def test_a_cascade_is_a_fallback_judge_like_any_other() -> None:
 
 def test_the_reward_server_answers_with_the_path_that_decided() -> None:
     from gradekit.graders import load_grader
-    from gradekit.graders.platforms.server import RewardServer, create_app
+    from gradekit.graders.server import RewardServer, create_app
     from gradekit.judge import Judge, Limiter
 
     from .test_server import call

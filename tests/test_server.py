@@ -31,7 +31,7 @@ from gradekit.graders import (
     create_app,
     load_grader,
 )
-from gradekit.graders.platforms.server import ServerConfigError, build_computer, load_server_config
+from gradekit.graders.server import ServerConfigError, build_computer, load_server_config
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from openai.types.responses import Response
 
-from gradekit.graders.platforms.server._metrics import safe_endpoint
+from gradekit.graders.server._metrics import safe_endpoint
 from gradekit.judge.testing import FakeProvider
 
 from .conftest import serve_in
@@ -260,7 +260,7 @@ async def gym_collect(run_url: str, rows: list[dict], folder: Path) -> tuple[lis
 @pytest.fixture
 def serve_app():
     """Any ASGI app on a loopback port (Gym's agent server here); stopped at teardown."""
-    from gradekit.graders.platforms.server import RewardServer
+    from gradekit.graders.server import RewardServer
 
     servers = []
 
@@ -275,7 +275,7 @@ def serve_app():
 
 def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_servers_timeout(fake: FakeProvider, serve, serve_app,
                                                                                           tmp_path: Path) -> None:
-    from gradekit.graders.platforms.server._rl_routes import verify_deadline_s
+    from gradekit.graders.server._nemo_gym import verify_deadline_s
 
     fake.set_responder(responder)
     url = serve(judge_grader(fake, attempts=1), {"server": {"request_timeout_s": 2.0}})
@@ -297,7 +297,7 @@ def test_a_hung_judge_reaches_gyms_collection_as_a_transient_row_before_the_serv
 def test_verify_answers_a_row_for_a_raising_computer_and_for_a_full_server(serve) -> None:
     import threading
 
-    from gradekit.graders.platforms import BaseRewardComputer, RewardResponse
+    from gradekit.graders.server import BaseRewardComputer, RewardResponse
 
     release = threading.Event()
 
@@ -474,13 +474,13 @@ def urllib_text(url: str) -> str:
 
 
 def test_metric_names_are_prometheus_valid() -> None:
-    from gradekit.graders.platforms.server._metrics import BUCKETS, KNOWN_ROUTES
+    from gradekit.graders.server._metrics import BUCKETS, KNOWN_ROUTES
 
     assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in KNOWN_ROUTES)
 
 
 def test_a_type_group_reward_grader_brings_its_group_keys_to_the_server(fake: FakeProvider, tmp_path: Path, serve) -> None:
-    from gradekit.graders.platforms.server import build_computer, load_server_config
+    from gradekit.graders.server import build_computer, load_server_config
 
     fake.set_responder(responder)
     (tmp_path / "group.yaml").write_text(yaml.safe_dump({

@@ -337,7 +337,7 @@ print("reachable")
 
 def test_server_replicas_take_the_shared_limiter_from_their_config(redis_url: str, tmp_path: Path) -> None:
     """A reward server's limiter.url makes every judge of the replica pace through Redis; a dead URL stops it starting."""
-    from gradekit.graders.platforms.server import ServerConfigError, build_computer, load_server_config
+    from gradekit.graders.server import ServerConfigError, build_computer, load_server_config
     from gradekit.judge import SharedLimiter, configure_limiter, process_limiter
 
     grader = tmp_path / "grader.yaml"

@@ -38,9 +38,9 @@ def serve(
 
     Exit status: 0 after a clean SIGTERM/SIGINT drain; 2: the config is wrong (the message names the file and key); 3: the port is already in use (one line says so); 1: the server could not start for another reason.
     """
-    from ..platforms.server import RewardServer, ServerConfigError, build_computer, create_app, load_server_config
-    from ..platforms.server._app import TOKEN_ENV
-    from ..platforms.server._run import PortInUse
+    from ..server import RewardServer, ServerConfigError, build_computer, create_app, load_server_config
+    from ..server._app import TOKEN_ENV
+    from ..server._run import PortInUse
     from ._common import certificates_to_stderr
 
     certificates_to_stderr()  # on stderr (stdout's first line is the URL): an aligned rubric's certificate as it loads

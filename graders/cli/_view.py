@@ -90,7 +90,7 @@ def view(
             except (RubricError, OSError, ValueError) as e:
                 raise fail(f"--rubric {rubric}: {e}") from e
 
-        from ..platforms.server._run import RewardServer
+        from ..server._run import RewardServer
         from ..view import ViewError, view_app
 
         annotator = _annotator(results, labels, on, blind, label_values, labeller, judge_rubric, human_column) if annotate else None

@@ -1,12 +1,11 @@
-"""Platforms: one grader as each RL platform expects it, in process, as an export, or over HTTP.
+"""Platforms: one grader as each RL platform expects it, in process or as an export.
 
 Ark, verl, TRL, AReaL, SkyRL, verifiers/prime-rl and ROLL wrap a live grader in the function
 each trainer calls; Vertex, OpenAI, Foundry and
 Bedrock get an export of the grader's configuration (a standalone ``evaluate``, a
 ``reinforcementTuningSpec``, OpenAI/Foundry grader JSON, a reward ``lambda_function.py``), because their
-graders run on the platform, not in this process. ``server`` puts one reward computer behind the
-HTTP contracts of Bailian, DashScope, Vertex, OpenRLHF, Foundry's endpoint grader, slime/miles
-(``/slime``) and NeMo Gym (``/verify``).
+graders run on the platform, not in this process. Over HTTP, the reward server is its own room:
+``gradekit.graders.server``.
 """
 
 from gradekit.judge._lazy import lazy_names
@@ -26,5 +25,4 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                     "verifiers_v1_reward"],
     "._verl": ["VerlReward", "verl_compute_score"],
     "._vertex_export": ["export_vertex_evaluate", "export_vertex_spec"],
-    ".server": ["BaseRewardComputer", "GraderRewardComputer", "RewardRequest", "RewardResponse", "RewardServer", "create_app"],
 })

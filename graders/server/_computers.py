@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from ..._atif import TrajectoryError, split_conversation, trajectory_messages
-from ..._sample import Grade, Grader, Message, Sample, aclose_grader
+from .._atif import TrajectoryError, split_conversation, trajectory_messages
+from .._sample import Grade, Grader, Message, Sample, aclose_grader
 from ._models import RewardRequest, RewardResponse
 
 InvalidPolicy = Literal["fail", "zero"]

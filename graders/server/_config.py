@@ -71,8 +71,8 @@ from gradekit.judge._hedge import HedgePolicy
 from gradekit.judge._files import read_data_file
 from gradekit.judge._spec import JudgeSpec
 
-from ..._config import FileJudge, GraderConfigError, JudgeSettings, load_grader, load_group_members
-from ..._members import GroupPolicy
+from .._config import FileJudge, GraderConfigError, JudgeSettings, load_grader, load_group_members
+from .._members import GroupPolicy
 from ._computers import (
     BaseRewardComputer,
     DefaultRewardComputer,

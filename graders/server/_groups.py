@@ -15,7 +15,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..._members import GroupPolicy, decide, gather_members
+from .._members import GroupPolicy, decide, gather_members
 from ._models import RewardRequest, RewardResponse
 
 

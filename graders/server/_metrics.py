@@ -209,7 +209,7 @@ def install_metrics(app: Any, engine: Any, computer: Any, canary: Any = None) ->
         try:
             response = await compute(request)
         except BaseException as e:
-            from ..._members import cut_at_deadline
+            from .._members import cut_at_deadline
 
             # A member cut at group_deadline_s is failed as a timeout (its route answers so), not a grader that raised.
             cut = cut_at_deadline(e)

@@ -1,14 +1,17 @@
-"""The FastAPI app: five platforms' routes over one reward computer, behind a bounded work pool.
+"""The FastAPI app: every platform's route over one reward computer, behind a bounded work pool.
+
+Each contract's route is a module of its own, with its request shapes and replies; :data:`CONTRACTS`
+registers them, and what they share (the JSON body, parsing, failure answers) is :mod:`._guards`.
 
 =====================  ===================================================================
 ``GET  /health``       seed 001 and DashScope: the health check plus func_type, processor
-``POST /compute_reward``  Bailian seed 001: RewardRequest -> RewardResponse
-``POST /api/v1``       DashScope reward processor: func_type ``reward`` or ``group_reward``
-``POST /``             Vertex Cloud Run reward: ``{example, response, metadata}`` -> ``{reward}``
-``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}``
-``POST /grade``        Foundry endpoint grader: ``{sample, item, trace_id}`` -> ``{score}``
-``POST /slime``        slime/miles ``--rm-url``: ``{prompt, response, label}`` -> a number (_rl_routes)
-``POST /verify``       NeMo Gym resource server: BaseVerifyRequest -> BaseVerifyResponse (_rl_routes)
+``POST /compute_reward``  Bailian seed 001: RewardRequest -> RewardResponse (_native)
+``POST /api/v1``       DashScope reward processor: func_type ``reward`` or ``group_reward`` (_dashscope)
+``POST /``             Vertex Cloud Run reward: ``{example, response, metadata}`` -> ``{reward}`` (_vertex)
+``POST /get_reward``   OpenRLHF remote reward model: ``{query, prompts, labels}`` -> ``{rewards}`` (_openrlhf)
+``POST /grade``        Foundry endpoint grader: ``{sample, item, trace_id}`` -> ``{score}`` (_foundry)
+``POST /slime``        slime/miles ``--rm-url``: ``{prompt, response, label}`` -> a number (_slime)
+``POST /verify``       NeMo Gym resource server: BaseVerifyRequest -> BaseVerifyResponse (_nemo_gym)
 ``GET  /metrics``      Prometheus text format (_metrics); with ``canary:`` in the config, its checks (_canary)
 =====================  ===================================================================
 
@@ -29,7 +32,7 @@ retries a non-2xx five times, then fails the step; Foundry retries a failed call
 invalid sample: a missing reference, e.g. ``/get_reward`` without ``labels``) gets 422 naming the
 field, since retrying it would only fail the step later -- never a made-up score.
 
-The body is parsed here rather than by FastAPI's typed parameters: the contracts need 400 for
+The body is parsed by the routes (:mod:`._guards`) rather than by FastAPI's typed parameters: the contracts need 400 for
 broken JSON (FastAPI says 422) and clients such as ``curl -d`` send no JSON content type.
 """
 
@@ -37,145 +40,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hmac
 import inspect
-import itertools
-import json
 import logging
 import math
 import os
-import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 from gradekit._extras import require
 
 require("server", "the reward server (gradekit serve, create_app)")  # one line naming the extra, not fastapi's ImportError
 
 from fastapi import FastAPI, Request  # noqa: E402
-from pydantic import BaseModel, ValidationError  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
-from ..._sample import Grader, sample_from_vertex
+from .._sample import Grader
+from . import _dashscope, _foundry, _native, _nemo_gym, _openrlhf, _slime, _vertex
 from ._computers import BaseRewardComputer, DefaultRewardComputer, GraderRewardComputer
 from ._config import ServerConfig, ServerConfigError, load_health_check, parse_server_config
-from ._models import (
-    DashScopeGroupRewardInput,
-    DashScopeRewardInput,
-    FoundryGradeRequest,
-    OpenRLHFRequest,
-    RewardRequest,
-    RewardResponse,
-    ShapeError,
-    VertexRequest,
-    dashscope_group_reward,
-    dashscope_request,
-    dashscope_reward,
-    foundry_reply,
-    foundry_request,
-    label_references,
-    openrlhf_reply,
-    split_query,
-    untemplate,
-    vertex_reply,
-)
-from ._groups import compute_group, fill_member_failed, prompt_groups
+from ._guards import set_outcome
+from ._models import RewardRequest, RewardResponse
 from ._pool import Busy, WorkPool
-from ._rl_routes import BUSY_REPLIES, RL_ROUTES, register_rl_routes
 from ._workers import ProcessWorkers
 
 logger = logging.getLogger("gradekit.server")
 
 BUSY = "Server is busy, please try again later."
 RETRY_AFTER = "1"  # seconds; DashScope's and OpenRLHF's clients retry about once a second anyway
-REWARD_ROUTES = frozenset({"/compute_reward", "/api/v1", "/", "/get_reward", "/grade"}) | RL_ROUTES
 TOKEN_ENV = "GRADEKIT_SERVER_TOKEN"
-M = TypeVar("M", bound=BaseModel)
 
-
-class _Refusal(Exception):
-    """An answer other than the contract's normal reply: 400, 422, 502."""
-
-    def __init__(self, status: int, body: dict[str, Any], outcome: str) -> None:
-        super().__init__(outcome)
-        self.status, self.body, self.outcome = status, body, outcome
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body, status_code=self.status)
-
-
-def _unprocessable(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> _Refusal:
-    return _Refusal(422, {"detail": [{"loc": ["body", *loc], "msg": msg, "type": kind}]}, "unprocessable")
-
-
-def _set_outcome(request: Request, outcome: str) -> None:
-    request.state.gradekit_outcome = outcome
-
-
-MAX_JSON_DEPTH = 64  # no platform's request nests past ~8 levels; Python's parser recurses, so a deep body is a RecursionError
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # "\ud800": valid JSON, but alone it is no text UTF-8 can carry
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
-_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-
-
-def json_depth(raw: bytes) -> int:
-    """How deep ``raw``'s arrays and objects nest, counted on the brackets outside strings, before
-    anything is parsed (so a body nested 10^5 deep costs one linear scan, never a recursion)."""
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
-    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    too_deep = _Refusal(400, {"detail": f"Invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels (the server's limit)"},
-                        "invalid json")
-    if json_depth(raw) > MAX_JSON_DEPTH:
-        raise too_deep
-    try:
-        body = json.loads(raw)
-    except RecursionError:  # only if the scan was fooled (an encoding it does not read): the same answer
-        raise too_deep from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _Refusal(400, {"detail": f"Invalid JSON body: {e}"}, "invalid json") from None
-    if _SURROGATE_ESCAPE.search(raw):  # a pair is one character; a lone half fails every later encode (a 500)
-        try:
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise _Refusal(400, {"detail": f"Invalid JSON body: a lone surrogate ({e.object[e.start]!r}) is not text"},
-                           "invalid json") from None
-    return body
-
-
-def _parse(model: type[M], data: Any) -> M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        detail = [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in e.errors()]
-        raise _Refusal(422, {"detail": detail}, "unprocessable") from None
-
-
-def _failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | None = None,
-            missing_loc: Sequence[str] = ("example",)) -> _Refusal:
-    """Vertex and OpenRLHF have no failure field: a failed reward is a 502 naming each failed item,
-    or 422 when an item is invalid (it would fail again however often the platform retried);
-    ``missing`` names the request field whose absence explains it (OpenRLHF's ``labels``)."""
-    invalid = [(where, r) for where, r in failures if r.extra_info.get("grade_status") == "invalid"]
-    if invalid:
-        detail = []
-        for where, r in invalid:
-            loc = [missing] if missing else (["query", int(where[6:-1])] if where.startswith("query[") else list(missing_loc))
-            msg = r.detail or "the sample cannot be graded"
-            detail.append({"loc": ["body", *loc], "msg": f"missing: {msg}" if missing else msg, "type": "missing" if missing else "value_error"})
-        return _Refusal(422, {"detail": detail}, "unprocessable")
-    items = [{"item": where, "detail": r.detail or "reward failed", **({"grade_status": r.extra_info["grade_status"]}
-              if "grade_status" in r.extra_info else {})} for where, r in failures]
-    error = "; ".join(f"{i['item']}: {i['detail']}" if i["item"] else i["detail"] for i in items)
-    return _Refusal(502, {"error": error, "status": "fail", "failures": items}, "fail")
+# One module per platform's contract, each with its PATH and register(app, engine, cfg); registered in this order.
+CONTRACTS = (_native, _dashscope, _vertex, _openrlhf, _foundry, _slime, _nemo_gym)
+REWARD_ROUTES = frozenset(contract.PATH for contract in CONTRACTS)
+# Gym's collection stops on any non-2xx: a full server answers /verify with the row's own failure, not 503.
+BUSY_REPLIES: dict[str, Callable[[bytes], Response | None]] = {_nemo_gym.PATH: _nemo_gym.verify_busy_reply}
 
 
 def _checked(result: Any, computer: Any) -> RewardResponse:
@@ -211,50 +114,6 @@ class _Engine:
             if isinstance(result, BaseException):
                 raise result
         return results  # type: ignore[return-value]
-
-
-def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """Refusals become their response; an exception from the computer becomes 500 ``{"message"}``;
-    a reward not ready within ``server.request_timeout_s`` is cancelled and answered 504."""
-
-    @functools.wraps(handler)
-    async def run(request: Request) -> Response:
-        limit = request.app.state.config.server.request_timeout_s
-        try:
-            return await asyncio.wait_for(handler(request), limit)
-        except asyncio.TimeoutError:
-            _set_outcome(request, "timeout")
-            return JSONResponse({"detail": f"the reward was not ready within server.request_timeout_s ({limit:g} s); no reward"},
-                                status_code=504)
-        except _Refusal as refusal:
-            _set_outcome(request, refusal.outcome)
-            return refusal.response()
-        except Exception as e:
-            logger.exception("%s %s: the reward computer raised", request.method, request.url.path)
-            _set_outcome(request, "exception")
-            return JSONResponse({"message": f"{type(e).__name__}: {e}"}, status_code=500)
-
-    return run
-
-
-_RouteHandler = Callable[[Request], Awaitable[tuple[str, Any]]]
-
-
-def _reward_route(app: FastAPI, path: str) -> Callable[[_RouteHandler], Callable[[Request], Awaitable[Response]]]:
-    """``POST path`` as every reward route answers: the handler returns (outcome, reply), the outcome is what the
-    request is logged and counted under, the reply a Response or a JSON body (200); ``_guarded`` answers the rest."""
-
-    def register(handler: _RouteHandler) -> Callable[[Request], Awaitable[Response]]:
-        async def route(request: Request) -> Response:
-            outcome, reply = await handler(request)
-            _set_outcome(request, outcome)
-            return reply if isinstance(reply, Response) else JSONResponse(reply)
-
-        route.__name__ = route.__qualname__ = handler.__name__
-        route.__doc__ = handler.__doc__
-        return app.post(path)(_guarded(route))
-
-    return register
 
 
 # ---- middleware ---------------------------------------------------------------------------------
@@ -510,99 +369,15 @@ def create_app(computer: BaseRewardComputer | Grader, config: ServerConfig | Map
         except Exception as e:
             payload = {"status": "unhealthy", "message": f"{type(e).__name__}: {e}"}
         healthy = payload.get("status") == "healthy"
-        _set_outcome(request, "healthy" if healthy else "unhealthy")
+        set_outcome(request, "healthy" if healthy else "unhealthy")
         # DashScope's health fields, for the two func_types this server answers on /api/v1.
         body = {**payload, "func_type": "reward", "func_types": ["reward", "group_reward"],
                 "processor": type(computer).__name__, "parser": "gradekit",
                 "in_flight": pool.admitted, "capacity": pool.capacity}
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    @_reward_route(app, "/compute_reward")
-    async def compute_reward(request: Request) -> tuple[str, Any]:
-        reward_request = _parse(RewardRequest, await _json_body(request))
-        response = await engine.compute(reward_request)
-        return response.status, response.model_dump(mode="json")
-
-    @_reward_route(app, "/api/v1")
-    async def dashscope(request: Request) -> tuple[str, Any]:
-        body = await _json_body(request)
-        kind = body.get("func_type") if isinstance(body, dict) else None
-        if kind is None and isinstance(body, dict) and "agent_outputs" in body:
-            kind = "group_reward"
-        if kind in (None, "reward"):
-            single = _parse(DashScopeRewardInput, body)
-            response = await engine.compute(dashscope_request(single.agent_output, single.ground_truth, single.request_metadata))
-            out = dashscope_reward(response)
-        elif kind == "group_reward":
-            group = _parse(DashScopeGroupRewardInput, body)
-            requests = [dashscope_request(o, group.ground_truth, group.request_metadata) for o in group.agent_outputs]
-            responses = await compute_group(engine.compute, requests, cfg.group)
-            out = dashscope_group_reward(responses)
-        else:
-            raise _unprocessable(["func_type"], f"func_type {kind!r} is not served here; gradekit serves 'reward' and 'group_reward'",
-                                 "literal_error")
-        return out["status"], out
-
-    @_reward_route(app, "/")
-    async def vertex(request: Request) -> tuple[str, Any]:
-        body = await _json_body(request)
-        parsed = _parse(VertexRequest, body)
-        try:
-            sample = sample_from_vertex(body["example"], body["response"])
-        except ValueError as e:
-            raise _unprocessable(["example"], str(e)) from None
-        reward_request = RewardRequest(messages=sample.messages, response=sample.response_text, response_messages=sample.response or None,
-                                       extra_params=sample.references, metadata={**sample.metadata, **parsed.metadata})
-        response = await engine.compute(reward_request)
-        if response.status != "success":
-            raise _failed([("", response)])
-        return "success", vertex_reply(response)
-
-    @_reward_route(app, "/get_reward")
-    async def openrlhf(request: Request) -> tuple[str, Any]:
-        batch = _parse(OpenRLHFRequest, await _json_body(request))
-        n = len(batch.query)
-        for field in ("prompts", "labels"):
-            values = getattr(batch, field)
-            if values is not None and len(values) != n:
-                raise _unprocessable([field], f"has {len(values)} items but query has {n}")
-        requests = []
-        for i, query in enumerate(batch.query):
-            prompt = batch.prompts[i] if batch.prompts is not None else None
-            answer = split_query(query, prompt, cfg.openrlhf.end_tokens)
-            if answer is None:
-                raise _unprocessable(["query", i], f"does not contain prompts[{i}], so the response cannot be split off")
-            references = label_references(batch.labels[i]) if batch.labels is not None else {}
-            # The prompt arrives with the chat template applied: ChatML and Llama 3 are read back into messages.
-            requests.append(RewardRequest(prompt=untemplate(prompt) if prompt else None, response=answer, extra_params=references,
-                                          metadata={"templated_prompt": prompt} if prompt else None))
-        responses: list[RewardResponse] = [None] * n  # type: ignore[list-item]
-        groups = prompt_groups(batch.prompts if batch.prompts is not None else [None] * n)
-        decided = await asyncio.gather(*(compute_group(engine.compute, [requests[i] for i in g], cfg.group) for g in groups))
-        for g, rs in zip(groups, decided):
-            for i, r in zip(g, rs):
-                responses[i] = r
-        responses = fill_member_failed(responses)
-        failures = [(f"query[{i}]", r) for i, r in enumerate(responses) if r.status != "success"]
-        if failures:
-            # An invalid item of a request without labels (or prompts) is explained by that absent field.
-            absent = "labels" if batch.labels is None else "prompts" if batch.prompts is None else None
-            raise _failed(failures, missing=absent)
-        return "success", openrlhf_reply(responses)
-
-    @_reward_route(app, "/grade")
-    async def foundry(request: Request) -> tuple[str, Any]:
-        parsed = _parse(FoundryGradeRequest, await _json_body(request))
-        try:
-            reward_request = foundry_request(parsed)
-        except ShapeError as e:  # a message of item.messages or sample.choices that is no chat message
-            raise _unprocessable(e.loc, str(e)) from None
-        response = await engine.compute(reward_request)
-        if response.status != "success":
-            raise _failed([("", response)], missing_loc=["sample"])
-        return "success", foundry_reply(response)
-
-    register_rl_routes(app, engine, sys.modules[__name__])
+    for contract in CONTRACTS:
+        contract.register(app, engine, cfg)
     from ._metrics import install_metrics  # prometheus_client loads with the server only
 
     install_metrics(app, engine, computer, canary)

@@ -1,31 +1,17 @@
-"""The 2026 trainers that speak HTTP: slime/miles' ``--rm-url`` (``POST /slime``) and NeMo Gym's
-resource-server ``/verify`` (``POST /verify``).
+"""NeMo Gym's resource server, ``POST /verify``: ``BaseVerifyRequest`` -> ``BaseVerifyResponse`` (NVIDIA-NeMo/Gym
+07d6b0d ``nemo_gym/base_resources_server.py``): ``{responses_create_params, response, ...}`` (the dataset
+row's fields beside them) -> the request echoed plus ``reward``.
 
-=================  ==========================================================================
-``POST /slime``    slime/miles ``remote_rm``: ``{prompt, response, label}``, one body per sample
-                   (THUDM/slime 624b824 ``slime/rollout/rm_hub/__init__.py``; radixark/miles
-                   31f1ca9 ``miles/rollout/rm_hub/__init__.py``). slime stores ``await resp.json()``
-                   as the sample's reward, so the answer is a bare JSON number. A failed reward is a
-                   non-2xx answer (``resp.raise_for_status()``): slime retries 10 times with backoff,
-                   then raises and the step fails; miles raises at once. slime has no mask on this
-                   path, so a failure is never a 200.
-``POST /verify``   NeMo Gym's ``BaseVerifyRequest`` -> ``BaseVerifyResponse`` (NVIDIA-NeMo/Gym 07d6b0d
-                   ``nemo_gym/base_resources_server.py``): ``{responses_create_params, response, ...}``
-                   (the dataset row's fields beside them) -> the request echoed plus ``reward``. A
-                   judge failure is Gym's own ``judge_failsafe`` row (``nemo_gym/judge.py``): 200,
-                   ``reward: 0.0`` beside ``_ng_failure_class: "judge_failed"`` and
-                   ``_ng_failure_judge_error``, which rollout collection routes to
-                   ``<output>_failures.jsonl`` (excluded from metrics, retried on resume); plus
-                   ``mask_sample: true`` at the top (Gym's ``MASK_SAMPLE_KEY``) and in
-                   ``instance_config`` (where NeMo-RL 7ea279a ``nemo_rl/experience/rollouts.py``
-                   ``_extract_mask_sample_flags`` reads it), so NeMo-RL drops it from the loss.
-                   A timeout is ``transient``; a sample that can never be graded is ``skipped``
-                   with ``_ng_failure_terminal: true`` (never retried); an exception in the
-                   reward computer is ``reward_failed``.
-=================  ==========================================================================
+A judge failure is Gym's own ``judge_failsafe`` row (``nemo_gym/judge.py``): 200, ``reward: 0.0`` beside
+``_ng_failure_class: "judge_failed"`` and ``_ng_failure_judge_error``, which rollout collection routes to
+``<output>_failures.jsonl`` (excluded from metrics, retried on resume); plus ``mask_sample: true`` at the
+top (Gym's ``MASK_SAMPLE_KEY``) and in ``instance_config`` (where NeMo-RL 7ea279a
+``nemo_rl/experience/rollouts.py`` ``_extract_mask_sample_flags`` reads it), so NeMo-RL drops it from the
+loss. A timeout is ``transient``; a sample that can never be graded is ``skipped`` with
+``_ng_failure_terminal: true`` (never retried); an exception in the reward computer is ``reward_failed``.
 
-Every failure on ``/verify`` is such a 200 row, a hung or slow judge included: Gym's simple agent
-calls ``raise_for_status`` on the verify reply (NVIDIA-NeMo/Gym 07d6b0d
+Every failure on ``/verify`` is such a 200 row, a hung or slow judge and a full server included: Gym's
+simple agent calls ``raise_for_status`` on the verify reply (NVIDIA-NeMo/Gym 07d6b0d
 ``responses_api_agents/simple_agent/app.py``), its ``/run`` then fails, and rollout collection
 re-raises it (``nemo_gym/rollout_collection.py`` ``_post_subroutine``): one 504 would stop the
 whole collection. So the route grades under its own deadline, :func:`verify_deadline_s`, which
@@ -39,14 +25,16 @@ import json
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request  # at run time: FastAPI reads the handlers' annotations
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from ..._sample import Message
-from ._models import RewardRequest, RewardResponse, ShapeError, label_references
+from .._sample import Message
+from ._config import ServerConfig
+from ._guards import Engine, json_body, parse, reward_route, unprocessable
+from ._models import RewardRequest, RewardResponse, ShapeError
 
-RL_ROUTES = frozenset({"/slime", "/verify"})
+PATH = "/verify"
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"  # nemo_gym.rollout_collection.NG_FAILURE_CLASS_KEY
 NG_TERMINAL_KEY = "_ng_failure_terminal"
 MASK_SAMPLE_KEY = "mask_sample"  # nemo_gym.token_id_capture.delivery.MASK_SAMPLE_KEY; NeMo-RL reads instance_config.mask_sample
@@ -59,33 +47,6 @@ def verify_deadline_s(request_timeout_s: float) -> float:
     """How long ``/verify`` grades one row: ``server.request_timeout_s`` less a margin (5 s, or a tenth
     of a shorter timeout), so the failure row is written and sent before the server's 504 could be."""
     return request_timeout_s - min(VERIFY_MARGIN_S, request_timeout_s / 10)
-
-
-# ---- slime / miles -------------------------------------------------------------------------------
-
-
-class SlimeRequest(BaseModel):
-    """``remote_rm``'s payload: ``sample.prompt`` (a string, or chat messages when the dataset keeps
-    them), ``sample.response`` and ``sample.label`` (a string or None)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: str | list[dict[str, Any]] = ""
-    response: str
-    label: Any = None
-
-
-def slime_request(body: SlimeRequest) -> RewardRequest:
-    """The label as references (a JSON-object label merges, any other is ``label`` and ``answer``)."""
-    references = label_references(body.label) if body.label is not None else {}
-    prompt: Any = body.prompt
-    if isinstance(prompt, list):
-        prompt = [Message.model_validate(m) for m in prompt]
-    return RewardRequest(prompt=prompt or None, response=body.response, extra_params=references,
-                         metadata={k: v for k, v in (body.model_extra or {}).items()} or None)
-
-
-# ---- NeMo Gym -----------------------------------------------------------------------------------
 
 
 class VerifyRequest(BaseModel):
@@ -202,33 +163,17 @@ def verify_busy_reply(body: bytes) -> Response | None:
     return JSONResponse(verify_reply(raw, busy))
 
 
-BUSY_REPLIES = {"/verify": verify_busy_reply}
+def register(app: FastAPI, engine: Engine, cfg: ServerConfig) -> None:
+    """``POST /verify`` on the reward server's app."""
 
-
-# ---- the routes ---------------------------------------------------------------------------------
-
-
-def register_rl_routes(app: FastAPI, engine: Any, core: Any) -> None:
-    """``POST /slime`` and ``POST /verify`` on the reward server's app: ``core`` is the app module
-    (its guards: ``_reward_route``, ``_json_body``, ``_parse``, ``_failed``), passed in
-    rather than imported so the two modules make no import circle."""
-
-    @core._reward_route(app, "/slime")
-    async def slime(request: Request) -> tuple[str, Any]:
-        parsed = core._parse(SlimeRequest, await core._json_body(request))
-        response = await engine.compute(slime_request(parsed))
-        if response.status != "success":
-            raise core._failed([("", response)], missing="label" if parsed.label is None else None)
-        return "success", Response(json.dumps(response.score), media_type="application/json")
-
-    @core._reward_route(app, "/verify")
+    @reward_route(app, PATH)
     async def verify(request: Request) -> tuple[str, Any]:
-        raw = await core._json_body(request)
-        parsed = core._parse(VerifyRequest, raw)
+        raw = await json_body(request)
+        parsed = parse(VerifyRequest, raw)
         try:
             reward_request = verify_request(parsed)
         except ShapeError as e:  # a field of the wrong type: a 422 naming it, as every route answers
-            raise core._unprocessable(e.loc, str(e)) from None
+            raise unprocessable(e.loc, str(e)) from None
         limit = request.app.state.config.server.request_timeout_s
         deadline = verify_deadline_s(limit)
         try:

@@ -76,9 +76,9 @@ def build_canary(section: Any, base: Path | None, computer: Any, source: str) ->
     """The canary a server config's ``canary:`` describes, on the judge the computer's grader made; ValueError naming the key."""
     from gradekit.judge import RubricError, load_rubric
 
-    from ...calibration._judging import read_labelled
-    from ...runs._canary import Canary
-    from ...runs._file import resolve_mapping
+    from ..calibration._judging import read_labelled
+    from ..runs._canary import Canary
+    from ..runs._file import resolve_mapping
     from ._metrics import _judges
 
     def where(path: str) -> Path:
