@@ -20,7 +20,7 @@ from gradekit.graders.cli import app
 from gradekit.judge import load_rubric
 from gradekit.judge.testing import AlignmentLab, FakeProvider
 
-from .conftest import serve_in
+from ..conftest import serve_in
 
 runner = CliRunner()
 RUBRIC = "semantic_equivalence_en"

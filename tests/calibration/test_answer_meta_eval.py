@@ -34,7 +34,7 @@ def test_the_shipped_set_has_its_documented_rows_and_verdicts() -> None:
     kinds = Counter(r.kind for r in ROWS)
     assert set(kinds) == {"number", "expression", "choice", "string"} and min(kinds.values()) >= 150, kinds
     assert Counter(r.split for r in ROWS) == {"dev": 787, "heldout": 220, "heldout2": 160}
-    readme = (Path(__file__).parent.parent / "eval_sets" / "answer_verification" / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "eval_sets" / "answer_verification" / "README.md").read_text(encoding="utf-8")
     assert "1,167 rows" in readme and "correct 687 / incorrect 480" in readme
 
 
@@ -92,7 +92,7 @@ def test_the_text_report_names_both_rates_with_intervals() -> None:
 
 def test_a_judge_that_fails_leaves_rows_undecided_and_exits_1() -> None:
     """A judge that fails some rows: those are undecided, counted by kind (a judge that fails every row stops the
-    run as `grade` stops: tests/test_trust_errors.py)."""
+    run as `grade` stops: tests/runs/test_trust_errors.py)."""
     from gradekit.judge.testing import Reply
 
     _, limited = load_answer_suite(limit=3)

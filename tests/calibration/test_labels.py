@@ -21,12 +21,12 @@ import pytest
 
 from typer.testing import CliRunner
 
-from gradekit.graders.calibration._labels import LabelsError, LabelStore, read_labels
+from gradekit.graders.calibration import LabelsError, LabelStore, read_labels
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import need, reference_judge
-from .test_view import grade, start_view
+from ..conftest import need, reference_judge
+from ..view.test_view import grade, start_view
 
 need("duckdb", "pip install 'gradekit[view]'")
 
@@ -175,7 +175,7 @@ def test_store_survives_two_writers_and_a_torn_line(tmp_path: Path) -> None:
         f.write(b'{"id": "b", "label": "n')  # a writer killed mid-line
     state = read_labels(path, "id")
     assert [r["id"] for r in state.records] == ["a"] and "torn last line" in state.warnings[0]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), name], env=env) for name in ("p", "q")]
     assert [w.wait(timeout=120) for w in writers] == [0, 0]
     state = read_labels(path, "id")

@@ -26,11 +26,11 @@ from gradekit.graders.calibration._llmbar import (
     resolve_run,
     upstream_statistics,
 )
-from gradekit.graders.calibration._pairwise import grade_pairwise_file
+from gradekit.graders.calibration import grade_pairwise_file
 from gradekit.judge import Judge, JudgeCache, Limiter, ParseFailure, Rubric, load_rubric, parse_reply
 from gradekit.judge.testing import FakeProvider
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNS = list_runs(REPO / "eval_sets" / "llmbar")
 NATURAL_GPT4 = LLMBarRun("LLMBar__Natural", "GPT-4", "Vanilla_NoRules")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gradekit.graders.calibration._llmbar import suite_replay_responder
+from gradekit.graders.calibration import suite_replay_responder
 from gradekit.graders.calibration._suites import SuiteError, load_suite
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply

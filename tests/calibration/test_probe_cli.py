@@ -9,13 +9,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gradekit.graders.calibration._probes import MASTER_KEYS
+from gradekit.graders.calibration import MASTER_KEYS
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
 from .test_probes import _prediction, _references, _reply
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROWS = REPO / "eval_sets/semantic_equivalence_en/data.jsonl"
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gradekit.graders.calibration._llmbar import LLMBarRun, grading_rows, replay_responder, rescore_llmbar
-from gradekit.graders.calibration._probes import answer_listing, instruction_injection, position_swap, run_probes, verbosity
+from gradekit.graders.calibration import answer_listing, instruction_injection, position_swap, run_probes, verbosity
 from gradekit.judge import Judge, Limiter, load_rubric
 from gradekit.judge.testing import FakeProvider, Reply
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EN = load_rubric("semantic_equivalence_en")
 ROWS = [json.loads(line) for line in (REPO / "eval_sets/semantic_equivalence_en/data.jsonl").open(encoding="utf-8")][:16]
 

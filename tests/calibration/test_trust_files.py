@@ -122,7 +122,7 @@ def test_calibrate_with_a_plain_labels_table_labelling_a_key_twice_differently_i
 
 def test_view_and_report_read_csv_yes_no_labels_as_text_like_calibrate(tmp_path) -> None:
     from gradekit.graders.view import Labels, ResultsFile
-    from gradekit.graders.view._summary import summarise
+    from gradekit.graders.view import summarise
 
     graded = _graded_yes_no(tmp_path)
     labels = tmp_path / "labels.csv"
@@ -161,7 +161,7 @@ def test_view_with_a_labels_file_holding_a_key_twice_exits_2_instead_of_serving_
 def test_view_annotate_without_label_values_or_rubric_offers_the_graded_files_own_labels_and_blind_still_hides(tmp_path) -> None:
     pytest.importorskip("duckdb")
     from .test_labels import JUDGE_COLUMNS, call
-    from .test_view import start_view, stop_view
+    from ..view.test_view import start_view, stop_view
 
     graded = _write(tmp_path / "graded.jsonl", [{"id": f"q{i}", "question": f"q{i}?", "label": "correct" if i % 3 else "incorrect",
                                                  "score": 1.0 if i % 3 else 0.0, "rationale": "r", "status": "ok"} for i in range(6)]

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import invoke, reference_judge
+from ..conftest import invoke, reference_judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ZH_SET = ROOT / "eval_sets" / "semantic_equivalence_zh" / "data.jsonl"
 runner = CliRunner()
 

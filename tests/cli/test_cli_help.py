@@ -69,7 +69,7 @@ def test_version_and_shell_completion() -> None:
 def test_verbose_shows_each_request_with_the_key_redacted(tmp_path) -> None:
     from gradekit.judge.testing import FakeProvider
 
-    from .conftest import reference_judge
+    from ..conftest import reference_judge
 
     source = tmp_path / "in.jsonl"
     source.write_text('{"question": "q", "references": ["a"], "prediction": "a"}\n', encoding="utf-8")

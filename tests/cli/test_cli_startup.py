@@ -16,9 +16,9 @@ import pytest
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("openai", "numpy", "pandas", "scipy", "sklearn", "matplotlib", "pyarrow", "uvicorn", "fastapi", "starlette", "ray", "duckdb")
 SERVER = ("uvicorn", "fastapi", "starlette")
 # Every registered command, so a new one is checked without anyone remembering to add it here.

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import invoke
+from ..conftest import invoke
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "graders"
 runner = CliRunner()
 
@@ -205,8 +205,8 @@ def test_examples_validate(tmp_path: Path) -> None:
 
 
 async def test_example_group_config_loads() -> None:
-    from gradekit.graders._config import load_group_grader
-    from gradekit.graders._sample import Sample, Trajectory
+    from gradekit.graders import load_group_grader
+    from gradekit.graders import Sample, Trajectory
     from gradekit.judge import Judge
 
     grader = load_group_grader(ROOT / "examples" / "graders" / "search_agent_group.yaml", judge=Judge("m", base_url="http://127.0.0.1:9/v1"))

@@ -22,7 +22,7 @@ from gradekit.graders.calibration._answer_eval import load_answer_suite
 from gradekit.graders.sandbox import _answer_rules as rules
 from gradekit.judge.testing import FakeProvider, Reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FRANCE = "Capital of France?\nA. London\nB. Paris\nC. Berlin\nD. Madrid"
 
 

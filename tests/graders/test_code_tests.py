@@ -14,11 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from gradekit.graders._code_tests import CodeTestsGrader, code_tests_grader, extract_code, read_cases
-from gradekit.graders._config import GraderConfigError, load_grader
-from gradekit.graders._sample import Sample
+from gradekit.graders import GraderConfigError, Sample, load_grader
 from gradekit.graders.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 CASES = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10"}, {"input": "2 2", "output": "5"}]
 

@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 
 from gradekit.graders._composite import FormulaError, compile_formula, formula_grader, weighted_grader
-from gradekit.graders._config import load_grader
-from gradekit.graders._sample import Grade, Sample
-from gradekit.graders._string_match import string_match_grader
+from gradekit.graders import Grade, Sample, load_grader, string_match_grader
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 
 
 def fixed(score: float | None, status: str = "ok", error: str | None = None):
@@ -164,7 +162,7 @@ async def test_weighted_yaml_with_a_python_part() -> None:
 
 async def test_a_composite_grades_usage_is_its_judge_parts_sum(fake, make_judge) -> None:
     """Issue 47: the judge parts' requests and tokens reach the composite's Grade.usage (what a run's summary counts)."""
-    from gradekit.graders._llm import llm_grader
+    from gradekit.graders import llm_grader
     from gradekit.judge import Usage
     from gradekit.judge.testing import Reply
 

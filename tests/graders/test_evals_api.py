@@ -309,7 +309,7 @@ def test_a_file_url_is_a_local_path_under_the_same_folder_rule_and_other_schemes
 
 
 def test_media_reach_the_cache_key_as_digests_only() -> None:
-    from gradekit.judge._cache import cache_key
+    from gradekit.judge import cache_key
     from gradekit.judge._media import Media, digest_media
 
     def request(url: str) -> dict:

@@ -32,7 +32,7 @@ def _parse_every(_: Path) -> None:
 
 
 def _suite_limit(_: Path) -> None:
-    from gradekit.graders.calibration._suites import load_suite
+    from gradekit.graders.calibration import load_suite
 
     load_suite("llmbar", limit=0)
 
@@ -70,25 +70,25 @@ def _not_utf8(tmp_path: Path) -> None:
 
 
 def _no_key(_: Path) -> None:
-    from gradekit.graders.calibration._agreement import calibrate_rows
+    from gradekit.graders.calibration import calibrate_rows
 
     calibrate_rows([{"id": 1, "label": "yes"}], [{"id": 1, "label": "yes"}])
 
 
 def _verdict_column(_: Path) -> None:
-    from gradekit.graders.calibration._agreement import calibrate_rows
+    from gradekit.graders.calibration import calibrate_rows
 
     calibrate_rows([{"id": 1, "label": "yes", "verdict": "yes"}])
 
 
 def _key_missing(_: Path) -> None:
-    from gradekit.graders.calibration._agreement import calibrate_rows
+    from gradekit.graders.calibration import calibrate_rows
 
     calibrate_rows([{"id": 1, "label": "yes"}], [{"key": 1, "label": "yes"}], on="id")
 
 
 def _llmbar_data(tmp_path: Path) -> None:
-    from gradekit.graders.calibration._llmbar import llmbar_root
+    from gradekit.graders.calibration import llmbar_root
 
     llmbar_root(tmp_path)
 

@@ -22,9 +22,9 @@ from gradekit.graders._config_nodes import NODE_MODELS
 from gradekit.graders._schema import SCHEMA_FILE, schema_text
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "graders"
 
 

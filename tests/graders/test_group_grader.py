@@ -11,17 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders._config import load_group_grader
-from gradekit.graders._group import GroupStatus, SampleChecks, TrajectoryChecks, group_grader
-from gradekit.graders._llm import llm_grader
-from gradekit.graders._sample import Grade, Sample, Trajectory, sample_from_row
-from gradekit.graders._spread import reward_spread
+from gradekit.graders import (
+    Grade,
+    GroupStatus,
+    Sample,
+    SampleChecks,
+    Trajectory,
+    TrajectoryChecks,
+    group_grader,
+    llm_grader,
+    load_group_grader,
+    reward_spread,
+    sample_from_row,
+)
 from gradekit.judge import Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import InFlight
+from ..conftest import InFlight
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 
 # Seed 000's search tool: the schema its validate_tool_calls checks trailing calls against.
 SEARCH_TOOL = {

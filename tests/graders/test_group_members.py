@@ -9,11 +9,8 @@ import time
 
 import pytest
 
-from gradekit.graders._config import GraderConfigError, load_group_grader
-from gradekit.graders._group import GroupStatus, group_grader
-from gradekit.graders._llm import llm_grader
+from gradekit.graders import GraderConfigError, GroupStatus, Sample, Trajectory, group_grader, llm_grader, load_group_grader
 from gradekit.graders._relative import relative_group_grader
-from gradekit.graders._sample import Sample, Trajectory
 from gradekit.judge import RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 

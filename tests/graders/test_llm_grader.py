@@ -8,14 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders._config import load_grader
-from gradekit.graders._llm import autorater_grader, llm_grader
-from gradekit.graders._sample import Sample
-from gradekit.graders._string_match import ParseConfig
+from gradekit.graders import ParseConfig, Sample, autorater_grader, llm_grader, load_grader
 from gradekit.judge import RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 ANSWER_TAG = ParseConfig(type="REGEX_EXTRACT", regex="<answer>(.*?)</answer>")
 
 

@@ -24,9 +24,9 @@ import pytest
 from gradekit.graders import Grade, MathCheck, MathVerifier, Sample, load_grader, math_equivalence_grader
 from gradekit.graders.sandbox._checkers import CheckerPool
 
-from .conftest import serve_in
+from ..conftest import serve_in
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "math_verify" / "cases.jsonl"
 MATH_YAML = 'type: math_equivalence\nexpression: "{{references.answer}}"\ntimeout: %s\n'
 

@@ -17,7 +17,7 @@ import pytest
 
 from gradekit.judge.testing import FakeProvider, Reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # (question, gold, response, accepted by the rules?)
 ROWS = [
     ("Compute 1/2 + 1/4.", "0.75", r"So the sum is \boxed{\frac{3}{4}}.", True),
@@ -169,7 +169,7 @@ def test_the_reward_server_answers_with_the_path_that_decided() -> None:
     from gradekit.graders.platforms.server import RewardServer, create_app
     from gradekit.judge import Judge, Limiter
 
-    from .test_server import call
+    from ..server.test_server import call
 
     with FakeProvider(responder=judge_says("correct")) as fake:
         judge = Judge("m", base_url=fake.base_url, api_key="k", limiter=Limiter(concurrency=4))

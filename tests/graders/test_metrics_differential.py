@@ -57,7 +57,7 @@ def test_gleu_equals_nltk_sentence_gleu_pair_for_pair() -> None:
 
 def real_pairs(count: int) -> list[tuple[str, str]]:
     """Real prose with its punctuation, code and unicode: consecutive lines of the docs (and the reverse)."""
-    lines = [line for path in sorted(Path(__file__).parents[1].glob("docs/*.md"))
+    lines = [line for path in sorted(Path(__file__).parents[2].glob("docs/*.md"))
              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     pairs = list(zip(lines, lines[1:]))
     return pairs[:count] + [(b, a) for a, b in pairs[:count // 4]]

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders._config import load_grader
-from gradekit.graders._python import PythonGrader, python_grader
-from gradekit.graders._sample import Grade, Sample
+from gradekit.graders import Grade, PythonGrader, Sample, load_grader, python_grader
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 
 SAMPLE = Sample(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
                 response="It is Paris.", references={"answer": "Paris", "max_words": "5"})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders._config import GraderConfigError, load_grader
+from gradekit.graders import GraderConfigError, load_grader
 from gradekit.graders._sample import Grade, Sample, SyncGrader, fill_placeholders, sample_from_vertex, to_vertex_example
 from gradekit.graders._string_match import (
     Normalization,
@@ -21,7 +21,7 @@ from gradekit.graders._string_match import (
     to_number,
 )
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 ANSWER_TAG = ParseConfig(type="REGEX_EXTRACT", regex="<answer>(.*?)</answer>")
 
 

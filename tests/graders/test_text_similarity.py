@@ -19,16 +19,14 @@ import pytest
 from openai import OpenAI
 from typer.testing import CliRunner
 
-from gradekit.graders import export_openai_grader, load_grader
-from gradekit.graders._config import GraderConfigError
-from gradekit.graders._sample import Sample
+from gradekit.graders import GraderConfigError, Sample, export_openai_grader, load_grader
 from gradekit.graders.cli import app
 from gradekit.judge import Breaker, JudgeCache, RetryPolicy
 from gradekit.judge._breaker import breaker_scope
 from gradekit.judge.testing import DownJudge, FakeProvider, Reply
 from gradekit.judge.testing._fake_embeddings import embedding_vector
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COSINE = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
           "evaluation_metric": "cosine", "pass_threshold": 0.5}
 METEOR = {**COSINE, "name": "meteor", "evaluation_metric": "meteor"}

@@ -15,14 +15,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gradekit.graders._config import GraderConfigError, load_grader
-from gradekit.graders._sample import Sample, sample_from_vertex
-from gradekit.graders._vertex import cloud_run_grader, dump_vertex_spec, parse_vertex_spec, vertex_grader
+from gradekit.graders import (
+    GraderConfigError,
+    Sample,
+    cloud_run_grader,
+    dump_vertex_spec,
+    load_grader,
+    parse_vertex_spec,
+    sample_from_vertex,
+    vertex_grader,
+)
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import until_sync
+from ..conftest import until_sync
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 EXAMPLE = json.loads((DATA / "example_vertex.json").read_text(encoding="utf-8"))
 
 

@@ -1,6 +1,6 @@
 """The answer-verifier rubrics (CompassVerifier's three labels, general-verifier's Final Decision) on every dialect of the fake.
 
-Their "correct"/"Yes" reading on every dialect is in tests/test_judge_models.py with the other shipped
+Their "correct"/"Yes" reading on every dialect is in tests/judge/test_judge_models.py with the other shipped
 rubrics; here: the ``invalid`` label is ``status=invalid`` through a grader and never a score, the
 ``invalid_labels`` spec field is checked, and the Final Decision line is read guarded like any verdict.
 """
@@ -16,9 +16,8 @@ from typer.testing import CliRunner
 
 from gradekit.graders import Sample, llm_grader
 from gradekit.graders.cli import app
-from gradekit.judge import Judge, Limiter, RubricError, load_rubric, parse_reply
+from gradekit.judge import Judge, Limiter, ParseFailure, RubricError, load_rubric, parse_reply
 from gradekit.judge._dialect import forget_dialects
-from gradekit.judge._parse import ParseFailure
 from gradekit.judge.testing import DIALECTS, FakeProvider, Reply, asked_reply
 
 SAMPLE = Sample(messages="Compute 1/2 + 1/4.", response="Adding, 1/2 + 1/4 = 3/4, so the answer is \\boxed{\\tfrac34}.",

@@ -24,9 +24,9 @@ from gradekit.graders.cli import app
 from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from gradekit.judge.testing import DownJudge, FakeProvider, Reply
 
-from .conftest import Waits, reference_judge
+from ..conftest import Waits, reference_judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 EN = "semantic_equivalence_en"
 
@@ -434,7 +434,7 @@ def test_a_parse_failure_storm_exits_3_on_the_command_line(tmp_path) -> None:
 
 
 def test_a_row_trip_names_the_endpoint_and_model_even_when_no_request_failed_as_broken() -> None:
-    from gradekit.judge._breaker import Breaker
+    from gradekit.judge import Breaker
 
     breaker = Breaker(first_rows=3)
     for _ in range(3):

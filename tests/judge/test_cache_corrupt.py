@@ -16,7 +16,7 @@ from gradekit.graders.cli import app
 from gradekit.judge import JudgeCache
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
 
 def _write_input(path: Path, n: int, start: int = 0) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gradekit.judge import JudgeCache, load_rubric
 
-from .conftest import verdict_json
+from ..conftest import verdict_json
 
 ROW = {"question": "What is 2+2?", "references": ["4"], "prediction": "four"}
 

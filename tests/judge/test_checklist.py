@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 
-from gradekit.judge import Rubric, load_rubric
+from gradekit.judge import ParseFailure, Rubric, load_rubric, parse_reply
 from gradekit.judge._checklist import bind_row
-from gradekit.judge._parse import ParseFailure, parse_reply
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import serve_in
+from ..conftest import serve_in
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FIVE_SPEC = """\
 name: five_checks
@@ -436,7 +435,7 @@ def test_bedrock_lambda_reports_each_criterion_in_its_metrics_list(tmp_path: Pat
     from gradekit.graders import RewardServer, create_app, export_bedrock_lambda, load_grader
     from gradekit.judge import Judge
 
-    from .test_foundry_bedrock import lambda_call
+    from ..platforms.test_foundry_bedrock import lambda_call
 
     records = [{"id": f"s-{i}", "messages": [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}],
                 "metadata": {"criteria": row["criteria"]}} for i, row in enumerate(PER_ROW)]

@@ -26,7 +26,7 @@ from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 from .test_judge_models import ROWS, answer_for
 
 GRADEKIT = [sys.executable, "-m", "gradekit"]

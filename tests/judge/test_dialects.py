@@ -409,6 +409,6 @@ def test_the_fake_serves_a_dialect_with_a_script_from_the_command_line(tmp_path:
 
 
 def test_the_testing_page_has_a_row_for_every_dialect() -> None:
-    page = (Path(__file__).parent.parent / "docs" / "testing.md").read_text(encoding="utf-8")
+    page = (Path(__file__).parents[2] / "docs" / "testing.md").read_text(encoding="utf-8")
     for name, dialect in DIALECTS.items():
         assert f"| `{name}` | {dialect.summary.replace('|', '/')} |" in page, f"docs/testing.md is missing {name}"

@@ -18,7 +18,7 @@ import pytest
 
 from gradekit.judge.testing import FakeProvider, Reply, auto_reply
 
-from .conftest import until
+from ..conftest import until
 
 MESSAGES = [{"role": "system", "content": "You are a judge."}, {"role": "user", "content": "Grade this answer."}]
 
@@ -381,7 +381,7 @@ def test_the_fake_run_outside_its_environment_says_so_in_one_line(tmp_path) -> N
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     # -S: no site-packages, as a Python outside the venv has none of gradekit's; the repository folder is on the path (-m).
     outside = subprocess.run([sys.executable, "-S", "-m", "judge.testing"], cwd=root, capture_output=True, text=True, timeout=60)
     assert outside.returncode == 2 and "Traceback" not in outside.stderr, outside.stderr
@@ -402,7 +402,7 @@ def _chain_bodies():
     """Every shipped rubric in every ask mode of its chain, rendered for one plain row, as the request the client builds."""
     from gradekit.judge import list_rubrics
     from gradekit.judge._checklist import bind_row
-    from gradekit.judge._client import build_request
+    from gradekit.judge import build_request
 
     for rubric in list_rubrics():
         shapes = {"list": ["a", "b", "c"], "criteria": ["It is short."],

@@ -28,7 +28,7 @@ from gradekit.judge._fastwire import encode, open_wire
 from gradekit.judge._wire import sdk_http
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import Waits
+from ..conftest import Waits
 
 EN = load_rubric("semantic_equivalence_en")
 ROW = {"question": "Où est la tour Eiffel ? ✓", "references": ["Paris"], "prediction": "à Paris, 1e-5 km près"}

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
-from gradekit.judge._cache import cache_key
+from gradekit.judge import Judge, JudgeCache, Limiter, cache_key, load_rubric
 from gradekit.judge.testing import DownJudge, FakeProvider
 
 EN = load_rubric("semantic_equivalence_en")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows(n: int, tag: str = "q") -> list[dict]:

@@ -21,7 +21,7 @@ from gradekit.judge import HedgePolicy, Judge, JudgeCache, Limiter, load_rubric
 from gradekit.judge._hedge import HedgeBudget, LatencyTracker
 from gradekit.judge.testing import FakeProvider, Lognormal, Reply, auto_reply
 
-from .conftest import serve_in
+from ..conftest import serve_in
 from .test_fleet import cli, rows
 
 EN = load_rubric("semantic_equivalence_en")
@@ -238,8 +238,8 @@ def test_a_serving_fleet_reports_its_hedges_on_metrics_and_stats(fleet, tmp_path
 
     from gradekit.graders.platforms.server._config import parse_server_config
 
-    from .test_server import call
-    from .test_server_rl import families, total, urllib_text
+    from ..server.test_server import call
+    from ..server.test_server_rl import families, total, urllib_text
 
     a, b = fleet
     hang = HangFirst({"q-49"})

@@ -11,7 +11,7 @@ import pytest
 from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge, verdict_json
+from ..conftest import reference_judge, verdict_json
 
 ZH = load_rubric("semantic_equivalence_zh")
 TONE = load_rubric("tone")

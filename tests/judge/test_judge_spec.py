@@ -13,8 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradekit.graders.cli import app
-from gradekit.judge import load_rubric
-from gradekit.judge._spec import JudgeSpec, Limits
+from gradekit.judge import JudgeSpec, Limits, load_rubric
 from gradekit.judge.testing import FakeProvider, Reply
 
 ROW = {"question": "q", "references": ["a"], "prediction": "a"}

@@ -241,7 +241,7 @@ async def test_a_yaml_juror_can_be_a_fleet(fake) -> None:
 async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(fake, tmp_path, rule, c_winner, agreement) -> None:
     import re
 
-    from gradekit.graders.calibration._pairwise import grade_pairwise_file
+    from gradekit.graders.calibration import grade_pairwise_file
 
     def respond(body: dict) -> Reply:
         first = re.search(r"<assistant_a>\n?(.*?)\n?</assistant_a>", body["messages"][-1]["content"], re.S).group(1)

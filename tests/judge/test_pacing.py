@@ -24,8 +24,8 @@ from gradekit.judge import Judge, Limiter, RetryPolicy, SharedLimiter, load_rubr
 from gradekit.judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import Waits
-from .virtual_time import simulate
+from ..conftest import Waits
+from ..virtual_time import simulate
 from .test_shared_limiter import _env, _finish, _rows, _start, redis_url  # noqa: F401  (redis_url is a fixture)
 
 EN = load_rubric("semantic_equivalence_en")

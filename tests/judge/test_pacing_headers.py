@@ -13,7 +13,7 @@ from gradekit.judge import Judge, Limiter, load_rubric
 from gradekit.judge._pacing import MIN_RPS, Pacer
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import Waits, reference_judge
+from ..conftest import Waits, reference_judge
 
 EN = load_rubric("semantic_equivalence_en")
 WALL = 1_900_000_000.0

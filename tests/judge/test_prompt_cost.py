@@ -442,7 +442,7 @@ async def test_a_claude_model_without_structured_outputs_is_asked_with_a_forced_
 
 def test_writes_never_read_back_are_a_warning_and_a_negative_saving() -> None:
     from gradekit.graders.runs._record import add_money
-    from gradekit.graders.runs._file import RunSummary
+    from gradekit.graders.runs import RunSummary
 
     summary = RunSummary(rows=10, ok=10, prompt_tokens=25_000, completion_tokens=100, cache_write_tokens=20_000)
     add_money(summary, Budget(prices={"my-judge": PRICE_FILE}), "my-judge")

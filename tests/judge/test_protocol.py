@@ -94,7 +94,7 @@ def test_no_grader_or_run_probes_its_judge() -> None:
     from pathlib import Path
 
     probe = re.compile(r"\b(hasattr|getattr)\(\s*(self\.)?(judge|made_judge|panel|jury|cascade)\b")
-    root = Path(__file__).resolve().parent.parent / "graders"
+    root = Path(__file__).resolve().parents[2] / "graders"
     found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if probe.search(line)]
     assert found == []

@@ -1,6 +1,6 @@
 """The limiter actor's schedule as plain Python (no Ray needed): what one ``reserve`` call books.
 
-The actor runs the same class on the cluster (tests/test_ray.py); here its arithmetic is checked
+The actor runs the same class on the cluster (tests/runs/test_ray.py); here its arithmetic is checked
 call by call, with durations measured from the actor's own clock.
 """
 

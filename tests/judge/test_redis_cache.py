@@ -1,6 +1,6 @@
 """`--cache redis://HOST:PORT/DB`: the SQLite cache's keys and semantics in a Redis every node reaches.
 
-A redis-server of its own on a free port (the fixture of tests/test_shared_limiter.py), real
+A redis-server of its own on a free port (the fixture of tests/judge/test_shared_limiter.py), real
 `gradekit grade` runs against the FakeProvider; no Ray needed.
 """
 

@@ -15,7 +15,7 @@ import pytest
 from gradekit.judge import Limiter, load_rubric, retry_after_seconds
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import Waits
+from ..conftest import Waits
 
 EN = load_rubric("semantic_equivalence_en")
 ROW = {"question": "q", "references": ["x"], "prediction": "x"}

@@ -10,7 +10,7 @@ import pytest
 
 from gradekit.judge import RubricError, RubricInputError, build_request, list_rubrics, load_rubric
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 ROWS = {
     "semantic_equivalence_zh": {"question": "《红楼梦》的作者是谁？", "references": ["曹雪芹", "曹霑"], "prediction": "作者是曹雪芹（名霑）。"},
     "semantic_equivalence_en": {"question": "What is the boiling point of water at sea level in Fahrenheit?", "references": ["212 °F"], "prediction": "212 degrees"},

@@ -148,8 +148,8 @@ def test_a_reply_that_quotes_the_key_or_the_urls_credentials_is_stored_without_t
 
 def test_a_served_judge_url_with_credentials_is_logged_without_them(tmp_path) -> None:
     """Issue 48: ``gradekit serve`` with logging.enable logs every judge request (httpx's INFO lines): no URL password."""
-    from .conftest import serve_in
-    from .test_server import call
+    from ..conftest import serve_in
+    from ..server.test_server import call
 
     with FakeProvider() as fake:
         host = fake.base_url.split("//", 1)[1]

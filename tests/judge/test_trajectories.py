@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from gradekit.graders import llm_grader, load_grader, trajectory_messages, TrajectoryError
-from gradekit.graders._sample import Sample
+from gradekit.graders import Sample, TrajectoryError, llm_grader, load_grader, trajectory_messages
 from gradekit.judge import Judge, JudgeCache, load_rubric
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge._trajectory import TrajectoryOverflow, fit, read_steps

@@ -11,7 +11,7 @@ from pathlib import Path
 from gradekit.judge import Limiter, load_rubric
 from gradekit.judge.testing import Reply
 
-from .conftest import Waits
+from ..conftest import Waits
 
 EN = load_rubric("semantic_equivalence_en")
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import Reply
 
-from .test_evals_api import grade_with_image, write_images
+from ..graders.test_evals_api import grade_with_image, write_images
 
 runner = CliRunner()
 
@@ -43,7 +43,7 @@ def test_an_image_the_provider_would_refuse_is_the_rows_error_and_sends_nothing(
 
 
 def test_image_tokens_are_estimated_as_the_provider_bills_them() -> None:
-    from gradekit.judge._limiter import estimate_tokens
+    from gradekit.judge import estimate_tokens
 
     def prompt(url: str, detail: str | None = None) -> list[dict]:
         return [{"type": "text", "text": "abcd"}, {"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}}]

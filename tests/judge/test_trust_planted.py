@@ -134,7 +134,7 @@ async def test_a_checklist_whose_judge_read_1_of_10_criteria_is_an_error_not_ful
 
 
 def test_a_rubric_sets_its_own_min_criteria_read(tmp_path) -> None:
-    from gradekit.judge._parse import ParseFailure, parse_reply
+    from gradekit.judge import ParseFailure, parse_reply
 
     (tmp_path / "five.j2").write_text(TEMPLATE, encoding="utf-8")
     for share, ok in ((0.2, True), (0.5, False)):

@@ -15,15 +15,14 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from gradekit.graders import aclose_grader, load_grader
+from gradekit.graders import aclose_grader, load_grader, vertex_grader
 from gradekit.graders.platforms import ExportError, export_openai_grader, export_vertex_evaluate, export_vertex_spec
 from gradekit.graders.cli import app
 from gradekit.graders._composite import compile_formula
 from gradekit.graders._sample import Sample, fill_placeholders, sample_from_vertex, to_openai_item, to_openai_sample
-from gradekit.graders._vertex import vertex_grader
 from gradekit.judge.testing import FakeProvider, Reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "graders"
 EXAMPLES = ROOT / "examples" / "graders"
 STDLIB = {"asyncio", "inspect", "json", "math", "numbers", "re", "unicodedata", "decimal", "fractions"}

@@ -16,18 +16,15 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from gradekit.graders import aclose_grader, load_grader
+from gradekit.graders import Grade, Sample, SampleChecks, aclose_grader, llm_grader, load_grader
 from gradekit.graders.platforms import GradingError, ark_group_grader, trl_reward_func, verl_compute_score
 from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample, GroupGraderResult, PluginStatus
-from gradekit.graders._group import SampleChecks
-from gradekit.graders._llm import llm_grader
-from gradekit.graders._sample import Grade, Sample
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import InFlight, Waits, reference_judge
+from ..conftest import InFlight, Waits, reference_judge
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 ANSWER_TAG = {"type": "string_match", "name": "exact_answer", "expression": "{{references.answer}}", "operation": "EXACT_MATCH",
               "parse": {"type": "REGEX_EXTRACT", "regex": "<answer>(.*?)</answer>"}, "correct": 1, "wrong": -1}
 
@@ -335,7 +332,7 @@ def test_trl_reward_from_a_config_file_closes() -> None:
 
 # ---- the example files, loaded the way each trainer loads them -----------------------------------
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "adapters"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "adapters"
 
 
 def load_like_verl(path: Path, name: str) -> Any:

@@ -21,9 +21,9 @@ from gradekit.graders.platforms import ark_group_grader
 from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample, PluginStatus
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import need, reference_judge
+from ..conftest import need, reference_judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # ---- defect 1: Ark's harness calls the plugin with asyncio.run(...) per sample -----------------------
 
@@ -360,7 +360,7 @@ def test_get_reward_without_labels_for_a_grader_that_needs_them_is_422_naming_la
 
 def test_a_prompt_over_max_prompt_tokens_is_an_input_error_and_sends_nothing(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     from gradekit.graders import load_grader
-    from gradekit.graders._sample import Sample
+    from gradekit.graders import Sample
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     fake.set_responder(reference_judge)
@@ -579,7 +579,7 @@ LABEL_MODEL = {
 
 def test_label_model_runs_locally_on_the_judge_and_exports_back(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from gradekit.graders import export_openai_grader, load_grader
-    from gradekit.graders._sample import Sample
+    from gradekit.graders import Sample
 
     need_sdk = need("openai.types.graders", "pip install 'openai>=1.78'")
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
@@ -645,7 +645,7 @@ def test_text_similarity_metrics(metric: str, got: str, want: str, expected: flo
 
 def test_text_similarity_from_openai_json_runs_and_exports_back() -> None:
     from gradekit.graders import export_openai_grader, load_grader
-    from gradekit.graders._sample import Sample
+    from gradekit.graders import Sample
 
     config = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}",
               "evaluation_metric": "rouge_l", "pass_threshold": 0.5}

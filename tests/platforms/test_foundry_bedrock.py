@@ -25,7 +25,7 @@ from gradekit.graders.cli import app
 from gradekit.judge import Judge, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .test_evals_api import EVAL
+from ..graders.test_evals_api import EVAL
 
 runner = CliRunner()
 
@@ -70,7 +70,7 @@ def sdk_check(grader: dict) -> None:
 
     kinds = {"string_check": g.StringCheckGraderParam, "text_similarity": g.TextSimilarityGraderParam, "python": g.PythonGraderParam,
              "score_model": g.ScoreModelGraderParam, "label_model": g.LabelModelGraderParam}
-    if grader["type"] == "multi":  # the SDK types `graders` as one grader; the API takes a map of them (tests/test_platform_sdks.py)
+    if grader["type"] == "multi":  # the SDK types `graders` as one grader; the API takes a map of them (tests/platforms/test_platform_sdks.py)
         assert set(grader) == {"type", "name", "graders", "calculate_output"}
         for member in grader["graders"].values():
             sdk_check(member)

@@ -19,10 +19,10 @@ from gradekit.graders.platforms import export_openai_grader, export_vertex_spec
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 from .test_conformance import post
 
-DATA = Path(__file__).parent / "data" / "graders"
+DATA = Path(__file__).parents[1] / "data" / "graders"
 
 
 def need(module: str) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "platforms.md"
 SECTION = "## What a failed reward becomes, per trainer"
 # Every trainer issue 43 names: each must have a row, and each row tests.

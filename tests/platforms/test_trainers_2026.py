@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from gradekit.graders._config import load_grader
+from gradekit.graders import load_grader
 from gradekit.graders.platforms import AReaLReward, GradekitTextEnv, GradingError, roll_rewards, verifiers_group_reward_func, verifiers_reward_func
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
 HANG = Reply(delay=3600.0, content="{}")
 

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from gradekit._extras import EXTRAS, MissingExtra, as_missing_extra, extra_of, require
 from gradekit.judge.testing import FakeProvider
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # gradekit's own metadata, as pip reads it: Requires-Dist lines, an extra's behind `extra == "NAME"`.
 REQUIRES = [Requirement(r) for r in requires("gradekit") or []]
 

@@ -28,9 +28,9 @@ import pytest
 
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"(?:^<!-- (?P<kind>no-test|exits): (?P<note>.*?) -->\n)?^```(?:bash|sh|shell)\n(?P<body>.*?)^```", re.M | re.S)
 EXAMPLE_URL = "http://127.0.0.1:40123/v1"  # the fake judge's URL as README.md shows it

@@ -26,7 +26,7 @@ from run to run by nature, and nothing else:
 
 Re-record after an intended change, then review the diff of ``tests/golden/runs/``::
 
-    GRADEKIT_GOLDEN_RECORD=1 pytest tests/test_golden.py
+    GRADEKIT_GOLDEN_RECORD=1 pytest tests/project/test_golden.py
 
 Known expected change (issue 47): a weighted or formula grader's run reports 0 tokens, 0 requests and
 $0; ``weighted_grader.summary.json`` records that today and is re-recorded when it is fixed.
@@ -51,9 +51,9 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
-GOLDEN = Path(__file__).parent / "golden" / "runs"
+GOLDEN = Path(__file__).parents[1] / "golden" / "runs"
 RECORD = os.environ.get("GRADEKIT_GOLDEN_RECORD") == "1"
 VOLATILE_KEYS = ("wall_s", "judgements_per_s", "rps", "reward_seconds_p50", "reward_seconds_p99", "seconds")
 _NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"

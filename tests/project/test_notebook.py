@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "calibration.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "calibration.ipynb"
 
 
 def test_notebook_is_stored_with_outputs_stripped() -> None:

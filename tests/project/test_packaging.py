@@ -14,7 +14,7 @@ import pytest
 
 from gradekit import judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from gradekit.judge import Judge, load_rubric
 from gradekit.judge.testing import FakeProvider
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "graders" / "view" / "static"
 
 
@@ -43,7 +43,7 @@ def test_a_breaker_tripped_by_a_refused_parameter_names_the_judge(tmp_path) -> N
 @pytest.mark.parametrize("rubric", ["semantic_equivalence_en", "semantic_equivalence_zh", "correctness_3way"])
 @pytest.mark.parametrize("mode", ["json_object", "tags"])
 def test_the_fakes_default_reply_holds_a_verdict_in_tags_and_json_object_modes(rubric, mode) -> None:
-    from gradekit.judge.testing._fake_provider import auto_reply
+    from gradekit.judge.testing import auto_reply
 
     spec = load_rubric(rubric)
     row = {k: (["x"] if v.type == "list" else "x") for k, v in spec.variables.items()}
@@ -67,7 +67,7 @@ def test_validate_of_an_evals_definition_with_a_python_criterion_says_which_sand
 
     from gradekit.graders.cli import app
 
-    from .test_evals_api import EVAL
+    from ..graders.test_evals_api import EVAL
 
     (tmp_path / "eval.json").write_text(json.dumps(EVAL))
     done = CliRunner().invoke(app, ["validate", str(tmp_path / "eval.json"), "--json"])
@@ -85,7 +85,7 @@ def test_the_bedrock_lambda_stores_a_plain_reference_answer_under_answer_too(tmp
 
     from gradekit.graders.cli import app
 
-    from .test_foundry_bedrock import lambda_call
+    from ..platforms.test_foundry_bedrock import lambda_call
 
     grader = {"type": "normalized_match", "name": "capital", "expression": "{{references.answer}}", "correct": 1, "wrong": 0}
     (tmp_path / "grader.json").write_text(json.dumps(grader))

@@ -16,7 +16,7 @@ from gradekit.graders.cli import app
 from gradekit.graders.runs._drift import LONG_RUN_ROWS, ServedTally, alias_note, is_alias
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import invoke, reference_judge, serve_in
+from ..conftest import invoke, reference_judge, serve_in
 
 runner = CliRunner()
 
@@ -144,7 +144,7 @@ def test_a_cached_row_records_who_answered_when_it_was_cached_and_streams_keep_t
 def test_view_filters_rows_by_who_answered(tmp_path: Path) -> None:
     pytest.importorskip("duckdb")
     from gradekit.graders.view._results import ResultsFile, ViewError, as_filter
-    from gradekit.graders.view._summary import summarise
+    from gradekit.graders.view import summarise
 
     data = write_rows(tmp_path / "rows.jsonl", 9)
     out = tmp_path / "out.jsonl"
@@ -372,11 +372,11 @@ async def test_after_the_canary_sees_a_change_no_row_reads_the_old_judges_cached
     import asyncio
     import time
 
-    from gradekit.graders.runs._canary import Canary
-    from gradekit.graders.runs._file import grade_file
+    from gradekit.graders.runs import Canary
+    from gradekit.graders.runs import grade_file
     from gradekit.judge import Judge, JudgeCache, Limiter, load_rubric
 
-    from .conftest import Gate
+    from ..conftest import Gate
 
     rubric = load_rubric("semantic_equivalence_en")
     mapping = {v: v for v in rubric.variables}

@@ -1,7 +1,7 @@
 """A folder as INPUT: its files read as one stream, in sorted path order, as if they were one file.
 
 `gradekit grade FOLDER` in-process against the fake provider with real files, and once as a
-real subprocess killed mid-run and resumed. No Ray here: tests/test_ray.py compares `--ray`.
+real subprocess killed mid-run and resumed. No Ray here: tests/runs/test_ray.py compares `--ray`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from gradekit.graders.runs._file import MARK_EVERY_S
 from gradekit.graders.runs._io import input_files, read_rows
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import Gate
+from ..conftest import Gate
 
 RUBRIC = "semantic_equivalence_en"
 

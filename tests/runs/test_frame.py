@@ -29,7 +29,7 @@ from gradekit.graders.runs._rows import MappingError, RowMapping, grade_columns
 from gradekit.judge import Judge, Limiter
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import InFlight
+from ..conftest import InFlight
 
 
 def recorder():

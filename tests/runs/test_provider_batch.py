@@ -24,10 +24,10 @@ from gradekit.graders.runs._provider_batch import grade_file_batch, state_path_f
 from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from gradekit.judge.testing import BatchFault, FakeProvider, Reply
 
-from .conftest import reference_judge, until
-from .test_cli_grade import grade, rows
+from ..conftest import reference_judge, until
+from ..cli.test_cli_grade import grade, rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ZH_SET = ROOT / "eval_sets" / "semantic_equivalence_zh" / "data.jsonl"
 EN_SET = ROOT / "eval_sets" / "semantic_equivalence_en" / "data.jsonl"
 

@@ -25,7 +25,7 @@ import pytest
 from gradekit.judge import load_rubric
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import Gate
+from ..conftest import Gate
 
 RUBRIC = "semantic_equivalence_en"
 
@@ -84,7 +84,7 @@ def _settings(base_url: str, source: Path) -> dict:
 
 def _spec(base_url: str, *, limiter: str = "ray", rps: float | None = None, cache: str | None = None, no_cache: bool = True):
     from gradekit.graders.runs._ray import worker_spec
-    from gradekit.judge._spec import JudgeSpec, Limits
+    from gradekit.judge import JudgeSpec, Limits
 
     judge = JudgeSpec.of("fake-judge", base_url=base_url, api_key="k", timeout=30,
                          limits=Limits(url=limiter, key=f"{base_url}|fake-judge", rps=rps, concurrency=4))
@@ -158,7 +158,7 @@ def test_ray_auto_without_a_cluster_says_what_to_do_in_gradekits_words(tmp_path:
 
 def test_a_ray_local_run_is_priced_as_the_local_run(tmp_path: Path) -> None:
     _need_ray()
-    from .conftest import reference_judge
+    from ..conftest import reference_judge
 
     source = _rows(tmp_path / "in.jsonl", 3)
     env = _env(PYTHONPATH=os.environ.get("PYTHONPATH", ""))
@@ -206,7 +206,7 @@ def test_a_local_cluster_the_run_started_ends_with_its_driver_killed_by_sigkill(
     import glob
     import signal
 
-    from .conftest import Gate
+    from ..conftest import Gate
 
     source = _rows(tmp_path / "in.jsonl", 8)
     gate = Gate(*range(8), pattern=r"q-(\d+)")  # every row held at the judge: the run is mid-way when it is killed

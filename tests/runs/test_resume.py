@@ -23,7 +23,7 @@ from gradekit.graders.runs._file import MARK_EVERY_S
 
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import Gate, reference_judge
+from ..conftest import Gate, reference_judge
 
 ROWS = 120
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
 
 def test_the_run_summary_names_the_slowest_rows(tmp_path: Path) -> None:

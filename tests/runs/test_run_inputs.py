@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
 HEADER = ["question", "references", "prediction", "id"]
 

@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 from gradekit.graders import GradeError, GradePlan, GradeRun, RunSummary, agrade, grade
-from gradekit.judge import Budget, JudgeSpec
-from gradekit.judge._spec import JurySpec
+from gradekit.judge import Budget, JudgeSpec, JurySpec
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
-from .test_pairwise import consistent_judge
+from ..conftest import reference_judge
+from ..calibration.test_pairwise import consistent_judge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ZH_SET = ROOT / "eval_sets" / "semantic_equivalence_zh" / "data.jsonl"
 # Figures of time differ between any two runs; everything else in a record is the run's to say the same way.
 TIMED = {"wall_s", "judgements_per_s", "reward_seconds_p50", "reward_seconds_p99", "slowest_rows", "pacing"}

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import Gate, reference_judge
+from ..conftest import Gate, reference_judge
 
 
 def _write_input(path: Path, n: int) -> None:

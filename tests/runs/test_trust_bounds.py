@@ -110,8 +110,8 @@ def test_a_row_deadline_given_on_the_command_line_or_in_a_file_holds(tmp_path) -
 def test_serve_bounds_each_rows_time_too(tmp_path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from .conftest import serve_in
-    from .test_server import call
+    from ..conftest import serve_in
+    from ..server.test_server import call
 
     with FakeProvider(dialect="vllm-reasoning-parser") as fake:
         fake.set_responder(_endless)

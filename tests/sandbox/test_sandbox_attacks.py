@@ -32,11 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from gradekit.graders._python import PythonGrader, python_grader
-from gradekit.graders._sample import Grade, Sample
+from gradekit.graders import Grade, PythonGrader, Sample, python_grader
 from gradekit.graders.sandbox import SandboxWarning, probe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXEC_GRADER = """
 def evaluate(example, response):
     ns = {"result": 0.0}

@@ -35,9 +35,9 @@ from gradekit.graders.platforms.server import ServerConfigError, build_computer,
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import reference_judge
+from ..conftest import reference_judge
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "server"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "server"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_dashscope_group_reward_keeps_order_and_length(serve) -> None:
 
 
 # DashScope's processor contract, dashscope 2.0.2 (PyPI) server.py: a failure is 200 status FAILED, which the platform
-# retries or drops (tests/test_platform_sdks.py builds the requests with that package's own models).
+# retries or drops (tests/platforms/test_platform_sdks.py builds the requests with that package's own models).
 def test_dashscope_transient_judge_failure_is_failed_not_a_score(fake: FakeProvider, serve) -> None:
     fake.set_responder(lambda body: Reply(status=500) if "boom" in json.dumps(body) else reference_judge(body))
     url = serve(judge_grader(fake, attempts=2))

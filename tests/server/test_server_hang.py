@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import serve_in
+from ..conftest import serve_in
 from .test_server import call
 
 HANGS = '''

@@ -22,9 +22,9 @@ from openai.types.responses import Response
 from gradekit.graders.platforms.server._metrics import safe_endpoint
 from gradekit.judge.testing import FakeProvider
 
-from .conftest import serve_in
+from ..conftest import serve_in
 from .test_server import call, judge_grader, serve  # noqa: F401  (serve is a fixture)
-from .test_trainers_2026 import responder  # the reference judge; FAIL unparseable, HANG never answered
+from ..platforms.test_trainers_2026 import responder  # the reference judge; FAIL unparseable, HANG never answered
 
 
 # ---- slime / miles: remote_rm, verbatim from THUDM/slime 624b824 slime/rollout/rm_hub/__init__.py ---------

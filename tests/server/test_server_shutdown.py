@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gradekit.graders.cli import app
 
-from .conftest import serve_in
+from ..conftest import serve_in
 from .test_server import call, wait_for
 
 SLOW = '''

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
-from .conftest import need, reference_judge
+from ..conftest import need, reference_judge
 
 need("duckdb", "pip install 'gradekit[view]'")
 

@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 from gradekit.graders.cli import app
 
-from .conftest import need
+from ..conftest import need
 from .test_view import UNREADABLE, files, read, start_view, stop_view  # noqa: F401  (files: the graded-file fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run", "--disable-sync"]
@@ -192,7 +192,7 @@ def test_report_opens_with_no_network_and_shows_its_rows(page: Any, files: dict[
 
 
 def test_label_five_rows_by_keyboard_in_blind_mode_and_reload(page: Any, files: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
-    from gradekit.graders.calibration._labels import read_labels
+    from gradekit.graders.calibration import read_labels
 
     store = tmp_path / "labels.jsonl"
     total = len(read(files["jsonl"]))
