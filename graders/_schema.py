@@ -2,7 +2,7 @@
 
 The schema ships in the package (``gradekit/graders/grader.schema.json``) so that ``gradekit schema``
 prints it without importing pydantic or any grader, and an editor can be pointed at a copy of it
-(docs/graders.md). tests/test_grader_schema.py regenerates it and fails when the shipped file has
+(docs/graders.md). tests/graders/test_grader_schema.py regenerates it and fails when the shipped file has
 drifted from the models; ``python -m gradekit.graders._schema`` writes it again.
 
 A file is one node (graders._config_nodes, ``group`` included at the top) with the file-level keys

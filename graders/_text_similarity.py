@@ -5,7 +5,7 @@ decides pass/fail). Definitions, so that a number can be checked by hand:
 
 - ``fuzzy_match``: the normalised Indel similarity of the two strings, ``1 - (len(a) + len(b) - 2 * LCS) / (len(a) + len(b))``
   over characters: rapidfuzz's ``fuzz.ratio`` / 100, which OpenAI's graders guide names ("using rapidfuzz"),
-  equal to it to the bit at any length (tests/test_metrics_differential.py).
+  equal to it to the bit at any length (tests/graders/test_metrics_differential.py).
 - ``bleu``: NLTK's ``sentence_bleu`` with ``method1`` smoothing over whitespace tokens (BLEU-4,
   uniform weights, brevity penalty; an order without matches counts 0.1 / its n-gram count, no
   shared word is 0), equal to NLTK's pair for pair. OpenAI's graders guide and API reference say
@@ -82,7 +82,7 @@ def _ngrams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
 def bleu(got: str, want: str) -> float:
     """NLTK's ``sentence_bleu([want.split()], got.split(), smoothing_function=SmoothingFunction().method1)``, written out.
 
-    Step for step as NLTK 3.9/3.10 computes it, so the two agree pair for pair (tests/test_text_similarity.py
+    Step for step as NLTK 3.9/3.10 computes it, so the two agree pair for pair (tests/graders/test_text_similarity.py
     checks it against NLTK): no shared word is 0; an n-gram order with no match (or no n-grams at all,
     a hypothesis shorter than n) counts as 0.1 / max(1, its n-gram count); the brevity penalty is 1 only
     for a hypothesis longer than the reference.

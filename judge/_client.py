@@ -1139,7 +1139,7 @@ class Judge:
         return Verdict(status="error", error_kind=kind, error=text, mode=mode, attempts=attempts)
 
 
-# The keywords that are a JudgeSpec's fields (judge._spec; tests/test_spec_doors.py holds the two lists equal), with their
+# The keywords that are a JudgeSpec's fields (judge._spec; tests/judge/test_spec_doors.py holds the two lists equal), with their
 # defaults: Judge(spec, ...) refuses one given beside the spec.
 _SPEC_KEYWORDS = {name: p.default for name, p in inspect.signature(Judge.__init__).parameters.items()
                   if name in ("base_url", "api_key", "endpoints", "timeout", "params", "logprobs", "max_prompt_tokens", "hedge",

@@ -129,7 +129,7 @@ def encode(request: Any) -> bytes:
     float text has an exponent or four zeros after the point (``1e16``, ``0.00001``): where the output
     shows such a pattern (in a float, or by chance inside a string) or holds a ``null`` that may be a
     NaN, or the value holds a type orjson would write its own way (a subclass, a date, a dataclass), the
-    stdlib writes it instead. Checked against 900,000 random floats (tests/test_fastwire.py).
+    stdlib writes it instead. Checked against 900,000 random floats (tests/judge/test_fastwire.py).
     """
     import orjson
 

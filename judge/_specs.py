@@ -64,7 +64,7 @@ def read_spec(path: Path) -> dict[str, Any]:
 class RubricSummary:
     """What ``gradekit rubrics`` shows of a rubric: the fields a user picks one by, with the model's defaults.
 
-    tests/test_rubrics.py checks each shipped rubric's summary against its validated ``Rubric``.
+    tests/judge/test_rubrics.py checks each shipped rubric's summary against its validated ``Rubric``.
     """
 
     name: str

@@ -224,7 +224,7 @@ def fair_coin_p(k: int, n: int) -> float:
 
     Written out (exact integers) so that the pairwise report, which every LLMBar run makes, needs no
     SciPy in the core install. With p = 1/2 the distribution is symmetric, so SciPy's "outcomes no
-    more likely than k" rule is twice the smaller tail; tests/test_calibration.py checks it against SciPy.
+    more likely than k" rule is twice the smaller tail; tests/calibration/test_calibration.py checks it against SciPy.
     """
     if not 0 <= k <= n:
         raise ValueError(f"fair_coin_p: k={k} is not within 0..n={n}")
@@ -273,7 +273,7 @@ def kappa_interval(a: Sequence[int], b: Sequence[int], labels: int, *, resamples
     """Percentile bootstrap interval of unweighted Cohen's kappa between two code sequences (0..labels-1), vectorized.
 
     scikit-learn's ``cohen_kappa_score`` takes about 10 ms a call, so a 2,000-resample interval took 20 s; this computes
-    every resample's confusion counts at once (tests/test_align.py checks it against scikit-learn's value).
+    every resample's confusion counts at once (tests/calibration/test_align.py checks it against scikit-learn's value).
     """
     x, y = np.asarray(a, dtype=int), np.asarray(b, dtype=int)
 

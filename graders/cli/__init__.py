@@ -1,7 +1,7 @@
 """The gradekit command line: one module per command, each a thin layer over library calls.
 
 Command modules import the library inside the command function, so ``gradekit --help`` and
-``gradekit CMD --help`` load typer and rich only (tests/test_cli_startup.py checks the list).
+``gradekit CMD --help`` load typer and rich only (tests/cli/test_cli_startup.py checks the list).
 """
 
 from __future__ import annotations

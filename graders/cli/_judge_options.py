@@ -3,7 +3,7 @@
 ``@judge_options`` adds them to a command's signature (typer reads ``__signature__``) and hands
 the command one :class:`JudgeOptions` value (its ``opts`` argument) instead, so ``grade``, ``meta-eval``, ``probe`` and
 ``validate`` take the same flags with the same help, and a new judge option reaches all of them
-at once (tests/test_judge_options.py checks that every such command takes every option).
+at once (tests/cli/test_judge_options.py checks that every such command takes every option).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 provider. A feature whose library is not installed fails where it starts (a command, a grader being
 built, an output format chosen), before any row is judged, with :class:`MissingExtra`: one line naming
 the ``pip install 'gradekit[...]'`` that adds it. The command line turns it into exit status 2.
-``tests/test_dependencies.py`` holds this table to pyproject.toml's optional dependencies.
+``tests/project/test_dependencies.py`` holds this table to pyproject.toml's optional dependencies.
 """
 
 from __future__ import annotations
