@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ._digest import changed_fields, field_digest
-
-if TYPE_CHECKING:
-    from ._rubric import Rubric
 
 ALIGNMENT_VERSION = 1
 log = logging.getLogger("gradekit.certificate")  # the CLI shows its INFO lines: `grade` and `serve` print a certificate on load
@@ -96,7 +93,17 @@ class Alignment(BaseModel):
     digest: dict[str, str] = Field(default_factory=dict)
 
 
-def alignment_fields(rubric: Rubric, template: str) -> dict[str, Any]:
+class AlignedSpec(Protocol):
+    """What the digest and the certificate read of a rubric (judge._rubric's ``Rubric`` meets it): its fields, dumped
+    as JSON, and its alignment block. A protocol, so the rubric's module imports this one and not the reverse."""
+
+    @property
+    def alignment(self) -> Alignment | None: ...
+
+    def model_dump(self, *, mode: str, exclude: set[str]) -> dict[str, Any]: ...
+
+
+def alignment_fields(rubric: AlignedSpec, template: str) -> dict[str, Any]:
     """Every field the digest of an aligned rubric covers, by the name a refusal names it."""
     dumped = rubric.model_dump(mode="json", exclude={"directory", "alignment", "template", "inline_template"})
     fields: dict[str, Any] = {name: dumped.get(name) for name in SPEC_FIELDS}
@@ -111,12 +118,12 @@ def alignment_fields(rubric: Rubric, template: str) -> dict[str, Any]:
     return fields
 
 
-def seal(rubric: Rubric, template: str) -> dict[str, str]:
+def seal(rubric: AlignedSpec, template: str) -> dict[str, str]:
     """The digest ``gradekit align`` writes into the rubric it certified."""
     return field_digest(alignment_fields(rubric, template))
 
 
-def check_alignment(rubric: Rubric, template: str, where: str) -> None:
+def check_alignment(rubric: AlignedSpec, template: str, where: str) -> None:
     """Refuse an aligned rubric that is not what was certified (ValueError naming the fields), then announce its certificate."""
     alignment = rubric.alignment
     assert alignment is not None
@@ -130,7 +137,7 @@ def check_alignment(rubric: Rubric, template: str, where: str) -> None:
     log.info("%s", certificate_line(rubric, where))
 
 
-def certificate_line(rubric: Rubric, where: str) -> str:
+def certificate_line(rubric: AlignedSpec, where: str) -> str:
     """One line a user reads when an aligned rubric is loaded: what it was certified for, and by how much it won."""
     a = rubric.alignment
     assert a is not None

@@ -12,7 +12,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 import openai
@@ -43,6 +43,8 @@ from ._tokens import ESTIMATE, MESSAGE_OVERHEAD, token_counter
 from ._trajectory import TrajectoryCoverage
 from ._window import known_window, overflow_of
 from ._native import claude_minimum_tokens
+from ._navigate import navigate
+from ._steps import judge_steps
 from ._thinking import read_message
 from ._tiers import DEFAULT_FLEX_DEADLINE_S, ROW_STARTED, FlexFull, flex_capacity, flex_retrying, standard
 from ._verdict import NO_USAGE, ErrorKind, Usage, Verdict
@@ -51,8 +53,22 @@ from ._warm import (OPENAI_MINIMUM_TOKENS, Warmer, breakpoint_marker, mark_share
 from ._wire import (Failed, Route, breaker_failure, carrying, error_of, local_message, served_of, spent_by, status_detail, status_error_kind,
                     status_message, status_text, usage_counts, vectors_of)
 
-if TYPE_CHECKING:
-    from ._spec import JudgeSpec
+
+class _Limits(Protocol):
+    @property
+    def given(self) -> bool: ...
+
+
+class JudgeSpecLike(Protocol):
+    """What ``Judge(spec)`` reads of a spec (judge._spec's ``JudgeSpec`` meets it). A protocol, not the class: the spec
+    module builds Judges (``JudgeSpec.build``), so it imports this one and not the reverse."""
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    def limiter(self) -> RequestLimiter: ...
+
+    def judge_keywords(self) -> dict[str, Any]: ...
 
 log = logging.getLogger("gradekit.judge")
 Api = Literal["chat", "responses", "anthropic"]
@@ -216,7 +232,7 @@ class Judge:
 
     def __init__(
         self,
-        model: str | JudgeSpec | None = None,
+        model: str | JudgeSpecLike | None = None,
         *,
         base_url: str | Sequence[str] | None = None,
         api_key: str | Sequence[str] | None = None,
@@ -450,12 +466,8 @@ class Judge:
         started = time.perf_counter()
         try:
             if rubric.granularity == "step":
-                from ._steps import judge_steps
-
                 return await judge_steps(self, rubric, row)
             if rubric.navigate:
-                from ._navigate import navigate
-
                 return await navigate(self, rubric, row)
             return await self.judge_once(rubric, row)
         except Exception as exc:  # noqa: BLE001 - raised here, not by the judge (which _send makes a Failed): the row's local_error

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
-from ._wire import sdk_http, whole_request_seconds
+from ._sdk import sdk_http, whole_request_seconds
 
 log = logging.getLogger("gradekit.judge")
 # One line per request, as the SDK's HTTP library logs them (``gradekit -v`` shows this logger at INFO).

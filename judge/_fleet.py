@@ -44,8 +44,8 @@ from ._fastwire import FastWire, open_wire
 from ._native import NATIVE_ROUTES, post_native
 from ._tiers import flex_capacity
 from ._verdict import NO_USAGE, Usage
-from ._wire import (Failed, Route, breaker_failure, carrying, check_body, post, reply_usage, route_url, sdk_http, spent_by,
-                    whole_request_seconds)
+from ._sdk import sdk_http, whole_request_seconds
+from ._wire import Failed, Route, breaker_failure, carrying, check_body, post, reply_usage, route_url, spent_by
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

@@ -33,7 +33,8 @@ from typing import Any
 import openai
 
 from ._dialect import answered, on_wire
-from ._wire import sdk_http, usage_detail, whole_request_seconds
+from ._sdk import sdk_http, whole_request_seconds
+from ._wire import usage_detail
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096  # the Messages API requires max_tokens; a verdict with its rationale fits far below

@@ -19,17 +19,44 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cache import cache_key
 from ._parse import Reading, read_completion
-from ._rubric import PromptOverflow, Room, Rubric, RubricInputError
+from ._rubric import AskMode, PromptOverflow, Room, Rubric, RubricInputError
 from ._trajectory import Steps, fit
-from ._verdict import NO_USAGE, Verdict
+from ._verdict import NO_USAGE, Usage, Verdict
 from ._wire import Failed, spent_by
 
 if TYPE_CHECKING:
-    from ._client import Judge
+    from ._budget import Budget
+    from ._cache import JudgeCache
+    from ._dialect import Dialect
+
+
+class NavigatingJudge(Protocol):
+    """What navigation asks of a judge (judge._client's ``Judge`` meets it): how it builds and sends a request, where
+    it caches and spends, and its one plain judgement to fall back to. A protocol: the client imports this module."""
+
+    RELEARN: type[Exception]  # what ``_send`` raises when a request must be built again
+    dialect: Dialect
+    cache: JudgeCache | None
+    budget: Budget | None
+    base_url: str
+    model: str
+    logprobs: int | None
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def room(self, rubric: Rubric) -> Room: ...
+
+    def _request(self, rubric: Rubric, messages: list[dict[str, Any]], mode: AskMode) -> dict[str, Any]: ...
+
+    async def _send(self, request: dict[str, Any]) -> tuple[dict[str, Any], Usage]: ...
+
+    async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict: ...
+
 
 TOOLS = [
     {"type": "function", "function": {
@@ -115,7 +142,7 @@ def _answer(steps: Steps, call: Mapping[str, Any], budget: int, counter: Any) ->
     return search(steps, args.get("pattern"), budget, counter)
 
 
-async def navigate(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
+async def navigate(judge: NavigatingJudge, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
     """Judge ``row`` letting the judge read the trace with tools; see the module's docstring."""
     if "tool" in judge.dialect.refused_modes:
         return await judge.judge_once(rubric, row)  # no tools here: the budgeted view

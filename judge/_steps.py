@@ -15,13 +15,16 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._rubric import Rubric, RubricInputError
 from ._verdict import StepVerdict, Usage, Verdict
 
-if TYPE_CHECKING:
-    from ._client import Judge
+
+class OnceJudge(Protocol):
+    """What per-step judging asks of a judge (judge._client's ``Judge`` meets it): one judgement of one row."""
+
+    async def judge_once(self, rubric: Rubric, row: Mapping[str, Any]) -> Verdict: ...
 
 
 def aggregate(scores: Sequence[float], how: str) -> float:
@@ -35,7 +38,7 @@ def aggregate(scores: Sequence[float], how: str) -> float:
     return sum(scores) / len(scores)
 
 
-async def judge_steps(judge: Judge, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
+async def judge_steps(judge: OnceJudge, rubric: Rubric, row: Mapping[str, Any]) -> Verdict:
     """One verdict per assistant step of the row's trajectory, aggregated; see the module's docstring."""
     started = time.perf_counter()
     var = rubric.trajectory_variables[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import json
 import math
 import re
@@ -18,18 +17,18 @@ import socket
 import ssl
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import openai
 
 from ._dialect import answered, error_fields, names_output_format, on_wire
+from ._fastwire import FastWire
 from ._retry import is_local, is_not_recorded
 from ._reward_model import NoScore, read_reward, server_root
+from ._sdk import sdk_http, whole_request_seconds
 from ._verdict import NO_USAGE, ErrorKind, Usage
 from ._window import overflow_of
 
-if TYPE_CHECKING:
-    from ._fastwire import FastWire
 
 # "responses" and "anthropic": a judgement sent through the OpenAI Responses API or Anthropic's Messages API
 # (judge._native), built and read as a chat completion; the last four: a served reward model's routes (judge._reward_model).
@@ -201,21 +200,6 @@ def vectors_of(response: Mapping[str, Any], count: int) -> list[list[float]]:
 _SDK_CHAT_ARGUMENTS: frozenset[str] | None = None
 
 
-@functools.cache
-def sdk_http() -> Any:
-    """The HTTP library the installed openai SDK sends through: httpx (1.x, 2.x) or httpx2 (3.x).
-
-    Its ``Response`` is what ``client.post(cast_to=Response)`` returns raw and its ``Request`` is what
-    an ``APITimeoutError`` carries; both are taken from the SDK's own client class, never from a
-    transport package assumed to be installed (openai 3.x installs httpx2, not httpx).
-    """
-    for cls in openai.DefaultAsyncHttpxClient.__mro__:
-        root = cls.__module__.partition(".")[0]
-        if root != "openai" and cls is not object:
-            return importlib.import_module(root)
-    raise RuntimeError("the openai SDK's async client is not built on an HTTP library gradekit knows")
-
-
 def sdk_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
     """``request`` as keyword arguments of the SDK's ``chat.completions.create``: keys the SDK does
     not know (DashScope's ``enable_thinking``, Ark's ``thinking``, vLLM's ``top_k``) go in
@@ -317,16 +301,6 @@ async def post(client: Any, request: Mapping[str, Any], route: Route = "chat", f
         return await asyncio.wait_for(_post(client, request, route, fast), seconds)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise openai.APITimeoutError(request=sdk_http().Request("POST", route_url(client, route))) from None
-
-
-def whole_request_seconds(client: Any) -> float | None:
-    """The SDK client's timeout as seconds for a whole request (the longest part of a transport Timeout), or None."""
-    timeout = getattr(client, "timeout", None)
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        return float(timeout) if timeout > 0 else None
-    parts = [getattr(timeout, name, None) for name in ("connect", "read", "write", "pool")]
-    seconds = [float(p) for p in parts if isinstance(p, (int, float)) and p > 0]
-    return max(seconds) if seconds else None
 
 
 def route_url(client: Any, route: Route) -> str:

@@ -15,18 +15,17 @@ import dataclasses
 import itertools
 import json
 import random
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from email import policy
 from email.parser import BytesParser
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from ._wire import RecordedRequest, _DroppedResponse, error_response
-
-if TYPE_CHECKING:
-    from ._fake_provider import FakeProvider
 
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -155,11 +154,18 @@ def _validate(content: bytes, endpoint: str) -> tuple[list[dict[str, Any]], list
 
 
 class BatchAPI:
-    """Files and batches held in memory by one :class:`FakeProvider`; all handlers run on its loop."""
+    """Files and batches held in memory by one :class:`FakeProvider`; all handlers run on its loop.
 
-    def __init__(self, provider: FakeProvider, *, polls_until_done: int, hold: bool, faults: list[BatchFault],
-                 shuffle_output: bool) -> None:
-        self.provider = provider
+    The provider hands in its request log (and the thread lock guarding it) and its live dispatch
+    (``answer``), so a batch line is recorded and answered as a live request is without this module
+    knowing the provider's class.
+    """
+
+    def __init__(self, *, log: list[RecordedRequest], log_lock: threading.Lock, answer: Callable[[Any], Awaitable[Response]],
+                 polls_until_done: int, hold: bool, faults: list[BatchFault], shuffle_output: bool) -> None:
+        self.log = log
+        self.log_lock = log_lock
+        self.answer = answer
         self.polls_until_done = polls_until_done
         self.held = hold
         self.shuffle_output = shuffle_output
@@ -324,15 +330,14 @@ class BatchAPI:
 
     async def _answer_line(self, batch: _Batch, line: dict[str, Any]) -> tuple[int, Any, dict[str, Any] | None]:
         """(status_code, body, error) of one line, through the provider's live dispatch."""
-        provider = self.provider
         body = line["body"]
         record = RecordedRequest(time=time.monotonic(), path=batch.endpoint, body=body, headers={},
                                                   batch_id=batch.id)
-        with provider._lock:
-            provider._requests.append(record)
+        with self.log_lock:
+            self.log.append(record)
         # A batch line is never streamed (the Batch API answers whole bodies), but the dialect still refuses it.
         body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")} if isinstance(body, dict) else body
-        response = provider._rejected(body) or provider._refused(body) or await provider._answer(body)
+        response = await self.answer(body)
         if isinstance(response, _DroppedResponse):
             return 0, None, {"code": "request_timeout", "message": "The underlying call to the model timed out."}
         try:
@@ -340,6 +345,6 @@ class BatchAPI:
         except ValueError:
             response = _error(500, "FakeProvider: the scripted raw_body is not JSON.")
             payload = json.loads(bytes(response.body))
-        with provider._lock:
+        with self.log_lock:
             record.status = response.status_code
         return response.status_code, payload, None

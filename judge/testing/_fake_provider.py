@@ -586,8 +586,9 @@ class FakeProvider:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
-        self._batch_api = BatchAPI(self, polls_until_done=batch_polls_until_done, hold=hold_batches,
-                                   faults=list(batch_faults), shuffle_output=shuffle_batch_output)
+        self._batch_api = BatchAPI(log=self._requests, log_lock=self._lock, answer=self._answer_batch_line,
+                                   polls_until_done=batch_polls_until_done, hold=hold_batches, faults=list(batch_faults),
+                                   shuffle_output=shuffle_batch_output)
 
     # ---- test-facing controls --------------------------------------------------------------
 
@@ -837,6 +838,10 @@ class FakeProvider:
                shape: str | None = None) -> JSONResponse:
         return error_response(status, message, code=code, param=param, headers=headers,
                               shape=shape or self.dialect.error_shape, details=details)
+
+    async def _answer_batch_line(self, body: Any) -> Response:
+        """A batch line through the live dispatch: capability rejections, the dialect's refusals, then the script."""
+        return self._rejected(body) or self._refused(body) or await self._answer(body)
 
     def _refused(self, body: dict[str, Any]) -> Response | None:
         """The dialect's error for a body its provider refuses (one per request, in the dialect's order),

@@ -25,7 +25,7 @@ import pytest
 from gradekit.judge import Judge, Limiter, RetryPolicy, load_rubric
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge._fastwire import encode, open_wire
-from gradekit.judge._wire import sdk_http
+from gradekit.judge._sdk import sdk_http
 from gradekit.judge.testing import FakeProvider, Reply
 
 from ..conftest import Waits

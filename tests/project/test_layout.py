@@ -114,7 +114,7 @@ MAY_IMPORT: dict[str, set[str]] = {
               "aiohttp"},  # aiohttp: the fast wire (judge/_fastwire.py)
     "judge/testing": {"starlette", "uvicorn"},
 }
-# The SDK's transport (httpx or httpx2) is never imported by name: judge/_wire.py takes it from the SDK (sdk_http).
+# The SDK's transport (httpx or httpx2) is never imported by name: judge/_sdk.py takes it from the SDK (sdk_http).
 # tiktoken: a model's tokenizer for fitting a trajectory into the window, when installed and its encoding cached (judge/_tokens.py)
 # genai_prices: the maintained price data (judge/_budget.py), loaded only when a model is priced
 MAY_IMPORT_LAZILY: dict[str, set[str]] = {"judge": {"redis", "coredis", "limits", "ray", "tiktoken", "genai_prices"}}
