@@ -256,6 +256,25 @@ def test_each_room_imports_only_the_rooms_below_it() -> None:
     assert seen == set(ROOMS), sorted(set(ROOMS) - seen)  # every room in the table is a folder that exists
 
 
+# tests/ mirrors the rooms: a folder per room (its last name: tests/server/ for graders/server/), and tests/project/ for
+# what holds for the whole repository (layout, packaging, docs, goldens). Shared fixtures stay at the root.
+TEST_FOLDERS = {folder.rsplit("/", 1)[-1] for folder in ROOMS if folder not in ("gradekit", "graders", "judge/testing", "graders/grading")}
+TEST_FOLDERS |= {"graders", "project"}
+TEST_ROOT_FILES = {"__init__.py", "conftest.py", "virtual_time.py"}
+TEST_DATA = {"data", "golden", "__pycache__"}
+
+
+def test_tests_mirror_the_rooms() -> None:
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir()} - TEST_DATA
+    assert folders == TEST_FOLDERS, f"tests/ folders {sorted(folders)}, the rooms' {sorted(TEST_FOLDERS)}"
+    assert all((tests / f / "__init__.py").is_file() for f in folders)
+    loose = {p.name for p in tests.glob("*.py")} - TEST_ROOT_FILES
+    assert not loose, f"test files at the root of tests/: {sorted(loose)}; put each in the folder of the room it tests"
+    nested = [p.relative_to(tests) for f in folders for p in (tests / f).glob("*/*.py")]
+    assert not nested, f"tests/ is one level deep: {nested}"
+
+
 def test_the_judge_core_names_spec_fields_never_command_line_flags() -> None:
     """judge/ is a library: its messages say `base_url`, and the CLI's one flag table (graders._flags) says --base-url."""
     from gradekit.graders._flags import FLAGS
