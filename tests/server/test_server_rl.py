@@ -473,10 +473,25 @@ def urllib_text(url: str) -> str:
         return response.read().decode()
 
 
-def test_metric_names_are_prometheus_valid() -> None:
-    from gradekit.graders.server._metrics import BUCKETS, KNOWN_ROUTES
+def test_each_route_of_the_app_labels_its_requests_and_any_other_path_is_other(serve) -> None:
+    from gradekit.graders import BaseRewardComputer
+    from gradekit.graders.server._app import REWARD_ROUTES
+    from gradekit.graders.server._metrics import BUCKETS
 
-    assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in KNOWN_ROUTES)
+    class Length(BaseRewardComputer):
+        def compute_reward(self, request):
+            return self.success_response(float(len(request.response or "")))
+
+    url = serve(Length())
+    for path in sorted(REWARD_ROUTES) + ["/health", "/no/such/route", "/wp-login.php"]:
+        try:
+            call(url, path, {})
+        except Exception:  # noqa: BLE001 - only the count matters here
+            pass
+    labels = {k.split('route="', 1)[1].split('"', 1)[0] for k in families(urllib_text(url + "/metrics"))
+              if k.startswith("gradekit_requests_total{")}
+    assert labels == {*REWARD_ROUTES, "/health", "other"}, labels
+    assert BUCKETS[-1] == float("inf") and all(re.fullmatch(r"/[a-z_/0-9]*", r) for r in labels - {"other"})
 
 
 def test_a_type_group_reward_grader_brings_its_group_keys_to_the_server(fake: FakeProvider, tmp_path: Path, serve) -> None:
