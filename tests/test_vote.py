@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gradekit.graders.calibration._pairwise import pairwise_grader
+from gradekit.graders._pairwise import pairwise_grader
 from gradekit.graders.cli import app
 from gradekit.judge import load_rubric
 from gradekit.judge.testing import Reply

@@ -27,8 +27,10 @@ from gradekit.judge import JudgeCache, ParseFailure, Rubric, load_rubric, parse_
 from gradekit.judge._spec import JudgeSpec, Limits
 from gradekit.judge.testing import FakeProvider, Reply
 
+from .._pairwise import ConflictRule
+from ..runs._pairwise import PairwiseRunSummary
 from ._agreement import PairwiseReport, pairwise_report
-from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
+from ._pairwise import grade_pairwise_file
 
 Order = Literal["ab", "ba"]
 StrategyKind = Literal["comparison", "swap", "rating"]
