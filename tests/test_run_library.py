@@ -173,3 +173,21 @@ def test_options_a_run_kind_cannot_honour_are_refused_not_dropped(tmp_path, plan
 def test_agrade_refuses_a_ray_run_whose_driver_would_block_the_loop(tmp_path) -> None:
     with pytest.raises(GradeError, match="call grade"):
         asyncio.run(agrade(_small(tmp_path, 2), tmp_path / "out.jsonl", GradePlan(rubric="tone", ray="local")))
+
+
+def test_the_record_is_results_and_stats_in_small_parts_read_flat() -> None:
+    """Issue 47: a run's record is two parts, each model at most 15 fields; --json and a saved record read it flat,
+    key for key, and a flat record validates back into the parts."""
+    from pydantic import BaseModel
+
+    from gradekit.graders.runs import _pairwise, _record
+
+    models = [m for module in (_record, _pairwise) for m in vars(module).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == module.__name__]
+    assert {"RunSummary", "RunResults", "RunStats", "Money", "PairwiseRunSummary", "PairwiseResults"} <= {m.__name__ for m in models}
+    assert not [(m.__name__, len(m.model_fields)) for m in models if len(m.model_fields) > 15]
+    s = RunSummary()
+    s.results.rows, s.stats.money.cost_usd, s.stats.judge_calls_saved = 3, 0.5, 2
+    flat = s.model_dump(mode="json")
+    assert list(flat) == [key for key, _ in RunSummary.FLAT if key != "canary"] and flat["cost_usd"] == 0.5
+    assert RunSummary.model_validate(flat) == s
