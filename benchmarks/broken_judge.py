@@ -47,9 +47,9 @@ async def run(base_url: str, source: Path, out: Path, keep_going: bool) -> tuple
         async with judge:
             summary = await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables}, resume=False,
                                        keep_going=keep_going)
-        outcome, attempts = f"{summary.errors} error rows", summary.requests
+        outcome, attempts = f"{summary.results.errors} error rows", summary.stats.usage.requests
     except BreakerTripped as e:
-        outcome = f"stopped, {e.summary.rows} rows written"
+        outcome = f"stopped, {e.summary.results.rows} rows written"
     return outcome, attempts, time.perf_counter() - started
 
 

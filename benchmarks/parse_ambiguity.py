@@ -123,7 +123,7 @@ async def replay_all() -> tuple[int, int, Counter]:
             result = await replay_grade(run, output=output)
             with output.open(encoding="utf-8") as handle:
                 errors.update(row["error_kind"] for row in map(json.loads, handle) if row.get("error_kind"))
-            report = result.summary.report
+            report = result.summary.results.report
             runs += 1
             same = report is not None and report.acc is not None and report.agr is not None and \
                 abs(report.acc * 100 - result.published_acc) < 1e-9 and abs(report.agr * 100 - result.published_agr) < 1e-9

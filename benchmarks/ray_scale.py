@@ -70,7 +70,7 @@ def run_limit(rows: int, tmp: Path, rps: float) -> None:
             sent = fake.chat_requests()
         refused = sum(r.status == 429 for r in sent)
         print(f"    {label:38s} accepted {accepted_rate(sent) / rps:5.3f} of the limit; 429s {refused}/{len(sent)} "
-              f"({refused / max(1, len(sent)):.1%}); rows ok {summary.ok}/{rows}; {wall:.1f} s")
+              f"({refused / max(1, len(sent)):.1%}); rows ok {summary.results.ok}/{rows}; {wall:.1f} s")
 
 
 def run_overhead(rows: int, tmp: Path) -> None:

@@ -95,7 +95,7 @@ def child_gradekit(config: dict, source: Path, destination: Path, cache: str | N
             await grader.aclose()
 
     summary = asyncio.run(run())
-    return {"rows": summary.rows, "ok": summary.ok, "errors": summary.errors}
+    return {"rows": summary.results.rows, "ok": summary.results.ok, "errors": summary.results.errors}
 
 
 def peak_rss_mb() -> float:
@@ -120,7 +120,7 @@ def child_rubric(source: Path, destination: Path, cache: str) -> dict:
             return await grade_file(judge, rubric, source, destination, RUBRIC_MAP, resume=False)
 
     summary = asyncio.run(run())
-    return {"rows": summary.rows, "ok": summary.ok, "errors": summary.errors, "requests": summary.requests}
+    return {"rows": summary.results.rows, "ok": summary.results.ok, "errors": summary.results.errors, "requests": summary.stats.usage.requests}
 
 
 def run_child(*args: str, env: dict | None = None) -> dict:

@@ -1,7 +1,8 @@
 """Calibration: can the judge be trusted? Agreement with human labels, pairwise judging, LLMBar, probes.
 
 ``_agreement`` holds the statistics (pure functions over lists, pydantic reports, plots);
-``_pairwise`` judges a pair in both orders and applies a pair rule; ``_llmbar`` reproduces the
+``_pairwise`` grades a labelled file of pairs (the pairwise run, ``runs._pairwise``, whose pairs
+``graders._pairwise`` judges in both orders under a pair rule) with Acc and Agr; ``_llmbar`` reproduces the
 LLMBar paper's figures from its recorded judge outputs; ``_suites`` and ``_meta_eval`` score a
 judge on labelled pairwise suites beside the published judges; ``_ppi`` turns a few human labels
 plus many judge scores into an estimate with an honest interval (weighted by the labels' draw
@@ -22,7 +23,9 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._llmbar": ["LLMBarRun", "RescoredRun", "llmbar_published", "llmbar_root", "load_llmbar", "rescore_llmbar",
                  "suite_replay_responder"],
     "._meta_eval": ["MetaEvalReport", "MetaEvalRow", "meta_eval", "plot_meta_eval"],
-    "._pairwise": ["PairVerdict", "PairwiseRunSummary", "grade_pairwise_file", "pairwise_grader"],
+    "._pairwise": ["grade_pairwise_file"],
+    "gradekit.graders._pairwise": ["PairVerdict", "pairwise_grader"],  # the pair judging sits with the grader kinds
+    "gradekit.graders.runs._pairwise": ["PairwiseRunSummary"],  # the pairwise run's record
     "._labels": ["LabelState", "LabelStore", "LabelsError", "draw_probabilities", "read_labels", "uncertainty"],
     "._ppi": ["PPIReport", "ppi_mean", "ppi_mean_active", "ppi_rows"],
     "._probes": ["MASTER_KEYS", "Probe", "ProbeReport", "answer_listing", "instruction_injection", "master_key", "master_keys",

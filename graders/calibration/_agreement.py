@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
 
 Weights = Literal["linear", "quadratic"]
 PairConvention = Literal["llmbar", "skip"]
-Winner = Literal["1", "2", "tie"]
 
 __all__ = [
     "CalibrationReport",

@@ -28,8 +28,10 @@ from gradekit.judge._spec import JudgeSpec, Limits
 from gradekit.judge.testing import FakeProvider, Reply
 from gradekit.judge.testing._fake_provider import last_user_content
 
+from .._pairwise import ConflictRule
+from ..runs._pairwise import PairwiseRunSummary
 from ._agreement import PairwiseReport, pairwise_report
-from ._pairwise import ConflictRule, PairwiseRunSummary, grade_pairwise_file
+from ._pairwise import grade_pairwise_file
 
 Order = Literal["ab", "ba"]
 StrategyKind = Literal["comparison", "swap", "rating"]

@@ -29,8 +29,8 @@ from gradekit._extras import require
 from gradekit.judge import Judge, ModelPrice, Rubric, Usage, cost_usd
 from gradekit.judge._budget import price_of
 
+from .._pairwise import ConflictRule, PairVerdict, pairwise_grader
 from ._agreement import pairwise_report
-from ._pairwise import ConflictRule, PairVerdict, pairwise_grader
 from ._suites import OVERALL, PublishedRow, Suite
 
 JURY = "jury"

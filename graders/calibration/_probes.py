@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from gradekit.judge import JudgeProtocol, Rubric, Verdict
 
-from ._pairwise import swapped
+from .._pairwise import swapped
 
 Expectation = Literal["same", "lowest", "not_top"]
 Perturb = Callable[[Mapping[str, Any], int, Sequence[Mapping[str, Any]]], dict[str, Any]]

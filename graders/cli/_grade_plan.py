@@ -126,7 +126,7 @@ def resolve(command: Command) -> RunInput:
 
 def check(command: Command) -> None:
     """The rules between the options, the rubric and the kind of run (batch, pairwise, jury, Ray): exit 2 before any request."""
-    from ..calibration._pairwise import CONFLICT_RULES
+    from .._pairwise import CONFLICT_RULES
     from ._panel import check_cascade_rubric
 
     a, spec, opts, panel, cascade_spec = command.args, command.spec, command.args.opts, command.panel, command.cascade_spec

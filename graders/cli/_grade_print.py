@@ -20,8 +20,8 @@ from ._common import print_json
 if TYPE_CHECKING:
     from gradekit.judge._protocol import JudgeStats
 
-    from ..calibration._pairwise import PairwiseRunSummary
-    from ..runs._file import RunSummary
+    from ..runs._pairwise import PairwiseRunSummary
+    from ..runs._record import RunSummary
     from ..grading._grade import GradeRun
     from ..runs._io import RunInput
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def report(run: GradeRun, output: Path, what: dict[str, str], json_output: bool, name: str) -> typer.Exit:
     """The record on the terminal or as --json (``name``: a panel block's, jury or cascade), then the exit status:
     1 when some rows carry an error or were skipped."""
-    from ..runs._file import RunSummary
+    from ..runs._record import RunSummary
     from ._panel import print_panel
 
     s, block = run.summary, run.panel
@@ -52,7 +52,7 @@ def report(run: GradeRun, output: Path, what: dict[str, str], json_output: bool,
 
 def breaker_exit(e: Any, output: Path, json_output: bool, err: Console) -> typer.Exit:
     """Exit 3: nothing is wrong with the rows; the judge is. The same command resumes once it is fixed."""
-    from ..runs._file import RunSummary
+    from ..runs._record import RunSummary
 
     if json_output:
         partial = e.summary.model_dump() if isinstance(e.summary, RunSummary) else {}
@@ -94,74 +94,77 @@ def fleet_text(stats: JudgeStats | None) -> str:
 
 def print_summary(s: RunSummary, output: Path, console: Console, endpoints: list[dict] | None = None,
                    hedges: dict | None = None) -> None:
+    r, st = s.results, s.stats
+    u, m = st.usage, st.money
     if s.already_complete:
-        console.print(f"{output} is already complete ({s.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
+        console.print(f"{output} is already complete ({r.rows} rows); nothing to do. Use --restart to grade again.", highlight=False)
     elif s.resumed_from:
         console.print(f"resumed: {s.resumed_from} rows were already in {output} from an interrupted run", highlight=False)
     table = Table(show_header=False, box=None, pad_edge=False)
-    skipped = f", {s.skipped} skipped" if s.skipped else ""
-    skipped += f", {s.abstained} abstained" if s.abstained else ""
-    table.add_row("rows", f"{s.rows} ({s.ok} judged, {s.errors} errors{skipped}) -> {output}")
-    table.add_row("mean score", "n/a" if s.mean_score is None else f"{s.mean_score:.4f}")
-    table.add_row("labels", ", ".join(f"{k}: {v}" for k, v in s.label_counts.items()) or "-")
-    table.add_row("parse failures", f"{s.parse_failure_rate:.1%}")
-    table.add_row("errors by kind", ", ".join(f"{k}: {v}" for k, v in s.errors_by_kind.items()) or "-")
-    table.add_row("tokens", f"{s.prompt_tokens} prompt + {s.completion_tokens} completion"
-                  + (f" ({s.reasoning_tokens} reasoning)" if s.reasoning_tokens else "")
-                  + (f"; {s.cached_tokens} prompt tokens from the provider's cache" if s.cached_tokens else ""))
-    if s.cached_tokens or s.cache_write_tokens:
-        money = "" if s.cache_saved_usd is None else \
-            (f", saved ${s.cache_saved_usd:.4f}" if s.cache_saved_usd >= 0 else f", cost ${-s.cache_saved_usd:.4f} more")
-        table.add_row("prompt cache", f"{s.cache_hit_ratio:.1%} of prompt tokens read, {s.cache_write_ratio:.1%} written{money}")
-    cost = "n/a (no price for the model: --prices FILE)" if s.cost_usd is None else f"${s.cost_usd:.4f} estimated"
-    if s.cost_by_tier:
-        cost += " (" + ", ".join(f"{tier} ${usd:.4f}" for tier, usd in s.cost_by_tier.items()) + ")"
-    if s.cost_basis and s.cost_usd is not None:
-        cost += f" ({s.cost_basis})"
-    saved = f"; cache hits saved {s.saved_tokens} tokens" + (f", ${s.saved_usd:.4f}" if s.saved_usd is not None else "") if s.saved_tokens else ""
+    skipped = f", {r.skipped} skipped" if r.skipped else ""
+    skipped += f", {r.abstained} abstained" if r.abstained else ""
+    table.add_row("rows", f"{r.rows} ({r.ok} judged, {r.errors} errors{skipped}) -> {output}")
+    table.add_row("mean score", "n/a" if r.mean_score is None else f"{r.mean_score:.4f}")
+    table.add_row("labels", ", ".join(f"{k}: {v}" for k, v in r.label_counts.items()) or "-")
+    table.add_row("parse failures", f"{r.parse_failure_rate:.1%}")
+    table.add_row("errors by kind", ", ".join(f"{k}: {v}" for k, v in r.errors_by_kind.items()) or "-")
+    table.add_row("tokens", f"{u.prompt_tokens} prompt + {u.completion_tokens} completion"
+                  + (f" ({u.reasoning_tokens} reasoning)" if u.reasoning_tokens else "")
+                  + (f"; {u.cached_tokens} prompt tokens from the provider's cache" if u.cached_tokens else ""))
+    if u.cached_tokens or u.cache_write_tokens:
+        money = "" if m.cache_saved_usd is None else \
+            (f", saved ${m.cache_saved_usd:.4f}" if m.cache_saved_usd >= 0 else f", cost ${-m.cache_saved_usd:.4f} more")
+        table.add_row("prompt cache", f"{m.cache_hit_ratio:.1%} of prompt tokens read, {m.cache_write_ratio:.1%} written{money}")
+    cost = "n/a (no price for the model: --prices FILE)" if m.cost_usd is None else f"${m.cost_usd:.4f} estimated"
+    if m.cost_by_tier:
+        cost += " (" + ", ".join(f"{tier} ${usd:.4f}" for tier, usd in m.cost_by_tier.items()) + ")"
+    if m.cost_basis and m.cost_usd is not None:
+        cost += f" ({m.cost_basis})"
+    saved = f"; cache hits saved {m.saved_tokens} tokens" + (f", ${m.saved_usd:.4f}" if m.saved_usd is not None else "") if m.saved_tokens else ""
     table.add_row("cost", cost + saved)
-    table.add_row("requests", f"{s.requests} sent, {s.cache_hits} cache hits")
-    if s.judge_calls_saved is not None:  # a hybrid grader (math_equivalence with judge_fallback)
-        table.add_row("decided by", ", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-")
-        table.add_row("judge calls saved", f"{s.judge_calls_saved} (two per row the symbolic check decided)")
-    table.add_row("wall time", f"{s.wall_s:.2f} s ({s.judgements_per_s:.1f} judgements/s)")
-    if s.reward_seconds_p50 is not None:
-        slow = ", ".join(f"{r['id'] if r['id'] is not None else 'row ' + str(r['row'])} {r['seconds']:.2f} s" for r in s.slowest_rows[:3])
-        table.add_row("reward time", f"p50 {s.reward_seconds_p50:.3f} s, p99 {s.reward_seconds_p99:.3f} s; slowest: {slow}")
-    if s.pacing is not None:
-        held = "no limit" if s.pacing.rps is None else f"{s.pacing.rps:g} requests/s at the end"
-        table.add_row("pacing", f"{s.pacing.mode}: {held}")
+    table.add_row("requests", f"{u.requests} sent, {st.cache_hits} cache hits")
+    if st.judge_calls_saved is not None:  # a hybrid grader (math_equivalence with judge_fallback)
+        table.add_row("decided by", ", ".join(f"{k} {v}" for k, v in r.decided_by.items()) or "-")
+        table.add_row("judge calls saved", f"{st.judge_calls_saved} (two per row the symbolic check decided)")
+    table.add_row("wall time", f"{st.wall_s:.2f} s ({st.judgements_per_s:.1f} judgements/s)")
+    times = st.reward_times
+    if times.p50 is not None:
+        slow = ", ".join(f"{t['id'] if t['id'] is not None else 'row ' + str(t['row'])} {t['seconds']:.2f} s" for t in times.slowest_rows[:3])
+        table.add_row("reward time", f"p50 {times.p50:.3f} s, p99 {times.p99:.3f} s; slowest: {slow}")
+    if st.pacing is not None:
+        held = "no limit" if st.pacing.rps is None else f"{st.pacing.rps:g} requests/s at the end"
+        table.add_row("pacing", f"{st.pacing.mode}: {held}")
     if endpoints and len(endpoints) > 1:  # a fleet: each endpoint's part (one endpoint is the run itself)
         table.add_row("endpoints", "; ".join(
             f"{e['base_url']} {e['state']}: {e['requests']} requests ({e['ok']} ok, {e['rate_limited']} rate limited, "
             f"{e['errors']} errors), {e['rps']:g}/s" for e in endpoints))
     if hedges and hedges.get("sent"):
-        table.add_row("hedges", f"{hedges['sent']} sent ({hedges['sent'] / max(1, s.requests):.1%} of {s.requests} requests), "
+        table.add_row("hedges", f"{hedges['sent']} sent ({hedges['sent'] / max(1, u.requests):.1%} of {u.requests} requests), "
                       f"{hedges['won']} answered first")
-    if s.spread is not None and s.spread.rewards:
-        sp = s.spread
+    if r.spread is not None and r.spread.rewards:
+        sp = r.spread
         equal = "n/a" if sp.all_equal_share is None else f"{sp.all_equal_share:.1%}"
         table.add_row("reward spread", f"{sp.groups} groups; all-equal {equal} ({sp.all_equal_groups}); mean {sp.mean:.4f}, "
                       f"variance {sp.variance:.4f}; pass rate {sp.pass_rate:.1%}")
         table.add_row("", f"too easy (all max): {sp.too_easy_groups} groups; too hard (all min): {sp.too_hard_groups} groups")
         for advice in sp.advice:
             table.add_row("", f"[yellow]{advice}[/yellow]")
-    if s.served:
+    if st.served.groups:
         table.add_row("served", served_text(s))
-    if s.canary is not None:
-        table.add_row("canary", canary_text(s.canary))
-    if s.result_counts is not None:
-        c = s.result_counts
+    if st.canary is not None:
+        table.add_row("canary", canary_text(st.canary))
+    if r.evals is not None and r.evals.result_counts is not None:
+        c = r.evals.result_counts
         table.add_row("eval results", f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}")
-        for r in s.per_testing_criteria_results or []:
-            table.add_row("", f"{r['testing_criteria']}: {r['passed']} passed, {r['failed']} failed")
+        for e in r.evals.per_testing_criteria_results or []:
+            table.add_row("", f"{e['testing_criteria']}: {e['passed']} passed, {e['failed']} failed")
     console.print(table)
-    if s.served_note:
-        console.print(s.served_note, style="yellow", highlight=False, markup=False, soft_wrap=True)
-    if s.budget:
-        console.print(f"[yellow]{s.skipped} rows skipped: {s.budget}. Run the same command with a larger cap to grade them;"
+    if st.served.note:
+        console.print(st.served.note, style="yellow", highlight=False, markup=False, soft_wrap=True)
+    if m.budget:
+        console.print(f"[yellow]{r.skipped} rows skipped: {m.budget}. Run the same command with a larger cap to grade them;"
                       " the rows already judged come from the cache.[/yellow]", highlight=False)
-    for example in s.error_examples:
+    for example in r.error_examples:
         console.print(f"  [red]{example}[/red]", markup=True, highlight=False)
 
 
@@ -170,13 +173,14 @@ def served_text(s: RunSummary) -> str:
     def who(model: str | None, fingerprint: str | None) -> str:
         return f"{model or '?'}" + (f" {fingerprint}" if fingerprint else "")
 
+    served = s.stats.served
     groups = "; ".join(f"{who(g['model'], g['system_fingerprint'])}: {g['rows']} rows ({g['first_row']}-{g['last_row']})"
-                       for g in s.served)
-    if not s.served_changes_total:
+                       for g in served.groups)
+    if not served.changes_total:
         return groups
-    first = s.served_changes[0]
+    first = served.changes[0]
     was = first["was"]
-    return (f"{groups}; changed mid-run {s.served_changes_total} time{'s' if s.served_changes_total > 1 else ''}, first at row "
+    return (f"{groups}; changed mid-run {served.changes_total} time{'s' if served.changes_total > 1 else ''}, first at row "
             f"{first['row']} ({who(was['model'], was['system_fingerprint'])} -> {who(first['model'], first['system_fingerprint'])})")
 
 
@@ -197,17 +201,19 @@ def canary_text(c: dict) -> str:
 
 
 def print_pairwise(s: PairwiseRunSummary, output: Path, console: Console) -> None:
-    console.print(f"pairs {s.rows} ({s.ok} judged, {s.errors} errors) -> {output}")
-    console.print("winners " + (", ".join(f"{k}: {v}" for k, v in s.winners.items()) or "-")
-                  + "; decided by " + (", ".join(f"{k} {v}" for k, v in s.decided_by.items()) or "-")
-                  + (f"; {s.one_order} scored from one readable order" if s.one_order else ""))
-    if s.agreement is not None:
-        console.print(f"orders agree on {s.agreement:.1%} of pairs")
-    r = s.report
-    if r is not None and r.acc is not None and r.agr is not None:
-        console.print(f"Acc {r.acc * 100:.1f} / Agr {r.agr * 100:.1f}  (against column {s.label_column!r}, LLMBar's convention)")
-    console.print(f"parse failures {s.parse_failure_rate:.1%}; requests {s.requests} sent, {s.cache_hits} cache hits; "
-                  f"tokens {s.prompt_tokens} prompt + {s.completion_tokens} completion"
-                  + (f" ({s.reasoning_tokens} reasoning)" if s.reasoning_tokens else "") + f"; {s.wall_s:.2f} s")
-    for example in s.error_examples:
+    r, st = s.results, s.stats
+    u = st.usage
+    console.print(f"pairs {r.rows} ({r.ok} judged, {r.errors} errors) -> {output}")
+    console.print("winners " + (", ".join(f"{k}: {v}" for k, v in r.winners.items()) or "-")
+                  + "; decided by " + (", ".join(f"{k} {v}" for k, v in r.decided_by.items()) or "-")
+                  + (f"; {r.one_order} scored from one readable order" if r.one_order else ""))
+    if r.agreement is not None:
+        console.print(f"orders agree on {r.agreement:.1%} of pairs")
+    report = r.report
+    if report is not None and report.acc is not None and report.agr is not None:
+        console.print(f"Acc {report.acc * 100:.1f} / Agr {report.agr * 100:.1f}  (against column {r.label_column!r}, LLMBar's convention)")
+    console.print(f"parse failures {r.parse_failure_rate:.1%}; requests {u.requests} sent, {st.cache_hits} cache hits; "
+                  f"tokens {u.prompt_tokens} prompt + {u.completion_tokens} completion"
+                  + (f" ({u.reasoning_tokens} reasoning)" if u.reasoning_tokens else "") + f"; {st.wall_s:.2f} s")
+    for example in r.error_examples:
         console.print(f"  {example}", style="red", markup=False)

@@ -76,20 +76,21 @@ def llmbar(
                 cache.close()
     except (LLMBarError, RubricError, ValueError) as e:
         raise fail(str(e)) from e
-    summary, report = result.summary, result.summary.report
+    results, stats = result.summary.results, result.summary.stats
+    report = results.report
     if json_output:
         print_json(result.model_dump())
-        raise typer.Exit(1 if summary.errors else 0)
+        raise typer.Exit(1 if results.errors else 0)
     console = Console(highlight=False, soft_wrap=True)
-    console.print(f"{run.subset.replace('__', '/')}: {summary.rows} pairs, judge {run.judge} ({result.model}) "
+    console.print(f"{run.subset.replace('__', '/')}: {results.rows} pairs, judge {run.judge} ({result.model}) "
                   f"replayed from its recorded {run.strategy} outputs, rubric {result.rubric}, both orders")
-    console.print(f"{summary.requests} requests, {summary.cache_hits} cache hits, {summary.errors} errors, "
-                  f"{summary.wall_s:.2f} s" + (f" -> {output}" if output else ""))
-    examples = getattr(summary, "error_examples", None) or []
+    console.print(f"{stats.usage.requests} requests, {stats.cache_hits} cache hits, {results.errors} errors, "
+                  f"{stats.wall_s:.2f} s" + (f" -> {output}" if output else ""))
+    examples = results.error_examples
     for example in examples[:3]:  # what failed, as grade's summary shows it
         console.print(f"  {example}")
     if report is not None and report.n and report.both_judged == 0:
-        console.print(f"Acc n/a / Agr n/a: no pair was judged in both orders ({summary.errors} of {summary.rows} pairs failed"
+        console.print(f"Acc n/a / Agr n/a: no pair was judged in both orders ({results.errors} of {results.rows} pairs failed"
                       + (f"; e.g. {examples[0]}" if examples else "") + ")")
         raise typer.Exit(1)
     if report is None or report.acc is None or report.agr is None:
@@ -103,7 +104,7 @@ def llmbar(
     if report.first_position_win_rate is not None:
         console.print(f"position bias: the first-shown output won {report.first_position_win_rate:.1%} of "
                       f"{report.decisive_verdicts} verdicts; {report.conflicts} pairs flipped with the order")
-    raise typer.Exit(1 if summary.errors else 0)
+    raise typer.Exit(1 if results.errors else 0)
 
 
 def _serve_all(judge: str, strategy: str, data: Path | None) -> None:

@@ -42,7 +42,7 @@ def meta_eval(
 
     from ..calibration._llmbar import LLMBarError
     from ..calibration._meta_eval import default_rule, meta_eval as run_meta_eval, plot_meta_eval
-    from ..calibration._pairwise import CONFLICT_RULES
+    from .._pairwise import CONFLICT_RULES
     from ..calibration._suites import SuiteError, load_suite
 
     warnings_to_stderr()

@@ -87,7 +87,8 @@ class GradeRun(BaseModel):
     @property
     def failed_rows(self) -> int:
         """Rows that carry an error or were skipped (a budget's cap): nonzero is the CLI's exit 1."""
-        return self.summary.errors + getattr(self.summary, "skipped", 0)
+        results = self.summary.results
+        return results.errors + getattr(results, "skipped", 0)
 
 
 class Progress(Protocol):
@@ -305,6 +306,7 @@ class _Run:
         from .._evals import EvalGrader, run_figures
         from ..runs._file import grade_file_with
         from ..runs._io import InputError, written_rows
+        from ..runs._record import EvalFigures
 
         config = self.plan.grader
         assert config is not None
@@ -321,8 +323,7 @@ class _Run:
             await grader.aclose()
         if isinstance(grader.grader, EvalGrader):  # read back from the output, so a resumed run reports every row
             counts, per = run_figures(written_rows(self.output), grader.grader.names)
-            summary.result_counts = counts.model_dump()
-            summary.per_testing_criteria_results = [p.model_dump() for p in per]
+            summary.results.evals = EvalFigures(result_counts=counts.model_dump(), per_testing_criteria_results=[p.model_dump() for p in per])
         return summary
 
     def _endpoint(self) -> dict[str, Any]:
@@ -385,8 +386,7 @@ class _Run:
         """The run fills its own record: money, pacing and a panel's block; the judge's fleet beside it."""
         from gradekit.judge._client import DEFAULT_MODEL
 
-        from ..runs._file import RunSummary
-        from ..runs._record import add_money, endpoints_of, panel_summary
+        from ..runs._record import RunSummary, add_money, endpoints_of, panel_summary
 
         stats = self.stats()
         # The rate the run held at its end, learnt or told (a fleet's: the sum of its endpoints').
@@ -397,10 +397,11 @@ class _Run:
         block = None
         if isinstance(summary, RunSummary):
             add_money(summary, self.budget, model or DEFAULT_MODEL, batch=self.plan.batch)
-            summary.pacing = pacing
+            summary.stats.pacing = pacing
             if judge is not None:
                 block = panel_summary(judge, summary, self.budget.prices)  # None for a single judge
-                summary.cost_usd = block["cost_usd"] if block is not None else summary.cost_usd  # priced per member model
+                if block is not None:  # priced per member model
+                    summary.stats.money.cost_usd = block["cost_usd"]
         return GradeRun(summary=summary, model=model, pacing=pacing, endpoints=endpoints_of(stats), hedges=hedges, panel=block)
 
     # ---- a run on a Ray cluster --------------------------------------------------------------------------------

@@ -20,13 +20,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_serializer
-
 from gradekit.judge import JudgeProtocol, Rubric, Usage, Verdict
 from gradekit.judge._breaker import Breaker, BreakerTripped, Trip, breaker_scope
 from gradekit.judge._redact import redact_url
 from gradekit.judge._rubric import rubric_fingerprint
-from gradekit.judge._pacing import Pacing
 
 from .._atif import TrajectoryError, is_atif, trajectory_messages
 from .._flags import said_as_flags
@@ -38,7 +35,8 @@ from ._drift import ServedTally, alias_note
 from ._io import InputError, RowError, RowWriter, RunInput, file_format, written_rows
 from ._lock import output_lock
 from ._plan import Grading, O, RunOptions, RunPlan
-from .._spread import SpreadReport, SpreadTally
+from ._record import Money, RewardTimes, RunResults, RunStats, RunSummary, Served
+from .._spread import SpreadTally
 
 logger = logging.getLogger("gradekit.runs")
 
@@ -47,76 +45,6 @@ RESULT_COLUMNS = ["score", "label", "status", "error_kind", "error", "rationale"
 RAW_REPLY_CHARS = 2000  # an error row keeps this much of the judge's reply: enough to see why, not a whole essay
 # The error kinds --retry-errors grades again: nothing about the row itself caused them.
 TRANSIENT = frozenset({"server_error", "timeout", "rate_limited"})
-
-
-class RunSummary(BaseModel):
-    """What a batch run did, for the terminal and for --json."""
-
-    rows: int = 0
-    ok: int = 0
-    errors: int = 0
-    skipped: int = 0  # not judged because the budget ran out (error_kind "budget")
-    abstained: int = 0  # a cascade (or a unanimous jury) trusted no judge with the row: a row for a human, not an error
-    decided_by: dict[str, int] = Field(default_factory=dict)  # a cascade: rows each judge decided; a hybrid grader: rows per path (symbolic, judge)
-    judge_calls_saved: int | None = None  # a hybrid grader: judge requests the symbolic path made needless (two per row it decided)
-    mean_agreement: float | None = None  # a jury: mean share of the answering jurors agreeing with the decision
-    resumed_from: int = 0  # rows already in the output from an earlier, interrupted run
-    already_complete: bool = False  # the output was finished before: nothing was done
-    mean_score: float | None = None
-    label_counts: dict[str, int] = Field(default_factory=dict)
-    parse_failure_rate: float = 0.0
-    errors_by_kind: dict[str, int] = Field(default_factory=dict)
-    error_examples: list[str] = Field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # reasoning tokens included, as providers bill them
-    reasoning_tokens: int = 0  # of the completion tokens, the judge's thinking (usage.completion_tokens_details)
-    cached_tokens: int = 0  # of the prompt tokens, those the provider's prompt cache served (priced lower)
-    cache_write_tokens: int = 0  # of the prompt tokens, those written to the provider's prompt cache (priced higher)
-    # The part of the counts above billed at the flex service tier (prompt_tokens, completion_tokens, cached_tokens,
-    # cache_write_tokens, reasoning_tokens); empty without --service-tier flex.
-    flex_usage: dict[str, int] = Field(default_factory=dict)
-    cache_hits: int = 0
-    requests: int = 0
-    wall_s: float = 0.0
-    judgements_per_s: float = 0.0
-    spread: SpreadReport | None = None  # with --group-by: does the reward vary within and across groups
-    # Money, filled by the CLI from the price table (None: the model has no price).
-    cost_usd: float | None = None  # the tokens above at the table's prices (cache reads and writes, each tier at its own)
-    cost_by_tier: dict[str, float] | None = None  # {"standard": USD, "flex": USD} with --service-tier flex
-    # The provider's prompt cache: prompt tokens read from it and written to it (of all prompt tokens), and
-    # the USD it saved (reads below the input price) less what its writes cost above it: negative when it cost.
-    cache_hit_ratio: float = 0.0
-    cache_write_ratio: float = 0.0
-    cache_saved_usd: float | None = None
-    saved_tokens: int = 0  # tokens of the replies this run took from the cache
-    saved_usd: float | None = None
-    budget: str | None = None  # why rows were skipped, with what was spent, when a cap was reached
-    warnings: list[str] = Field(default_factory=list)  # e.g. a checkpoint that did not match the output, so the run started over
-    cost_basis: str | None = None  # how cost_usd was priced when not at the live price (a --batch run: the Batch API's)
-    pacing: Pacing | None = None  # filled by the CLI from the limiter: how the run paced itself at its end
-    # An Evals-API definition's run figures, named as an eval run reports them (graders._evals); None otherwise.
-    result_counts: dict[str, int] | None = None
-    per_testing_criteria_results: list[dict[str, Any]] | None = None
-    # Per-row reward time of the rows this run graded (cache hits included): p50, p99, the slowest rows.
-    reward_seconds_p50: float | None = None
-    reward_seconds_p99: float | None = None
-    slowest_rows: list[dict[str, Any]] = Field(default_factory=list)  # [{"row": n, "id": ..., "seconds": s}], slowest first
-    # Drift, seen (runs._drift): rows per (served model, system_fingerprint) in output order, where it changed, and a
-    # note for a long run whose judge is named by an alias.
-    served: list[dict[str, Any]] = Field(default_factory=list)  # [{"model", "system_fingerprint", "rows", "first_row", "last_row"}]
-    served_changes: list[dict[str, Any]] = Field(default_factory=list)  # [{"row", "model", "system_fingerprint", "was": {...}}]
-    served_changes_total: int = 0  # changes seen (the list keeps the first runs._drift.CHANGES_LISTED)
-    served_note: str | None = None
-    canary: dict[str, Any] | None = None  # --canary: its checks, agreement at the start and last, and the drift it saw (runs._canary)
-
-    @model_serializer(mode="wrap")
-    def _hybrid_only(self, handler: Any) -> dict[str, Any]:
-        """``judge_calls_saved`` is a hybrid run's figure: every other run's --json stays as it was, key for key."""
-        data = handler(self)
-        for key in ("judge_calls_saved", "canary"):  # a hybrid run's figure, a canary run's block
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
 
 
 def resolve_mapping(rubric: Rubric, pairs: Iterable[str]) -> dict[str, str]:
@@ -554,9 +482,9 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
     if previous is None and state is not None and state.get("complete"):
         summary = _Tally.restore(state["tally"]).summary(0.0)
         summary.already_complete = True
-        summary.resumed_from = summary.rows
+        summary.resumed_from = summary.results.rows
         if group_by is not None:
-            summary.spread = _spread_of(written_rows(destination), group_by).report()
+            summary.results.spread = _spread_of(written_rows(destination), group_by).report()
         return summary
     tally = _Tally.restore(state["tally"]) if state and previous is None else _Tally()
     mark = state["mark"] if state and previous is None else None
@@ -575,7 +503,7 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             await canary.start(state.get("canary") if state else None)
         if canary.stopping:
             summary = _Tally.restore(state["tally"]).summary(0.0) if state else _Tally().summary(0.0)
-            summary.canary = canary.report()
+            summary.stats.canary = canary.report()
             raise BreakerTripped(canary.trip(), canary.message(f"{destination} was left as it was"), summary)
     try:
         writer = RowWriter(target, columns=output_columns(header, result_columns) if header is not None else None,
@@ -642,11 +570,12 @@ async def _run_locked(plan: RunPlan[Any]) -> RunSummary:
             raise
         raise _stop_disk_full(e, writer, destination, checkpoint, saved[0], previous is not None) from None
     summary = tally.summary(time.perf_counter() - started)
-    summary.served_note = alias_note(settings.get("model"), summary.served, summary.rows, summary.wall_s)
-    summary.canary = canary.report() if canary is not None else None
-    timed.report(summary)
+    stats = summary.stats
+    stats.served.note = alias_note(settings.get("model"), stats.served.groups, summary.results.rows, stats.wall_s)
+    stats.canary = canary.report() if canary is not None else None
+    stats.reward_times = timed.report()
     summary.resumed_from = done
-    summary.spread = spread.report() if spread is not None else None
+    summary.results.spread = spread.report() if spread is not None else None
     summary.warnings = warnings
     if trip is not None:
         kept = writer.rows if previous is None else 0
@@ -922,14 +851,14 @@ class _RowTimes:
         if len(self.slowest) > 4 * self.SLOWEST:
             self.slowest = sorted(self.slowest, key=lambda t: -t[0])[: self.SLOWEST]
 
-    def report(self, summary: RunSummary) -> None:
+    def report(self) -> RewardTimes:
         if not self.seconds:
-            return
+            return RewardTimes()
         ordered = sorted(self.seconds)
-        summary.reward_seconds_p50 = round(ordered[min(len(ordered) - 1, int(0.5 * len(ordered)))], 4)
-        summary.reward_seconds_p99 = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4)
-        summary.slowest_rows = [{"row": n, "id": row_id, "seconds": round(s, 4)}
-                                for s, n, row_id in sorted(self.slowest, key=lambda t: -t[0])[: self.SLOWEST]]
+        return RewardTimes(p50=round(ordered[min(len(ordered) - 1, int(0.5 * len(ordered)))], 4),
+                           p99=round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4),
+                           slowest_rows=[{"row": n, "id": row_id, "seconds": round(s, 4)}
+                                         for s, n, row_id in sorted(self.slowest, key=lambda t: -t[0])[: self.SLOWEST]])
 
 
 class _Tally:
@@ -1054,33 +983,32 @@ class _Tally:
         return tally
 
     def summary(self, wall: float) -> RunSummary:
-        return RunSummary(
+        results = RunResults(
             rows=self.verdicts,
             ok=self.ok,
             errors=self.verdicts - self.ok - self.skipped - self.abstained,
             skipped=self.skipped,
             abstained=self.abstained,
             decided_by=dict(self.decided.most_common()),
-            judge_calls_saved=self.saved if self.hybrid else None,
             mean_agreement=self.agreement_sum / self.agreement_n if self.agreement_n else None,
             mean_score=self.score_sum / self.ok if self.ok else None,
             label_counts=dict(self.labels.most_common()),
             parse_failure_rate=self.kinds["parse_failure"] / self.verdicts if self.verdicts else 0.0,
             errors_by_kind=dict(self.kinds.most_common()),
             error_examples=self.examples,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            reasoning_tokens=self.reasoning_tokens,
-            cached_tokens=self.cached_tokens,
-            cache_write_tokens=self.cache_write_tokens,
+        )
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, reasoning_tokens=self.reasoning_tokens,
+                      cached_tokens=self.cached_tokens, cache_write_tokens=self.cache_write_tokens, requests=self.requests)
+        ratio = (lambda part: round(part / self.prompt_tokens, 4)) if self.prompt_tokens else (lambda part: 0.0)
+        stats = RunStats(
+            usage=usage,
             flex_usage=dict(self.flex),
-            cache_hit_ratio=round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
-            cache_write_ratio=round(self.cache_write_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
             cache_hits=self.cache_hits,
-            requests=self.requests,
             wall_s=wall,
             judgements_per_s=self.verdicts / wall if wall > 0 else 0.0,
-            served=[dict(g) for g in self.served.groups],
-            served_changes=[dict(c) for c in self.served.changes],
-            served_changes_total=self.served.change_count,
+            judge_calls_saved=self.saved if self.hybrid else None,
+            money=Money(cache_hit_ratio=ratio(self.cached_tokens), cache_write_ratio=ratio(self.cache_write_tokens)),
+            served=Served(groups=[dict(g) for g in self.served.groups], changes=[dict(c) for c in self.served.changes],
+                          changes_total=self.served.change_count),
         )
+        return RunSummary(results=results, stats=stats)

@@ -47,7 +47,6 @@ from gradekit.judge import Judge, Rubric, Verdict
 from ._file import (
     RESULT_COLUMNS,
     RESULT_TYPES,
-    RunSummary,
     _variables,
     check_columns,
     result_row,
@@ -58,6 +57,7 @@ from ._file import (
 from ._io import InputError, RowError, RunInput
 from ._lock import output_lock
 from ._plan import Grading, RunOptions, RunPlan
+from ._record import RunSummary
 
 ENDPOINT = "/v1/chat/completions"
 MAX_BATCH_BYTES = 190_000_000  # the Batch API takes files up to 200 MB; keep a margin for the multipart wrapping
@@ -186,7 +186,7 @@ class _BatchRun:
             self.say(f"{self.destination} is already complete (state in {self.state_path}); nothing to do")
             summary = RunSummary.model_validate(earlier.summary)
             summary.already_complete = True
-            summary.resumed_from = summary.rows
+            summary.resumed_from = summary.results.rows
             return summary
         if earlier is not None and earlier.phase != "done":
             self.state, self.resumed = earlier, True
@@ -390,10 +390,11 @@ class _BatchRun:
         # keep_going: the results are in already, there is no judge left to stop sending to.
         options = RunOptions(resume=self.resumed, keep_going=True, group_by=self.group_by)
         summary = await run_file(RunPlan(self.source, self.destination, grading, options), lock=False)
-        summary.wall_s = time.perf_counter() - self.started
-        summary.judgements_per_s = summary.rows / summary.wall_s if summary.wall_s > 0 else 0.0
+        stats, rows = summary.stats, summary.results.rows
+        stats.wall_s = time.perf_counter() - self.started
+        stats.judgements_per_s = rows / stats.wall_s if stats.wall_s > 0 else 0.0
         summary.already_complete = False
-        self.say(f"wrote {summary.rows} rows to {self.destination}")
+        self.say(f"wrote {rows} rows to {self.destination}")
         return summary
 
     # ---- plumbing --------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from gradekit.judge import Rubric, RubricInputError
 
 
 def _result_columns() -> set[str]:
-    from ..calibration._pairwise import PAIRWISE_COLUMNS
+    from ..runs._pairwise import PAIRWISE_COLUMNS
     from ..runs._file import RESULT_COLUMNS
 
     return set(RESULT_COLUMNS) | set(PAIRWISE_COLUMNS)
@@ -37,7 +37,7 @@ def render_prompt(rubric: Rubric, row: Mapping[str, Any], mapping: Mapping[str, 
     try:
         out: dict[str, Any] = {"rubric": rubric.name, "messages": rubric.render(variables)}
         if pairwise:
-            from ..calibration._pairwise import swapped
+            from .._pairwise import swapped
 
             out["messages_ba"] = rubric.render(swapped(rubric, variables))
         return out

@@ -108,8 +108,8 @@ def test_data_is_found_from_any_folder_or_a_path(tmp_path: Path, monkeypatch: py
 
 async def test_replay_end_to_end_reproduces_the_published_acc_agr(tmp_path: Path) -> None:
     result = await replay_grade(NATURAL_GPT4, output=tmp_path / "graded.jsonl", root=REPO / "eval_sets" / "llmbar")
-    report = result.summary.report
-    assert result.summary.errors == 0 and result.summary.requests == 200
+    report = result.summary.results.report
+    assert result.summary.results.errors == 0 and result.summary.stats.usage.requests == 200
     assert (round(report.acc * 100, 1), round(report.agr * 100, 1)) == llmbar_published(NATURAL_GPT4, REPO / "eval_sets" / "llmbar")
     rows = [json.loads(line) for line in (tmp_path / "graded.jsonl").read_text().splitlines()]
     assert [r["idx"] for r in rows] == list(range(100))
@@ -152,7 +152,7 @@ async def test_a_second_run_is_served_from_the_cache_without_requests(tmp_path: 
             sent = len(server.chat_requests())
             second = await grade_pairwise_file(judge, rubric, source, tmp_path / "b.jsonl", variables)
         assert len(server.chat_requests()) == sent == 40
-    assert (first.cache_hits, second.cache_hits, second.requests) == (0, 40, 0)
+    assert (first.stats.cache_hits, second.stats.cache_hits, second.stats.usage.requests) == (0, 40, 0)
     assert (tmp_path / "a.jsonl").read_text() != "" and \
         [json.loads(x)["winner"] for x in (tmp_path / "a.jsonl").open()] == [json.loads(x)["winner"] for x in (tmp_path / "b.jsonl").open()]
 
@@ -186,8 +186,8 @@ def test_demo_command_runs_as_a_real_process_from_the_repository_root() -> None:
 async def test_other_replays_reproduce_their_published_figures_too(run: LLMBarRun) -> None:
     root = REPO / "eval_sets" / "llmbar"
     result = await replay_grade(run, root=root)
-    report = result.summary.report
+    report = result.summary.results.report
     assert report.acc * 100 == pytest.approx(result.published_acc) and report.agr * 100 == pytest.approx(result.published_agr)
     recorded = rescore_llmbar(run, root)
     assert report.failures_ab + report.failures_ba == recorded.report.failures_ab + recorded.report.failures_ba
-    assert set(result.summary.errors_by_kind) <= {"refusal"}
+    assert set(result.summary.results.errors_by_kind) <= {"refusal"}

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gradekit.graders.cli import app
-from gradekit.graders.calibration._pairwise import grade_pairwise_file, pairwise_grader, swapped
+from gradekit.graders._pairwise import pairwise_grader, swapped
+from gradekit.graders.calibration._pairwise import grade_pairwise_file
 from gradekit.judge import RubricError, load_rubric, parse_reply
 from gradekit.judge.testing import FakeProvider, Reply
 
@@ -140,14 +141,14 @@ async def test_file_keeps_one_row_per_input_row_in_order_with_both_verdicts(fake
     out = tmp_path / "out.jsonl"
     summary = await grade_pairwise_file(make_judge(), LLMBAR, source, out, MAPPING)
     rows = _rows(out)
-    assert len(rows) == 14 and summary.rows == 14 and summary.errors == 2
+    assert len(rows) == 14 and summary.results.rows == 14 and summary.results.errors == 2
     assert [r.get("id") for r in rows] == [0, 1, 2, None, 3, 4, "x", 5, 6, 7, 8, 9, 10, 11]
     assert rows[3]["error_kind"] == "input" and "row 4" in rows[3]["error"]
     assert rows[6]["status"] == "error" and "row 7" in rows[6]["error"] and "'output_2'" in rows[6]["error"]
     good = [r for r in rows if r["status"] == "ok"]
     assert all(r["agree"] and r["winner"] == str(r["label"]) and r["winner_ab"] == r["winner_ba"] for r in good)
     assert {r["label_ab"] for r in good} == {"Output (a)", "Output (b)"} and all(r["label"] in (1, 2) for r in good)
-    assert summary.report is None  # two rows carry no gold label: no Acc/Agr over a partial set
+    assert summary.results.report is None  # two rows carry no gold label: no Acc/Agr over a partial set
 
 
 async def test_file_summary_has_llmbar_acc_and_agr_when_every_row_is_labelled(fake, make_judge, tmp_path: Path) -> None:
@@ -155,9 +156,9 @@ async def test_file_summary_has_llmbar_acc_and_agr_when_every_row_is_labelled(fa
     source = tmp_path / "pairs.csv"
     source.write_text("instruction,output_1,output_2,label\nq1,a,b,1\nq2,c,d,2\nq3,e,f,1\nq4,g,h,2\n", encoding="utf-8")
     summary = await grade_pairwise_file(make_judge(), LLMBAR, source, tmp_path / "out.csv", MAPPING, on_conflict="first")
-    r = summary.report
+    r = summary.results.report
     assert r is not None and (r.acc, r.agr, r.first_position_win_rate) == (0.5, 0.0, 1.0)
-    assert summary.decided_by == {"first": 4} and summary.requests == 8
+    assert summary.results.decided_by == {"first": 4} and summary.stats.usage.requests == 8
     header = (tmp_path / "out.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
     assert header[:4] == ["instruction", "output_1", "output_2", "label"] and "winner_ba" in header
 

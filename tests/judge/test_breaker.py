@@ -134,14 +134,14 @@ async def test_an_outage_mid_run_leaves_only_good_rows_and_the_resume_sends_each
         written = read(out)
         assert 0 < len(written) < 150 and all(r["status"] == "ok" for r in written)
         assert [r["id"] for r in written] == [f"r{i}" for i in range(len(written))]
-        assert caught.value.summary.rows == len(written) and caught.value.summary.errors == 0
+        assert caught.value.summary.results.rows == len(written) and caught.value.summary.results.errors == 0
         fake.reset()
         fake.set_responder(reference_judge)
         async with judge_at(fake.base_url, tmp_path) as judge:
             summary = await grade_file(judge, rubric, source, out, mapping)
         # The 60 rows answered before the outage come from the cache, written or not.
         assert len(fake.chat_requests()) == 90
-    assert summary.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 150
+    assert summary.results.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 150
 
 
 async def test_the_same_401_on_the_first_rows_stops_the_run_before_most_rows_are_sent(tmp_path) -> None:
@@ -163,7 +163,7 @@ async def test_keep_going_grades_every_row_whatever_the_judge_answers(tmp_path) 
         async with judge_at(fake.base_url, tmp_path) as judge:
             summary = await grade_file(judge, rubric, source, out, {v: v for v in rubric.variables}, keep_going=True)
         assert len(fake.chat_requests()) == 40
-    assert summary.errors == 40 and [r["error_kind"] for r in read(out)] == ["bad_request"] * 40
+    assert summary.results.errors == 40 and [r["error_kind"] for r in read(out)] == ["bad_request"] * 40
 
 
 async def test_a_grader_run_has_the_breaker_too(tmp_path) -> None:
@@ -401,7 +401,7 @@ async def test_a_400_storm_writes_no_bad_request_rows_and_the_rerun_after_the_fi
     with FakeProvider(responder=reference_judge) as fixed:
         async with judge_at(fixed.base_url, tmp_path, cache=False) as judge:
             summary = await grade_file(judge, rubric, source, out, mapping)
-    assert summary.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 60
+    assert summary.results.errors == 0 and [r["status"] for r in read(out)] == ["ok"] * 60
 
 
 async def test_a_judge_that_never_answers_in_the_format_trips_the_breaker_on_the_first_rows(tmp_path) -> None:

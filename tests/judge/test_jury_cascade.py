@@ -259,7 +259,7 @@ async def test_a_pairwise_jury_applies_the_conflict_rule_per_juror_then_decides(
     (row,) = _rows(tmp_path / "out.jsonl")
     assert (row["winner"], row["status"], row["decided_by"], row["agreement"]) == ("1", "ok", "jury", pytest.approx(agreement))
     assert [(j["model"], j["winner"]) for j in json.loads(row["jurors"])] == [("a", "1"), ("b", "1"), ("c", c_winner)]
-    assert summary.requests == 6  # each juror asked both orders
+    assert summary.stats.usage.requests == 6  # each juror asked both orders
 
 
 async def test_simulated_annotators_see_their_demonstrations_and_logprobs_give_the_labels_probability(fake) -> None:

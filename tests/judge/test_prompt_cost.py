@@ -441,13 +441,15 @@ async def test_a_claude_model_without_structured_outputs_is_asked_with_a_forced_
 
 
 def test_writes_never_read_back_are_a_warning_and_a_negative_saving() -> None:
-    from gradekit.graders.runs._record import add_money
     from gradekit.graders.runs import RunSummary
+    from gradekit.graders.runs._record import add_money
+    from gradekit.judge import Usage
 
-    summary = RunSummary(rows=10, ok=10, prompt_tokens=25_000, completion_tokens=100, cache_write_tokens=20_000)
+    summary = RunSummary(results={"rows": 10, "ok": 10},
+                         stats={"usage": Usage(prompt_tokens=25_000, completion_tokens=100, cache_write_tokens=20_000)})
     add_money(summary, Budget(prices={"my-judge": PRICE_FILE}), "my-judge")
-    assert summary.cache_saved_usd == pytest.approx(-20_000 * (3.75 - 3.0) / 1e6)
-    assert summary.cost_usd == pytest.approx((5_000 * 3.0 + 20_000 * 3.75 + 100 * 15.0) / 1e6)
+    assert summary.stats.money.cache_saved_usd == pytest.approx(-20_000 * (3.75 - 3.0) / 1e6)
+    assert summary.stats.money.cost_usd == pytest.approx((5_000 * 3.0 + 20_000 * 3.75 + 100 * 15.0) / 1e6)
     assert any("never" not in w and "none was read back" in w for w in summary.warnings)
 
 

@@ -406,5 +406,5 @@ async def test_after_the_canary_sees_a_change_no_row_reads_the_old_judges_cached
         await cached.aclose()
         await fresh.aclose()
     written = rows(tmp_path / "out.jsonl")
-    assert [r["id"] for r in written] == [f"r{i}" for i in range(40)] and summary.canary["drift"] is not None
+    assert [r["id"] for r in written] == [f"r{i}" for i in range(40)] and summary.stats.canary["drift"] is not None
     assert not any(r["cached"] for r in written) and all(r["drift"] and r["system_fingerprint"] == "fp_new" for r in written)

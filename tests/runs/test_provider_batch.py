@@ -165,7 +165,7 @@ async def test_line_errors_become_error_rows_without_a_second_request(tmp_path: 
     assert out[1]["error"] == "row 2: HTTP 500: Error code: 500 - overloaded"  # worded as live words it
     assert out[1]["error_kind"] == "server_error" and out[1]["score"] is None
     assert out[2]["error_kind"] == "timeout" and "request_timeout" in out[2]["error"]
-    assert summary.errors_by_kind == {"server_error": 1, "timeout": 1}
+    assert summary.results.errors_by_kind == {"server_error": 1, "timeout": 1}
 
 
 async def test_failed_and_expired_batches_leave_error_rows_naming_the_batch(tmp_path: Path, batch_judge) -> None:
@@ -179,7 +179,7 @@ async def test_failed_and_expired_batches_leave_error_rows_naming_the_batch(tmp_
     assert [r["status"] for r in out] == ["error", "error", "ok", "error", "ok", "ok"]
     assert "ended failed" in out[0]["error"] and "quota exceeded" in out[0]["error"] and "batch_fake" in out[0]["error"]
     assert out[3]["error_kind"] == "timeout" and "batch_expired" in out[3]["error"]
-    assert summary.requests == 3 and summary.errors == 3
+    assert summary.stats.usage.requests == 3 and summary.results.errors == 3
 
 
 async def test_batches_split_by_size(tmp_path: Path, batch_judge) -> None:
@@ -210,8 +210,8 @@ async def test_cache_hits_never_enter_a_batch_and_batch_answers_fill_the_cache(t
         second = await run_batch(batch_judge(fake, cache=True), src, tmp_path / "b.jsonl")
         assert fake.files_uploaded == uploads == 1 and len(fake.batch_requests()) == lines == 3 and fake.batches_created == 1
     assert [r["cached"] for r in rows(tmp_path / "a.jsonl")] == [True] * 3 + [False] * 3
-    assert first.cache_hits == 3 and first.requests == 3
-    assert [r["cached"] for r in rows(tmp_path / "b.jsonl")] == [True] * 6 and second.requests == 0
+    assert first.stats.cache_hits == 3 and first.stats.usage.requests == 3
+    assert [r["cached"] for r in rows(tmp_path / "b.jsonl")] == [True] * 6 and second.stats.usage.requests == 0
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("cached", "prompt_tokens", "completion_tokens")} for r in rs]
     assert strip(rows(tmp_path / "a.jsonl")) == strip(rows(tmp_path / "b.jsonl"))
 
@@ -305,7 +305,7 @@ async def test_changed_input_with_open_batches_stops_and_restart_starts_over(tmp
         summary = await run_batch(batch_judge(fake), src, out, resume=False, on_event=events.append)
         assert fake.batch("batch_fake2")["status"] == "cancelling"  # --restart cancels what it abandons
         assert any("cancelled batch_fake2" in e for e in events)
-        assert fake.batches_created == 2 and summary.rows == summary.ok == 3
+        assert fake.batches_created == 2 and summary.results.rows == summary.results.ok == 3
     assert len(rows(out)) == 3
 
 

@@ -374,7 +374,7 @@ def test_an_actor_killed_mid_run_loses_no_row_and_duplicates_none(cluster: str, 
                        on_row=kill_one)
         sent = len(fake.chat_requests())
     assert killed
-    assert summary.rows == summary.ok == 80
+    assert summary.results.rows == summary.results.ok == 80
     assert _ids(output) == list(range(80))  # every row once, in order
     # Redone rows whose reply had arrived came from the cache: only what was in flight went again.
     assert sent <= 80 + 2 * (4 + 2)
@@ -397,7 +397,7 @@ def test_actors_on_two_nodes_share_one_limit_and_the_control_breaks_it(cluster: 
     with FakeProvider(rate_limit_rps=RPS) as fake:
         _run(_spec(fake.base_url, rps=RPS, limiter="memory://"), source, tmp_path / "apart.jsonl", fake.base_url, workers=4)
         apart = fake.chat_requests()
-    assert summary.ok == 36
+    assert summary.results.ok == 36
     refused = sum(r.status == 429 for r in shared)
     assert refused <= 0.01 * len(shared), f"{refused} of {len(shared)} answered 429 under one shared limit"
     assert sum(r.status == 429 for r in apart) > 0.1 * len(apart)

@@ -59,9 +59,9 @@ def test_a_rubric_run_from_python_writes_the_clis_file_and_record(tmp_path) -> N
     assert code == 0
     assert isinstance(run, GradeRun) and isinstance(run.summary, RunSummary)
     s = run.summary
-    assert (s.rows, s.ok, s.errors, s.requests) == (6, 6, 0, 6)
+    assert (s.results.rows, s.results.ok, s.results.errors, s.stats.usage.requests) == (6, 6, 0, 6)
     # The run filled its own record: the price of its tokens (gpt-4o-mini has a built-in price) and its pacing.
-    assert s.cost_usd is not None and s.cost_usd > 0 and s.pacing is not None and run.pacing is not None
+    assert s.stats.money.cost_usd is not None and s.stats.money.cost_usd > 0 and s.stats.pacing is not None and run.pacing is not None
     assert run.model == "gpt-4o-mini" and run.panel is None and run.failed_rows == 0
     assert _rows(tmp_path / "lib.jsonl") == _rows(tmp_path / "cli.jsonl")
     assert _untimed(s.model_dump()) == _untimed({k: cli[k] for k in s.model_dump()})
@@ -91,9 +91,9 @@ def test_a_grader_run_from_python_counts_its_llm_part_and_resumes(tmp_path) -> N
     assert code == 0 and sent == 3
     s = run.summary
     written = _rows(tmp_path / "lib.jsonl")
-    assert (s.rows, s.ok, s.errors) == (3, 3, 0) and [r["parts"] for r in written] == [{"exact": -1.0, "tone": 1.0}] * 2 + [{"exact": 1.0, "tone": 1.0}]
-    assert run.model == "tone-judge" and s.pacing is not None and s.saved_tokens == 0 and s.cost_usd is None  # no price for it
-    assert again.summary.already_complete and again.summary.rows == 3
+    assert (s.results.rows, s.results.ok, s.results.errors) == (3, 3, 0) and [r["parts"] for r in written] == [{"exact": -1.0, "tone": 1.0}] * 2 + [{"exact": 1.0, "tone": 1.0}]
+    assert run.model == "tone-judge" and s.stats.pacing is not None and s.stats.money.saved_tokens == 0 and s.stats.money.cost_usd is None  # no price for it
+    assert again.summary.already_complete and again.summary.results.rows == 3
     # The checkpoint names the judge the plan gives, as the command line's does: the CLI's run is the same one.
     checkpoint = json.loads((tmp_path / "lib.jsonl.checkpoint.json").read_text(encoding="utf-8"))
     assert json.loads((tmp_path / "cli.jsonl.checkpoint.json").read_text(encoding="utf-8"))["identity"]["settings"] == checkpoint["identity"]["settings"]
@@ -109,15 +109,15 @@ def test_the_plan_chooses_the_pairwise_and_batch_runs(tmp_path) -> None:
     with FakeProvider(responder=consistent_judge) as fake:
         pair = grade(pairs, tmp_path / "pairs_out.jsonl", GradePlan(rubric="llmbar_pairwise", cache=False,
                                                                       judge=JudgeSpec.of("fake-judge", base_url=fake.base_url, api_key="k")))
-    assert type(pair.summary).__name__ == "PairwiseRunSummary" and pair.summary.rows == 3
-    assert pair.summary.report is not None and pair.summary.report.acc == pytest.approx(2 / 3)
+    assert type(pair.summary).__name__ == "PairwiseRunSummary" and pair.summary.results.rows == 3
+    assert pair.summary.results.report is not None and pair.summary.results.report.acc == pytest.approx(2 / 3)
     events: list[str] = []
     with FakeProvider(responder=reference_judge) as fake:
         batch = grade(source, tmp_path / "batch.jsonl", GradePlan(rubric="semantic_equivalence_zh", batch=True, batch_poll=0.001, cache=False,
                                                                   judge=JudgeSpec.of(None, base_url=fake.base_url, api_key="k")),
                       on_event=events.append)
         assert fake.batch_requests() and not [r for r in fake.requests if r.path.endswith("/chat/completions") and r.batch_id is None]
-    assert batch.summary.rows == 4 and batch.summary.cost_basis == "Batch API: 50% of the live price"
+    assert batch.summary.results.rows == 4 and batch.summary.stats.money.cost_basis == "Batch API: 50% of the live price"
     assert any("created batch" in e for e in events)
 
 
@@ -130,8 +130,8 @@ def test_a_jury_plan_fills_its_block_and_each_call_may_come_from_a_new_loop(tmp_
         second = asyncio.run(agrade(source, tmp_path / "b.jsonl", GradePlan(rubric="semantic_equivalence_zh", judge=jury, cache=False)))
     for run in (first, second):
         assert run.panel is not None and [m["model"] for m in run.panel["members"]] == ["gpt-4o-mini", "gpt-4o"]
-        assert run.summary.cost_usd == pytest.approx(sum(m["cost_usd"] for m in run.panel["members"]))
-        assert run.summary.rows == 4 and run.summary.requests == 8
+        assert run.summary.stats.money.cost_usd == pytest.approx(sum(m["cost_usd"] for m in run.panel["members"]))
+        assert run.summary.results.rows == 4 and run.summary.stats.usage.requests == 8
     assert _rows(tmp_path / "a.jsonl") == _rows(tmp_path / "b.jsonl")
 
 
@@ -172,3 +172,21 @@ def test_options_a_run_kind_cannot_honour_are_refused_not_dropped(tmp_path, plan
 def test_agrade_refuses_a_ray_run_whose_driver_would_block_the_loop(tmp_path) -> None:
     with pytest.raises(GradeError, match="call grade"):
         asyncio.run(agrade(_small(tmp_path, 2), tmp_path / "out.jsonl", GradePlan(rubric="tone", ray="local")))
+
+
+def test_the_record_is_results_and_stats_in_small_parts_read_flat() -> None:
+    """Issue 47: a run's record is two parts, each model at most 15 fields; --json and a saved record read it flat,
+    key for key, and a flat record validates back into the parts."""
+    from pydantic import BaseModel
+
+    from gradekit.graders.runs import _pairwise, _record
+
+    models = [m for module in (_record, _pairwise) for m in vars(module).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == module.__name__]
+    assert {"RunSummary", "RunResults", "RunStats", "Money", "PairwiseRunSummary", "PairwiseResults"} <= {m.__name__ for m in models}
+    assert not [(m.__name__, len(m.model_fields)) for m in models if len(m.model_fields) > 15]
+    s = RunSummary()
+    s.results.rows, s.stats.money.cost_usd, s.stats.judge_calls_saved = 3, 0.5, 2
+    flat = s.model_dump(mode="json")
+    assert list(flat) == [key for key, _ in RunSummary.FLAT if key != "canary"] and flat["cost_usd"] == 0.5
+    assert RunSummary.model_validate(flat) == s
