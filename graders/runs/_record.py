@@ -3,7 +3,7 @@
 The record (``RunSummary``) is two parts: ``results``, what the rows came to (counts, scores, labels, errors, a
 spread), and ``stats``, what it took (tokens as one ``Usage``, requests, time, money, pacing, who answered). Each
 model keeps to a few fields, related ones in a small sub-model; ``--json`` and a Batch API run's saved state read
-the record flat, key for key as before, through one table (``RUN_KEYS``).
+the record flat, key for key as before, through one table (``FlatRecord.FLAT``).
 
 A run's loop counts rows and tokens (``_file._Tally``); what those cost at the price table (cache reads and writes
 at theirs, the flex part at the flex tier's, a Batch API run's at half), what the response cache saved, and a
