@@ -251,7 +251,9 @@ class _Run:
             # The run's judge last: a tiebreak or canary that cannot be built leaves no client open (a pairwise run has
             # no canary, so they never both are).
             try:
-                tiebreak = plan.tiebreak.build(limiter=self.limiter, cache=self.cache) if plan.tiebreak is not None else None
+                # the referee's requests are the run's: its budget holds and counts them
+                tiebreak = (plan.tiebreak.build(limiter=self.limiter, cache=self.cache, budget=self.budget)
+                            if plan.tiebreak is not None else None)
                 canary = self._canary() if plan.canary is not None else None
                 judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
             except (GradeError, InputError):

@@ -121,6 +121,25 @@ def test_the_plan_chooses_the_pairwise_and_batch_runs(tmp_path) -> None:
     assert any("created batch" in e for e in events)
 
 
+def test_a_pairwise_runs_tiebreak_is_held_and_counted_by_the_runs_budget(tmp_path) -> None:
+    from ..calibration.test_pairwise import first_position_judge
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"instruction": "q", "output_1": a, "output_2": b}) + "\n"
+                             for a, b in [("GOOD 1", "BAD"), ("BAD", "GOOD 2")]), encoding="utf-8")
+    budget = Budget()
+    with FakeProvider(responder=first_position_judge) as fake, FakeProvider(responder=consistent_judge) as referee:
+        run = grade(pairs, tmp_path / "out.jsonl", GradePlan(
+            rubric="llmbar_pairwise", cache=False, on_conflict="third", judge=JudgeSpec.of("fake-judge", base_url=fake.base_url, api_key="k"),
+            tiebreak=JudgeSpec.of("referee", base_url=referee.base_url, api_key="k")), budget=budget)
+        asked, referred = len(fake.requests), len(referee.requests)
+    assert (asked, referred) == (4, 2)  # every pair's orders disagree: the referee is asked once per pair
+    assert [r["winner"] for r in _rows(tmp_path / "out.jsonl")] == ["1", "2"]
+    # The referee's requests are the run's: in its record and in its budget (a --max-cost-usd cap holds them too).
+    assert run.summary.stats.usage.requests == 6
+    assert budget.spent_tokens == run.summary.stats.usage.prompt_tokens + run.summary.stats.usage.completion_tokens > 0
+
+
 def test_a_jury_plan_fills_its_block_and_each_call_may_come_from_a_new_loop(tmp_path) -> None:
     source = _small(tmp_path, 4)
     with FakeProvider(responder=reference_judge) as fake:
