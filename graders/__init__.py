@@ -45,7 +45,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
                    "VerifiersV1Reward", "verifiers_group_reward_func", "verifiers_reward_func", "verifiers_v1_group_reward",
                    "verifiers_v1_reward", "GradekitStepEnv", "verifiers_step_reward_func"],
     ".grading": ["GradeError", "GradePlan", "GradeRun", "agrade", "grade"],
-    ".runs": ["BatchRunError", "BreakerTripped", "PairwiseRunSummary", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
+    ".runs": ["BatchRunError", "BreakerTripped", "InputError", "PairwiseRunSummary", "RunSummary", "agrade_frame", "grade_dataset", "grade_file", "grade_file_batch",
               "grade_frame"],
     ".sandbox": ["Isolation", "SandboxUnavailable", "SandboxWarning"],
     ".server": ["BaseRewardComputer", "GraderRewardComputer", "RewardRequest", "RewardResponse", "RewardServer", "create_app"],

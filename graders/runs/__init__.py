@@ -19,6 +19,7 @@ __all__, __getattr__, __dir__ = lazy_names(__name__, {
     "._canary": ["Canary"],
     "._file": ["BreakerTripped", "grade_file", "grade_file_with"],
     "._frame": ["agrade_frame", "grade_frame"],
+    "._io": ["InputError"],
     "._pairwise": ["PairwiseRunSummary"],
     "._provider_batch": ["BatchRunError", "grade_file_batch"],
     "._record": ["RunSummary"],

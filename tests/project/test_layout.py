@@ -330,7 +330,7 @@ GRADERS_PUBLIC = [
     "AReaLReward", "BaseRewardComputer", "BatchRunError", "BreakerTripped", "CalibrationReport", "CodeTestsGrader",
     "CompositeGrader", "ConfiguredGrader", "CorrelationReport", "ExportError", "FileCalibration", "FormulaError",
     "FunctionCall", "Grade", "GradeError", "GradePlan", "GradeRun", "GradekitStepEnv", "GradekitTextEnv", "Grader", "GraderConfigError", "GraderRewardComputer",
-    "GradingError", "GroupResult", "GroupStatus", "Interval", "Isolation", "JudgeAgreementReport", "MathCheck",
+    "GradingError", "GroupResult", "GroupStatus", "InputError", "Interval", "Isolation", "JudgeAgreementReport", "MathCheck",
     "MathEquivalenceGrader", "MathVerifier", "Message", "MetaEvalReport", "Normalization", "PPIReport", "PairVerdict",
     "PairwiseReport", "PairwiseRunSummary", "ParseConfig", "Probe", "ProbeReport", "PythonGrader", "ROLLRewards",
     "RewardModelGrader", "RewardRequest", "RewardResponse", "RewardServer", "RunSummary", "Sample", "SampleChecks",

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from gradekit.graders import RunSummary
-from gradekit.graders.runs._io import InputError
+from gradekit.graders.runs import InputError
 from gradekit.graders.runs._provider_batch import grade_file_batch, state_path_for
 from gradekit.judge import Judge, JudgeCache, Limiter, RetryPolicy, load_rubric
 from gradekit.judge.testing import BatchFault, FakeProvider, Reply

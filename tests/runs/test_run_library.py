@@ -168,7 +168,7 @@ def test_a_plan_that_cannot_run_is_refused_before_any_request(tmp_path, plan, me
 
 
 def test_an_empty_input_is_an_input_error_naming_the_file(tmp_path) -> None:
-    from gradekit.graders.runs._io import InputError
+    from gradekit.graders import InputError  # public: grade() says it raises it
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("", encoding="utf-8")
