@@ -29,9 +29,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gradekit.judge import Judge, Usage, clamp
+from gradekit.judge import Judge, clamp
 
-from ._sample import Grade, Sample
+from ._sample import Grade, Sample, route_spent
 
 RewardMapping = Literal["sigmoid", "raw", "minmax", "zscore"]
 GROUP_MAPPINGS = frozenset({"minmax", "zscore"})
@@ -137,9 +137,7 @@ class RewardModelGrader:
             return Grade.failed("invalid", f"the chat template could not render the conversation: {type(e).__name__}: {e}",
                                 error_kind="input")
         scored = await self.judge.reward_score(self.route, request)
-        # The requests the reward model served, as a run counts them (its summary, an error row's attempts column);
-        # its prompt tokens are not the judge's, and a judge model's price does not apply to them (as text_similarity).
-        spent = {"usage": Usage(requests=scored.attempts), "cache_hits": int(scored.cached)}
+        spent = route_spent(scored)
         if scored.status != "ok" or scored.value is None:
             return Grade.failed("error", scored.error or "the reward model gave no score", error_kind=scored.error_kind or "server_error",
                                 **spent)

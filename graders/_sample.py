@@ -12,13 +12,16 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from gradekit.judge import SyncRunner, Usage, clamp
 from gradekit.judge._media import data_uri
 from gradekit.judge._trajectory import content_text as _content_text
+
+if TYPE_CHECKING:
+    from gradekit.judge._embeddings import RouteReply
 
 GradeStatus = Literal["ok", "invalid", "error"]
 
@@ -235,6 +238,13 @@ def usage_of(grades: Iterable[Grade]) -> dict[str, Any]:
     judged = [g for g in grades if g.usage is not None]
     return {"usage": sum((g.usage for g in judged), Usage()) if judged else None,  # type: ignore[misc]
             "cache_hits": sum(g.cache_hits for g in judged)}
+
+
+def route_spent(reply: RouteReply) -> dict[str, Any]:
+    """What a side route's reply (embeddings, a reward model's score) adds to a Grade: the requests it sent and
+    its cache hit, as a run counts them (its summary, an error row's attempts column). Its prompt tokens are not
+    the judge's, and the judge model's price does not apply to them. Spread into ``Grade(...)``."""
+    return {"usage": Usage(requests=reply.attempts), "cache_hits": int(reply.cached)}
 
 
 @runtime_checkable

@@ -38,9 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from gradekit.judge import Usage
-
-from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders
+from ._sample import Grade, Grader, PlaceholderError, Sample, fill_placeholders, route_spent
 
 if TYPE_CHECKING:
     from gradekit.judge import Judge
@@ -215,12 +213,11 @@ def _cosine_grader(input: str, reference: str, judge: Judge, model: str, *, pass
         if not got or not want:  # the embeddings API refuses an empty string; nothing is like something
             return _scored(float(got == want), "cosine", pass_threshold, name, debug=[f"{name}: an empty text, not embedded"])
         embedded = await judge.embed([got, want], model=model)
-        # judge_attempts and judge_cached, as an LLM grader names them, for the row's metrics. The usage counts the
-        # requests only (a run's summary and an error row's attempts column): the embedding tokens are not the
-        # judge's prompt tokens, and the judge model's price does not apply to them.
+        # judge_attempts and judge_cached, as an LLM grader names them, for the row's metrics; the usage counts the
+        # requests only (route_spent).
         metrics = {"judge_attempts": float(embedded.attempts), "judge_cached": float(embedded.cached),
                    "embedding_prompt_tokens": float(embedded.prompt_tokens)}
-        spent = {"usage": Usage(requests=embedded.attempts), "cache_hits": int(embedded.cached)}
+        spent = route_spent(embedded)
         if embedded.status != "ok":
             return Grade.failed("error", f"grader {name!r}: {embedded.error_kind}: {embedded.error}", error_kind=embedded.error_kind,
                                 metrics=metrics, **spent)
