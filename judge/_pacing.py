@@ -89,7 +89,7 @@ class SharedPace:
     """What a limiter shared by several processes (Redis, Ray) does with a reply: its :class:`Pacer` learns
     from it, and a learnt rate that changed goes to the others through :meth:`_share` (fixed or unpaced: nothing).
 
-    ``_ready_to_share`` may refuse (no event loop to publish from); the change then counts as told.
+    ``_ready_to_share`` may refuse (no event loop to publish from): that change is then not shared, nor tried again.
     """
 
     pacer: Pacer
