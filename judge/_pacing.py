@@ -85,6 +85,39 @@ class Pacing(BaseModel):
     rps: float | None = None
 
 
+class SharedPace:
+    """What a limiter shared by several processes (Redis, Ray) does with a reply: its :class:`Pacer` learns
+    from it, and a learnt rate that changed goes to the others through :meth:`_share` (fixed or unpaced: nothing).
+
+    ``_ready_to_share`` may refuse (no event loop to publish from): that change is then not shared, nor tried again.
+    """
+
+    pacer: Pacer
+    _published_version: int = 0  # the pacer's version last handed on
+
+    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
+        """Learn from one reply (judge._pacing); a changed learnt rate goes to every process sharing the limit."""
+        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
+        if self.pacer.version == self._published_version:
+            return
+        self._published_version = self.pacer.version
+        if not self._ready_to_share():
+            return
+        pacing = self.pacer.pacing()
+        if pacing.mode == "fixed" or pacing.rps is None:
+            return
+        self._share(pacing.mode, self.pacer.rate())
+
+    def pacing(self) -> Pacing:
+        return self.pacer.pacing()
+
+    def _ready_to_share(self) -> bool:
+        return True
+
+    def _share(self, mode: PacingMode, rps: float | None) -> None:
+        raise NotImplementedError
+
+
 def parse_duration(text: str | None) -> float | None:
     """Seconds in an OpenAI rate-limit duration (``120ms``, ``1s``, ``6m0s``, ``1h2m3.5s``) or a bare number."""
     if text is None:

@@ -30,14 +30,14 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from gradekit._extras import require
 
 from ._limiter import Limiter
-from ._pacing import Pacer, Pacing
+from ._pacing import Pacer, PacingMode, SharedPace
 
 ACTOR_NAME = "gradekit-limiter"
 NAMESPACE = "gradekit"
@@ -138,7 +138,7 @@ async def _ray_result(ref: Any) -> Any:
     return await asyncio.wrap_future(ref.future())
 
 
-class RayLimiter:
+class RayLimiter(SharedPace):
     """A limiter whose rates and Retry-After holds are shared by every process of a Ray cluster.
 
     Same interface as :class:`Limiter`. Processes share a budget when they use the same ``key``
@@ -271,22 +271,12 @@ class RayLimiter:
         except Exception:  # noqa: BLE001 -- a missing actor must not turn a 429 into a crash; the local hold stands
             pass
 
-    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
-        """Learn from one reply (judge._pacing); a changed learnt rate goes to the actor for the whole cluster."""
-        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
-        if self.pacer.version == self._published_version:
-            return
-        self._published_version = self.pacer.version
-        pacing = self.pacer.pacing()
-        if pacing.mode == "fixed" or pacing.rps is None:
-            return
+    def _share(self, mode: PacingMode, rps: float | None) -> None:
+        """Hand a changed learnt rate to the actor, for the whole cluster (SharedPace.observe)."""
         try:
-            self._handle().set_rate.remote(self.key, self.pacer.rate(), None)  # fire and forget, like a hold
+            self._handle().set_rate.remote(self.key, rps, None)  # fire and forget, like a hold
         except Exception:  # noqa: BLE001 -- a missing actor must not turn a reply into a crash; the told rate stands
             pass
-
-    def pacing(self) -> Pacing:
-        return self.pacer.pacing()
 
     def set_rate(self, rps: float | None = None, tpm: float | None = None) -> None:
         """Override the told rates of this key's budgets with learnt ones, cluster-wide (None clears)."""

@@ -34,14 +34,14 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from gradekit._extras import require
 
 from ._limiter import Limiter
-from ._pacing import FIRST_REPLY_WAIT_S, Pacer, Pacing
+from ._pacing import FIRST_REPLY_WAIT_S, Pacer, PacingMode, SharedPace
 
 _SCHEMES = ("redis", "rediss", "redis+unix")
 _KEY_PREFIX = "gradekit"
@@ -91,7 +91,7 @@ def _per_window(rps: float) -> tuple[int, int]:
     return max(1, math.floor(rps * seconds)), seconds
 
 
-class SharedLimiter:
+class SharedLimiter(SharedPace):
     """A limiter whose request and token budgets, and Retry-After holds, are shared through Redis.
 
     Same interface as :class:`Limiter` (``slot``, ``settle``, ``hold``, ``concurrency``). Every
@@ -302,22 +302,18 @@ class SharedLimiter:
 
     # ---- self-pacing: one learnt rate, one schedule, for every process ------------------------
 
-    def observe(self, status: int, headers: Mapping[str, str], *, sent_at: float | None = None, tokens: int = 0) -> None:
-        """Learn from one reply; publish a changed rate to the other processes (in the background)."""
-        self.pacer.observe(status, headers, sent_at=sent_at, tokens=tokens)
-        if self.pacer.version == self._published_version:
-            return
-        self._published_version = self.pacer.version
+    def _ready_to_share(self) -> bool:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return
+            return False
         self._bind()
-        pacing = self.pacer.pacing()
-        if pacing.rps is None or pacing.mode == "fixed":
-            return
+        return True
+
+    def _share(self, mode: PacingMode, rps: float | None) -> None:
+        """Publish a changed learnt rate to the other processes, in the background (SharedPace.observe)."""
         self._stamp = f"{os.getpid()}:{id(self)}:{self._published_version}"
-        mapping = {"mode": pacing.mode, "rps": repr(self.pacer.rate()), "stamp": self._stamp}
+        mapping = {"mode": mode, "rps": repr(rps), "stamp": self._stamp}
         task = asyncio.ensure_future(self._redis_call(lambda: self._publish_rate(mapping)))
         self._publishing.add(task)
         task.add_done_callback(self._published)
@@ -379,9 +375,6 @@ class SharedLimiter:
                 if delay <= 0:
                     return
                 await asyncio.sleep(max(_MIN_POLL, min(delay, _PACE_REFRESH / 2)))  # then ask again, at the rate then
-
-    def pacing(self) -> Pacing:
-        return self.pacer.pacing()
 
     async def settle(self, estimated_tokens: int, actual_tokens: int) -> None:
         """Charge what the server's usage says the request really cost beyond the estimate."""

@@ -17,7 +17,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from email import policy
 from email.parser import BytesParser
 from typing import Any, Literal
@@ -153,6 +153,7 @@ def _validate(content: bytes, endpoint: str) -> tuple[list[dict[str, Any]], list
     return lines, errors
 
 
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class BatchAPI:
     """Files and batches held in memory by one :class:`FakeProvider`; all handlers run on its loop.
 
@@ -161,23 +162,21 @@ class BatchAPI:
     knowing the provider's class.
     """
 
-    def __init__(self, *, log: list[RecordedRequest], log_lock: threading.Lock, answer: Callable[[Any], Awaitable[Response]],
-                 polls_until_done: int, hold: bool, faults: list[BatchFault], shuffle_output: bool) -> None:
-        self.log = log
-        self.log_lock = log_lock
-        self.answer = answer
-        self.polls_until_done = polls_until_done
-        self.held = hold
-        self.shuffle_output = shuffle_output
-        self.faults = faults
-        self.files: dict[str, _File] = {}
-        self.batches: dict[str, _Batch] = {}
-        self.files_uploaded = 0
-        self.batches_created = 0
-        self.batch_polls = 0
-        self.file_downloads = 0
-        self._ids = itertools.count(1)
-        self._lock: asyncio.Lock | None = None  # created on the server loop
+    log: list[RecordedRequest]
+    log_lock: threading.Lock
+    answer: Callable[[Any], Awaitable[Response]]
+    polls_until_done: int
+    held: bool
+    faults: list[BatchFault]
+    shuffle_output: bool
+    files: dict[str, _File] = dataclasses.field(default_factory=dict, init=False)
+    batches: dict[str, _Batch] = dataclasses.field(default_factory=dict, init=False)
+    files_uploaded: int = dataclasses.field(default=0, init=False)
+    batches_created: int = dataclasses.field(default=0, init=False)
+    batch_polls: int = dataclasses.field(default=0, init=False)
+    file_downloads: int = dataclasses.field(default=0, init=False)
+    _ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1), init=False)
+    _lock: asyncio.Lock | None = dataclasses.field(default=None, init=False)  # created on the server loop
 
     def reset(self) -> None:
         self.faults.clear()

@@ -587,7 +587,7 @@ class FakeProvider:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._batch_api = BatchAPI(log=self._requests, log_lock=self._lock, answer=self._answer_batch_line,
-                                   polls_until_done=batch_polls_until_done, hold=hold_batches, faults=list(batch_faults),
+                                   polls_until_done=batch_polls_until_done, held=hold_batches, faults=list(batch_faults),
                                    shuffle_output=shuffle_batch_output)
 
     # ---- test-facing controls --------------------------------------------------------------
