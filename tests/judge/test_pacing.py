@@ -24,6 +24,7 @@ from gradekit.judge import Judge, Limiter, RetryPolicy, SharedLimiter, load_rubr
 from gradekit.judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import Waits
 from ..virtual_time import simulate
 from .test_shared_limiter import _env, _finish, _rows, _start, redis_url  # noqa: F401  (redis_url is a fixture)
@@ -47,17 +48,7 @@ def headers(limit_per_s: float, remaining: float, reset: str = "1s") -> dict[str
 # ---- pure parts ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    pytest.param("120ms", 0.12, id="milliseconds"),
-    pytest.param("1s", 1.0, id="seconds"),
-    pytest.param("1.5s", 1.5, id="fractional_seconds"),
-    pytest.param("6m0s", 360.0, id="minutes_and_seconds"),
-    pytest.param("1h2m3.5s", 3723.5, id="hours"),
-    pytest.param("20", 20.0, id="bare_number"),
-    pytest.param("soon", None, id="not_a_duration"),
-    pytest.param("1s garbage", None, id="trailing_garbage"),
-    pytest.param(None, None, id="absent"),
-])
+@pytest.mark.parametrize(("text", "seconds"), cases("openai_durations"))
 def test_openai_durations_parse(text: str | None, seconds: float | None) -> None:
     assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)
 
