@@ -162,15 +162,7 @@ def test_one_event_per_round_trip_once_the_round_trip_is_known() -> None:
     assert pacer.events == 2
 
 
-@pytest.mark.parametrize(("shape", "share"), [
-    pytest.param({}, 0.90, id="issue_49_limit_20_burst_20_64_in_flight"),
-    pytest.param({"concurrency": 16}, 0.90, id="16_in_flight"),
-    pytest.param({"burst": 5}, 0.90, id="burst_of_a_quarter_second"),
-    pytest.param({"latency": 1.0}, 0.90, id="one_second_judge"),
-    pytest.param({"latency": 5.0, "concurrency": 256, "rows": 1000}, 0.90, id="five_second_judge_256_in_flight"),
-    pytest.param({"rps": 100, "burst": 100, "rows": 1000}, 0.90, id="limit_100"),
-    pytest.param({"rps": 50, "burst": 10, "rows": 600}, 0.90, id="limit_50_burst_10"),
-])
+@pytest.mark.parametrize(("shape", "share"), cases("cold_start_shapes"))
 def test_without_headers_a_cold_start_holds_the_limit(shape: dict, share: float) -> None:
     """Virtual time (tests/virtual_time.py): the limiter as the judge drives it, against a token bucket that
     answers 429 with retry-after-ms at once and accepts after the judge's latency; no timed assertion."""

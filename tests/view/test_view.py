@@ -520,15 +520,7 @@ def test_values_past_the_type_sample_are_kept(tmp_path: Path, name: str, last: d
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    pytest.param(["missing.jsonl"], "no such file", id="missing_file"),
-    pytest.param(["{labels}"], None, id="labels_file_itself_is_fine"),
-    pytest.param(["{jsonl}", "--labels", "{labels}"], "--labels and --on go together", id="labels_without_on"),
-    pytest.param(["{jsonl}", "--labels", "{labels}", "--on", "nope"], "no column 'nope'", id="unknown_key"),
-    pytest.param(["{jsonl}", "--labels", "{labels}", "--on", "id", "--human-column", "verdict"], "no column 'verdict'", id="unknown_human_column"),
-    pytest.param(["{folder}/notes.txt"], "unsupported file type", id="unsupported_type"),
-    pytest.param(["{jsonl}", "--rubric", "no_such_rubric"], "--rubric no_such_rubric", id="unknown_rubric"),
-])
+@pytest.mark.parametrize("args, message", cases("view_refusals"))
 def test_view_refuses_what_it_cannot_show(files: dict[str, Path], args: list[str], message: str | None) -> None:
     (files["folder"] / "notes.txt").write_text("hello", encoding="utf-8")
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
