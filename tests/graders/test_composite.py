@@ -10,6 +10,8 @@ import pytest
 from gradekit.graders._composite import FormulaError, compile_formula, formula_grader, weighted_grader
 from gradekit.graders import Grade, Sample, load_grader, string_match_grader
 
+from ..cases import cases
+
 DATA = Path(__file__).parents[1] / "data" / "graders"
 
 
@@ -86,21 +88,8 @@ def test_formula_arithmetic(formula: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize("formula", [
-    pytest.param('__import__("os").system("echo pwned")', id="import_call"),
-    pytest.param("a.__class__", id="attribute"),
-    pytest.param("[a][0]", id="subscript"),
-    pytest.param("(lambda: 1)()", id="lambda"),
-    pytest.param("a if b else c", id="conditional"),
-    pytest.param("a < b", id="comparison"),
-    pytest.param("'1'", id="string"),
-    pytest.param("True + a", id="boolean"),
-    pytest.param("min(a, key=b)", id="keyword_argument"),
-    pytest.param("pow(a, 2)", id="function_not_whitelisted"),
-    pytest.param("sqrt(a, b)", id="wrong_arity"),
-    pytest.param("d + a", id="unknown_name"),
-    pytest.param("a +", id="syntax_error"),
-    pytest.param("a; b", id="statements"),
-    pytest.param("(" * 300 + "a" + ")" * 300, id="nesting"),
+    *cases("formulas_refused"),
+    pytest.param("(" * 300 + "a" + ")" * 300, id="nesting"),  # built: it stays here
 ])
 def test_formula_rejects_everything_outside_the_whitelist(formula: str) -> None:
     with pytest.raises(FormulaError):

@@ -16,6 +16,8 @@ import pytest
 
 from gradekit.graders._flags import FLAGS, in_flags, said_as_flags
 
+from ..cases import cases
+
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
 
@@ -168,13 +170,7 @@ def test_a_library_message_names_the_field_and_the_command_line_says_the_flag(tm
     assert said in in_flags(message), in_flags(message)
 
 
-@pytest.mark.parametrize(("message", "said"), [
-    pytest.param("pass `resume=False` to grade it again", "pass --restart to grade it again", id="field_set_to_a_value"),
-    pytest.param("`resume=True` resumes", "`resume=True` resumes", id="a_value_the_table_lacks_stays"),
-    pytest.param("`gradekit serve` (POST /grade)", "`gradekit serve` (POST /grade)", id="a_command_stays"),
-    pytest.param("columns `messages` and `metadata`", "columns `messages` and `metadata`", id="a_column_stays"),
-    pytest.param("`on` KEY and `human_column` COLUMN", "--on KEY and --human-column COLUMN", id="two_fields"),
-])
+@pytest.mark.parametrize(("message", "said"), cases("said_as_flags"))
 def test_in_flags_says_only_the_fields_of_the_table(message, said) -> None:
     assert in_flags(message) == said
     assert said_as_flags(None) is None

@@ -13,6 +13,8 @@ import pytest
 
 from gradekit.graders import Grade, PythonGrader, Sample, load_grader, python_grader
 
+from ..cases import cases
+
 DATA = Path(__file__).parents[1] / "data" / "graders"
 
 SAMPLE = Sample(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
@@ -196,16 +198,7 @@ def evaluate(example, response):
 
 # ---- what comes back -----------------------------------------------------------------------------
 
-RETURNS = [
-    pytest.param("'1.0'", None, "returned str", id="string"),
-    pytest.param("True", None, "returned bool", id="bool"),
-    pytest.param("None", None, "returned NoneType", id="none"),
-    pytest.param("float('nan')", None, "not a finite number", id="nan"),
-    pytest.param("{'score': 1}", None, "returned dict", id="dict"),
-    pytest.param("5", 1.0, None, id="clamped_high"),
-    pytest.param("-7.5", -1.0, None, id="clamped_low"),
-    pytest.param("0.3", 0.3, None, id="in_range"),
-]
+RETURNS = cases("python_return_values")
 
 
 @pytest.mark.parametrize(("expression", "score", "error"), RETURNS)

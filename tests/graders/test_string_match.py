@@ -21,6 +21,8 @@ from gradekit.graders._string_match import (
     to_number,
 )
 
+from ..cases import cases
+
 DATA = Path(__file__).parents[1] / "data" / "graders"
 ANSWER_TAG = ParseConfig(type="REGEX_EXTRACT", regex="<answer>(.*?)</answer>")
 
@@ -85,15 +87,7 @@ def test_bad_regex_is_rejected_when_built() -> None:
 
 # ---- JSON match -------------------------------------------------------------------------------
 
-JSON_CASES = [
-    pytest.param('{"city": "Paris"}', "city", 1.0, id="whole_json"),
-    pytest.param('```json\n{"city": "Paris"}\n```', "city", 1.0, id="fenced"),
-    pytest.param('I think {"city": "Lyon"} ... final: {"city": "Paris"}', "city", 1.0, id="last_object_in_prose"),
-    pytest.param('{"where": {"city": "Paris"}}', "where.city", 1.0, id="nested_key"),
-    pytest.param('{"town": "Paris"}', "city", -1.0, id="missing_key_is_wrong"),
-    pytest.param("Paris", "city", -1.0, id="not_json_is_wrong"),
-    pytest.param('{"city": 42}', "city", 1.0, id="number_value_compared_as_text"),
-]
+JSON_CASES = cases("json_match")
 
 
 @pytest.mark.parametrize(("response", "key", "expected"), JSON_CASES)
@@ -106,18 +100,7 @@ async def test_json_match(response: str, key: str, expected: float) -> None:
 
 # ---- normalised and numeric ---------------------------------------------------------------------
 
-NORMALIZED_CASES = [
-    pytest.param("  PARIS ", "Paris", True, id="case_and_whitespace"),
-    pytest.param("Paris!", "Paris", True, id="punctuation"),
-    pytest.param("Ｐａｒｉｓ", "Paris", True, id="full_width"),
-    pytest.param("1,000 apples", "1000 apples", True, id="thousands_separator"),
-    pytest.param("0.50", "1/2", True, id="decimal_vs_fraction"),
-    pytest.param("１２３", "123", True, id="full_width_digits"),
-    pytest.param("−3", "-3", True, id="unicode_minus"),
-    pytest.param("2.5e1", "25", True, id="scientific"),
-    pytest.param("Lyon", "Paris", False, id="different_word"),
-    pytest.param("1001", "1000", False, id="different_number"),
-]
+NORMALIZED_CASES = cases("normalized_match")
 
 
 @pytest.mark.parametrize(("response", "reference", "same"), NORMALIZED_CASES)
@@ -140,15 +123,7 @@ def test_to_number_and_normalize_text() -> None:
     assert normalize_text("The Answer: ＡＢＣ,  1,000.0!") == normalize_text("the answer abc 1000")
 
 
-NUMERIC_CASES = [
-    pytest.param("The answer is 3.14159", "3.1416", 0.001, 0.0, True, id="within_abs_tol"),
-    pytest.param("The answer is 3.2", "3.1416", 0.001, 0.0, False, id="outside_abs_tol"),
-    pytest.param("about 1,050", "1000", 0.0, 0.05, True, id="within_rel_tol"),
-    pytest.param("about 1,051", "1000", 0.0, 0.05, False, id="outside_rel_tol"),
-    pytest.param("first 7, finally 12", "12", 0.0, 0.0, True, id="last_number_counts"),
-    pytest.param("one half: 1/2", "0.5", 0.0, 0.0, True, id="fraction"),
-    pytest.param("no digits here", "12", 1.0, 0.0, False, id="no_number_is_wrong"),
-]
+NUMERIC_CASES = cases("numeric_match")
 
 
 @pytest.mark.parametrize(("response", "reference", "abs_tol", "rel_tol", "right"), NUMERIC_CASES)
@@ -212,14 +187,7 @@ async def test_string_match_from_yaml_file() -> None:
     await grader.aclose()
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    pytest.param({"type": "strng_match", "expression": "x"}, "unknown grader type 'strng_match'", id="unknown_type"),
-    pytest.param({"type": "string_match"}, "expression: Field required", id="missing_field"),
-    pytest.param({"type": "string_match", "expression": "x", "operaton": "EXACT_MATCH"}, "operaton: Extra inputs", id="misspelt_field"),
-    pytest.param({"type": "string_match", "expression": "x", "operation": "FUZZY"}, "operation", id="bad_operation"),
-    pytest.param({"type": "string_match", "expression": "x", "parse": {"type": "REGEX_EXTRACT", "regex": "(["}}, "parse", id="bad_regex"),
-    pytest.param({"type": "weighted", "parts": {"a": {"type": "string_match"}}}, "parts.a", id="nested_part_named"),
-])
+@pytest.mark.parametrize(("config", "message"), cases("string_match_config_errors"))
 def test_config_errors_name_the_field(tmp_path: Path, config: dict, message: str) -> None:
     import yaml
 

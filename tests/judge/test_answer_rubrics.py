@@ -20,6 +20,8 @@ from gradekit.judge import Judge, Limiter, ParseFailure, RubricError, load_rubri
 from gradekit.judge._dialect import forget_dialects
 from gradekit.judge.testing import DIALECTS, FakeProvider, Reply, asked_reply
 
+from ..cases import cases
+
 SAMPLE = Sample(messages="Compute 1/2 + 1/4.", response="Adding, 1/2 + 1/4 = 3/4, so the answer is \\boxed{\\tfrac34}.",
                 references={"references": ["0.75"]})
 
@@ -60,14 +62,7 @@ async def test_the_yes_no_rubric_reads_the_final_decision_on_every_dialect(diale
     assert [(g.status, g.score) for g in grades] == [("ok", score)] * 2, [g.error for g in grades]
 
 
-@pytest.mark.parametrize(("reply", "label"), [
-    pytest.param("Final Decision: Yes", "Yes", id="bare"),
-    pytest.param("analysis\nfinal decision: YES.", "Yes", id="case_and_period"),
-    pytest.param("analysis\n> **Final Decision**: No", "No", id="markdown_quote"),
-    pytest.param("End with Final Decision: Yes or Final Decision: No.\nFinal Decision: No", "No", id="menu_in_prose"),
-    pytest.param("The student wrote 'Final Decision: Yes' in the answer.\nFinal Decision: No", "No", id="quoted_mid_line"),
-    pytest.param("分析。\nFinal Decision：Yes", "Yes", id="full_width_colon"),
-])
+@pytest.mark.parametrize(("reply", "label"), cases("final_decision_lines"))
 def test_the_final_decision_line_is_read(reply: str, label: str) -> None:
     assert parse_reply(load_rubric("answer_verification_yes_no"), reply, "text").label == label
 

@@ -24,6 +24,7 @@ from gradekit.judge import Judge, Limiter, RetryPolicy, SharedLimiter, load_rubr
 from gradekit.judge._pacing import MIN_RPS, START_RPS, Pacer, parse_duration
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import Waits
 from ..virtual_time import simulate
 from .test_shared_limiter import _env, _finish, _rows, _start, redis_url  # noqa: F401  (redis_url is a fixture)
@@ -47,17 +48,7 @@ def headers(limit_per_s: float, remaining: float, reset: str = "1s") -> dict[str
 # ---- pure parts ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    pytest.param("120ms", 0.12, id="milliseconds"),
-    pytest.param("1s", 1.0, id="seconds"),
-    pytest.param("1.5s", 1.5, id="fractional_seconds"),
-    pytest.param("6m0s", 360.0, id="minutes_and_seconds"),
-    pytest.param("1h2m3.5s", 3723.5, id="hours"),
-    pytest.param("20", 20.0, id="bare_number"),
-    pytest.param("soon", None, id="not_a_duration"),
-    pytest.param("1s garbage", None, id="trailing_garbage"),
-    pytest.param(None, None, id="absent"),
-])
+@pytest.mark.parametrize(("text", "seconds"), cases("openai_durations"))
 def test_openai_durations_parse(text: str | None, seconds: float | None) -> None:
     assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)
 
@@ -171,15 +162,7 @@ def test_one_event_per_round_trip_once_the_round_trip_is_known() -> None:
     assert pacer.events == 2
 
 
-@pytest.mark.parametrize(("shape", "share"), [
-    pytest.param({}, 0.90, id="issue_49_limit_20_burst_20_64_in_flight"),
-    pytest.param({"concurrency": 16}, 0.90, id="16_in_flight"),
-    pytest.param({"burst": 5}, 0.90, id="burst_of_a_quarter_second"),
-    pytest.param({"latency": 1.0}, 0.90, id="one_second_judge"),
-    pytest.param({"latency": 5.0, "concurrency": 256, "rows": 1000}, 0.90, id="five_second_judge_256_in_flight"),
-    pytest.param({"rps": 100, "burst": 100, "rows": 1000}, 0.90, id="limit_100"),
-    pytest.param({"rps": 50, "burst": 10, "rows": 600}, 0.90, id="limit_50_burst_10"),
-])
+@pytest.mark.parametrize(("shape", "share"), cases("cold_start_shapes"))
 def test_without_headers_a_cold_start_holds_the_limit(shape: dict, share: float) -> None:
     """Virtual time (tests/virtual_time.py): the limiter as the judge drives it, against a token bucket that
     answers 429 with retry-after-ms at once and accepts after the judge's latency; no timed assertion."""

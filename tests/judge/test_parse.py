@@ -7,6 +7,8 @@ import pytest
 from gradekit.judge import ParseFailure, load_rubric, normalize_label, parse_reply
 from gradekit.judge.testing import Reply
 
+from ..cases import cases
+
 ZH = load_rubric("semantic_equivalence_zh")
 EN = load_rubric("semantic_equivalence_en")
 TONE = load_rubric("tone")
@@ -171,13 +173,7 @@ def test_honest_reply_ending_with_its_verdict_is_not_ambiguous(rubric, mode, raw
     assert _parse(rubric, mode, raw).label == label
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param('{"rationale": "r", "judgement": "correct", "judgement": "correct"}', id="same_value"),
-    pytest.param('{"rationale": "r", "judgement": "incorrect", "judgement": "correct"}', id="different_values"),
-    pytest.param('```json\n{"judgement": "correct",\n "rationale": "r",\n "judgement": "incorrect"}\n```', id="fenced"),
-    pytest.param('Verdict: {"rationale": "r", "judgement": "correct", "judgement": "incorrect"} done', id="inside_prose"),
-    pytest.param('{"rationale": "r", "judgement": 1, "judgement": "correct"}', id="first_not_a_string"),
-])
+@pytest.mark.parametrize("raw", cases("duplicated_verdict_keys"))
 def test_a_duplicated_verdict_key_is_ambiguous(raw) -> None:
     """A JSON reply is one object whose verdict key appears once: parsers disagree which duplicate wins."""
     with pytest.raises(ParseFailure, match=r"^ambiguous_verdict: the key 'judgement' appears 2 times in one JSON object"):

@@ -19,6 +19,8 @@ from gradekit.judge import Budget, Judge, Limiter, list_rubrics, load_prices, lo
 from gradekit.judge._budget import price_of
 from gradekit.judge.testing import FakeProvider, Reply, write_long_rubric
 
+from ..cases import cases
+
 ROW = {"question": "What is the capital of France?", "references": ["Paris"], "prediction": "Paris"}
 # The fake bills these for every model (USD per 1M tokens); the --prices file gradekit is given says the same,
 # with the write and read multipliers the provider documents (1.25x, 0.1x).
@@ -250,16 +252,7 @@ def test_the_summary_splits_cost_by_tier(tmp_path: Path) -> None:
 # ---- prices: the judges people use --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("model", "base_url"), [
-    pytest.param("gpt-5.6", None, id="openai"),
-    pytest.param("claude-sonnet-4-5", "https://api.anthropic.com/v1", id="anthropic"),
-    pytest.param("gemini-2.5-flash", None, id="google"),
-    pytest.param("deepseek-chat", "https://api.deepseek.com/v1", id="deepseek"),
-    pytest.param("qwen-plus", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", id="dashscope"),
-    pytest.param("doubao-seed-1-6-250615", "https://ark.cn-beijing.volces.com/api/v3", id="ark"),
-    pytest.param("llama-3.3-70b-versatile", "https://api.groq.com/openai/v1", id="groq"),
-    pytest.param("mistral-large-latest", "https://api.mistral.ai/v1", id="mistral"),
-])
+@pytest.mark.parametrize(("model", "base_url"), cases("priced_models"))
 def test_max_cost_works_for_the_major_providers_models(model: str, base_url: str | None) -> None:
     budget = Budget(max_cost_usd=1.0, model=model)  # refused before this issue for all but 10 OpenAI models
     price = price_of(budget.prices, model, base_url=base_url)

@@ -15,6 +15,7 @@ import pytest
 from gradekit.judge import Limiter, load_rubric, retry_after_seconds
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import Waits
 
 EN = load_rubric("semantic_equivalence_en")
@@ -34,18 +35,7 @@ def _refused(fake: FakeProvider, reply: Reply) -> openai.APIStatusError:
     return caught.value
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    pytest.param({"Retry-After": "3"}, 3.0, id="seconds"),
-    pytest.param({"retry-after-ms": "250"}, 0.25, id="milliseconds"),
-    pytest.param({"Retry-After": "garbage"}, None, id="garbage_is_no_hint"),
-    pytest.param({"Retry-After": "nan"}, None, id="nan_is_no_hint"),
-    pytest.param({"Retry-After": "-5"}, None, id="negative_is_no_hint"),
-    pytest.param({"retry-after-ms": "soon", "Retry-After": "2"}, 2.0, id="bad_ms_falls_back_to_seconds"),
-    pytest.param({"Retry-After": "100000"}, 60.0, id="huge_seconds_taken_as_the_60_s_ceiling"),
-    pytest.param({"retry-after-ms": "1e12"}, 60.0, id="huge_ms_taken_as_the_60_s_ceiling"),
-    pytest.param({"Retry-After": "Thu, 01 Jan 2099 00:00:00 GMT"}, 60.0, id="date_in_2099_taken_as_the_60_s_ceiling"),
-    pytest.param({"Retry-After": "45"}, 45.0, id="under_a_minute_honoured"),
-])
+@pytest.mark.parametrize(("headers", "expected"), cases("retry_hints"))
 def test_retry_hints_are_read_capped_or_ignored(fake, headers: dict[str, str], expected: float | None) -> None:
     exc = _refused(fake, Reply(status=429, headers=headers))
     assert retry_after_seconds(exc) == expected

@@ -26,6 +26,8 @@ from gradekit.judge._trajectory import TrajectoryOverflow, fit, read_steps
 from gradekit.judge._window import overflow_of
 from gradekit.judge.testing import DIALECTS, FakeProvider, Reply
 
+from ..cases import cases
+
 TASK = "Who founded Acme Rockets, and in which year?"
 ANSWER = "Acme Rockets was founded by Ada Lovelace in 1843."
 
@@ -146,22 +148,7 @@ def test_truncation_none_and_an_answer_over_the_budget_overflow() -> None:
         fit(read_steps(rollout(2, 100, answer="x" * 30_000)), 2_000)
 
 
-@pytest.mark.parametrize(("code", "message", "window", "prompt"), [
-    pytest.param("context_length_exceeded", "This model's maximum context length is 8192 tokens. However, your messages resulted in "
-                 "8227 tokens. Please reduce the length of the messages.", 8192, 8227, id="openai"),
-    pytest.param(None, "This model's maximum context length is 4096 tokens. However, you requested 4130 tokens (3130 in the messages, "
-                 "1000 in the completion).", 4096, 3130, id="openai_with_completion"),
-    pytest.param(None, "This model's maximum context length is 128000 tokens. However, you requested 65535 output tokens and your "
-                 "prompt contains at least 62466 input tokens, for a total of at least 128001 tokens.", 128000, 62466, id="vllm_0_20"),
-    pytest.param("invalid_parameter_error", "<400> InternalError.Algo.InvalidParameter: Range of input length should be [1, 983616]",
-                 983616, None, id="dashscope"),
-    pytest.param(None, "prompt is too long: 208656 tokens > 200000 maximum", 200000, 208656, id="anthropic"),
-    pytest.param(None, "input length and `max_tokens` exceed context limit: 149674 + 64000 > 204658, decrease input length",
-                 204658, 149674, id="anthropic_with_max_tokens"),
-    pytest.param(None, "The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).", 1048576, 1200293,
-                 id="gemini"),
-    pytest.param("context_length_exceeded", "context length exceeded", None, None, id="no_number"),
-])
+@pytest.mark.parametrize(("code", "message", "window", "prompt"), cases("context_length_refusals"))
 def test_a_context_length_refusal_is_read(code: str | None, message: str, window: int | None, prompt: int | None) -> None:
     found = overflow_of(code, message)
     assert found is not None and (found.window, found.prompt_tokens) == (window, prompt)

@@ -21,6 +21,7 @@ from gradekit.graders.platforms import ark_group_grader
 from gradekit.graders.platforms._ark import ArkTrajectory, ChatCompletionSample, PluginStatus
 from gradekit.judge.testing import FakeProvider
 
+from ..cases import cases
 from ..conftest import need, reference_judge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,16 +115,7 @@ def test_openrlhf_templated_prompt_is_read_back_into_messages_and_end_tokens_are
     assert status == 200 and seen[1].response_text == "five<|im_end|>", "only the configured tokens are cut"
 
 
-@pytest.mark.parametrize(("tokens", "expected"), [
-    pytest.param("Paris<|im_end|>", "Paris", id="chatml"),
-    pytest.param("Paris<|eot_id|>", "Paris", id="llama3"),
-    pytest.param("Paris</s>", "Paris", id="llama2_mistral"),
-    pytest.param("Paris<end_of_turn>\n<eos>", "Paris", id="gemma"),
-    pytest.param("Paris<|end|><|endoftext|>", "Paris", id="phi3"),
-    pytest.param("Paris<｜end▁of▁sentence｜>", "Paris", id="deepseek"),
-    pytest.param("Paris  ", "Paris  ", id="no_token_text_unchanged"),
-    pytest.param("say </s> then Paris", "say </s> then Paris", id="only_trailing"),
-])
+@pytest.mark.parametrize(("tokens", "expected"), cases("end_tokens"))
 def test_end_tokens_of_the_common_templates(tokens: str, expected: str) -> None:
     from gradekit.graders.server._models import strip_end_tokens
 

@@ -24,6 +24,8 @@ from packaging.requirements import Requirement
 from gradekit._extras import EXTRAS, MissingExtra, as_missing_extra, extra_of, require
 from gradekit.judge.testing import FakeProvider
 
+from ..cases import cases
+
 ROOT = Path(__file__).resolve().parents[2]
 # gradekit's own metadata, as pip reads it: Requires-Dist lines, an extra's behind `extra == "NAME"`.
 REQUIRES = [Requirement(r) for r in requires("gradekit") or []]
@@ -129,20 +131,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory, judge_url: str) -> Path:
     return tmp_path
 
 
-CASES = [
-    pytest.param("calibration", ["calibrate", "out.jsonl", "--labels", "human.jsonl", "--on", "id"], id="calibrate"),
-    pytest.param("calibration", ["cascade", "fit", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "c.json"], id="cascade fit"),
-    pytest.param("calibration", ["meta-eval", "--suite", "llmbar", "-r", "llmbar_pairwise", "--plots", "plots"], id="meta-eval plots"),
-    pytest.param("parquet", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "out.parquet"], id="parquet output"),
-    pytest.param("redis", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "o.jsonl", "--limiter", "redis://127.0.0.1:1"],
-                 id="redis limiter"),
-    pytest.param("redis", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "o.jsonl", "--cache", "redis://127.0.0.1:1"],
-                 id="redis cache"),
-    pytest.param("math", ["grade", "rows.jsonl", "--grader", "math.yaml", "-o", "o.jsonl"], id="math grader"),
-    pytest.param("server", ["serve", "--config", "server.yaml", "--port", "0"], id="serve"),
-    pytest.param("view", ["report", "out.jsonl", "-o", "r.html"], id="report"),
-    pytest.param("ray", ["grade", "rows.jsonl", "-r", "semantic_equivalence_en", "-o", "o.jsonl", "--ray", "auto"], id="ray"),
-]
+CASES = cases("missing_extras")
 
 
 @pytest.mark.parametrize(("extra", "args"), CASES)

@@ -51,6 +51,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import reference_judge
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "runs"
@@ -304,16 +305,6 @@ def test_serve_answers(served: str, judge: FakeProvider, name: str, route: str, 
 # ---- the normalizer itself ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    pytest.param('{"wall_s": 1.25, "rows": 3}', '{"wall_s": "<volatile>", "rows": 3}', id="wall_s_volatile_rows_kept"),
-    pytest.param('{"rps": 37.754, "pacing": {"rps": null}}', '{"rps": "<volatile>", "pacing": {"rps": null}}', id="rps_number_only"),
-    pytest.param('{"judgements_per_s": 1e-3}', '{"judgements_per_s": "<volatile>"}', id="exponent"),
-    pytest.param('{"prompt_tokens": 12, "cost_usd": 0.5}', '{"prompt_tokens": 12, "cost_usd": 0.5}', id="tokens_and_cost_kept"),
-    pytest.param('{"slowest_rows": [{"row": 3, "id": "c", "seconds": 0.2}, {"row": 1, "id": "a", "seconds": 0.1}], "n": 1}',
-                 '{"slowest_rows": "<slowest_rows: rows 1,3>", "n": 1}', id="slowest_rows_by_row"),
-    pytest.param('{"output": "/tmp/x/out.jsonl", "url": "http://127.0.0.1:5/v1"}', '{"output": "<tmp>/out.jsonl", "url": "<judge>"}',
-                 id="paths_and_urls"),
-    pytest.param('{"seconds_saved": 2, "error": "wall_s: 3"}', '{"seconds_saved": 2, "error": "wall_s: 3"}', id="only_whole_keys"),
-])
+@pytest.mark.parametrize(("text", "expected"), cases("golden_normalize"))
 def test_normalize_rewrites_only_the_volatile(text: str, expected: str) -> None:
     assert normalize(text, {"/tmp/x": "<tmp>", "http://127.0.0.1:5/v1": "<judge>"}) == expected

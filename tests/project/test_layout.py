@@ -260,7 +260,7 @@ def test_each_room_imports_only_the_rooms_below_it() -> None:
 # what holds for the whole repository (layout, packaging, docs, goldens). Shared fixtures stay at the root.
 TEST_FOLDERS = {folder.rsplit("/", 1)[-1] for folder in ROOMS if folder not in ("gradekit", "graders", "judge/testing", "graders/grading")}
 TEST_FOLDERS |= {"graders", "project"}
-TEST_ROOT_FILES = {"__init__.py", "conftest.py", "virtual_time.py"}
+TEST_ROOT_FILES = {"__init__.py", "cases.py", "conftest.py", "virtual_time.py"}
 TEST_DATA = {"data", "golden", "__pycache__"}
 
 

@@ -16,6 +16,7 @@ from gradekit.graders.cli import app
 from gradekit.graders.runs._drift import LONG_RUN_ROWS, ServedTally, alias_note, is_alias
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import invoke, reference_judge, serve_in
 
 runner = CliRunner()
@@ -68,19 +69,7 @@ class Switch:
 # ---- drift, seen ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, alias", [
-    pytest.param("gpt-4o", True, id="openai_alias"),
-    pytest.param("gpt-4o-mini", True, id="openai_mini_alias"),
-    pytest.param("gpt-4o-2024-08-06", False, id="dated_snapshot"),
-    pytest.param("gpt-4-0613", False, id="four_digit_release"),
-    pytest.param("gemini-1.5-pro-002", False, id="three_digit_snapshot"),
-    pytest.param("claude-3-5-sonnet@20240620", False, id="vertex_at_date"),
-    pytest.param("anthropic.claude-v2:1", False, id="bedrock_version"),
-    pytest.param("qwen-max-latest", True, id="latest_is_an_alias"),
-    pytest.param("doubao-1.5-pro-32k-250115", False, id="ark_date"),
-    pytest.param("Qwen/Qwen2.5-7B-Instruct", False, id="weights_a_server_loaded"),
-    pytest.param("deepseek-chat", True, id="deepseek_alias"),
-])
+@pytest.mark.parametrize("model, alias", cases("model_aliases"))
 def test_alias_names(model: str, alias: bool) -> None:
     assert is_alias(model) is alias
 

@@ -35,6 +35,7 @@ from gradekit.graders.server import ServerConfigError, build_computer, load_serv
 from gradekit.judge import Judge, Limiter, RetryPolicy
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import reference_judge
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "server"
@@ -356,13 +357,7 @@ def test_invalid_sample_fails_by_default_and_scores_zero_when_configured(fake: F
 # ---- 400 / 422 / 401 / 500 ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("path", "missing"), [
-    pytest.param("/compute_reward", "response", id="seed"),
-    pytest.param("/api/v1", "agent_output", id="dashscope"),
-    pytest.param("/", "example", id="vertex"),
-    pytest.param("/get_reward", "query", id="openrlhf"),
-    pytest.param("/grade", "sample", id="foundry"),
-])
+@pytest.mark.parametrize(("path", "missing"), cases("server_missing_fields"))
 def test_broken_json_is_400_and_a_missing_field_is_422_naming_it(serve, path: str, missing: str) -> None:
     url = serve(Recorder())
     status, _, body = call(url, path, raw=b'{"response": "unterminated')
@@ -511,21 +506,7 @@ def test_the_grader_is_closed_on_shutdown() -> None:
 # ---- config errors name the file and the key ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "names"), [
-    pytest.param("reward:\n  class: a:B\n  grader: g.yaml\n", "give one of reward.class", id="both"),
-    pytest.param("reward:\n  grader: g.yaml\nthread_pool:\n  max_worker: 3\n", "thread_pool.max_worker: Extra inputs", id="typo"),
-    pytest.param("reward:\n  grader: g.yaml\nthread_pool:\n  max_workers: 0\n", "thread_pool.max_workers:", id="zero_workers"),
-    pytest.param("reward:\n  grader: g.yaml\nserver:\n  port: 70000\n", "server.port:", id="port"),
-    pytest.param("reward:\n  class: a:B\n  invalid: zero\n", "reward.invalid applies to reward.grader", id="invalid_with_class"),
-    pytest.param("reward:\n  class: no_such_module_xyz:Thing\n", "reward.class: 'no_such_module_xyz:Thing': cannot import", id="import"),
-    pytest.param("reward:\n  class: graders:NoSuchName\n", "reward.class: 'graders:NoSuchName': graders has no 'NoSuchName'", id="attr"),
-    pytest.param("reward:\n  class: missing/file.py:Cls\n", "reward.class: 'missing/file.py:Cls': no file", id="file"),
-    pytest.param("reward:\n  grader: g.yaml\n", "reward.grader:", id="grader_file"),
-    pytest.param("reward:\n  grader: bad.yaml\n", "bad.yaml: unknown grader type 'nope'", id="grader_content"),
-    pytest.param("reward:\n  grader: ok.yaml\nhealth_check:\n  function: graders:NoSuch\n", "health_check.function:", id="health"),
-    pytest.param("reward:\n  class: graders:Grade\n", "reward.class: graders:Grade() raised", id="constructor"),
-    pytest.param("reward: [\n", "not valid YAML", id="yaml"),
-])
+@pytest.mark.parametrize(("text", "names"), cases("server_config_errors"))
 def test_config_errors_name_the_file_and_key(tmp_path: Path, text: str, names: str) -> None:
     (tmp_path / "bad.yaml").write_text("type: nope\n", encoding="utf-8")
     (tmp_path / "ok.yaml").write_text(json.dumps(MATCH), encoding="utf-8")

@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from gradekit.graders.cli import app
 from gradekit.judge.testing import FakeProvider, Reply
 
+from ..cases import cases
 from ..conftest import need, reference_judge
 
 need("duckdb", "pip install 'gradekit[view]'")
@@ -238,35 +239,13 @@ def test_one_row_whole_and_its_judge_prompt(view: str, files: dict[str, Path]) -
     assert any(rows[7]["prediction"] in m["content"] for m in prompt["messages"])
 
 
-@pytest.mark.parametrize("path, status", [
-    pytest.param("/api/rows/120", 404, id="past_the_end"),
-    pytest.param("/api/rows/100000000000000000000", 404, id="far_past_the_end"),
-    pytest.param("/api/rows/-1", 400, id="negative"),
-    pytest.param("/api/rows/-1/prompt", 400, id="negative_prompt"),
-    pytest.param("/api/rows/x", 400, id="not_a_number"),
-    pytest.param("/api/rows?sort=nope", 400, id="unknown_sort_column"),
-    pytest.param("/api/rows?score_min=high", 400, id="score_not_a_number"),
-    pytest.param("/api/rows?limit=ten", 400, id="limit_not_a_number"),
-])
+@pytest.mark.parametrize("path, status", cases("view_bad_requests"))
 def test_bad_requests_get_a_named_error(view: str, path: str, status: int) -> None:
     code, body = get(view + path)
     assert code == status and body["error"]
 
 
-@pytest.mark.parametrize("query, name", [
-    pytest.param("offset=100000000000000000000", "offset", id="offset_10e20"),
-    pytest.param("offset=-1", "offset", id="offset_negative"),
-    pytest.param("offset=1.5", "offset", id="offset_not_an_integer"),
-    pytest.param("limit=100000000000000000000", "limit", id="limit_10e20"),
-    pytest.param("limit=1001", "limit", id="limit_over_the_maximum"),
-    pytest.param("limit=-5", "limit", id="limit_negative"),
-    pytest.param("score_min=nan", "score_min", id="score_min_nan"),
-    pytest.param("score_max=inf", "score_max", id="score_max_infinite"),
-    pytest.param("disagree=maybe", "disagree", id="flag_not_a_boolean"),
-    pytest.param("flipped=2", "flipped", id="flipped_not_a_boolean"),
-    pytest.param("sort=-nope", "sort", id="sort_descending_unknown"),
-    pytest.param("ofset=10", "ofset", id="unknown_parameter"),
-])
+@pytest.mark.parametrize("query, name", cases("view_bad_parameters"))
 def test_every_out_of_range_or_malformed_parameter_is_400_naming_it(view: str, query: str, name: str) -> None:
     code, body = get(f"{view}/api/rows?{query}")
     assert code == 400 and body["error"].startswith(f"{name}:"), body
@@ -491,14 +470,7 @@ def test_closing_while_the_copy_runs_stops_it_and_removes_the_database(tmp_path:
     assert not folder.exists()
 
 
-@pytest.mark.parametrize("body, total", [
-    pytest.param('{"a": 1}\n{"a": 2}\n', 2, id="plain"),
-    pytest.param('{"a": 1}\n{"a": 2}', 2, id="no_final_newline"),
-    pytest.param('{"a": 1}\r\n{"a": 2}\r\n', 2, id="crlf"),
-    pytest.param('{"a": 1}\n\n  \n{"a": 2}\n', 2, id="blank_lines_are_not_rows"),
-    pytest.param('\n{"a": 1}\n  {"a": 2}\n', 2, id="indented_and_leading_blank"),
-    pytest.param('{"a": 1}\n{"a": \n{"a": 2}\n{"a"', 4, id="broken_lines_are_empty_rows"),
-])
+@pytest.mark.parametrize("body, total", cases("view_row_counts"))
 def test_the_row_count_is_the_rows_the_copy_holds(tmp_path: Path, body: str, total: int) -> None:
     """The first page's total comes from a line count (wc and grep, or Python's); it must be what DuckDB makes of the file."""
     from gradekit.graders.view import ResultsFile
@@ -548,15 +520,7 @@ def test_values_past_the_type_sample_are_kept(tmp_path: Path, name: str, last: d
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    pytest.param(["missing.jsonl"], "no such file", id="missing_file"),
-    pytest.param(["{labels}"], None, id="labels_file_itself_is_fine"),
-    pytest.param(["{jsonl}", "--labels", "{labels}"], "--labels and --on go together", id="labels_without_on"),
-    pytest.param(["{jsonl}", "--labels", "{labels}", "--on", "nope"], "no column 'nope'", id="unknown_key"),
-    pytest.param(["{jsonl}", "--labels", "{labels}", "--on", "id", "--human-column", "verdict"], "no column 'verdict'", id="unknown_human_column"),
-    pytest.param(["{folder}/notes.txt"], "unsupported file type", id="unsupported_type"),
-    pytest.param(["{jsonl}", "--rubric", "no_such_rubric"], "--rubric no_such_rubric", id="unknown_rubric"),
-])
+@pytest.mark.parametrize("args, message", cases("view_refusals"))
 def test_view_refuses_what_it_cannot_show(files: dict[str, Path], args: list[str], message: str | None) -> None:
     (files["folder"] / "notes.txt").write_text("hello", encoding="utf-8")
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
