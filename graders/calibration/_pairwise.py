@@ -1,8 +1,9 @@
 """A labelled file of pairs: the pairwise run (``runs._pairwise``) with LLMBar's Acc and Agr against the gold labels.
 
 The pairs are judged by :func:`gradekit.graders._pairwise.pairwise_grader` (both orders, the pair rule, the
-module's table of rules); the run writes the rows and counts them; the figures against gold labels are
-calibration's (:func:`pairwise_report`), made here from each order's winners.
+module's table of rules); the run (``runs._pairwise``) writes the rows and counts them, and this front door
+builds its plan; the figures against gold labels are calibration's (:func:`pairwise_report`), made here from
+each order's winners.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from gradekit.judge import Judge, JudgeProtocol, Rubric
 
 from .._pairwise import ConflictRule, PairVerdict, Winner
 from ..runs._io import RunInput
-from ..runs._pairwise import PairwiseRunSummary, run_pairwise_file
+from ..runs._lock import output_lock
+from ..runs._pairwise import PairwiseRunSummary, pairwise_grading, run_pairwise
+from ..runs._plan import RunPlan
 from ._agreement import PairwiseReport, as_label, pairwise_report
 
 
@@ -46,5 +49,9 @@ async def grade_pairwise_file(
             return None
         return pairwise_report(winner_ab, winner_ba, labels, convention=convention)
 
-    return await run_pairwise_file(judge, rubric, source, destination, mapping, swap=swap, on_conflict=on_conflict,
-                                   tiebreak=tiebreak, label_column=label_column, report=report, on_row=on_row, encoding=encoding)
+    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
+    with output_lock(source, destination):
+        grading = pairwise_grading(judge, rubric, source, mapping, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
+        # Acc / Agr need both orders: without the swap there is nothing to compare.
+        return await run_pairwise(RunPlan(source, destination, grading, on_row=on_row), label_column=label_column,
+                                  report=report if swap else None)

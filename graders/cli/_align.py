@@ -12,7 +12,7 @@ from rich.console import Console
 
 from gradekit._extras import require
 
-from ._common import fail, print_json, run_judging, warnings_to_stderr
+from ._common import fail, human_column_option, json_option, map_option, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -21,9 +21,9 @@ def align(
     labelled: Path = typer.Argument(..., help="CSV, JSONL or Parquet rows with the rubric's variables and a human label."),
     rubric: str = typer.Option(..., "-r", "--rubric", help="The rubric to align: a name (see `gradekit rubrics`) or a path to a .yaml spec."),
     output: Path = typer.Option(..., "-o", "--output", help="The aligned rubric to write (.yaml; its template is written beside it as .j2)."),
-    human_column: str = typer.Option("label", "--human-column", help="Column holding the human label (a label the rubric offers)."),
+    human_column: str = human_column_option(),
     on: str = typer.Option(None, "--on", metavar="KEY", help="Column naming each row in the report and the recorded splits [default: the row number]."),
-    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable)."),
+    mapping: list[str] = map_option(),
     optimiser_model: str = typer.Option(None, "--optimiser-model", help="The model that writes guidelines from the judge's disagreements [default: the judge's model]."),
     optimiser_base_url: str = typer.Option(None, "--optimiser-base-url", help="The optimiser's API root [default: the judge's]."),
     optimiser_api_key: str = typer.Option(None, "--optimiser-api-key", help="The optimiser's API key [default: the judge's]."),
@@ -35,7 +35,7 @@ def align(
     margin: float = typer.Option(0.0, "--margin", help="Write the aligned rubric only when the lower end of the accuracy difference's interval on test is above this (0.05: at least 5 points better)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the certificate's intervals."),
     label_policy: str = typer.Option(None, "--label-policy", metavar="NAME[@VERSION]", help="The labelling guide the labels follow, recorded in the certificate [default: the labels file's name and hash]."),
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (with a version field)."),
+    json_output: bool = json_option("report"),
     progress_every: float = typer.Option(10.0, "--progress-every", metavar="S", help="When stderr is not a terminal: a progress line every S seconds (0: none)."),
     *,
     opts: JudgeOptions,

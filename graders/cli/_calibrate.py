@@ -12,7 +12,7 @@ from rich.table import Table
 from gradekit._extras import require
 
 from .._flags import in_flags
-from ._common import fail, print_json
+from ._common import fail, human_column_option, json_option, print_json
 
 if TYPE_CHECKING:  # numpy, scipy and matplotlib load when the command runs, not for --help
     from ..calibration._agreement import FileCalibration, Interval
@@ -35,7 +35,7 @@ def calibrate(
     graded: Path = typer.Argument(..., help="A file written by `gradekit grade` (CSV or JSONL)."),
     labels: Path = typer.Option(None, "--labels", help="CSV/JSONL with the human labels; joined to GRADED on --on."),
     on: str = typer.Option(None, "--on", help="Column both files share, e.g. id (needed with --labels)."),
-    human_column: str = typer.Option("label", "--human-column", help="Column holding the human label."),
+    human_column: str = human_column_option("Column holding the human label."),
     judge_column: str = typer.Option(None, "--judge-column", help="Column holding the judge's verdict [default: winner for pairwise files, else label]."),
     ordinal: bool = typer.Option(False, "--ordinal", help="Labels are ordered: weighted (quadratic) kappa."),
     order: str = typer.Option(None, "--label-order", help="Comma-separated label order for the confusion matrix and ordinal weights."),
@@ -44,7 +44,7 @@ def calibrate(
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples for the 95% intervals (0: none)."),
     plots: Path = typer.Option(None, "--plots", help="Write PNG plots into this folder."),
     disagreements: int = typer.Option(10, "--show", help="Disagreements to list (the JSON has all)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (with a version field)."),
+    json_output: bool = json_option("report"),
     ppi: bool = typer.Option(False, "--ppi", help="Estimate the mean human score over all GRADED rows by prediction-powered inference (needs --labels and --on)."),
     alpha: float = typer.Option(0.05, "--alpha", help="With --ppi: 1 - the confidence of the intervals."),
     rubric: str = typer.Option(None, "-r", "--rubric", help="With --ppi: the rubric whose label -> score map turns a human label into a score [default: a numeric 'score' column in LABELS, pairwise winners, or the graded rows' own labels]."),

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from gradekit._extras import require
 
-from ._common import fail, print_json, run_judging, warnings_to_stderr
+from ._common import fail, human_column_option, json_option, map_option, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -23,11 +23,11 @@ def fit(
     delta: float = typer.Option(0.05, "--delta", help="The guarantee holds with probability at least 1 - delta."),
     confidence: str = typer.Option("agreement", "--confidence", help="How sure a judge is: agreement (the share of K samples at temperature 1 agreeing with their majority), simulated-annotators (K in-context annotators with human-labelled demonstrations), or logprobs (the label's probability at the verdict token)."),
     split_delta: bool = typer.Option(False, "--split-delta", help="Test each judge at delta / judges, so the guarantee covers all trusted rows together (union bound) rather than each judge's."),
-    human_column: str = typer.Option("label", "--human-column", help="Column holding the human label (a label the rubric offers)."),
-    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable)."),
+    human_column: str = human_column_option(),
+    mapping: list[str] = map_option(),
     demonstrations: int = typer.Option(3, "--demonstrations", metavar="N", help="With --confidence simulated-annotators: labelled rows each annotator sees (taken out of the calibration rows)."),
     seed: int = typer.Option(0, "--seed", help="Seed for picking the simulated annotators' demonstrations."),
-    json_output: bool = typer.Option(False, "--json", help="Print the fitted cascade as JSON (with a version field)."),
+    json_output: bool = json_option("fitted cascade"),
     *,
     opts: JudgeOptions,
 ) -> None:

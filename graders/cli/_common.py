@@ -16,7 +16,23 @@ from .._flags import in_flags
 JSON_VERSION = 1
 T = TypeVar("T")
 
-# The judge options (model, endpoint, parameters, pacing, cache, budget) live in _judge_options.py.
+# The judge options (model, endpoint, parameters, pacing, cache, budget) live in _judge_options.py; the options
+# below are the ones several commands declare alike (each a fresh typer.Option: typer reads one per parameter).
+
+
+def json_option(what: str) -> Any:
+    """``--json``: print the command's ``what`` (report, summary, result, ...) as JSON, with ``JSON_VERSION``."""
+    return typer.Option(False, "--json", help=f"Print the {what} as JSON (with a version field).")
+
+
+def map_option(help: str = "VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable).") -> Any:
+    """``--map VAR=COLUMN`` (repeatable): where a rubric variable is read from."""
+    return typer.Option([], "--map", help=help)
+
+
+def human_column_option(help: str = "Column holding the human label (a label the rubric offers).") -> Any:
+    """``--human-column`` (default ``label``): the column of labelled rows holding the human label."""
+    return typer.Option("label", "--human-column", help=help)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from ._common import fail, warnings_to_stderr
+from ._common import fail, json_option, map_option, warnings_to_stderr
 from ._grade_plan import Command, GradeArgs, check, parse, plan_of, resolve
 from ._judge_options import JudgeOptions, judge_options
 
@@ -25,8 +25,8 @@ def grade(
     rubric: str = typer.Option(None, "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     grader_file: Path = typer.Option(None, "--grader", help="Instead of a rubric: a grader config (.yaml/.json: string match, python, composite, LLM; see `gradekit validate`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Output file; .csv, .jsonl or .parquet decides the format."),
-    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON (with a version field)."),
+    mapping: list[str] = map_option("VAR=COLUMN: read rubric variable VAR (with --grader: a sample path such as response or references.answer) from COLUMN (repeatable)."),
+    json_output: bool = json_option("summary"),
     no_swap: bool = typer.Option(False, "--no-swap", help="Pairwise rubrics: ask only the input order, not the swapped one too."),
     on_conflict: str = typer.Option("tie", "--on-conflict", help="Pairwise rubrics: the pair rule when the two orders disagree: tie, first, third (needs --tiebreak-model), or vote (JudgeBench: +1 per order for the output it prefers; an unreadable order abstains)."),
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="Pairwise rubrics: the model asked a third time when the orders disagree."),

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ._common import fail, print_json
+from ._common import fail, json_option, print_json
 
 
 def llmbar(
@@ -30,7 +30,7 @@ def llmbar(
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
     export_rows: Path = typer.Option(None, "--export-rows", help="Only write the subset as grading rows (JSONL) and exit."),
     serve: bool = typer.Option(False, "--serve", help="Only serve the replay on 127.0.0.1 (prints the base URL) until Ctrl-C."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
+    json_output: bool = json_option("result"),
 ) -> None:
     """Reproduce LLMBar's published Acc / Agr offline from the paper's recorded judge outputs.
 

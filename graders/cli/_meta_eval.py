@@ -9,7 +9,7 @@ import typer
 
 from gradekit._extras import require as require_extra
 
-from ._common import fail, print_json, run_judging, warnings_to_stderr
+from ._common import fail, json_option, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 
@@ -21,7 +21,7 @@ def meta_eval(
     tiebreak_model: str = typer.Option(None, "--tiebreak-model", help="With --on-conflict third: the model asked a third time."),
     limit: int = typer.Option(None, "--limit", help="Judge only the first N pairs of each subset."),
     plots: Path = typer.Option(None, "--plots", help="Write accuracy.png (per subset) and position_bias.png into this folder."),
-    json_output: bool = typer.Option(False, "--json", help="Print the results as JSON (with a version field)."),
+    json_output: bool = json_option("results"),
     cascade: Path = typer.Option(None, "--cascade", metavar="CASCADE.JSON", help="Also evaluate a cascade from `gradekit cascade fit` (fitted on this pairwise rubric): each order goes to its first confident judge; an order it abstains on is an unreadable order under the pair rule (docs/juries.md)."),
     modes: list[str] = typer.Option([], "--mode", help="--suite answer-verification: the verifiers to score, symbolic (the rules; also: rules), judge or hybrid (repeatable) [default: all three]; symbolic alone needs no judge."),
     require: str = typer.Option("both", "--require", help="--suite answer-verification: the judge, asked in both orders, says correct when both orders do (both) or one does (either)."),

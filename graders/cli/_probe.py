@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail, print_json, run_judging, warnings_to_stderr
+from ._common import fail, json_option, map_option, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 RESPONSE_NAMES = ("prediction", "response", "answer", "output", "completion")
@@ -17,10 +17,10 @@ def probe(
     rubric: str = typer.Option(..., "-r", "--rubric", help="Rubric name (see `gradekit rubrics`) or path to a .yaml spec."),
     data: Path = typer.Option(..., "--data", help="CSV, JSONL or Parquet rows the rubric can grade (their real responses)."),
     field: str = typer.Option(None, "--field", help="The rubric variable holding the graded response [default: prediction/response/answer/output, or the first output of a pairwise rubric]."),
-    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN: read rubric variable VAR from COLUMN (repeatable)."),
+    mapping: list[str] = map_option(),
     limit: int = typer.Option(None, "--limit", help="Probe only the first N rows."),
     tolerance: float = typer.Option(0.0, "--tolerance", help="A probe fails when its weakness rate is above this share (0-1)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the reports as JSON (with a version field)."),
+    json_output: bool = json_option("reports"),
     *,
     opts: JudgeOptions,
 ) -> None:

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import typer
 
-from ._common import fail
-from ._view import LABELS_HELP, open_results
+from ._common import fail, human_column_option
+from ._view import HUMAN_COLUMN_HELP, LABELS_HELP, ON_HELP, open_results
 
 
 def report(
     output: Path = typer.Argument(..., help="A graded file (JSONL, CSV or Parquet) from `gradekit grade`, pairwise or --grader."),
     destination: Path = typer.Option(..., "-o", "--output", help="The HTML file to write, e.g. report.html."),
     labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
-    on: str = typer.Option(None, "--on", help="Column both files share, e.g. id (with --labels)."),
-    human_column: str = typer.Option("label", "--human-column", help="Column of the labels file holding the human label."),
+    on: str = typer.Option(None, "--on", help=ON_HELP),
+    human_column: str = human_column_option(HUMAN_COLUMN_HELP),
     rows: int = typer.Option(5000, "--rows", min=0, help="Rows to include, the worst first: errors, then disagreements, then file order."),
 ) -> None:
     """Write one HTML file (styles, script and data inlined; opens offline) with the summary, charts and up to --rows rows.

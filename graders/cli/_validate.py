@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .._flags import in_flags, said_as_flags
-from ._common import fail, print_json, run_judging, warnings_to_stderr
+from ._common import fail, json_option, print_json, run_judging, warnings_to_stderr
 from ._judge_options import JudgeOptions, judge_options
 
 if TYPE_CHECKING:  # pydantic models load when the command runs
@@ -133,7 +133,7 @@ def validate(
     grader: Path = typer.Option(None, "--grader", help="Grader config (YAML/JSON), or a Vertex reinforcementTuningSpec JSON."),
     example: Path = typer.Option(None, "--example", help="A Vertex-style row (contents, systemInstruction, references) or a gradekit sample, as JSON."),
     response: Path = typer.Option(None, "--response", help="The model's response: a Vertex Content, an OpenAI message, or plain text (.txt)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON (with a version field)."),
+    json_output: bool = json_option("result"),
     *,
     opts: JudgeOptions,
 ) -> None:

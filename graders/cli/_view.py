@@ -10,10 +10,13 @@ import typer
 from gradekit._extras import MissingExtra, require
 
 from .._flags import in_flags
-from ._common import fail
+from ._common import fail, human_column_option, map_option
 from ._serve import _is_loopback
 
+# The labels joined to a graded file, as `view` and `report` both take them.
 LABELS_HELP = "CSV/JSONL/Parquet with human labels, joined to OUTPUT on --on: adds agreement and a 'disagrees' filter."
+ON_HELP = "Column both files share, e.g. id (with --labels)."
+HUMAN_COLUMN_HELP = "Column of the labels file holding the human label."
 
 
 def open_results(output: Path, labels: Path | None, on: str | None, human_column: str, *, background: bool,
@@ -39,10 +42,10 @@ def open_results(output: Path, labels: Path | None, on: str | None, human_column
 def view(
     output: Path = typer.Argument(..., help="A graded file (JSONL, CSV or Parquet) from `gradekit grade`, pairwise or --grader."),
     labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
-    on: str = typer.Option(None, "--on", help="Column both files share, e.g. id (with --labels)."),
-    human_column: str = typer.Option("label", "--human-column", help="Column of the labels file holding the human label."),
+    on: str = typer.Option(None, "--on", help=ON_HELP),
+    human_column: str = human_column_option(HUMAN_COLUMN_HELP),
     rubric: str = typer.Option(None, "-r", "--rubric", help="The rubric the file was graded with: the row view shows the judge prompt rendered again."),
-    mapping: list[str] = typer.Option([], "--map", help="VAR=COLUMN, as given to `gradekit grade` (with --rubric)."),
+    mapping: list[str] = map_option("VAR=COLUMN, as given to `gradekit grade` (with --rubric)."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="GRADEKIT_VIEW_HOST", help="Bind address; only this machine can see the page unless told otherwise."),
     port: int = typer.Option(8520, "--port", envvar="GRADEKIT_VIEW_PORT", help="Port; 0 picks a free one."),
     no_browser: bool = typer.Option(False, "--no-browser", help="Do not open a browser."),

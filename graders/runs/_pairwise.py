@@ -2,7 +2,8 @@
 
 Each pair is judged by :func:`gradekit.graders._pairwise.pairwise_grader` (both orders, the pair rule); the run
 writes its rows and fills its record (``PairwiseRunSummary``: ``results`` and ``stats``, read flat). Its Acc / Agr
-against gold labels are calibration's, which hands this run the report to make (``calibration.grade_pairwise_file``).
+against gold labels are calibration's: its front door (``calibration.grade_pairwise_file``) builds the plan from
+:func:`pairwise_grading` and hands :func:`run_pairwise` the report to make.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -22,7 +22,6 @@ from .._flags import said_as_flags
 from .._pairwise import ConflictRule, PairVerdict, Winner, pairwise_grader
 from ._file import _variables, check_columns, failed_reply, keep_input, output_columns, stream_in_order
 from ._io import InputError, RowWriter, RunInput
-from ._lock import output_lock
 from ._plan import Grading, RunPlan
 from ._record import FlatRecord, Outcomes, RunStats
 
@@ -102,40 +101,20 @@ def _pair_cells(row: Mapping[str, Any], pair: PairVerdict, ab: Verdict, ba: Verd
     }
 
 
-async def run_pairwise_file(
-    judge: JudgeProtocol,
-    rubric: Rubric,
-    source: Path | RunInput,
-    destination: Path,
-    mapping: Mapping[str, str],
-    *,
-    swap: bool = True,
-    on_conflict: ConflictRule = "tie",
-    tiebreak: Judge | None = None,
-    label_column: str | None = "label",
-    report: PairReport | None = None,
-    on_row: Callable[[PairVerdict], None] | None = None,
-    encoding: str | None = None,
-) -> PairwiseRunSummary:
-    """Grade every pair in ``source`` into ``destination``: one output row per input row, in order.
+def pairwise_grading(judge: JudgeProtocol, rubric: Rubric, source: RunInput, mapping: Mapping[str, str], *, swap: bool,
+                     on_conflict: ConflictRule, tiebreak: Judge | None) -> Grading[PairVerdict]:
+    """How a row of ``source`` becomes a judged pair (both orders when ``swap``, the pair rule): the run's grading.
 
-    With ``report`` and both orders asked, the rows' ``label_column`` (the gold winner, 1 or 2) and each order's
-    winners are handed to it; what it makes is the record's ``report``. The output is locked while it is written,
-    as for any file run.
+    The rubric's variables are checked against the input's columns here, before any request.
     """
-    source = RunInput.resolve(source, encoding)  # the run's door: past it the input is this RunInput
-    with output_lock(source, destination):
-        grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
-        check_columns(source, rubric, mapping)
-        result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if isinstance(judge, Jury) else PAIRWISE_COLUMNS
-        # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
-        workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
-        # No checkpoint (a pairwise run is not resumed), so no settings and no Parquet types.
-        grading = Grading(result_columns, {}, {}, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
-                          judge_row=grade, input_error=_pair_input_error, to_row=pair_row)
-        # Acc / Agr need both orders: without the swap there is nothing to compare.
-        return await _pairwise_file(RunPlan(source, destination, grading, on_row=on_row), label_column=label_column,
-                                    report=report if swap else None)
+    grade = pairwise_grader(judge, rubric, swap=swap, on_conflict=on_conflict, tiebreak=tiebreak)
+    check_columns(source, rubric, mapping)
+    result_columns = [*PAIRWISE_COLUMNS, "agreement", "jurors"] if isinstance(judge, Jury) else PAIRWISE_COLUMNS
+    # Each pair holds two requests in flight, so half as many workers keep the limiter as busy.
+    workers = max(1, judge.concurrency // (2 if swap else 1)) + 2
+    # No checkpoint (a pairwise run is not resumed), so no settings and no Parquet types.
+    return Grading(result_columns, {}, {}, workers, prepare=lambda row, number: _variables(row, rubric, mapping, number),
+                   judge_row=grade, input_error=_pair_input_error, to_row=pair_row)
 
 
 def _pair_input_error(message: str) -> PairVerdict:
@@ -143,7 +122,9 @@ def _pair_input_error(message: str) -> PairVerdict:
     return PairVerdict(ab=failed, status="error", error_kind="input", error=message)
 
 
-async def _pairwise_file(plan: RunPlan[PairVerdict], *, label_column: str | None, report: PairReport | None) -> PairwiseRunSummary:
+async def run_pairwise(plan: RunPlan[PairVerdict], *, label_column: str | None, report: PairReport | None) -> PairwiseRunSummary:
+    """Write one output row per pair, in order, and count them; ``report`` (given each order's winners and the
+    rows' ``label_column``) makes the record's ``report``. The caller holds the output's lock."""
     header = plan.input.columns
     columns = output_columns(header, plan.grading.columns) if header is not None else None
     try:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .._sample import EmptyIfNull, Message
 from ._config import ServerConfig
-from ._guards import Engine, failed, json_body, parse, reward_route, unprocessable
+from ._guards import Engine, failed, json_body, parse_as, reward_route
 from ._models import RewardRequest, RewardResponse, ShapeError, reward_metrics
 
 PATH = "/grade"
@@ -81,11 +81,8 @@ def register(app: FastAPI, engine: Engine, cfg: ServerConfig) -> None:
 
     @reward_route(app, PATH)
     async def foundry(request: Request) -> tuple[str, Any]:
-        parsed = parse(FoundryGradeRequest, await json_body(request))
-        try:
-            reward_request = foundry_request(parsed)
-        except ShapeError as e:  # a message of item.messages or sample.choices that is no chat message
-            raise unprocessable(e.loc, str(e)) from None
+        # A message of item.messages or sample.choices that is no chat message is a 422 naming it.
+        reward_request = parse_as(FoundryGradeRequest, await json_body(request), foundry_request)
         response = await engine.compute(reward_request)
         if response.status != "success":
             raise failed([("", response)], missing_loc=["sample"])

@@ -19,11 +19,12 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, Response
 
-from ._models import RewardRequest, RewardResponse
+from ._models import RewardRequest, RewardResponse, ShapeError
 
 logger = logging.getLogger("gradekit.server")
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -92,6 +93,16 @@ def parse(model: type[M], data: Any) -> M:
     except ValidationError as e:
         detail = [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in e.errors()]
         raise Refusal(422, {"detail": detail}, "unprocessable") from None
+
+
+def parse_as(model: type[M], data: Any, convert: Callable[[M], T]) -> T:
+    """``data`` parsed into the contract's ``model`` and turned by ``convert`` into what the route grades; a
+    :class:`ShapeError` there (a part of the request that is not its contract's shape) is a 422 naming it."""
+    parsed = parse(model, data)
+    try:
+        return convert(parsed)
+    except ShapeError as e:
+        raise unprocessable(e.loc, str(e)) from None
 
 
 def failed(failures: Sequence[tuple[str, RewardResponse]], *, missing: str | None = None,

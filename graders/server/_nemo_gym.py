@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._sample import Message
 from ._config import ServerConfig
-from ._guards import Engine, json_body, parse, reward_route, unprocessable
+from ._guards import Engine, json_body, parse_as, reward_route
 from ._models import RewardRequest, RewardResponse, ShapeError
 
 PATH = "/verify"
@@ -169,11 +169,7 @@ def register(app: FastAPI, engine: Engine, cfg: ServerConfig) -> None:
     @reward_route(app, PATH)
     async def verify(request: Request) -> tuple[str, Any]:
         raw = await json_body(request)
-        parsed = parse(VerifyRequest, raw)
-        try:
-            reward_request = verify_request(parsed)
-        except ShapeError as e:  # a field of the wrong type: a 422 naming it, as every route answers
-            raise unprocessable(e.loc, str(e)) from None
+        reward_request = parse_as(VerifyRequest, raw, verify_request)  # a field of the wrong type: a 422 naming it
         limit = request.app.state.config.server.request_timeout_s
         deadline = verify_deadline_s(limit)
         try:

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._sample import sample_from_vertex
 from ._config import ServerConfig
-from ._guards import Engine, failed, json_body, parse, reward_route, unprocessable
-from ._models import RewardRequest, RewardResponse
+from ._guards import Engine, failed, json_body, parse_as, reward_route
+from ._models import RewardRequest, RewardResponse, ShapeError
 
 PATH = "/"
 
@@ -52,19 +52,24 @@ def vertex_reply(response: RewardResponse) -> dict[str, Any]:
     return reply
 
 
+def vertex_request(body: dict[str, Any], parsed: VertexRequest) -> RewardRequest:
+    """The reward request of a Vertex body (read as sent: ``parsed`` only checked its shape); an example that
+    is no sample is a :class:`ShapeError` at ``example``."""
+    try:
+        sample = sample_from_vertex(body["example"], body["response"])
+    except ValueError as e:
+        raise ShapeError(["example"], str(e)) from None
+    return RewardRequest(messages=sample.messages, response=sample.response_text, response_messages=sample.response or None,
+                         extra_params=sample.references, metadata={**sample.metadata, **parsed.metadata})
+
+
 def register(app: FastAPI, engine: Engine, cfg: ServerConfig) -> None:
     """``POST /`` on the reward server's app."""
 
     @reward_route(app, PATH)
     async def vertex(request: Request) -> tuple[str, Any]:
         body = await json_body(request)
-        parsed = parse(VertexRequest, body)
-        try:
-            sample = sample_from_vertex(body["example"], body["response"])
-        except ValueError as e:
-            raise unprocessable(["example"], str(e)) from None
-        reward_request = RewardRequest(messages=sample.messages, response=sample.response_text, response_messages=sample.response or None,
-                                       extra_params=sample.references, metadata={**sample.metadata, **parsed.metadata})
+        reward_request = parse_as(VertexRequest, body, lambda parsed: vertex_request(body, parsed))
         response = await engine.compute(reward_request)
         if response.status != "success":
             raise failed([("", response)])
