@@ -300,44 +300,59 @@ class PlaceholderError(KeyError):
         return str(self.args[0])
 
 
+# What a placeholder path names: the sample part it reads (docs/graders.md). platforms/_standalone.py copies this
+# table, path_part and follow into every exported file, so a path reads there what it reads here.
+PATH_PARTS = {"prompt": "prompt", "question": "prompt", "response": "response", "sample.output_text": "response",
+              "output_text": "response", "system_instruction": "system", "system": "system", "trajectory": "trajectory"}
+
+
+def path_part(path: str) -> tuple[str, str] | None:
+    """The part of a sample ``path`` reads and the dotted keys below it (``("references", "answer.0")``); None: no part.
+
+    Parts: prompt, response, system, trajectory, references (``item.`` is OpenAI's name for it), metadata, and
+    sample (OpenAI's sample namespace); the last three only with keys.
+    """
+    if path in PATH_PARTS:
+        return PATH_PARTS[path], ""
+    head, _, keys = path.partition(".")
+    if keys and head in ("references", "item", "metadata", "sample"):
+        return "references" if head == "item" else head, keys
+    return None
+
+
+def follow(value: Any, keys: str) -> Any:
+    """The value dotted ``keys`` name inside ``value``: mapping keys, and list items by position; KeyError if none."""
+    for key in keys.split("."):
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        elif isinstance(value, Mapping) and key in value:
+            value = value[key]
+        else:
+            raise KeyError(key)
+    return value
+
+
+_PART_ATTRIBUTES = {"prompt": "prompt_text", "response": "response_text", "system": "system_text",
+                    "trajectory": "conversation", "references": "references", "metadata": "metadata"}
+
+
 def resolve_path(sample: Sample, path: str) -> Any:
-    """The sample value a path names.
+    """The sample value a path names (:func:`path_part`).
 
     Paths: ``prompt`` (last user message), ``response`` (final answer text), ``system_instruction``,
     ``trajectory`` (the whole conversation as chat messages, tool calls and results included),
     ``references.<key>`` (also ``item.<key>``, OpenAI's name), ``metadata.<key>``,
     ``sample.output_text``. Dots go into nested dicts and, by position, lists (``item.choices.0``).
     """
-    head, _, rest = path.partition(".")
-    if path in ("prompt", "question"):
-        return sample.prompt_text
-    if path in ("response", "sample.output_text", "output_text"):
-        return sample.response_text
-    if path in ("system_instruction", "system"):
-        return sample.system_text
-    if path == "trajectory":  # the whole rollout: prompt, tool calls, tool results and the final answer
-        return sample.conversation
-    if head == "sample" and rest:  # OpenAI's sample namespace: output_json, choices, output_tools
-        value = to_openai_sample(sample)
-        for key in rest.split("."):
-            if isinstance(value, list) and key.isdigit() and int(key) < len(value):
-                value = value[int(key)]
-            elif isinstance(value, Mapping) and key in value:
-                value = value[key]
-            else:
-                raise PlaceholderError(f"{path!r}: the sample has no {rest!r}")
-        return value
-    if head in ("references", "item", "metadata") and rest:
-        value: Any = sample.metadata if head == "metadata" else sample.references
-        for key in rest.split("."):
-            if isinstance(value, list) and key.isdigit() and int(key) < len(value):  # as the sample namespace: item.list.0
-                value = value[int(key)]
-            elif isinstance(value, Mapping) and key in value:
-                value = value[key]
-            else:
-                where = "metadata" if head == "metadata" else "references"
-                raise PlaceholderError(f"{path!r}: the sample has no {where} key {rest!r}")
-        return value
+    found = path_part(path)
+    if found is not None:
+        part, keys = found
+        whole = to_openai_sample(sample) if part == "sample" else getattr(sample, _PART_ATTRIBUTES[part])
+        try:
+            return follow(whole, keys) if keys else whole
+        except KeyError:
+            raise PlaceholderError(f"{path!r}: the sample has no {keys!r}" if part == "sample" else
+                                   f"{path!r}: the sample has no {part} key {keys!r}") from None
     raise PlaceholderError(
         f"unknown placeholder {path!r}; use prompt, response, trajectory, system_instruction, references.<key> or metadata.<key>"
     )

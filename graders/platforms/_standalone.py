@@ -3,8 +3,9 @@
 The file has three layers:
 
 1. gradekit's own parse and match functions (``parse_response``, ``match``, ``normalize_text``,
-   ``to_number``, ...), copied from ``graders/_string_match.py`` by ``inspect.getsource`` with
-   their annotations stripped, so the exported code compares exactly as the grader does;
+   ``to_number``, ...) and placeholder paths (``path_part``, ``follow``), copied from
+   ``graders/_string_match.py`` and ``graders/_sample.py`` by ``inspect.getsource`` with their
+   annotations stripped, so the exported code compares and reads a path exactly as the grader does;
 2. a small interpreter (``_RUNTIME`` below) mirroring each grader type, the placeholders, the
    Vertex/OpenAI input shapes and the composites;
 3. the grader itself as data (``GRADER``), the python graders' sources, and each formula
@@ -29,15 +30,16 @@ from typing import Any, Literal
 from .. import _code_tests as ct
 from .. import _string_match as sm
 from .._composite import compile_formula, formula_text
-from .._sample import placeholders
+from .._sample import PATH_PARTS, follow, path_part, placeholders
 from ._nodes import ExportError, Node
 
 Entry = Literal["evaluate", "grade", "lambda"]
 DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_match", "string_check", "python", "code_tests", "weighted",
                  "formula", "math_equivalence", "verified_answer")
 _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
-                                           sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers)
-_PROMPT_PATHS = ("prompt", "question", "system_instruction", "system")
+                                           sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers,
+                                           path_part, follow)
+_PROMPT_PATHS = {path for path, part in PATH_PARTS.items() if part in ("prompt", "system")}
 
 
 def _without_annotations(fn: Callable[..., Any]) -> str:
@@ -56,6 +58,7 @@ def _without_annotations(fn: Callable[..., Any]) -> str:
 def copied_source() -> str:
     constants = (f"_NUMBER = re.compile({sm._NUMBER.pattern!r})\n"
                  f"_MINUS = {sm._MINUS!r}\n"
+                 f"PATH_PARTS = {PATH_PARTS!r}\n"
                  "DEFAULT_NORMALIZATION = _Config(case=True, whitespace=True, punctuation=True, width=True, numbers=True)\n")
     return constants + "\n\n" + "\n\n\n".join(_without_annotations(fn) for fn in _COPIED) + "\n"
 
@@ -249,21 +252,14 @@ def _bedrock_context(record):
 # ---- the graders --------------------------------------------------------------------------------
 
 def _resolve(ctx, path):
-    head, _, rest = path.partition(".")
-    if path in ("prompt", "question"):
-        return ctx.prompt
-    if path in ("response", "sample.output_text", "output_text"):
-        return ctx.response
-    if path in ("system_instruction", "system"):
-        return ctx.system
-    if head in ("references", "item", "metadata") and rest:
-        value = ctx.metadata if head == "metadata" else ctx.references
-        for key in rest.split("."):
-            if not isinstance(value, dict) or key not in value:
-                raise _Invalid("%r: the example has no %s key %r" % (path, "metadata" if head == "metadata" else "references", rest))
-            value = value[key]
-        return value
-    raise _Invalid("unknown placeholder %r" % path)
+    found = path_part(path)
+    if found is None or found[0] not in ("prompt", "response", "system", "references", "metadata"):
+        raise _Invalid("unknown placeholder %r" % path)
+    part, keys = found
+    try:
+        return follow(getattr(ctx, part), keys) if keys else getattr(ctx, part)
+    except KeyError:
+        raise _Invalid("%r: the example has no %s key %r" % (path, part, keys))
 
 
 def _fill(template, ctx, escape=None):
@@ -515,14 +511,22 @@ def expressible(root: Node, entry: Entry) -> list[str]:
             reasons.append(f"{node.where}: text_similarity has no standalone form yet (export it to OpenAI, where it is native)")
         elif entry == "grade":
             reasons.extend(_openai_gaps(node))
+        if node.kind in DETERMINISTIC:
+            reasons.extend(f"{node.where}: uses {{{{{p}}}}}, which an exported file cannot read: it has the prompt, the "
+                           "response, the system text, references and metadata, not the whole trajectory or OpenAI's "
+                           "sample namespace" for p in _paths(node) if (path_part(p) or ("",))[0] in ("trajectory", "sample"))
     return reasons
+
+
+def _paths(node: Node) -> list[str]:
+    """The placeholder paths a node's templates use, each once, in order."""
+    templates = [getattr(node.cfg, f, None) for f in ("expression", "input", "reference")]
+    return list(dict.fromkeys(p for t in templates if isinstance(t, str) for p in placeholders(t)))
 
 
 def _openai_gaps(node: Node) -> list[str]:
     """What OpenAI's ``grade(sample, item)`` does not receive: the prompt, the system text, metadata."""
-    templates = [getattr(node.cfg, f, None) for f in ("expression", "input", "reference")]
-    used = [p for t in templates if isinstance(t, str) for p in placeholders(t)]
-    missing = sorted({p for p in used if p in _PROMPT_PATHS or p.startswith("metadata.")})
+    missing = sorted({p for p in _paths(node) if p in _PROMPT_PATHS or p.startswith("metadata.")})
     reasons = [f"{node.where}: uses {{{{{p}}}}}, but OpenAI's grader sees only the sample and the item (the dataset row "
                "without its messages)" for p in missing]
     if node.kind == "python" and node.flavour == "vertex" and re.search(r"contents|systemInstruction|system_instruction", node.source or ""):
@@ -620,6 +624,7 @@ def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_i
         "import numbers",
         "import re",
         "import unicodedata",
+        "from collections.abc import Mapping",
         "from decimal import Decimal",
         "from fractions import Fraction",
         "",
@@ -631,9 +636,8 @@ def standalone_source(root: Node, *, entry: Entry, target: str, title: str, on_i
         lines[lines.index("import numbers"):lines.index("import numbers") + 1] = ["import numbers", "import os"]
         lines[lines.index("import re"):lines.index("import re") + 1] = ["import re", "import resource", "import subprocess", "import sys",
                                                                         "import tempfile"]
-        lines.insert(lines.index("from decimal import Decimal"), "from collections.abc import Mapping")
     text = "\n".join(lines) + "\n"
-    text += _RUNTIME + "\n\n# ---- copied from gradekit's graders/_string_match.py " + "-" * 40 + "\n\n" + copied_source()
+    text += _RUNTIME + "\n\n# ---- copied from gradekit's graders/_string_match.py and _sample.py " + "-" * 26 + "\n\n" + copied_source()
     if emitter.code_tests:
         text += "\n\n# ---- copied from gradekit's graders/_code_tests.py " + "-" * 42 + "\n\n" + code_tests_source()
     text += "\n\n# ---- the grader " + "-" * 78 + "\n\n"

@@ -25,7 +25,7 @@ from gradekit.judge.testing import FakeProvider, Reply
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "graders"
 EXAMPLES = ROOT / "examples" / "graders"
-STDLIB = {"asyncio", "inspect", "json", "math", "numbers", "re", "unicodedata", "decimal", "fractions"}
+STDLIB = {"asyncio", "inspect", "json", "math", "numbers", "re", "unicodedata", "collections", "decimal", "fractions"}
 
 # A driver for the fresh interpreter: load each exported file by path, call its entry on each
 # argument pair, print one JSON line per call (the score, or the exception's type).
@@ -104,6 +104,11 @@ CASES: dict[str, tuple[Any, list[tuple[dict, dict]]]] = {
     "regex_contains_escapes_references": ({"type": "string_match", "operation": "REGEX_CONTAINS", "expression": r"^answer: {{references.answer}}$",
                                            "correct": 1, "wrong": 0}, [
         vx({"answer": "1+1"}, "answer: 1+1"), vx({"answer": "1+1"}, "answer: 11"), vx({"answer": "a.b"}, "answer: axb"),
+    ]),
+    # item.<key> is references.<key>, and a dot goes into a list by position: the export reads a path as gradekit does
+    "path_into_a_list_of_references": ({"type": "string_match", "operation": "EXACT_MATCH", "expression": "{{item.answers.1}}"}, [
+        vx({"answers": ["Lyon", "Paris"]}, "Paris"), vx({"answers": ["Lyon", "Paris"]}, "Lyon"), vx({"answers": ["Lyon"]}, "Paris"),
+        vx({"answers": {"1": "Paris"}}, "Paris"),
     ]),
     "partial_match_on_prompt_and_system": ({"type": "weighted", "parts": {
         "echo": {"weight": 1, "type": "string_match", "operation": "PARTIAL_MATCH", "expression": "{{prompt}}"},
@@ -208,6 +213,16 @@ def test_evaluate_export_refuses_what_needs_the_network(config: Any) -> None:
     with pytest.raises(ExportError) as caught:
         export_vertex_evaluate(config)
     assert caught.value.reasons and ("network" in str(caught.value) or "HTTP" in str(caught.value))
+
+
+@pytest.mark.parametrize("path", ["trajectory", "sample.output_json.city"])
+async def test_an_export_refuses_a_path_its_file_cannot_read(path: str) -> None:
+    """gradekit reads the whole trajectory and OpenAI's sample namespace; the exported file has neither, so it would
+    call every example invalid on the platform: refused at export, naming the placeholder."""
+    config = {"type": "string_match", "operation": "PARTIAL_MATCH", "expression": "{{%s}}" % path}
+    assert None not in await grades_of(config, [sample_from_vertex(*vx({}, '{"city": "Paris"}'))])  # gradekit reads it
+    with pytest.raises(ExportError, match=r"uses \{\{%s\}\}, which an exported file cannot read" % path.replace(".", r"\.")):
+        export_vertex_evaluate(config)
 
 
 # ---- Vertex spec ------------------------------------------------------------------------------------
