@@ -223,12 +223,18 @@ class _Run:
 
     def make_judge(self, settings: Any = None) -> JudgeProtocol:
         """The run's judge, once: a panel as it is; one model's spec, or a grader config's ``judge:`` layered with it."""
-        if not self.single:
-            self.made.append(self.whole.build(cache=self.cache, budget=self.budget))
-        else:
-            wanted = self.whole if settings is None else self.file_judge(settings)
-            self.made.append(wanted.build(limiter=self.limiter, cache=self.cache, budget=self.budget))
+        wanted = self.whole if not self.single or settings is None else self.file_judge(settings)
+        self.made.append(self._built(wanted, cache=self.cache))
         return self.made[-1]
+
+    def _built(self, spec: Any, *, cache: Any) -> Any:
+        """Every judge the run makes (its own, the tiebreak, the canary's): the run's budget holds and counts its
+        requests, and one model's shares the run's limiter (a panel's members pace themselves)."""
+        from gradekit.judge._spec import JudgeSpec
+
+        if isinstance(spec, JudgeSpec):
+            return spec.build(limiter=self.limiter, cache=cache, budget=self.budget)
+        return spec.build(cache=cache, budget=self.budget)
 
     def stats(self) -> JudgeStats | None:
         return self.made[0].stats() if self.made else None
@@ -251,9 +257,7 @@ class _Run:
             # The run's judge last: a tiebreak or canary that cannot be built leaves no client open (a pairwise run has
             # no canary, so they never both are).
             try:
-                # the referee's requests are the run's: its budget holds and counts them
-                tiebreak = (plan.tiebreak.build(limiter=self.limiter, cache=self.cache, budget=self.budget)
-                            if plan.tiebreak is not None else None)
+                tiebreak = self._built(plan.tiebreak, cache=self.cache) if plan.tiebreak is not None else None
                 canary = self._canary() if plan.canary is not None else None
                 judge = self.make_judge() if self.spec is not None else None  # a grader config builds it on first need
             except (GradeError, InputError):
@@ -377,8 +381,7 @@ class _Run:
         try:
             every_rows, every_seconds = parse_every(plan.canary_every)
             rows = read_labelled(plan.canary, self.spec, self.mapping, "label")
-            fresh = (self.whole.build(cache=None, budget=self.budget) if not self.single
-                     else self.whole.build(limiter=self.limiter, cache=None, budget=self.budget))
+            fresh = self._built(self.whole, cache=None)
         except (InputError, RowError, ValueError) as e:
             raise InputError(f"`canary`: {e}") from e
         return Canary(rows.rows, rows.human, self.spec, fresh, every_rows=every_rows, every_seconds=every_seconds,
