@@ -40,6 +40,9 @@ _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json
                                            sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers,
                                            path_part, follow)
 _PROMPT_PATHS = {path for path, part in PATH_PARTS.items() if part in ("prompt", "system")}
+# The sample parts an exported file's context holds (its _resolve reads only these): not the whole trajectory,
+# not OpenAI's sample namespace. A path to another part is refused at export (expressible).
+FILE_PARTS = ("prompt", "response", "system", "references", "metadata")
 
 
 def _without_annotations(fn: Callable[..., Any]) -> str:
@@ -59,6 +62,7 @@ def copied_source() -> str:
     constants = (f"_NUMBER = re.compile({sm._NUMBER.pattern!r})\n"
                  f"_MINUS = {sm._MINUS!r}\n"
                  f"PATH_PARTS = {PATH_PARTS!r}\n"
+                 f"FILE_PARTS = {FILE_PARTS!r}\n"
                  "DEFAULT_NORMALIZATION = _Config(case=True, whitespace=True, punctuation=True, width=True, numbers=True)\n")
     return constants + "\n\n" + "\n\n\n".join(_without_annotations(fn) for fn in _COPIED) + "\n"
 
@@ -253,11 +257,12 @@ def _bedrock_context(record):
 
 def _resolve(ctx, path):
     found = path_part(path)
-    if found is None or found[0] not in ("prompt", "response", "system", "references", "metadata"):
+    if found is None or found[0] not in FILE_PARTS:
         raise _Invalid("unknown placeholder %r" % path)
     part, keys = found
+    value = getattr(ctx, part)
     try:
-        return follow(getattr(ctx, part), keys) if keys else getattr(ctx, part)
+        return follow(value, keys) if keys else value
     except KeyError:
         raise _Invalid("%r: the example has no %s key %r" % (path, part, keys))
 
@@ -514,8 +519,14 @@ def expressible(root: Node, entry: Entry) -> list[str]:
         if node.kind in DETERMINISTIC:
             reasons.extend(f"{node.where}: uses {{{{{p}}}}}, which an exported file cannot read: it has the prompt, the "
                            "response, the system text, references and metadata, not the whole trajectory or OpenAI's "
-                           "sample namespace" for p in _paths(node) if (path_part(p) or ("",))[0] in ("trajectory", "sample"))
+                           "sample namespace" for p in _paths(node) if _unreadable(p))
     return reasons
+
+
+def _unreadable(path: str) -> bool:
+    """A path gradekit reads but an exported file cannot (an unknown path is the grader's own error, not this)."""
+    found = path_part(path)
+    return found is not None and found[0] not in FILE_PARTS
 
 
 def _paths(node: Node) -> list[str]:
