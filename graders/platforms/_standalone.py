@@ -39,7 +39,6 @@ DETERMINISTIC = ("string_match", "json_match", "normalized_match", "numeric_matc
 _COPIED: tuple[Callable[..., Any], ...] = (sm.parse_response, sm.match, sm._json_value, sm.to_number, sm._canonical_number,
                                            sm.normalize_text, sm._between_digits, sm._contains_words, sm._numbers,
                                            path_part, follow)
-_PROMPT_PATHS = {path for path, part in PATH_PARTS.items() if part in ("prompt", "system")}
 # The sample parts an exported file's context holds (its _resolve reads only these): not the whole trajectory,
 # not OpenAI's sample namespace. A path to another part is refused at export (expressible).
 FILE_PARTS = ("prompt", "response", "system", "references", "metadata")
@@ -523,10 +522,15 @@ def expressible(root: Node, entry: Entry) -> list[str]:
     return reasons
 
 
-def _unreadable(path: str) -> bool:
-    """A path gradekit reads but an exported file cannot (an unknown path is the grader's own error, not this)."""
+def _part(path: str) -> str | None:
+    """The sample part a placeholder path reads (None: an unknown path, the grader's own error)."""
     found = path_part(path)
-    return found is not None and found[0] not in FILE_PARTS
+    return None if found is None else found[0]
+
+
+def _unreadable(path: str) -> bool:
+    """A path gradekit reads but an exported file cannot."""
+    return _part(path) not in (None, *FILE_PARTS)
 
 
 def _paths(node: Node) -> list[str]:
@@ -537,7 +541,7 @@ def _paths(node: Node) -> list[str]:
 
 def _openai_gaps(node: Node) -> list[str]:
     """What OpenAI's ``grade(sample, item)`` does not receive: the prompt, the system text, metadata."""
-    missing = sorted({p for p in _paths(node) if p in _PROMPT_PATHS or p.startswith("metadata.")})
+    missing = sorted({p for p in _paths(node) if _part(p) in ("prompt", "system", "metadata")})
     reasons = [f"{node.where}: uses {{{{{p}}}}}, but OpenAI's grader sees only the sample and the item (the dataset row "
                "without its messages)" for p in missing]
     if node.kind == "python" and node.flavour == "vertex" and re.search(r"contents|systemInstruction|system_instruction", node.source or ""):
