@@ -278,13 +278,13 @@ class MathVerifier:
     def stats(self) -> dict[str, int]:
         """Counters: requests, checks (pairs sent), cache_hits, joined (waited on a check in flight),
         per outcome (equal, different, invalid_gold, timeout, verifier_error), the workers' CPU
-        milliseconds on checks, and the pool's spawned / killed / died / resent workers and requests."""
+        milliseconds on checks, and the pool's spawned / killed / died / stopped / resent workers and requests."""
         keys = ("requests", "checks", "cache_hits", "joined", "equal", "different", "invalid_gold", "timeout", "verifier_error")
         with self._lock:
             out = {key: self._stats.get(key, 0) for key in keys}
             out["worker_cpu_ms"] = round(self._cpu_ms)
         pool = self._pool.counts
-        out.update({f"workers_{k}": pool.get(k, 0) for k in ("spawned", "sent", "answered", "killed", "died", "memory", "resent")})
+        out.update({f"workers_{k}": pool.get(k, 0) for k in ("spawned", "sent", "answered", "killed", "died", "stopped", "memory", "resent")})
         return out
 
     @property

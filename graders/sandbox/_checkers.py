@@ -111,7 +111,7 @@ class CheckerPool:
         self._thread: threading.Thread | None = None
         self.closed = False
         self.load_error: str | None = None
-        self.counts = collections.Counter()  # spawned, sent, answered, killed (deadline), died, resent
+        self.counts = collections.Counter()  # spawned, sent, answered, killed (deadline), died, stopped, resent
         self._load_deaths = 0  # workers that died or stalled while loading since one last loaded
         self._stopping = threading.Event()  # set by the shutdown, which may run while the I/O thread still runs (at exit)
         self._finalizer = weakref.finalize(self, CheckerPool._shutdown, self._slots, self._home, self._wake_w, self._stopping)
@@ -312,12 +312,22 @@ class CheckerPool:
         self._fail_all(error)
 
     def _fail_all(self, error: str) -> None:
+        """Answer every request with ``error``; stop each worker that held one or was still loading.
+
+        Left running, such a worker would answer a request already answered here (out of turn), or die
+        while loading and count as one more death after the pool gave up. An idle, loaded worker stays.
+        """
         with self._lock:
             jobs = list(self._pending)
             self._pending.clear()
         for slot in self._slots:
-            jobs += list(slot.inflight)
+            held = list(slot.inflight)
             slot.inflight.clear()
+            jobs += held
+            if slot.proc is not None and (held or not slot.ready):
+                kill_group(slot.proc)
+                slot.proc, slot.ready = None, False
+                self.counts["stopped"] += 1
         for job in jobs:
             _resolve(job, _error("verifier_error", error))
 

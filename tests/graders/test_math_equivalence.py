@@ -302,12 +302,17 @@ def test_a_worker_that_dies_while_loading_hands_every_request_to_the_next() -> N
 
 
 def test_a_checker_that_never_loads_fails_its_requests_and_refuses_the_next() -> None:
+    """When the pool gives up, the worker still loading in the other place is stopped, not left to die later.
+
+    Left running, it died a moment after the replies and counted a seventh death: the count raced the test.
+    """
     pool = CheckerPool(name="stub checker", workers=2, memory_mb=None, sandbox="auto", packages=(), source=NEVER_LOADS)
     try:
         replies = [f.result(timeout=60) for f in [pool.submit({"gold": "1", "response": "x"}, 5) for _ in range(3)]]
         assert all((r["outcome"], r["error_kind"]) == ("error", "verifier_error") and "died while loading" in r["detail"]
                    for r in replies), replies
         assert pool.counts["died"] == 6  # three tries per worker place, then the pool gives up
+        assert pool.counts["spawned"] == pool.counts["died"] + pool.counts["stopped"], pool.counts  # none left running
         spawned = pool.counts["spawned"]
         late = pool.submit({"gold": "1", "response": "x"}, 5).result(timeout=60)
         assert late["error_kind"] == "verifier_error" and "died while loading" in late["detail"]
