@@ -325,9 +325,7 @@ class CheckerPool:
             slot.inflight.clear()
             jobs += held
             if slot.proc is not None and (held or not slot.ready):
-                kill_group(slot.proc)
-                slot.proc, slot.ready = None, False
-                self.counts["stopped"] += 1
+                self._retire(slot, None, "stopped")  # holds nothing now: nothing goes back to the queue
         for job in jobs:
             _resolve(job, _error("verifier_error", error))
 
